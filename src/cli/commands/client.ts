@@ -1,0 +1,106 @@
+/**
+ * Commands that talk to a running server (DESIGN §7; upstream MP CLI,
+ * reference §7): `ping`, `noop`, `get-chunk-size`, `clear`, `end-session`
+ * over ZeroMQ and `status` over HTTP. Each opens a fresh client, waits at
+ * most `--timeout-seconds` (5), prints the answer on stdout and exits 0, or
+ * prints why on stderr and exits 1.
+ */
+import { Console, Effect, Option } from "effect"
+import { Argument, Command, Flag } from "effect/cli"
+import { HttpClient, HttpClientRequest } from "effect/http"
+import { FetchHttpClient } from "effect/http"
+import { loggerLayer } from "../../layers/Logging.ts"
+import { makeInstanceId } from "../../schema/InstanceId.ts"
+import { Clear, EndSession, GetChunkSize, Noop, Ping } from "../../schema/Op.ts"
+import { makeMqClient, type MqClientShape } from "../../services/MqClient.ts"
+import { CommandFailed } from "../CommandFailed.ts"
+import * as F from "./flags.ts"
+
+const connection = { host: F.host, port: F.port, endpoint: F.endpoint, timeoutSeconds: F.timeoutSeconds }
+
+interface Connection {
+  readonly host: string
+  readonly port: number
+  readonly endpoint: Option.Option<string>
+  readonly timeoutSeconds: number
+}
+
+const fail = (message: string) =>
+  Console.error(`mpcache: ${message}`).pipe(Effect.andThen(Effect.fail(new CommandFailed({ message, exitCode: 1 }))))
+
+/** Runs `f` against a fresh client and prints its result; any failure → stderr, exit 1. */
+const withClient = <E extends { readonly message: string }>(
+  c: Connection,
+  f: (client: MqClientShape) => Effect.Effect<string, E>
+) =>
+  Effect.scoped(
+    Effect.gen(function*() {
+      const client = yield* makeMqClient({
+        endpoint: F.endpointOf(c),
+        requestTimeoutMs: c.timeoutSeconds * 1000,
+        lingerMs: 0
+      })
+      return yield* f(client)
+    })
+  ).pipe(
+    Effect.matchEffect({
+      onFailure: (e) => fail(e.message),
+      onSuccess: (out) => Console.log(out)
+    }),
+    Effect.provide(loggerLayer("pretty"))
+  )
+
+const instanceId = Flag.String("instance-id").pipe(
+  Flag.withDescription("Ping on behalf of this instance id (decimal); default: nil (untracked prober)"),
+  Flag.filter((s) => /^\d+$/.test(s) && BigInt(s) < 1n << 63n, (s) => `must be a decimal integer from 0 to 2^63-1 (got "${s}")`),
+  Flag.optional
+)
+
+export const ping = Command.make("ping", { ...connection, instanceId }, (f) =>
+  withClient(f, (client) =>
+    client.request(Ping, [Option.match(f.instanceId, { onNone: () => null, onSome: (s) => makeInstanceId(BigInt(s)) })])
+      .pipe(Effect.map(String)))).pipe(Command.withDescription("PING the server; prints true"))
+
+export const noop = Command.make("noop", connection, (f) =>
+  withClient(f, (client) => client.request(Noop, []))).pipe(Command.withDescription("NOOP; prints OK"))
+
+export const getChunkSize = Command.make("get-chunk-size", connection, (f) =>
+  withClient(f, (client) => client.request(GetChunkSize, []).pipe(Effect.map(String)))).pipe(
+    Command.withDescription("Prints the server's chunk size in tokens")
+  )
+
+export const clear = Command.make(
+  "clear",
+  { ...connection, force: Flag.Boolean("force").pipe(Flag.withDescription("Also drop locked objects"), Flag.withDefault(false)) },
+  (f) => withClient(f, (client) => client.request(Clear, [f.force]).pipe(Effect.as("Cache cleared successfully.")))
+).pipe(Command.withDescription("Drops the server's cached objects"))
+
+export const endSession = Command.make(
+  "end-session",
+  { ...connection, requestId: Argument.String("request-id") },
+  (f) => withClient(f, (client) => client.request(EndSession, [f.requestId]).pipe(Effect.as(`Session ${f.requestId} ended.`)))
+).pipe(Command.withDescription("Ends a request's session (releases its lookup locks)"))
+
+export const status = Command.make(
+  "status",
+  { httpHost: F.httpHost, httpPort: F.httpPort, timeoutSeconds: F.timeoutSeconds },
+  (f) =>
+    Effect.gen(function*() {
+      const host = f.httpHost.includes(":") && !f.httpHost.startsWith("[") ? `[${f.httpHost}]` : f.httpHost
+      const url = `http://${host}:${f.httpPort}/api/status`
+      const client = yield* HttpClient.HttpClient
+      const response = yield* client.execute(HttpClientRequest.get(url)).pipe(
+        Effect.timeout(`${f.timeoutSeconds} seconds`)
+      )
+      const body = yield* response.json
+      if (response.status !== 200) return yield* Effect.fail(new Error(`GET ${url} answered ${response.status}`))
+      return JSON.stringify(body, null, 2)
+    }).pipe(
+      Effect.matchEffect({
+        onFailure: (e) => fail(`status: ${e instanceof Error ? e.message : String(e)}`),
+        onSuccess: (out) => Console.log(out)
+      }),
+      Effect.provide(FetchHttpClient.layer),
+      Effect.provide(loggerLayer("pretty"))
+    )
+).pipe(Command.withDescription("Prints the server's /api/status"))

@@ -1,0 +1,116 @@
+/**
+ * `mpcache serve`: parses and validates every flag of DESIGN §5 and §7, then
+ * runs the server until SIGINT/SIGTERM (stop receiving, finish in-flight
+ * requests, run finalizers, exit 0). An invalid value exits 2 naming the flag
+ * and the rule.
+ */
+import { Effect, Layer, Option } from "effect"
+import { CliError, Command, Flag } from "effect/cli"
+import { loggerLayer } from "../../layers/Logging.ts"
+import { ServerLive } from "../../layers/Server.ts"
+import { defaults, formatIssue, rules, validate, type ServerConfigInput } from "../../layers/ServerConfig.ts"
+import { VERSION } from "../../version.ts"
+import * as F from "./flags.ts"
+
+const int = (name: string, description: string, fallback: number, rule: (n: number) => string | undefined) =>
+  Flag.Int(name).pipe(
+    Flag.withDescription(description),
+    Flag.withDefault(fallback),
+    Flag.filter((n) => rule(n) === undefined, (n) => rule(n) ?? "")
+  )
+const seconds = (name: string, description: string, fallback: number, rule: (n: number) => string | undefined) =>
+  Flag.Finite(name).pipe(
+    Flag.withDescription(description),
+    Flag.withDefault(fallback),
+    Flag.filter((n) => rule(n) === undefined, (n) => rule(n) ?? "")
+  )
+
+const serveFlags = {
+  host: F.host,
+  port: F.port,
+  endpoint: F.endpoint,
+  httpHost: F.httpHost,
+  httpPort: F.httpPort,
+  chunkSize: int("chunk-size", "Tokens per chunk", defaults.chunkSize, rules.chunkSize),
+  l1SizeGb: Flag.Finite("l1-size-gb").pipe(
+    Flag.withDescription("L1 (host memory) capacity in GiB"),
+    Flag.withDefault(defaults.l1SizeGb),
+    Flag.filter((n) => rules.l1SizeGb(n) === undefined, (n) => rules.l1SizeGb(n) ?? "")
+  ),
+  maxWorkers: int("max-workers", "Default size of the NORMAL and AFFINITY pools", defaults.maxWorkers, rules.workers),
+  maxCpuWorkers: Flag.Int("max-cpu-workers").pipe(
+    Flag.withDescription("NORMAL pool size (default: --max-workers)"),
+    Flag.filter((n) => rules.workers(n) === undefined, (n) => rules.workers(n) ?? ""),
+    Flag.optional
+  ),
+  maxGpuWorkers: Flag.Int("max-gpu-workers").pipe(
+    Flag.withDescription("AFFINITY lanes (default: --max-workers)"),
+    Flag.filter((n) => rules.workers(n) === undefined, (n) => rules.workers(n) ?? ""),
+    Flag.optional
+  ),
+  logFormat: F.logFormat,
+  workerReapTimeoutSeconds: seconds(
+    "worker-reap-timeout-seconds",
+    "Reap an instance proven alive (pinged and transferring) after this much silence; 0 disables, else >= 30",
+    defaults.workerReapTimeoutSeconds,
+    rules.reapTimeout
+  ),
+  workerRegistrationGraceSeconds: Flag.Finite("worker-registration-grace-seconds").pipe(
+    Flag.withDescription("Reap window of instances not yet proven alive; >= the reap timeout"),
+    Flag.withDefault(defaults.workerRegistrationGraceSeconds)
+  ),
+  workerDisconnectGraceSeconds: seconds(
+    "worker-disconnect-grace-seconds",
+    "Reap an instance this long after its last connection closed; 0 disables",
+    defaults.workerDisconnectGraceSeconds,
+    rules.disconnectGrace
+  )
+}
+
+type FlagValue<T> = T extends Flag.Flag<infer A> ? A : never
+type ServeFlags = { readonly [K in keyof typeof serveFlags]: FlagValue<(typeof serveFlags)[K]> }
+
+const toInput = (f: ServeFlags): ServerConfigInput => ({
+  host: f.host,
+  port: f.port,
+  endpoint: Option.getOrUndefined(f.endpoint),
+  httpHost: f.httpHost,
+  httpPort: f.httpPort,
+  chunkSize: f.chunkSize,
+  l1SizeGb: f.l1SizeGb,
+  maxWorkers: f.maxWorkers,
+  maxCpuWorkers: Option.getOrUndefined(f.maxCpuWorkers),
+  maxGpuWorkers: Option.getOrUndefined(f.maxGpuWorkers),
+  logFormat: f.logFormat,
+  workerReapTimeoutSeconds: f.workerReapTimeoutSeconds,
+  workerRegistrationGraceSeconds: f.workerRegistrationGraceSeconds,
+  workerDisconnectGraceSeconds: f.workerDisconnectGraceSeconds
+})
+
+export const serve = Command.make("serve", serveFlags, (flags) =>
+  Effect.gen(function*() {
+    const result = validate(toInput(flags))
+    if ("issues" in result) return yield* Effect.die("unreachable: validated by Command.validate")
+    const config = result.config
+    yield* Effect.logInfo(`mpcache ${VERSION} starting`, {
+      endpoint: config.endpoint,
+      http: `${config.httpHost}:${config.httpPort}`,
+      chunk_size: config.chunkSizeTokens,
+      max_cpu_workers: config.maxCpuWorkers,
+      max_gpu_workers: config.maxGpuWorkers,
+      worker_reap_timeout_seconds: config.workerReapTimeoutSeconds,
+      worker_registration_grace_seconds: config.workerRegistrationGraceSeconds,
+      worker_disconnect_grace_seconds: config.workerDisconnectGraceSeconds
+    })
+    yield* Layer.launch(ServerLive(config)).pipe(
+      Effect.onInterrupt(() => Effect.logInfo("shutting down: stopped receiving, draining in-flight requests"))
+    )
+  }).pipe(Effect.provide(loggerLayer(flags.logFormat)))).pipe(
+  Command.withDescription("Run the mpcache server (ZeroMQ ROUTER + HTTP frontend)"),
+  Command.validate((flags) => {
+    const result = validate(toInput(flags))
+    return "issues" in result
+      ? Effect.fail(new CliError.ValidationError({ message: result.issues.map(formatIssue).join("\n") }))
+      : Effect.void
+  })
+)

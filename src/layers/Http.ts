@@ -1,0 +1,91 @@
+/**
+ * The HTTP frontend (DESIGN §7; upstream `http_server.py`):
+ *   GET /api/healthcheck  200 {"status":"healthy"} while the server runs
+ *   GET /api/status       version, endpoint, chunk size, pools, uptime (+ module blocks)
+ *   GET /metrics          Prometheus text
+ * Bound to `--http-host`/`--http-port` (port 0 picks a free one; the bound
+ * address is logged).
+ */
+import { createServer } from "node:http"
+import { NodeHttpServer } from "@effect/platform-node"
+import { Clock, Context, Effect, Layer } from "effect"
+import { HttpRouter, HttpServer, HttpServerResponse } from "effect/http"
+import { PrometheusMetrics } from "effect/observability"
+import { MqServer } from "../services/MqServer.ts"
+import { PROTOCOL_VERSION, VERSION } from "../version.ts"
+import { ServerConfig } from "./ServerConfig.ts"
+
+/** Extra blocks merged into `/api/status` by modules (liveness, native memory, instances …). */
+export class StatusBlocks extends Context.Service<StatusBlocks, ReadonlyArray<Effect.Effect<Record<string, unknown>>>>()(
+  "mpcache/layers/StatusBlocks"
+) {
+  static readonly layerEmpty = Layer.succeed(this, [])
+}
+
+/** Builds the `/api/status` document. */
+export const statusDocument = Effect.gen(function*() {
+  const config = yield* ServerConfig
+  const server = yield* MqServer
+  const blocks = yield* StatusBlocks
+  const startedAtMs = yield* StartedAt
+  const now = yield* Clock.currentTimeMillis
+  const stats = server.stats()
+  const doc: Record<string, unknown> = {
+    is_healthy: true,
+    version: VERSION,
+    protocol_version: PROTOCOL_VERSION,
+    endpoint: server.endpoint,
+    chunk_size: config.chunkSizeTokens,
+    l1_size_gb: config.l1SizeGb,
+    uptime_seconds: Math.max(0, (now - startedAtMs) / 1000),
+    connected_peers: stats.connectedPeers,
+    dropped_messages: stats.droppedMessages,
+    undeliverable_replies: stats.undeliverableReplies,
+    pools: {
+      sync: stats.pools.sync,
+      normal: stats.pools.normal,
+      affinity: stats.pools.affinity
+    },
+    ops: server.table
+  }
+  for (const block of blocks) Object.assign(doc, yield* block)
+  return doc
+})
+
+/** When the server started (Clock millis), for uptime. */
+export class StartedAt extends Context.Service<StartedAt, number>()("mpcache/layers/StartedAt") {
+  static readonly layer = Layer.effect(this, Clock.currentTimeMillis)
+}
+
+const jsonBigInt = (value: unknown): HttpServerResponse.HttpServerResponse =>
+  HttpServerResponse.text(
+    JSON.stringify(value, (_k, v: unknown) => typeof v === "bigint" ? v.toString(10) : v),
+    { contentType: "application/json" }
+  )
+
+const Routes = Layer.mergeAll(
+  HttpRouter.add("GET", "/api/healthcheck", HttpServerResponse.jsonUnsafe({ status: "healthy" })),
+  HttpRouter.add("GET", "/api/status", statusDocument.pipe(Effect.map(jsonBigInt))),
+  PrometheusMetrics.layerHttp({ path: "/metrics" })
+)
+
+const LogAddress = Layer.effectDiscard(
+  Effect.gen(function*() {
+    const server = yield* HttpServer.HttpServer
+    yield* Effect.logInfo(`HTTP frontend listening on ${HttpServer.formatAddress(server.address)}`)
+  })
+)
+
+/**
+ * Serves the routes on `--http-host:--http-port` for the life of the layer.
+ * Fails with the platform's `ServeError` when the port is taken.
+ */
+export const HttpLive = Layer.unwrap(
+  Effect.gen(function*() {
+    const config = yield* ServerConfig
+    return HttpRouter.serve(Routes, { disableLogger: true, disableListenLog: true }).pipe(
+      Layer.merge(LogAddress),
+      Layer.provide(NodeHttpServer.layer(createServer, { port: config.httpPort, host: config.httpHost }))
+    )
+  })
+)

@@ -1,0 +1,117 @@
+/**
+ * ZeroMQ sockets as scoped resources (DESIGN §2: sockets are acquired with
+ * acquireRelease inside Layers). Raw socket options live here and nowhere
+ * else; see shared/zeromq-notes.md for the measured behaviour behind each.
+ */
+import { Effect, Schema, Scope } from "effect"
+import * as zmq from "zeromq"
+
+/** A ZeroMQ call failed. `op` names the call (bind, connect, send, receive). */
+export class ZmqError extends Schema.TaggedError<ZmqError>()("ZmqError", {
+  op: Schema.String,
+  endpoint: Schema.String,
+  cause: Schema.Defect()
+}) {
+  override get message(): string {
+    const c = this.cause
+    return `zeromq ${this.op} on ${this.endpoint} failed: ${c instanceof Error ? c.message : String(c)}`
+  }
+}
+
+/** libzmq's ZMQ_ROUTER_NOTIFY (draft option 97): 1 = connect, 2 = disconnect. */
+const ZMQ_ROUTER_NOTIFY = 97
+
+/** Turns on connect/disconnect notifications; zeromq.js keeps the setter protected, so one narrow cast here. */
+const setRouterNotify = (router: zmq.Router): void => {
+  ;(router as unknown as { setInt32Option(option: number, value: number): void }).setInt32Option(ZMQ_ROUTER_NOTIFY, 3)
+}
+
+/** Options of the server's ROUTER. */
+export interface RouterOptions {
+  /** Messages queued per peer before replies to it are dropped (and counted). */
+  readonly sendHighWaterMark: number
+  /** Milliseconds close() waits to flush the last replies at shutdown. */
+  readonly lingerMs: number
+}
+
+/**
+ * Binds a ROUTER to `endpoint` for the life of the current Scope. Replies are
+ * `mandatory` with a zero send timeout, so a reply to a vanished peer or one
+ * over its high-water mark fails at once (counted, logged at DEBUG) instead
+ * of blocking the one send path. ZMTP heartbeats stay off (DESIGN §5).
+ *
+ * Fails with `ZmqError` (op "bind") when the endpoint is taken or invalid.
+ */
+export const bindRouter = (
+  endpoint: string,
+  options: RouterOptions
+): Effect.Effect<zmq.Router, ZmqError, Scope.Scope> =>
+  Effect.acquireRelease(
+    Effect.tryPromise({
+      try: async () => {
+        const router = new zmq.Router({
+          linger: options.lingerMs,
+          mandatory: true,
+          sendTimeout: 0,
+          sendHighWaterMark: options.sendHighWaterMark,
+          receiveHighWaterMark: 0
+        })
+        setRouterNotify(router)
+        try {
+          await router.bind(endpoint)
+        } catch (e) {
+          router.close()
+          throw e
+        }
+        return router
+      },
+      catch: (cause) => new ZmqError({ op: "bind", endpoint, cause })
+    }),
+    (router) => Effect.sync(() => router.close())
+  )
+
+/** Options of a client DEALER. */
+export interface DealerOptions {
+  /** Milliseconds to wait for a TCP connect before retrying (LMCache #4670: never the OS SYN timeout). */
+  readonly connectTimeoutMs: number
+  /** First reconnect delay in milliseconds. */
+  readonly reconnectIntervalMs: number
+  /** Reconnect delay cap in milliseconds. */
+  readonly reconnectMaxIntervalMs: number
+  /** Milliseconds close() may wait to flush unsent requests, so a process with an unreachable server still exits. */
+  readonly lingerMs: number
+}
+
+/**
+ * Connects a DEALER to `endpoint` for the life of the current Scope. The
+ * ROUTER assigns the routing id (zeromq-notes: never set it ourselves).
+ * Fails with `ZmqError` (op "connect") on a malformed endpoint; an
+ * unreachable server is not an error here (ZeroMQ reconnects by itself).
+ */
+export const connectDealer = (
+  endpoint: string,
+  options: DealerOptions
+): Effect.Effect<zmq.Dealer, ZmqError, Scope.Scope> =>
+  Effect.acquireRelease(
+    Effect.try({
+      try: () => {
+        const dealer = new zmq.Dealer({
+          linger: options.lingerMs,
+          connectTimeout: options.connectTimeoutMs,
+          reconnectInterval: options.reconnectIntervalMs,
+          reconnectMaxInterval: options.reconnectMaxIntervalMs,
+          sendHighWaterMark: 0,
+          receiveHighWaterMark: 0
+        })
+        try {
+          dealer.connect(endpoint)
+        } catch (e) {
+          dealer.close()
+          throw e
+        }
+        return dealer
+      },
+      catch: (cause) => new ZmqError({ op: "connect", endpoint, cause })
+    }),
+    (dealer) => Effect.sync(() => dealer.close())
+  )

@@ -1,0 +1,37 @@
+/**
+ * CacheKey: upstream IPCCacheEngineKey (DESIGN §3.2; reference §3.4). A map on
+ * the wire keyed by snake_case field names. `token_ids` is the full token
+ * prefix, `[start, end)` the chunk-aligned range of this op; `request_id` is
+ * session tracking only (not part of equality); `cache_salt` isolates tenants
+ * and defaults to "" when absent (how upstream added it without breaking the
+ * wire).
+ */
+import { Effect, Schema } from "effect"
+import { TokenId, Uint } from "./Integer.ts"
+
+/** Upstream's salt rule: at most 128 characters, none of `@ / \ NUL`. */
+const CacheSalt = Schema.String.check(
+  Schema.isMaxLength(128),
+  Schema.makeFilter((s: string) => /[@/\\\0]/.test(s) ? "must not contain '@', '/', '\\' or NUL" : undefined)
+)
+
+export const CacheKey = Schema.Struct({
+  model_name: Schema.String,
+  world_size: Uint.check(Schema.isGreaterThanOrEqualTo(1)),
+  /** The kv rank this worker owns; nil for scheduler lookups (expands to every rank). */
+  worker_id: Schema.NullOr(Uint),
+  token_ids: Schema.Array(TokenId),
+  start: Uint,
+  end: Uint,
+  request_id: Schema.String,
+  cache_salt: CacheSalt.pipe(Schema.withDecodingDefaultKey(Effect.succeed("")))
+}).check(
+  Schema.makeFilter((k) =>
+    k.start > k.end
+      ? `start (${k.start}) must not exceed end (${k.end})`
+      : k.end > k.token_ids.length
+      ? `end (${k.end}) must not exceed the number of token_ids (${k.token_ids.length})`
+      : undefined
+  )
+)
+export type CacheKey = typeof CacheKey.Type

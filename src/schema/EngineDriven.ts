@@ -1,0 +1,63 @@
+/**
+ * Engine-driven transfer structs (DESIGN §3.2, §4; reference §4): the
+ * registration payload, the server pool's answer, and the slot descriptors
+ * PREPARE_* hands out (byte offsets into the server's shared-memory pool).
+ */
+import { Schema } from "effect"
+import { Dtype } from "./Dtype.ts"
+import { InstanceIdWire } from "./InstanceId.ts"
+import { Uint } from "./Integer.ts"
+
+/** upstream RegisterEngineDrivenContextPayload (single KV group). */
+export const RegisterEngineDrivenContext = Schema.Struct({
+  instance_id: InstanceIdWire,
+  model_name: Schema.String,
+  world_size: Uint.check(Schema.isGreaterThanOrEqualTo(1)),
+  /** Tokens per engine block. */
+  block_size: Uint.check(Schema.isGreaterThanOrEqualTo(1)),
+  num_layers: Uint.check(Schema.isGreaterThanOrEqualTo(1)),
+  /** num_heads × head_size. */
+  hidden_dim_size: Uint.check(Schema.isGreaterThanOrEqualTo(1)),
+  dtype_str: Dtype,
+  use_mla: Schema.Boolean
+})
+export type RegisterEngineDrivenContext = typeof RegisterEngineDrivenContext.Type
+
+/** Answer to REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT: the pool to map. */
+export const EngineDrivenPool = Schema.Struct({
+  /** POSIX name of the server's L1 slot pool ("" when the pool is not shared: inline bytes). */
+  shm_name: Schema.String,
+  /** Pool size in bytes. */
+  pool_size: Uint
+})
+export type EngineDrivenPool = typeof EngineDrivenPool.Type
+
+/** One chunk's place in the pool: `length` bytes at byte `offset`, viewed as `shape` of `dtype`. */
+export const Slot = Schema.Struct({
+  offset: Uint,
+  length: Uint,
+  shape: Schema.Array(Uint),
+  dtype: Dtype
+})
+export type Slot = typeof Slot.Type
+
+/** Slots in chunk order, and which chunks of the key's range they stand for. */
+export const TransferContext = Schema.Struct({
+  slots: Schema.Array(Slot),
+  chunk_indices: Schema.Array(Uint)
+})
+export type TransferContext = typeof TransferContext.Type
+
+export const PrepareStoreResponse = Schema.Struct({ context: TransferContext })
+export type PrepareStoreResponse = typeof PrepareStoreResponse.Type
+
+/** `data` carries inline chunk bytes (inline strategy); `context` the slots (shm strategy). */
+export const PrepareRetrieveResponse = Schema.Struct({
+  success: Schema.Boolean,
+  data: Schema.Uint8Array,
+  context: Schema.Struct({
+    slots: Schema.optionalKey(Schema.Array(Slot)),
+    chunk_indices: Schema.optionalKey(Schema.Array(Uint))
+  })
+})
+export type PrepareRetrieveResponse = typeof PrepareRetrieveResponse.Type

@@ -1,0 +1,232 @@
+/**
+ * The frame codec shared by the server and every client (DESIGN §3).
+ *
+ *   request  (DEALER → ROUTER)  [uid, op, p0, …, pn-1]
+ *   reply                        [uid, op, response]   or [uid, op] when the op returns nothing
+ *   error reply                  [uid, op, "MPCACHE_ERR" (raw ASCII), {code, message}]
+ *
+ * Every frame is its own MessagePack value (msgpackr, maps as plain objects,
+ * int64 as bigint). Decoding is strict: a frame must hold exactly one value.
+ * The server echoes the uid and op frames of a request byte for byte.
+ */
+import { Cause, Exit, Option, Schema } from "effect"
+import { Packr } from "msgpackr"
+import type { Op, PayloadOf, ResponseOf, WireSchema } from "./Op.ts"
+import { BadRequest, ErrorBody, fromErrorBody, type WireError } from "./WireError.ts"
+
+/** The marker frame of an error reply: raw ASCII, deliberately not MessagePack. */
+export const ERROR_MARKER: Buffer = Buffer.from("MPCACHE_ERR", "ascii")
+
+const packr = new Packr({ useRecords: false, int64AsType: "bigint", mapsAsObjects: true })
+
+/** Packs one value into one frame. */
+export const pack = (value: unknown): Buffer => packr.pack(value)
+
+/** Unpacks one frame holding exactly one MessagePack value; undefined when it does not. */
+export const unpack = (frame: Uint8Array): { readonly value: unknown } | undefined => {
+  if (frame.length === 0) return undefined
+  try {
+    const value: unknown = packr.unpack(frame)
+    // msgpackr returns a placeholder object (not an exception) for the reserved byte 0xC1.
+    if (value !== null && typeof value === "object" && value.constructor?.name === "C1Type") return undefined
+    return { value }
+  } catch {
+    return undefined
+  }
+}
+
+/** Reads a non-negative MessagePack int (uid or op); undefined when the frame is anything else. */
+export const decodeHeaderInt = (frame: Uint8Array): number | undefined => {
+  const u = unpack(frame)
+  if (u === undefined) return undefined
+  const v = u.value
+  if (typeof v === "number") return Number.isSafeInteger(v) && v >= 0 ? v : undefined
+  if (typeof v === "bigint") return v >= 0n && v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : undefined
+  return undefined
+}
+
+const describe = (value: unknown): string => {
+  if (typeof value === "bigint") return `${value}n`
+  if (value instanceof Uint8Array) return `<${value.length} bytes>`
+  try {
+    const s = JSON.stringify(value, (_k, v: unknown) => typeof v === "bigint" ? `${v}n` : v)
+    return s === undefined ? String(value) : s.length > 120 ? `${s.slice(0, 117)}...` : s
+  } catch {
+    return String(value)
+  }
+}
+
+const oneLine = (s: string): string => s.replace(/\s*\n\s*/g, " ")
+
+/**
+ * Decodes the payload frames of a request for `op`.
+ *
+ * Fails with `BadRequest` when the frame count differs from the op table
+ * ("<op>: expected N payload frames, got M") or a frame does not decode
+ * ("<op>: payload 1 (instance_id): Expected …, actual: -1").
+ */
+export const decodePayload = <O extends Op>(
+  op: O,
+  frames: ReadonlyArray<Uint8Array>
+): Exit.Exit<PayloadOf<O>, BadRequest> => {
+  if (frames.length !== op.payload.length) {
+    return Exit.fail(
+      new BadRequest({
+        message: `${op.name}: expected ${op.payload.length} payload frame(s) (${
+          op.payload.map(([n]) => n).join(", ") || "none"
+        }), got ${frames.length}`
+      })
+    )
+  }
+  const out: Array<unknown> = new Array(frames.length)
+  for (let i = 0; i < frames.length; i++) {
+    const [name, schema] = op.payload[i]!
+    const u = unpack(frames[i]!)
+    if (u === undefined) {
+      return Exit.fail(
+        new BadRequest({
+          message: `${op.name}: payload ${i} (${name}) is not a single MessagePack value (${frames[i]!.length} bytes)`
+        })
+      )
+    }
+    const decoded = Schema.decodeUnknownExit(schema)(u.value)
+    if (Exit.isFailure(decoded)) {
+      return Exit.fail(
+        new BadRequest({
+          message: `${op.name}: payload ${i} (${name}): ${
+            oneLine(errorMessage(decoded.cause))
+          }; actual: ${describe(u.value)}`
+        })
+      )
+    }
+    out[i] = decoded.value
+  }
+  return Exit.succeed(out as unknown as PayloadOf<O>)
+}
+
+/** The readable text of a Schema failure (Expected …, at [path]). */
+const errorMessage = (cause: Cause.Cause<Schema.SchemaError>): string => {
+  const found = Cause.findErrorOption(cause)
+  return Option.isSome(found) ? found.value.message : "does not decode"
+}
+
+/**
+ * Encodes one value against its Schema into a frame. Fails with `BadRequest`
+ * when the value does not fit the Schema (a caller passed an out-of-range
+ * id, say); the message names `what`.
+ */
+export const encodeFrame = (
+  schema: WireSchema,
+  value: unknown,
+  what: string
+): Exit.Exit<Buffer, BadRequest> => {
+  const encoded = Schema.encodeUnknownExit(schema)(value)
+  if (Exit.isFailure(encoded)) {
+    return Exit.fail(new BadRequest({ message: `${what}: ${oneLine(errorMessage(encoded.cause))}` }))
+  }
+  return Exit.succeed(pack(encoded.value))
+}
+
+/**
+ * Encodes a request `[uid, op, p0 … pn-1]`. A payload whose length differs
+ * from the op table fails at once, before anything is sent (reference §1.6:
+ * a client/server version mismatch), and so does a value that does not fit.
+ */
+export const encodeRequest = <O extends Op>(
+  op: O,
+  uid: number,
+  payload: PayloadOf<O>
+): Exit.Exit<Array<Buffer>, BadRequest> => {
+  const values = payload as ReadonlyArray<unknown>
+  if (values.length !== op.payload.length) {
+    return Exit.fail(
+      new BadRequest({
+        message: `${op.name}: this client sends ${values.length} payload frame(s) but the protocol defines ${op.payload.length} (${
+          op.payload.map(([n]) => n).join(", ") || "none"
+        }); the client and server versions differ`
+      })
+    )
+  }
+  const frames: Array<Buffer> = [pack(uid), pack(op.id)]
+  for (let i = 0; i < values.length; i++) {
+    const [name, schema] = op.payload[i]!
+    const f = encodeFrame(schema, values[i], `${op.name}: payload ${i} (${name})`)
+    if (Exit.isFailure(f)) return f as Exit.Exit<never, BadRequest>
+    frames.push(f.value)
+  }
+  return Exit.succeed(frames)
+}
+
+/**
+ * Encodes a success reply. `uidFrame` and `opFrame` are the request's own
+ * frames, echoed byte for byte. An op without a response gets `[uid, op]`.
+ */
+export const encodeReply = <O extends Op>(
+  op: O,
+  uidFrame: Uint8Array,
+  opFrame: Uint8Array,
+  response: ResponseOf<O>
+): Exit.Exit<Array<Uint8Array>, BadRequest> => {
+  if (op.response === undefined) return Exit.succeed([uidFrame, opFrame])
+  const f = encodeFrame(op.response, response, `${op.name}: response`)
+  return Exit.isFailure(f) ? f as Exit.Exit<never, BadRequest> : Exit.succeed([uidFrame, opFrame, f.value])
+}
+
+/** Encodes an error reply `[uid, op, "MPCACHE_ERR", {code, message}]`. */
+export const encodeErrorReply = (
+  uidFrame: Uint8Array,
+  opFrame: Uint8Array,
+  error: WireError
+): Array<Uint8Array> => [uidFrame, opFrame, ERROR_MARKER, pack({ code: error.code, message: error.message })]
+
+/** A reply as the client first reads it: header plus either the response frames or the error. */
+export type ReplyHeader =
+  | { readonly _tag: "Ok"; readonly uid: number; readonly opId: number; readonly body: ReadonlyArray<Uint8Array> }
+  | { readonly _tag: "Error"; readonly uid: number; readonly opId: number; readonly error: WireError }
+
+/** Reads a reply's uid, op and kind; undefined for a message that is not a reply (logged by the caller). */
+export const decodeReplyHeader = (frames: ReadonlyArray<Uint8Array>): ReplyHeader | undefined => {
+  if (frames.length < 2) return undefined
+  const uid = decodeHeaderInt(frames[0]!)
+  const opId = decodeHeaderInt(frames[1]!)
+  if (uid === undefined || opId === undefined) return undefined
+  if (frames.length === 4 && Buffer.from(frames[2]!.buffer, frames[2]!.byteOffset, frames[2]!.length).equals(ERROR_MARKER)) {
+    const u = unpack(frames[3]!)
+    const body = u === undefined ? undefined : Schema.decodeUnknownExit(ErrorBody)(u.value)
+    if (body === undefined || Exit.isFailure(body)) return undefined
+    return { _tag: "Error", uid, opId, error: fromErrorBody(body.value) }
+  }
+  return { _tag: "Ok", uid, opId, body: frames.slice(2) }
+}
+
+/**
+ * Decodes the response frames of a success reply for `op`: none for an op
+ * without a response, exactly one otherwise. Fails with a message naming the
+ * op when the server sent something else (a version mismatch).
+ */
+export const decodeResponse = <O extends Op>(
+  op: O,
+  body: ReadonlyArray<Uint8Array>
+): Exit.Exit<ResponseOf<O>, BadRequest> => {
+  if (op.response === undefined) {
+    return body.length === 0
+      ? Exit.succeed(undefined as ResponseOf<O>)
+      : Exit.fail(new BadRequest({ message: `${op.name}: expected no response frame, got ${body.length}` }))
+  }
+  if (body.length !== 1) {
+    return Exit.fail(new BadRequest({ message: `${op.name}: expected 1 response frame, got ${body.length}` }))
+  }
+  const u = unpack(body[0]!)
+  if (u === undefined) {
+    return Exit.fail(new BadRequest({ message: `${op.name}: the response frame is not a single MessagePack value` }))
+  }
+  const decoded = Schema.decodeUnknownExit(op.response)(u.value)
+  if (Exit.isFailure(decoded)) {
+    return Exit.fail(
+      new BadRequest({
+        message: `${op.name}: response: ${oneLine(errorMessage(decoded.cause))}; actual: ${describe(u.value)}`
+      })
+    )
+  }
+  return Exit.succeed(decoded.value as ResponseOf<O>)
+}

@@ -1,0 +1,279 @@
+/**
+ * The op table of DESIGN §3.1: every op's id (upstream's frozen numbering,
+ * written out as literals; 64+ are mpcache's own), its wire name, its named
+ * payload frames and its response. This is the only place the wire shape of
+ * an op is written down; the server's handler rows and every client use it.
+ *
+ * Each payload frame is its own MessagePack value decoded with the Schema of
+ * its position; `response: undefined` means the reply has no response frame
+ * (`[uid, op]`).
+ */
+import { Schema } from "effect"
+import { CacheKey } from "./CacheKey.ts"
+import { CbMatch } from "./CbMatch.ts"
+import {
+  EngineDrivenPool,
+  PrepareRetrieveResponse,
+  PrepareStoreResponse,
+  RegisterEngineDrivenContext
+} from "./EngineDriven.ts"
+import { InstanceIdWire } from "./InstanceId.ts"
+import { Uint } from "./Integer.ts"
+import { EngineGroupInfo, GroupRot, LayoutHints, RegistrationKind } from "./Registration.ts"
+import { TensorDescriptor } from "./TensorDescriptor.ts"
+
+/** A Schema usable on the wire: no services needed to decode or encode. */
+export type WireSchema = Schema.Codec<unknown, unknown>
+
+/** One payload frame: its field name (for error messages) and its Schema. */
+export type PayloadField = readonly [name: string, schema: WireSchema]
+
+/** One row of the op table. */
+export interface Op<
+  Name extends string = string,
+  P extends ReadonlyArray<PayloadField> = ReadonlyArray<PayloadField>,
+  R extends WireSchema | undefined = WireSchema | undefined
+> {
+  /** The int in the op frame. */
+  readonly id: number
+  /** snake_case name, as upstream's frozen table names it. */
+  readonly name: Name
+  /** Payload frames in order. */
+  readonly payload: P
+  /** Response Schema, or undefined when the op returns nothing. */
+  readonly response: R
+}
+
+/** Decoded values of a list of payload fields (a tuple stays a tuple). */
+export type PayloadTypes<P extends ReadonlyArray<PayloadField>> = {
+  readonly [K in keyof P]: P[K] extends readonly [string, infer S extends WireSchema] ? S["Type"] : never
+}
+
+/** Decoded payload tuple of an op. */
+export type PayloadOf<O extends Op> = O extends Op<string, infer P, WireSchema | undefined> ? PayloadTypes<P> : never
+
+/** Decoded response of an op (`void` when it has none). */
+export type ResponseOf<O extends Op> = O["response"] extends WireSchema ? O["response"]["Type"] : void
+
+const op = <const Name extends string, const P extends ReadonlyArray<PayloadField>, R extends WireSchema | undefined>(
+  row: Op<Name, P, R>
+): Op<Name, P, R> => row
+
+const BlockIds = Schema.Array(Schema.Array(Uint))
+/** `[event_handle, ok]` answer of STORE / RETRIEVE / CB_RETRIEVE_PRE_COMPUTED. */
+export const TransferResult = Schema.Tuple([Schema.Uint8Array, Schema.Boolean])
+
+export const RegisterKvCache = op({
+  id: 1,
+  name: "register_kv_cache",
+  payload: [
+    ["instance_id", InstanceIdWire],
+    ["kv_caches", Schema.Array(TensorDescriptor)],
+    ["model_name", Schema.String],
+    ["world_size", Uint],
+    ["engine_type", Schema.String],
+    ["layout_hints", LayoutHints],
+    ["engine_group_infos", Schema.Array(EngineGroupInfo)]
+  ],
+  response: undefined
+})
+
+export const UnregisterKvCache = op({
+  id: 2,
+  name: "unregister_kv_cache",
+  payload: [["instance_id", InstanceIdWire]],
+  response: undefined
+})
+
+export const Store = op({
+  id: 6,
+  name: "store",
+  payload: [
+    ["key", CacheKey],
+    ["instance_id", InstanceIdWire],
+    ["block_ids", BlockIds],
+    ["event_handle", Schema.Uint8Array]
+  ],
+  response: TransferResult
+})
+
+export const Retrieve = op({
+  id: 7,
+  name: "retrieve",
+  payload: [
+    ["key", CacheKey],
+    ["instance_id", InstanceIdWire],
+    ["block_ids", BlockIds],
+    ["event_handle", Schema.Uint8Array],
+    ["skip_first_n_tokens", Uint]
+  ],
+  response: TransferResult
+})
+
+export const Lookup = op({
+  id: 8,
+  name: "lookup",
+  payload: [["key", CacheKey], ["tp_size", Uint]],
+  response: undefined
+})
+
+export const QueryPrefetchStatus = op({
+  id: 9,
+  name: "query_prefetch_status",
+  payload: [["request_id", Schema.String]],
+  response: Schema.NullOr(Uint)
+})
+
+export const FreeLookupLocks = op({
+  id: 12,
+  name: "free_lookup_locks",
+  payload: [["key", CacheKey], ["tp_size", Uint]],
+  response: undefined
+})
+
+export const EndSession = op({
+  id: 13,
+  name: "end_session",
+  payload: [["request_id", Schema.String]],
+  response: undefined
+})
+
+export const RegisterKvCacheEngineDrivenContext = op({
+  id: 14,
+  name: "register_kv_cache_engine_driven_context",
+  payload: [["context", RegisterEngineDrivenContext]],
+  response: EngineDrivenPool
+})
+
+export const UnregisterKvCacheEngineDrivenContext = op({
+  id: 15,
+  name: "unregister_kv_cache_engine_driven_context",
+  payload: [["instance_id", InstanceIdWire]],
+  response: undefined
+})
+
+export const PrepareStore = op({
+  id: 16,
+  name: "prepare_store",
+  payload: [["key", CacheKey], ["instance_id", InstanceIdWire]],
+  response: PrepareStoreResponse
+})
+
+export const CommitStore = op({
+  id: 17,
+  name: "commit_store",
+  payload: [["key", CacheKey], ["instance_id", InstanceIdWire], ["cpu_data", Schema.Uint8Array]],
+  response: Schema.Boolean
+})
+
+export const PrepareRetrieve = op({
+  id: 18,
+  name: "prepare_retrieve",
+  payload: [["key", CacheKey], ["instance_id", InstanceIdWire]],
+  response: PrepareRetrieveResponse
+})
+
+export const CommitRetrieve = op({
+  id: 19,
+  name: "commit_retrieve",
+  payload: [["key", CacheKey], ["instance_id", InstanceIdWire]],
+  response: Schema.Boolean
+})
+
+export const Clear = op({
+  id: 20,
+  name: "clear",
+  payload: [["force", Schema.Boolean]],
+  response: undefined
+})
+
+export const GetChunkSize = op({
+  id: 21,
+  name: "get_chunk_size",
+  payload: [],
+  response: Uint
+})
+
+export const Ping = op({
+  id: 22,
+  name: "ping",
+  payload: [["instance_id", Schema.NullOr(InstanceIdWire)]],
+  response: Schema.Literal(true)
+})
+
+export const Noop = op({
+  id: 24,
+  name: "noop",
+  payload: [],
+  response: Schema.Literal("OK")
+})
+
+export const CbRegisterRope = op({
+  id: 25,
+  name: "cb_register_rope",
+  payload: [
+    ["instance_id", InstanceIdWire],
+    ["cos_sin_caches", Schema.Array(TensorDescriptor)],
+    ["head_size", Uint],
+    ["is_neox_style", Schema.Boolean],
+    ["group_to_cache", Schema.Array(Uint)],
+    ["group_rot", Schema.Array(GroupRot)]
+  ],
+  response: undefined
+})
+
+export const CbUnregisterRope = op({
+  id: 26,
+  name: "cb_unregister_rope",
+  payload: [["instance_id", InstanceIdWire]],
+  response: undefined
+})
+
+export const CbRetrievePreComputed = op({
+  id: 27,
+  name: "cb_retrieve_pre_computed",
+  payload: [
+    ["key", CacheKey],
+    ["matches", Schema.Array(CbMatch)],
+    ["block_ids", BlockIds],
+    ["instance_id", InstanceIdWire],
+    ["event_handle", Schema.Uint8Array]
+  ],
+  response: TransferResult
+})
+
+export const PingRegistered = op({
+  id: 64,
+  name: "ping_registered",
+  payload: [["instance_id", InstanceIdWire], ["expected", Schema.Array(RegistrationKind)]],
+  response: Schema.Array(RegistrationKind)
+})
+
+/** Every op of DESIGN §3.1, in id order. */
+export const OPS: ReadonlyArray<Op> = [
+  RegisterKvCache,
+  UnregisterKvCache,
+  Store,
+  Retrieve,
+  Lookup,
+  QueryPrefetchStatus,
+  FreeLookupLocks,
+  EndSession,
+  RegisterKvCacheEngineDrivenContext,
+  UnregisterKvCacheEngineDrivenContext,
+  PrepareStore,
+  CommitStore,
+  PrepareRetrieve,
+  CommitRetrieve,
+  Clear,
+  GetChunkSize,
+  Ping,
+  Noop,
+  CbRegisterRope,
+  CbUnregisterRope,
+  CbRetrievePreComputed,
+  PingRegistered
+]
+
+/** Op by its id; undefined for an id this protocol version does not define. */
+export const opById: ReadonlyMap<number, Op> = new Map(OPS.map((o) => [o.id, o]))
