@@ -9,6 +9,8 @@ import type { LogFormat } from "./ServerConfig.ts"
 /** The logger for `format`: one JSON object per line, or human-readable lines. */
 export const loggerLayer = (format: LogFormat): Layer.Layer<never> =>
   Layer.mergeAll(
-    Logger.layer([format === "json" ? Logger.consoleJson : Logger.consolePretty({ colors: false })]),
+    Logger.layer([
+      format === "json" ? Logger.withConsoleError(Logger.formatJson) : Logger.consolePretty({ colors: false })
+    ]),
     Layer.succeed(Logger.LogToStderr, true)
   )

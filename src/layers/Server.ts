@@ -6,11 +6,11 @@
  * Teardown runs in reverse: HTTP stops, the MQ server stops receiving and
  * drains in-flight requests, then modules release their state.
  */
-import { Effect, Layer } from "effect"
+import { Context, Effect, Layer } from "effect"
 import { CacheControl } from "../services/CacheControl.ts"
 import { LivenessTargets } from "../services/LivenessTarget.ts"
 import { Management } from "../services/Management.ts"
-import { makeTable } from "../services/Handler.ts"
+import { makeTable, type ServerModule } from "../services/Handler.ts"
 import { Handlers, MqServer } from "../services/MqServer.ts"
 import { PeerEvents } from "../services/PeerEvents.ts"
 import { HttpLive, StartedAt, StatusBlocks } from "./Http.ts"
@@ -21,12 +21,21 @@ const ModulesLive = Management.layer.pipe(
   Layer.provide(Layer.mergeAll(LivenessTargets.layerEmpty, CacheControl.layerEmpty))
 )
 
+/**
+ * Out-of-tree server modules (upstream: runtime plugins), joined after the
+ * built-in ones. Empty unless a program provides some.
+ */
+export const PluginModules = Context.Reference<ReadonlyArray<ServerModule>>("mpcache/layers/PluginModules", {
+  defaultValue: () => []
+})
+
 /** The merged handler table: one row list per module. */
 const HandlersLive = Layer.effect(
   Handlers,
   Effect.gen(function*() {
     const management = yield* Management
-    return yield* makeTable([management.module])
+    const plugins = yield* PluginModules
+    return yield* makeTable([management.module, ...plugins])
   })
 )
 

@@ -3,6 +3,7 @@
  * acquireRelease inside Layers). Raw socket options live here and nowhere
  * else; see shared/zeromq-notes.md for the measured behaviour behind each.
  */
+import { rmSync } from "node:fs"
 import { Effect, Schema, Scope } from "effect"
 import * as zmq from "zeromq"
 
@@ -67,7 +68,12 @@ export const bindRouter = (
       },
       catch: (cause) => new ZmqError({ op: "bind", endpoint, cause })
     }),
-    (router) => Effect.sync(() => router.close())
+    (router) =>
+      Effect.sync(() => {
+        router.close()
+        // libzmq may leave the socket file of an ipc endpoint behind when the process exits right after close.
+        if (endpoint.startsWith("ipc://")) rmSync(endpoint.slice("ipc://".length), { force: true })
+      })
   )
 
 /** Options of a client DEALER. */

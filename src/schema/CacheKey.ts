@@ -7,25 +7,29 @@
  * wire).
  */
 import { Effect, Schema } from "effect"
+import { WireString } from "./Text.ts"
 import { TokenId, Uint } from "./Integer.ts"
 
 /** Upstream's salt rule: at most 128 characters, none of `@ / \ NUL`. */
-const CacheSalt = Schema.String.check(
+const CacheSalt = WireString.check(
   Schema.isMaxLength(128),
   Schema.makeFilter((s: string) => /[@/\\\0]/.test(s) ? "must not contain '@', '/', '\\' or NUL" : undefined)
 )
 
-export const CacheKey = Schema.Struct({
-  model_name: Schema.String,
+/** The fields of a CacheKey (without the range rule). */
+export const CacheKeyFields = {
+  model_name: WireString,
   world_size: Uint.check(Schema.isGreaterThanOrEqualTo(1)),
   /** The kv rank this worker owns; nil for scheduler lookups (expands to every rank). */
   worker_id: Schema.NullOr(Uint),
   token_ids: Schema.Array(TokenId),
   start: Uint,
   end: Uint,
-  request_id: Schema.String,
+  request_id: WireString,
   cache_salt: CacheSalt.pipe(Schema.withDecodingDefaultKey(Effect.succeed("")))
-}).check(
+}
+
+export const CacheKey = Schema.Struct(CacheKeyFields).check(
   Schema.makeFilter((k) =>
     k.start > k.end
       ? `start (${k.start}) must not exceed end (${k.end})`

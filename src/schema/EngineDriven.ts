@@ -4,6 +4,7 @@
  * PREPARE_* hands out (byte offsets into the server's shared-memory pool).
  */
 import { Schema } from "effect"
+import { WireString } from "./Text.ts"
 import { Dtype } from "./Dtype.ts"
 import { InstanceIdWire } from "./InstanceId.ts"
 import { Uint } from "./Integer.ts"
@@ -11,7 +12,7 @@ import { Uint } from "./Integer.ts"
 /** upstream RegisterEngineDrivenContextPayload (single KV group). */
 export const RegisterEngineDrivenContext = Schema.Struct({
   instance_id: InstanceIdWire,
-  model_name: Schema.String,
+  model_name: WireString,
   world_size: Uint.check(Schema.isGreaterThanOrEqualTo(1)),
   /** Tokens per engine block. */
   block_size: Uint.check(Schema.isGreaterThanOrEqualTo(1)),
@@ -26,7 +27,7 @@ export type RegisterEngineDrivenContext = typeof RegisterEngineDrivenContext.Typ
 /** Answer to REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT: the pool to map. */
 export const EngineDrivenPool = Schema.Struct({
   /** POSIX name of the server's L1 slot pool ("" when the pool is not shared: inline bytes). */
-  shm_name: Schema.String,
+  shm_name: WireString,
   /** Pool size in bytes. */
   pool_size: Uint
 })

@@ -11,7 +11,8 @@ import { Schema, SchemaGetter } from "effect"
 
 const SafeUint = Schema.Int.check(
   Schema.isGreaterThanOrEqualTo(0),
-  Schema.isLessThanOrEqualTo(Number.MAX_SAFE_INTEGER)
+  Schema.isLessThanOrEqualTo(Number.MAX_SAFE_INTEGER),
+  Schema.makeFilter((n: number) => Object.is(n, -0) ? "must be an integer, not the float -0" : undefined)
 )
 
 const BigUint = Schema.BigInt.check(
@@ -30,4 +31,7 @@ export const Uint = Schema.Union([SafeUint, BigUint]).pipe(
 )
 
 /** Token id: a uint32 (DESIGN §3.2 hashes tokens as big-endian uint32). */
-export const TokenId = Schema.Int.check(Schema.isBetween({ minimum: 0, maximum: 0xffff_ffff }))
+export const TokenId = Schema.Int.check(
+  Schema.isBetween({ minimum: 0, maximum: 0xffff_ffff }),
+  Schema.makeFilter((n: number) => Object.is(n, -0) ? "must be an integer, not the float -0" : undefined)
+)

@@ -9,6 +9,7 @@
  * (`[uid, op]`).
  */
 import { Schema } from "effect"
+import { WireString } from "./Text.ts"
 import { CacheKey } from "./CacheKey.ts"
 import { CbMatch } from "./CbMatch.ts"
 import {
@@ -69,9 +70,9 @@ export const RegisterKvCache = op({
   payload: [
     ["instance_id", InstanceIdWire],
     ["kv_caches", Schema.Array(TensorDescriptor)],
-    ["model_name", Schema.String],
+    ["model_name", WireString],
     ["world_size", Uint],
-    ["engine_type", Schema.String],
+    ["engine_type", WireString],
     ["layout_hints", LayoutHints],
     ["engine_group_infos", Schema.Array(EngineGroupInfo)]
   ],
@@ -120,7 +121,7 @@ export const Lookup = op({
 export const QueryPrefetchStatus = op({
   id: 9,
   name: "query_prefetch_status",
-  payload: [["request_id", Schema.String]],
+  payload: [["request_id", WireString]],
   response: Schema.NullOr(Uint)
 })
 
@@ -134,7 +135,7 @@ export const FreeLookupLocks = op({
 export const EndSession = op({
   id: 13,
   name: "end_session",
-  payload: [["request_id", Schema.String]],
+  payload: [["request_id", WireString]],
   response: undefined
 })
 

@@ -3,6 +3,7 @@
  * registration kinds PING_REGISTERED asks about (DESIGN §3.1, upstream #4732).
  */
 import { Schema } from "effect"
+import { WireString } from "./Text.ts"
 import { Uint } from "./Integer.ts"
 
 /** One engine KV group (hybrid / sliding-window models); one group today. */
@@ -13,8 +14,19 @@ export const EngineGroupInfo = Schema.Struct({
 })
 export type EngineGroupInfo = typeof EngineGroupInfo.Type
 
-/** Free-form layout hints (upstream `LayoutHints` TypedDict): a string-keyed map. */
-export const LayoutHints = Schema.Record(Schema.String, Schema.Unknown)
+/** msgpackr packs -0 as the int 0, so -0 cannot round-trip either. */
+const HintNumber = Schema.Finite.check(Schema.makeFilter((n: number) => Object.is(n, -0) ? "must not be -0" : undefined))
+const HintScalar = Schema.Union([Schema.Null, Schema.Boolean, HintNumber, WireString])
+
+/**
+ * Layout hints (upstream `LayoutHints` TypedDict, e.g. `{kv_layout: "NHD"}`):
+ * a string-keyed map of scalars or lists of scalars.
+ */
+export const LayoutHints = Schema.Record(
+  // msgpackr renames a "__proto__" key (prototype-pollution guard), so it cannot round-trip.
+  WireString.check(Schema.makeFilter((k: string) => k === "__proto__" ? "must not be __proto__" : undefined)),
+  Schema.Union([HintScalar, Schema.Array(HintScalar)])
+)
 export type LayoutHints = typeof LayoutHints.Type
 
 /** The kinds of per-instance state a server can hold for one id. */

@@ -6,6 +6,7 @@
  * it, in elements of `dtype`.
  */
 import { Schema } from "effect"
+import { WireString } from "./Text.ts"
 import { Dtype } from "./Dtype.ts"
 import { Uint } from "./Integer.ts"
 
@@ -16,11 +17,11 @@ export type TensorKind = typeof TensorKind.Type
 export const TensorDescriptor = Schema.Struct({
   kind: TensorKind,
   /** cpu_shm: the POSIX name without its leading slash (as listed in /dev/shm). */
-  shm_name: Schema.optionalKey(Schema.String),
+  shm_name: Schema.optionalKey(WireString),
   /** cuda_ipc: the 64-byte cudaIpcMemHandle_t. */
   ipc_handle: Schema.optionalKey(Schema.Uint8Array),
   /** "cpu" for cpu_shm; the GPU's UUID for cuda_ipc. */
-  device_uuid: Schema.String,
+  device_uuid: WireString,
   /** Size of the whole segment in bytes. */
   nbytes: Uint,
   dtype: Dtype,

@@ -22,15 +22,12 @@ import { opById, type Op } from "../schema/Op.ts"
 import { BadRequest, Internal, isWireError, Overloaded, UnknownOp, type WireError } from "../schema/WireError.ts"
 import { bindRouter, ZmqError } from "../layers/Zmq.ts"
 import { makeDispatcher, type DispatchStats } from "./Dispatch.ts"
-import { makeTable, type HandlerRow, type HandlerTable, type ServerModule, type TableRow } from "./Handler.ts"
+import type { HandlerRow, HandlerTable, TableRow } from "./Handler.ts"
 import { PeerEvents } from "./PeerEvents.ts"
 import * as M from "./ServerMetrics.ts"
 
 /** The merged handler table of every server module. */
-export class Handlers extends Context.Service<Handlers, HandlerTable>()("mpcache/services/Handlers") {
-  /** Joins the modules' rows; dies at start-up on a duplicate op (a programming error). */
-  static readonly layer = (modules: ReadonlyArray<ServerModule>) => Layer.effect(this, makeTable(modules))
-}
+export class Handlers extends Context.Service<Handlers, HandlerTable>()("mpcache/services/Handlers") {}
 
 /** Options of the MQ server. */
 export interface MqServerOptions {

@@ -1,0 +1,302 @@
+/**
+ * `npm run bench:ping [-- --quick | --duration S]`
+ *
+ * PING round trips per second and p50/p99 latency with 1, 4 and 16
+ * concurrent clients, against (a) the real mpcache server and (b) a bare
+ * zeromq.js ROUTER that echoes every message (bench/echo-router.ts), both in
+ * child processes, in the same run. The same raw DEALER client code drives
+ * both, so the only difference is the server. Prints a table and writes the
+ * section "## PING round trips (bench:ping)" of docs/benchmarks.md.
+ *
+ * A benchmark, never a test: exits 0 on success, 1 on failure, and always
+ * stops its child processes and removes its ipc socket files.
+ */
+import { spawn, type ChildProcess } from "node:child_process"
+import { existsSync, readFileSync, rmSync, writeFileSync, mkdirSync } from "node:fs"
+import os from "node:os"
+import path from "node:path"
+import { parseArgs } from "node:util"
+import { Packr } from "msgpackr"
+import { Dealer } from "zeromq"
+
+const ROOT = path.resolve(import.meta.dirname, "..")
+const DOC = path.join(ROOT, "docs", "benchmarks.md")
+const HEADING = "## PING round trips (bench:ping)"
+const CONCURRENCY = [1, 4, 16] as const
+const WARMUP_S = 0.5
+const READY_TIMEOUT_MS = 30_000
+const STOP_TIMEOUT_MS = 5_000
+
+// ---------------------------------------------------------------- arguments
+
+const { values: args } = parseArgs({
+  options: { quick: { type: "boolean", default: false }, duration: { type: "string" } }
+})
+const durationS = args.duration !== undefined ? Number(args.duration) : args.quick ? 1 : 3
+if (!Number.isFinite(durationS) || durationS <= 0) {
+  process.stderr.write(`--duration must be a positive number of seconds, got ${args.duration}\n`)
+  process.exit(2)
+}
+
+// ------------------------------------------------------- child processes
+
+interface Server {
+  readonly name: string
+  readonly endpoint: string
+  readonly child: ChildProcess
+}
+
+const tag = `mpcache-bench-${process.pid}-${Date.now()}`
+const socketFiles: string[] = []
+const children: ChildProcess[] = []
+
+const ipcEndpoint = (name: string): string => {
+  const file = path.join(os.tmpdir(), `${tag}-${name}.sock`)
+  socketFiles.push(file)
+  return `ipc://${file}`
+}
+
+/** Spawns `node ...argv` and resolves once its stdout or stderr shows `ready`. */
+const startServer = (name: string, endpoint: string, argv: readonly string[], ready: string): Promise<Server> =>
+  new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, argv, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] })
+    children.push(child)
+    let output = ""
+    const timer = setTimeout(() => fail(`not ready after ${READY_TIMEOUT_MS} ms`), READY_TIMEOUT_MS)
+    const fail = (why: string): void => {
+      clearTimeout(timer)
+      reject(new Error(`${name} server ${why}; output:\n${output.slice(-4000)}`))
+    }
+    const onData = (chunk: Buffer): void => {
+      if (output.includes(ready)) return // already up: just drain the pipe
+      output += chunk.toString()
+      if (output.includes(ready)) {
+        clearTimeout(timer)
+        resolve({ name, endpoint, child })
+      }
+    }
+    child.stdout?.on("data", onData)
+    child.stderr?.on("data", onData)
+    child.once("error", (error) => fail(`failed to start: ${error.message}`))
+    child.once("exit", (code, signal) => fail(`exited early (code ${code}, signal ${signal})`))
+  })
+
+const isRunning = (child: ChildProcess): boolean => child.exitCode === null && child.signalCode === null
+
+/** SIGTERM, wait for the exit; SIGKILL if it does not come. */
+const stopChild = (child: ChildProcess): Promise<void> =>
+  new Promise((resolve) => {
+    if (!isRunning(child)) return resolve()
+    const timer = setTimeout(() => child.kill("SIGKILL"), STOP_TIMEOUT_MS)
+    child.once("exit", () => {
+      clearTimeout(timer)
+      resolve()
+    })
+    child.kill("SIGTERM")
+  })
+
+const cleanup = async (): Promise<void> => {
+  await Promise.all(children.map(stopChild))
+  for (const file of socketFiles) rmSync(file, { force: true })
+}
+
+// Last resort for an abrupt exit: nothing async is possible here.
+process.once("exit", () => {
+  for (const child of children) if (isRunning(child)) child.kill("SIGKILL")
+  for (const file of socketFiles) rmSync(file, { force: true })
+})
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  process.once(signal, () => {
+    void cleanup().finally(() => process.exit(signal === "SIGINT" ? 130 : 143))
+  })
+}
+
+// ------------------------------------------------------------------ client
+
+const packr = new Packr({ useRecords: false, int64AsType: "bigint" })
+const OP_PING = 22
+const OP_FRAME = packr.pack(OP_PING)
+const NIL_FRAME = packr.pack(null)
+
+interface Run {
+  measuring: boolean
+  stopped: boolean
+  readonly latenciesUs: number[]
+}
+
+/**
+ * One client: a DEALER with exactly one PING in flight. Records the latency
+ * of every reply that arrives while `run.measuring`; stops after the reply
+ * in flight once `run.stopped`. `expected` is the decoded third reply frame
+ * (`true` from mpcache, the echoed `null` from the echo server).
+ */
+const client = async (endpoint: string, run: Run, expected: unknown): Promise<void> => {
+  const dealer = new Dealer({ linger: 0, sendTimeout: 5_000, receiveTimeout: 5_000 })
+  try {
+    dealer.connect(endpoint)
+    for (let uid = 0; !run.stopped; uid++) {
+      const start = process.hrtime.bigint()
+      await dealer.send([packr.pack(uid), OP_FRAME, NIL_FRAME])
+      const reply = await dealer.receive()
+      const end = process.hrtime.bigint()
+      const [rUid, rOp, rResponse] = reply.map((frame): unknown => packr.unpack(frame))
+      if (reply.length !== 3 || rUid !== uid || rOp !== OP_PING || rResponse !== expected) {
+        throw new Error(`unexpected reply to PING ${uid}: ${JSON.stringify([rUid, rOp, rResponse])}`)
+      }
+      if (run.measuring) run.latenciesUs.push(Number(end - start) / 1000)
+    }
+  } finally {
+    dealer.close()
+  }
+}
+
+interface Result {
+  readonly rps: number
+  readonly p50Us: number
+  readonly p99Us: number
+}
+
+const percentile = (sorted: readonly number[], p: number): number =>
+  sorted[Math.max(0, Math.ceil((p / 100) * sorted.length) - 1)] ?? Number.NaN
+
+const sleep = (s: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, s * 1000))
+
+const measure = async (server: Server, clients: number, expected: unknown): Promise<Result> => {
+  const run: Run = { measuring: false, stopped: false, latenciesUs: [] }
+  const all = Promise.all(Array.from({ length: clients }, () => client(server.endpoint, run, expected))).catch(
+    (error: unknown) => {
+      const { exitCode, signalCode } = server.child
+      const state = isRunning(server.child) ? "running" : `exited (code ${exitCode}, signal ${signalCode})`
+      const why = error instanceof Error ? error.message : String(error)
+      throw new Error(`${server.name} server (${state}), ${clients} client(s): ${why}`, { cause: error })
+    }
+  )
+  // A client that fails ends the run at once instead of after the timers.
+  const failed = all.then(() => new Promise<never>(() => {}))
+  const phase = async (): Promise<number> => {
+    await sleep(WARMUP_S)
+    run.measuring = true
+    const t0 = process.hrtime.bigint()
+    await sleep(durationS)
+    run.measuring = false
+    return Number(process.hrtime.bigint() - t0) / 1e9
+  }
+  let elapsedS: number
+  try {
+    elapsedS = await Promise.race([phase(), failed])
+  } finally {
+    run.stopped = true
+  }
+  await all
+  const sorted = run.latenciesUs.sort((a, b) => a - b)
+  return { rps: sorted.length / elapsedS, p50Us: percentile(sorted, 50), p99Us: percentile(sorted, 99) }
+}
+
+// ------------------------------------------------------------------ report
+
+interface Row {
+  readonly clients: number
+  readonly mpcache: Result
+  readonly echo: Result
+}
+
+const table = (rows: readonly Row[]): string => {
+  const int = (n: number): string => Math.round(n).toLocaleString("en-US")
+  const ratio = (n: number): string => n.toFixed(2)
+  const lines = [
+    "| clients | mpcache req/s | echo req/s | req/s ratio | mpcache p50 µs | echo p50 µs | mpcache p99 µs | echo p99 µs | p99 ratio |",
+    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  ]
+  for (const { clients, mpcache: m, echo: e } of rows) {
+    lines.push(
+      `| ${clients} | ${int(m.rps)} | ${int(e.rps)} | ${ratio(m.rps / e.rps)} | ${int(m.p50Us)} | ${int(e.p50Us)} | ${int(m.p99Us)} | ${int(e.p99Us)} | ${ratio(m.p99Us / e.p99Us)} |`
+    )
+  }
+  return lines.join("\n")
+}
+
+const section = (rows: readonly Row[]): string => {
+  const cpus = os.cpus()
+  return [
+    HEADING,
+    "",
+    `Measured ${new Date().toISOString().slice(0, 10)} · Node ${process.version} · ` +
+    `${cpus[0]?.model.trim() ?? "unknown CPU"} (${cpus.length} cores) · transport ipc · ` +
+    `${WARMUP_S} s warm-up then ${durationS} s per configuration.`,
+    "",
+    "Each client is a raw zeromq.js DEALER keeping exactly one PING (op 22, nil instance id) in flight.",
+    "*mpcache* is `mpcache serve` with default pools; *echo* is a bare zeromq.js ROUTER that",
+    "sends every message back undecoded (`bench/echo-router.ts`), the ceiling of this stack. Each server",
+    "runs in its own child process. Latencies are round trips in microseconds;",
+    "req/s ratio = mpcache / echo (1.00 = as fast as the echo), p99 ratio = mpcache / echo (1.00 = no added tail).",
+    "All clients share the bench's one event loop: on a machine with few cores the client side, not the server,",
+    "can be what saturates first, which the echo column shows.",
+    "",
+    table(rows),
+    "",
+    "Reproduce: `npm run bench:ping` (`npm run bench:ping -- --quick` for 1 s runs, `-- --duration S` for S seconds).",
+    ""
+  ].join("\n")
+}
+
+/** Replaces this bench's section of docs/benchmarks.md (or appends it), keeping the others. */
+const writeDoc = (body: string): void => {
+  const header =
+    "# mpcache benchmarks\n\n" +
+    "These machines are shared, so absolute figures vary from run to run: read the ratios against\n" +
+    "a reference measured in the same run.\n"
+  const current = existsSync(DOC) ? readFileSync(DOC, "utf8") : header
+  const lines = current.split("\n")
+  const start = lines.findIndex((line) => line.trim() === HEADING)
+  let next: string
+  if (start === -1) {
+    next = `${current.trimEnd()}\n\n${body}`
+  } else {
+    const after = lines.findIndex((line, i) => i > start && line.startsWith("## "))
+    const before = lines.slice(0, start).join("\n").trimEnd()
+    const rest = after === -1 ? "" : `\n${lines.slice(after).join("\n")}`
+    next = `${before}\n\n${body}${rest}`
+  }
+  mkdirSync(path.dirname(DOC), { recursive: true })
+  writeFileSync(DOC, next.endsWith("\n") ? next : `${next}\n`)
+}
+
+// -------------------------------------------------------------------- main
+
+const main = async (): Promise<void> => {
+  const mpcacheEndpoint = ipcEndpoint("mpcache")
+  const echoEndpoint = ipcEndpoint("echo")
+  const [mpcache, echo] = await Promise.all([
+    startServer(
+      "mpcache",
+      mpcacheEndpoint,
+      ["src/cli/main.ts", "serve", "--endpoint", mpcacheEndpoint, "--http-port", "0", "--log-format", "json"],
+      "MQ server listening on"
+    ),
+    startServer("echo", echoEndpoint, ["bench/echo-router.ts", echoEndpoint], "echo router listening on")
+  ])
+  process.stderr.write(`servers up (${mpcache.endpoint}, ${echo.endpoint}); ${durationS} s per configuration\n`)
+
+  const rows: Row[] = []
+  for (const clients of CONCURRENCY) {
+    // Alternate the servers so that a drift in machine load hits both alike.
+    const echoResult = await measure(echo, clients, null)
+    const mpcacheResult = await measure(mpcache, clients, true)
+    rows.push({ clients, mpcache: mpcacheResult, echo: echoResult })
+    process.stderr.write(`  ${clients} client(s) done\n`)
+  }
+
+  const body = section(rows)
+  process.stdout.write(`\n${body}\n`)
+  writeDoc(body)
+  process.stdout.write(`wrote ${path.relative(ROOT, DOC)}\n`)
+}
+
+try {
+  await main()
+  await cleanup()
+} catch (error) {
+  process.stderr.write(`bench:ping failed: ${error instanceof Error ? error.stack ?? error.message : String(error)}\n`)
+  await cleanup()
+  process.exit(1)
+}

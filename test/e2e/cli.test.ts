@@ -1,0 +1,101 @@
+/**
+ * The `mpcache` command as a user runs it: child processes, real sockets,
+ * real signals.
+ */
+import { randomUUID } from "node:crypto"
+import { readFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { VERSION } from "../../src/version.ts"
+import { runCli, startCli } from "../support/Cli.ts"
+
+const ipcEndpoint = () => `ipc://${join(tmpdir(), `mpcache-test-${randomUUID()}.sock`)}`
+
+describe("mpcache serve flags", () => {
+  it.live("a reap timeout of 10 is refused: exit 2, naming the flag and the rule", () =>
+    Effect.gen(function*() {
+      const r = yield* runCli(["serve", "--worker-reap-timeout-seconds", "10"])
+      assert.strictEqual(r.code, 2)
+      assert.include(r.stderr, "--worker-reap-timeout-seconds")
+      assert.include(r.stderr, "must be 0 (disabled) or at least 30 seconds (got 10)")
+    }))
+
+  it.live("a registration grace below the reap timeout is refused: exit 2", () =>
+    Effect.gen(function*() {
+      const r = yield* runCli(["serve", "--worker-registration-grace-seconds", "60"])
+      assert.strictEqual(r.code, 2)
+      assert.include(r.stderr, "--worker-registration-grace-seconds")
+      assert.include(r.stderr, "worker registration grace must be at least the worker reap timeout (120 s; got 60)")
+    }))
+
+  it.live("a port that is not a number, and an endpoint that is not ZeroMQ, are refused: exit 2", () =>
+    Effect.gen(function*() {
+      const port = yield* runCli(["serve", "--port", "abc"])
+      assert.strictEqual(port.code, 2)
+      assert.include(port.stderr, "--port")
+      const endpoint = yield* runCli(["serve", "--endpoint", "http://x"])
+      assert.strictEqual(endpoint.code, 2)
+      assert.include(endpoint.stderr, "--endpoint")
+      assert.include(endpoint.stderr, "must be a ZeroMQ endpoint")
+    }))
+})
+
+describe("mpcache serve and the client commands", () => {
+  it.live("serve answers ping/noop/get-chunk-size/clear, and SIGTERM exits 0 after draining", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const endpoint = ipcEndpoint()
+      const server = yield* startCli(["serve", "--endpoint", endpoint, "--http-port", "0", "--chunk-size", "512"])
+      yield* server.waitForStderr(/MQ server listening on/)
+      const ping = yield* runCli(["ping", "--endpoint", endpoint])
+      assert.deepStrictEqual([ping.code, ping.stdout], [0, "true\n"])
+      const pingId = yield* runCli(["ping", "--endpoint", endpoint, "--instance-id", "9223372036854775807"])
+      assert.deepStrictEqual([pingId.code, pingId.stdout], [0, "true\n"])
+      const noop = yield* runCli(["noop", "--endpoint", endpoint])
+      assert.deepStrictEqual([noop.code, noop.stdout], [0, "OK\n"])
+      const chunk = yield* runCli(["get-chunk-size", "--endpoint", endpoint])
+      assert.deepStrictEqual([chunk.code, chunk.stdout], [0, "512\n"])
+      const clear = yield* runCli(["clear", "--endpoint", endpoint])
+      assert.deepStrictEqual([clear.code, clear.stdout], [0, "Cache cleared successfully.\n"])
+      const exit = yield* server.stop("SIGTERM")
+      assert.deepStrictEqual(exit, { code: 0, signal: null })
+      assert.include(server.stderr(), "shutting down")
+    })))
+
+  it.live("status reads /api/status from the HTTP frontend", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const endpoint = ipcEndpoint()
+      const server = yield* startCli(["serve", "--endpoint", endpoint, "--http-port", "0", "--log-format", "json"])
+      const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/)
+      const status = yield* runCli(["status", "--http-port", port!])
+      assert.strictEqual(status.code, 0)
+      const doc = JSON.parse(status.stdout) as Record<string, unknown>
+      assert.strictEqual(doc["version"], VERSION)
+      assert.strictEqual(doc["endpoint"], endpoint)
+      assert.strictEqual(doc["chunk_size"], 256)
+      assert.deepStrictEqual(doc["pools"], {
+        sync: { queued: 0 },
+        normal: { workers: 4, queued: 0 },
+        affinity: { lanes: 4, queued: [0, 0, 0, 0], pinnedPeers: 0 }
+      })
+      const sigint = yield* server.stop("SIGINT")
+      assert.deepStrictEqual(sigint, { code: 0, signal: null })
+    })))
+
+  it.live("a client command with no server exits 1 and says what timed out", () =>
+    Effect.gen(function*() {
+      const r = yield* runCli(["ping", "--endpoint", ipcEndpoint(), "--timeout-seconds", "0.5"])
+      assert.strictEqual(r.code, 1)
+      assert.strictEqual(r.stdout, "")
+      assert.include(r.stderr, "ping to ipc://")
+      assert.include(r.stderr, "no reply within 500 ms")
+    }))
+})
+
+describe("package", () => {
+  it("VERSION matches package.json", () => {
+    const pkg = JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as { version: string }
+    assert.strictEqual(VERSION, pkg.version)
+  })
+})

@@ -1,0 +1,207 @@
+/**
+ * The MQ server and client over real ZeroMQ sockets on loopback: management
+ * ops, error replies, malformed input, and reply matching under load.
+ */
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Exit, Random } from "effect"
+import { decodeReplyHeader, pack } from "../../src/schema/Frame.ts"
+import { makeInstanceId, MAX_INSTANCE_ID } from "../../src/schema/InstanceId.ts"
+import { Clear, GetChunkSize, Noop, Ping, QueryPrefetchStatus, Store } from "../../src/schema/Op.ts"
+import { BadRequest, InvalidArgument, UnknownOp } from "../../src/schema/WireError.ts"
+import { row, type ServerModule } from "../../src/services/Handler.ts"
+import { makeMqClient, MqClient, RequestTimeout } from "../../src/services/MqClient.ts"
+import { MqServer } from "../../src/services/MqServer.ts"
+import { rawDealer } from "../support/RawDealer.ts"
+import { testServer } from "../support/TestServer.ts"
+
+/** A test module: QUERY_PREFETCH_STATUS answers the request id as a number after a random delay. */
+const echoModule: ServerModule = {
+  name: "echo",
+  rows: [
+    row(QueryPrefetchStatus, "NORMAL", ([requestId]) =>
+      Random.nextIntBetween(0, 5).pipe(
+        Effect.flatMap((ms) => Effect.sleep(`${ms} millis`)),
+        Effect.as(Number(requestId))
+      ))
+  ]
+}
+
+/** A test module whose handler fails with a wire error, or dies. */
+const failingModule: ServerModule = {
+  name: "failing",
+  rows: [
+    row(Store, "AFFINITY", ([key]) =>
+      key.model_name === "die"
+        ? Effect.die(new Error("boom"))
+        : Effect.fail(new InvalidArgument({ message: `store: model ${key.model_name} has no registered layout` })))
+  ]
+}
+
+const key = (model: string) => ({
+  model_name: model,
+  world_size: 1,
+  worker_id: 0,
+  token_ids: [1, 2, 3, 4],
+  start: 0,
+  end: 4,
+  request_id: "r1",
+  cache_salt: ""
+})
+
+describe("management ops over real sockets", () => {
+  it.live("NOOP answers OK", () =>
+    Effect.gen(function*() {
+      const client = yield* MqClient
+      assert.strictEqual(yield* client.request(Noop, []), "OK")
+    }).pipe(Effect.provide(testServer())))
+
+  it.live("PING with an id and with nil answers true", () =>
+    Effect.gen(function*() {
+      const client = yield* MqClient
+      assert.strictEqual(yield* client.request(Ping, [makeInstanceId(42n)]), true)
+      assert.strictEqual(yield* client.request(Ping, [makeInstanceId(MAX_INSTANCE_ID)]), true)
+      assert.strictEqual(yield* client.request(Ping, [null]), true)
+    }).pipe(Effect.provide(testServer())))
+
+  it.live("GET_CHUNK_SIZE answers the configured chunk size", () =>
+    Effect.gen(function*() {
+      const client = yield* MqClient
+      assert.strictEqual(yield* client.request(GetChunkSize, []), 128)
+    }).pipe(Effect.provide(testServer({ config: { chunkSize: 128 } }))))
+
+  it.live("CLEAR answers with no response frame", () =>
+    Effect.gen(function*() {
+      const client = yield* MqClient
+      assert.strictEqual(yield* client.request(Clear, [true]), undefined)
+      assert.strictEqual(yield* client.request(Clear, [false]), undefined)
+    }).pipe(Effect.provide(testServer())))
+})
+
+describe("error replies", () => {
+  it.live("a wrong payload count gets bad_request naming the op, expected and actual, well under a second", () =>
+    Effect.gen(function*() {
+      const server = yield* MqServer
+      const raw = yield* rawDealer(server.endpoint)
+      yield* raw.send([pack(7), pack(22)])
+      const reply = yield* raw.receive(1_000)
+      assert.isDefined(reply)
+      assert.deepStrictEqual(decodeReplyHeader(reply!), {
+        _tag: "Error",
+        uid: 7,
+        opId: 22,
+        error: new BadRequest({ message: "ping: expected 1 payload frame(s) (instance_id), got 0" })
+      })
+    }).pipe(Effect.provide(testServer())))
+
+  it.live("a payload that does not decode gets bad_request naming the field", () =>
+    Effect.gen(function*() {
+      const server = yield* MqServer
+      const raw = yield* rawDealer(server.endpoint)
+      yield* raw.send([pack(8), pack(22), pack(-5)])
+      const reply = yield* raw.receive(1_000)
+      assert.deepStrictEqual(decodeReplyHeader(reply!), {
+        _tag: "Error",
+        uid: 8,
+        opId: 22,
+        error: new BadRequest({
+          message: "ping: payload 0 (instance_id): Expected a value between 0n and 9223372036854775807n; actual: -5"
+        })
+      })
+    }).pipe(Effect.provide(testServer())))
+
+  it.live("an unknown op gets unknown_op", () =>
+    Effect.gen(function*() {
+      const server = yield* MqServer
+      const raw = yield* rawDealer(server.endpoint)
+      yield* raw.send([pack(1), pack(99)])
+      const reply = decodeReplyHeader((yield* raw.receive(1_000))!)
+      assert.strictEqual(reply?._tag, "Error")
+      if (reply?._tag !== "Error") return
+      assert.instanceOf(reply.error, UnknownOp)
+      assert.include(reply.error.message, "unknown op 99")
+    }).pipe(Effect.provide(testServer())))
+
+  it.live("a protocol op this server does not serve gets unknown_op naming it", () =>
+    Effect.gen(function*() {
+      const client = yield* MqClient
+      const exit = yield* Effect.exit(client.request(Store, [key("m"), makeInstanceId(1n), [[0]], new Uint8Array(0)]))
+      assert.deepStrictEqual(exit, Exit.fail(new UnknownOp({ message: "op store (6) is not served by this server" })))
+    }).pipe(Effect.provide(testServer())))
+
+  it.live("a handler's wire error reaches the client as that tagged error; a defect as internal", () =>
+    Effect.gen(function*() {
+      const client = yield* MqClient
+      const failed = yield* Effect.exit(client.request(Store, [key("m"), makeInstanceId(1n), [[0]], new Uint8Array(0)]))
+      assert.deepStrictEqual(
+        failed,
+        Exit.fail(new InvalidArgument({ message: "store: model m has no registered layout" }))
+      )
+      const died = yield* Effect.flip(client.request(Store, [key("die"), makeInstanceId(1n), [[0]], new Uint8Array(0)]))
+      assert.strictEqual(died._tag, "Internal")
+      assert.strictEqual(died.message, "store: internal error: boom")
+      assert.strictEqual(yield* client.request(Noop, []), "OK")
+    }).pipe(Effect.provide(testServer({ modules: [failingModule] }))))
+})
+
+describe("malformed input never stops the server", () => {
+  it.live("a 1-frame message, garbage bytes and a non-int op frame are dropped; the next PING is answered", () =>
+    Effect.gen(function*() {
+      const server = yield* MqServer
+      const client = yield* MqClient
+      const raw = yield* rawDealer(server.endpoint)
+      yield* raw.send([pack(1)])
+      yield* raw.send([Buffer.from([0xc1, 0xff, 0x00]), Buffer.from("garbage")])
+      yield* raw.send([pack(2), pack("ping"), pack(null)])
+      yield* raw.send([pack(-3), pack(22), pack(null)])
+      yield* raw.send([Buffer.alloc(0), Buffer.alloc(0), Buffer.alloc(0)])
+      assert.strictEqual(yield* raw.receive(300), undefined)
+      assert.strictEqual(yield* client.request(Ping, [null]), true)
+      yield* raw.send([pack(4), pack(22), pack(null)])
+      const reply = yield* raw.receive(1_000)
+      assert.deepStrictEqual(decodeReplyHeader(reply!), { _tag: "Ok", uid: 4, opId: 22, body: [pack(true)] })
+      assert.strictEqual(server.stats().droppedMessages, 5)
+    }).pipe(Effect.provide(testServer())))
+})
+
+describe("client", () => {
+  it.live("1,000 concurrent requests from one client: every reply matched to its request", () =>
+    Effect.gen(function*() {
+      const client = yield* MqClient
+      const ids = Array.from({ length: 1_000 }, (_, i) => i)
+      const answers = yield* Effect.forEach(
+        ids,
+        (i) => client.request(QueryPrefetchStatus, [String(i)]),
+        { concurrency: "unbounded" }
+      )
+      assert.deepStrictEqual(answers, ids)
+      assert.strictEqual(client.pendingCount(), 0)
+    }).pipe(Effect.provide(testServer({ modules: [echoModule], config: { maxCpuWorkers: 8 } }))))
+
+  it.live("a request to an unreachable server times out with an error naming the op and the endpoint", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const client = yield* makeMqClient({ endpoint: "tcp://127.0.0.1:1", requestTimeoutMs: 200, lingerMs: 0 })
+      const exit = yield* Effect.exit(client.request(Noop, []))
+      assert.deepStrictEqual(exit, Exit.fail(new RequestTimeout({ op: "noop", endpoint: "tcp://127.0.0.1:1", timeoutMs: 200 })))
+      assert.strictEqual(
+        (exit as Exit.Failure<never, RequestTimeout>).cause.reasons.length,
+        1
+      )
+      assert.strictEqual(
+        new RequestTimeout({ op: "noop", endpoint: "tcp://127.0.0.1:1", timeoutMs: 200 }).message,
+        "noop to tcp://127.0.0.1:1: no reply within 200 ms (is the server running?)"
+      )
+      assert.strictEqual(client.pendingCount(), 0)
+    })))
+
+  it.live("a payload of the wrong length fails before sending, saying the versions differ", () =>
+    Effect.gen(function*() {
+      const client = yield* MqClient
+      const error = yield* Effect.flip(client.request(Ping, [] as never))
+      assert.deepStrictEqual(
+        error,
+        new BadRequest({
+          message: "ping: this client sends 0 payload frame(s) but the protocol defines 1 (instance_id); the client and server versions differ"
+        })
+      )
+    }).pipe(Effect.provide(testServer())))
+})

@@ -1,0 +1,147 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Arbitrary, Exit, Schema } from "effect"
+import { CacheKey, CacheKeyFields } from "../../src/schema/CacheKey.ts"
+import {
+  decodeHeaderInt,
+  decodePayload,
+  decodeReplyHeader,
+  decodeResponse,
+  encodeErrorReply,
+  encodeReply,
+  encodeRequest,
+  ERROR_MARKER,
+  pack
+} from "../../src/schema/Frame.ts"
+import { makeInstanceId, MAX_INSTANCE_ID } from "../../src/schema/InstanceId.ts"
+import { OPS, Ping, Store, type Op } from "../../src/schema/Op.ts"
+import { BadRequest, NotRegistered } from "../../src/schema/WireError.ts"
+
+const Uid = Schema.Int.check(Schema.isBetween({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER }))
+
+/** CacheKeys whose range lies inside their tokens (the Schema's rule, which random generation rarely meets). */
+const cacheKeyArbitrary = Arbitrary.schema(Schema.Struct(CacheKeyFields)).pipe(
+  Arbitrary.map((k) => {
+    const n = k.token_ids.length
+    const a = Math.min(k.start, n)
+    const b = Math.min(k.end, n)
+    return { ...k, start: Math.min(a, b), end: Math.max(a, b) }
+  })
+)
+
+const payloadArbitrary = (op: Op): Arbitrary.Arbitrary<ReadonlyArray<unknown>> =>
+  Arbitrary.all(op.payload.map(([, s]) => s === CacheKey ? cacheKeyArbitrary : Arbitrary.schema(s)))
+
+const roundTripRequest = (op: Op, uid: number, payload: ReadonlyArray<unknown>) => {
+  const frames = encodeRequest(op, uid, payload as never)
+  assert.isTrue(Exit.isSuccess(frames), `${op.name} encodes`)
+  if (Exit.isFailure(frames)) return
+  assert.strictEqual(decodeHeaderInt(frames.value[0]!), uid)
+  assert.strictEqual(decodeHeaderInt(frames.value[1]!), op.id)
+  const decoded = decodePayload(op, frames.value.slice(2))
+  assert.isTrue(Exit.isSuccess(decoded), `${op.name} decodes`)
+  if (Exit.isSuccess(decoded)) assert.deepStrictEqual(decoded.value, payload)
+}
+
+describe("request frames", () => {
+  for (const op of OPS) {
+    it.prop(`${op.name} (${op.id}) round-trips every payload`, [Uid, payloadArbitrary(op)], ([uid, payload]) => {
+      roundTripRequest(op, uid, payload)
+    }, { arbitrary: { runs: 100 } })
+  }
+
+  it("instance ids 0, 2^53+1 and 2^63-1 round-trip exactly as bigint", () => {
+    for (const id of [0n, (1n << 53n) + 1n, MAX_INSTANCE_ID]) {
+      roundTripRequest(Ping, 7, [makeInstanceId(id)])
+    }
+  })
+
+  it("an instance id sent as a small plain int (another stack) decodes to bigint", () => {
+    const decoded = decodePayload(Ping, [pack(42)])
+    assert.deepStrictEqual(decoded, Exit.succeed([makeInstanceId(42n)] as const))
+  })
+
+  it("an id of 2^63 or a negative id is a bad_request naming the field", () => {
+    for (const bad of [1n << 63n, -1]) {
+      const decoded = decodePayload(Ping, [pack(bad)])
+      assert.isTrue(Exit.isFailure(decoded))
+      if (Exit.isFailure(decoded)) {
+        const msg = String(Exit.isFailure(decoded) && (decoded.cause.reasons[0] as { error: BadRequest }).error.message)
+        assert.include(msg, "ping: payload 0 (instance_id)")
+        assert.include(msg, "Expected a value between 0n and 9223372036854775807n")
+      }
+    }
+  })
+
+  it("a wrong payload count names the op, the expected and the actual count", () => {
+    const decoded = decodePayload(Store, [pack(1)])
+    assert.deepStrictEqual(
+      decoded,
+      Exit.fail(new BadRequest({ message: "store: expected 4 payload frame(s) (key, instance_id, block_ids, event_handle), got 1" }))
+    )
+  })
+
+  it("the client refuses to send a payload of the wrong length and says the versions differ", () => {
+    const frames = encodeRequest(Ping, 1, [] as never)
+    assert.deepStrictEqual(
+      frames,
+      Exit.fail(new BadRequest({
+        message: "ping: this client sends 0 payload frame(s) but the protocol defines 1 (instance_id); the client and server versions differ"
+      }))
+    )
+  })
+
+  it("header ints: non-negative MessagePack ints only", () => {
+    assert.strictEqual(decodeHeaderInt(pack(0)), 0)
+    assert.strictEqual(decodeHeaderInt(pack(2 ** 40)), 2 ** 40)
+    assert.strictEqual(decodeHeaderInt(pack(5n)), 5)
+    assert.strictEqual(decodeHeaderInt(pack(-1)), undefined)
+    assert.strictEqual(decodeHeaderInt(pack("22")), undefined)
+    assert.strictEqual(decodeHeaderInt(pack(1.5)), undefined)
+    assert.strictEqual(decodeHeaderInt(Buffer.from([0xc1])), undefined)
+    assert.strictEqual(decodeHeaderInt(Buffer.from([0x01, 0x02])), undefined)
+    assert.strictEqual(decodeHeaderInt(Buffer.alloc(0)), undefined)
+  })
+})
+
+describe("reply frames", () => {
+  for (const op of OPS) {
+    if (op.response === undefined) {
+      it(`${op.name} (${op.id}) replies [uid, op] with no response frame`, () => {
+        const reply = encodeReply(op, pack(3), pack(op.id), undefined as never)
+        assert.isTrue(Exit.isSuccess(reply))
+        if (Exit.isFailure(reply)) return
+        assert.strictEqual(reply.value.length, 2)
+        const header = decodeReplyHeader(reply.value)
+        assert.deepStrictEqual(header, { _tag: "Ok", uid: 3, opId: op.id, body: [] })
+        assert.isTrue(Exit.isSuccess(decodeResponse(op, [])))
+      })
+    } else {
+      const response = op.response
+      it.prop(`${op.name} (${op.id}) round-trips every response`, [Uid, response], ([uid, value]) => {
+        const reply = encodeReply(op, pack(uid), pack(op.id), value as never)
+        assert.isTrue(Exit.isSuccess(reply))
+        if (Exit.isFailure(reply)) return
+        const header = decodeReplyHeader(reply.value)
+        assert.isDefined(header)
+        if (header === undefined || header._tag !== "Ok") return assert.fail("not an ok reply")
+        assert.strictEqual(header.uid, uid)
+        assert.strictEqual(header.opId, op.id)
+        assert.deepStrictEqual(decodeResponse(op, header.body) as Exit.Exit<unknown, BadRequest>, Exit.succeed(value))
+      }, { arbitrary: { runs: 100 } })
+    }
+  }
+
+  it("error replies carry the raw marker and {code, message}", () => {
+    const frames = encodeErrorReply(pack(9), pack(6), new NotRegistered({ message: "store: instance 5 is not registered" }))
+    assert.strictEqual(frames.length, 4)
+    assert.isTrue(Buffer.from(frames[2]!).equals(Buffer.from("MPCACHE_ERR", "ascii")))
+    assert.isTrue(Buffer.from(frames[2]!).equals(ERROR_MARKER))
+    const header = decodeReplyHeader(frames)
+    assert.deepStrictEqual(header, {
+      _tag: "Error",
+      uid: 9,
+      opId: 6,
+      error: new NotRegistered({ message: "store: instance 5 is not registered" })
+    })
+  })
+})

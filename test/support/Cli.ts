@@ -1,0 +1,81 @@
+/**
+ * Runs the real `mpcache` CLI as a child process (Node 24 from
+ * process.execPath, never npx: setup-notes), with scoped cleanup.
+ */
+import { spawn, type ChildProcess } from "node:child_process"
+import { fileURLToPath } from "node:url"
+import { Effect, Scope } from "effect"
+
+export const CLI = fileURLToPath(new URL("../../src/cli/main.ts", import.meta.url))
+
+export interface CliResult {
+  readonly code: number | null
+  readonly signal: NodeJS.Signals | null
+  readonly stdout: string
+  readonly stderr: string
+}
+
+/** Runs `mpcache ...args` to completion (killed after `timeoutMs`). */
+export const runCli = (args: ReadonlyArray<string>, timeoutMs = 20_000): Effect.Effect<CliResult> =>
+  Effect.callback<CliResult>((resume) => {
+    const child = spawn(process.execPath, [CLI, ...args], { stdio: ["ignore", "pipe", "pipe"] })
+    let stdout = ""
+    let stderr = ""
+    child.stdout.on("data", (d: Buffer) => (stdout += d.toString()))
+    child.stderr.on("data", (d: Buffer) => (stderr += d.toString()))
+    const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs)
+    child.on("close", (code, signal) => {
+      clearTimeout(timer)
+      resume(Effect.succeed({ code, signal, stdout, stderr }))
+    })
+    return Effect.sync(() => child.kill("SIGKILL"))
+  })
+
+/** A long-running CLI process (e.g. `serve`) killed when the scope closes if still alive. */
+export interface CliProcess {
+  readonly child: ChildProcess
+  /** Everything written to stderr so far. */
+  readonly stderr: () => string
+  readonly stdout: () => string
+  /** Waits until stderr matches `pattern` (fails after `timeoutMs`); returns the match. */
+  readonly waitForStderr: (pattern: RegExp, timeoutMs?: number) => Effect.Effect<RegExpMatchArray, Error>
+  /** Sends `signal` and waits for the exit. */
+  readonly stop: (signal: NodeJS.Signals) => Effect.Effect<{ readonly code: number | null; readonly signal: NodeJS.Signals | null }>
+}
+
+export const startCli = (args: ReadonlyArray<string>): Effect.Effect<CliProcess, never, Scope.Scope> =>
+  Effect.acquireRelease(
+    Effect.sync(() => {
+      const child = spawn(process.execPath, [CLI, ...args], { stdio: ["ignore", "pipe", "pipe"] })
+      let stdout = ""
+      let stderr = ""
+      child.stdout!.on("data", (d: Buffer) => (stdout += d.toString()))
+      child.stderr!.on("data", (d: Buffer) => (stderr += d.toString()))
+      const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+        child.on("exit", (code, signal) => resolve({ code, signal }))
+      )
+      const waitForStderr = (pattern: RegExp, timeoutMs = 15_000) =>
+        Effect.tryPromise({
+          try: () =>
+            new Promise<RegExpMatchArray>((resolve, reject) => {
+              const started = Date.now()
+              const poll = () => {
+                const m = stderr.match(pattern)
+                if (m) return resolve(m)
+                if (child.exitCode !== null) return reject(new Error(`process exited (${child.exitCode}) before ${pattern}: ${stderr}`))
+                if (Date.now() - started > timeoutMs) return reject(new Error(`timed out waiting for ${pattern}: ${stderr}`))
+                setTimeout(poll, 20)
+              }
+              poll()
+            }),
+          catch: (e) => e as Error
+        })
+      const stop = (signal: NodeJS.Signals) =>
+        Effect.promise(() => {
+          child.kill(signal)
+          return exited
+        })
+      return { child, stderr: () => stderr, stdout: () => stdout, waitForStderr, stop }
+    }),
+    (p) => Effect.sync(() => p.child.exitCode === null && p.child.signalCode === null && p.child.kill("SIGKILL"))
+  )
