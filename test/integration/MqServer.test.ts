@@ -3,7 +3,7 @@
  * ops, error replies, malformed input, and reply matching under load.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Random } from "effect"
+import { Context, Effect, Exit, Layer, Random, Scope } from "effect"
 import { decodeReplyHeader, pack } from "../../src/schema/Frame.ts"
 import { makeInstanceId, MAX_INSTANCE_ID } from "../../src/schema/InstanceId.ts"
 import { Clear, GetChunkSize, Noop, Ping, QueryPrefetchStatus, Store } from "../../src/schema/Op.ts"
@@ -192,6 +192,23 @@ describe("client", () => {
       )
       assert.strictEqual(client.pendingCount(), 0)
     })))
+
+  it.live("a server restarted on the same endpoint is reachable again within seconds", () =>
+    Effect.gen(function*() {
+      const first = yield* Scope.make()
+      const server = yield* Layer.buildWithScope(testServer(), first)
+      const endpoint = Context.get(server, MqServer).endpoint
+      yield* Scope.close(first, Exit.void)
+      const client = yield* makeMqClient({ endpoint, requestTimeoutMs: 500, lingerMs: 0 })
+      const down = yield* Effect.exit(client.request(Noop, []))
+      assert.isTrue(Exit.isFailure(down))
+      yield* Layer.build(testServer({ config: { endpoint } }))
+      // At most 10 tries of 500 ms: reachable within 5 s, not the OS SYN timeout (LMCache #4670).
+      const up = yield* client.request(Noop, []).pipe(
+        Effect.retry({ times: 10, while: (e) => e._tag === "RequestTimeout" })
+      )
+      assert.strictEqual(up, "OK")
+    }))
 
   it.live("a payload of the wrong length fails before sending, saying the versions differ", () =>
     Effect.gen(function*() {
