@@ -1,25 +1,27 @@
 /**
- * The server assembly: configuration → modules → the merged handler table →
- * MQ server → HTTP frontend. Every module's rows are joined here in one
- * visible list; a duplicate op refuses to start.
+ * The server assembly: configuration → native memory and storage → modules
+ * → the merged handler table → MQ server → HTTP frontend. Every module's
+ * rows are joined here in one visible list; a duplicate op refuses to start.
  *
- * Teardown runs in reverse: HTTP stops, the MQ server stops receiving and
- * drains in-flight requests, then modules release their state.
+ * Teardown runs in reverse: HTTP stops; the MQ server stops receiving and
+ * drains in-flight requests; the transfer module releases every context
+ * through the same finalizer as UNREGISTER; lookup releases its locks; the
+ * native backend closes anything still mapped.
  */
 import { Context, Effect, Layer } from "effect"
-import { CacheControl } from "../services/CacheControl.ts"
-import { LivenessTargets } from "../services/LivenessTarget.ts"
-import { Management } from "../services/Management.ts"
+import { NativeMemory } from "../native/Native.ts"
 import { makeTable, type ServerModule } from "../services/Handler.ts"
+import { L1Store } from "../services/L1Store.ts"
+import { LayoutRegistry } from "../services/LayoutRegistry.ts"
+import { LivenessTargets } from "../services/LivenessTarget.ts"
+import { LmcacheDrivenTransfer } from "../services/LmcacheDrivenTransfer.ts"
+import { Lookup } from "../services/Lookup.ts"
+import { Management } from "../services/Management.ts"
 import { Handlers, MqServer } from "../services/MqServer.ts"
 import { PeerEvents } from "../services/PeerEvents.ts"
 import { HttpLive, StartedAt, StatusBlocks } from "./Http.ts"
+import { NativeMemoryLive } from "./NativeMemory.ts"
 import { ServerConfig, type ServerConfigShape } from "./ServerConfig.ts"
-
-/** Server modules and what they need. */
-const ModulesLive = Management.layer.pipe(
-  Layer.provide(Layer.mergeAll(LivenessTargets.layerEmpty, CacheControl.layerEmpty))
-)
 
 /**
  * Out-of-tree server modules (upstream: runtime plugins), joined after the
@@ -29,13 +31,39 @@ export const PluginModules = Context.Reference<ReadonlyArray<ServerModule>>("mpc
   defaultValue: () => []
 })
 
+/** L1, layouts and the native memory backend. */
+const StorageLive = Layer.mergeAll(L1Store.layer, LayoutRegistry.layer, NativeMemoryLive)
+
+/** The data-path modules: lookup/prefetch and LMCache-driven transfers. */
+const DataPathLive = LmcacheDrivenTransfer.layer.pipe(
+  Layer.provideMerge(Lookup.layer),
+  Layer.provideMerge(StorageLive)
+)
+
+/** Every module holding per-instance state, for PING and the reaper. */
+const TargetsLive = Layer.effect(
+  LivenessTargets,
+  Effect.gen(function*() {
+    const transfer = yield* LmcacheDrivenTransfer
+    return [transfer.target]
+  })
+)
+
+/** Server modules and what they need. */
+const ModulesLive = Management.layer.pipe(
+  Layer.provide(Layer.mergeAll(TargetsLive, L1Store.layerCacheControl)),
+  Layer.provideMerge(DataPathLive)
+)
+
 /** The merged handler table: one row list per module. */
 const HandlersLive = Layer.effect(
   Handlers,
   Effect.gen(function*() {
     const management = yield* Management
+    const lookup = yield* Lookup
+    const transfer = yield* LmcacheDrivenTransfer
     const plugins = yield* PluginModules
-    return yield* makeTable([management.module, ...plugins])
+    return yield* makeTable([management.module, lookup.module, transfer.module, ...plugins])
   })
 )
 
@@ -53,17 +81,48 @@ const MqServerLive = Layer.unwrap(
 
 /**
  * The MQ side alone (no HTTP): what integration tests start. Exposes the
- * MqServer and the modules.
+ * MqServer, the modules and storage.
  */
 export const MqSideLive = MqServerLive.pipe(
   Layer.provideMerge(HandlersLive),
   Layer.provideMerge(ModulesLive)
 )
 
+/** `/api/status` blocks of the modules: registered instances, native mappings, L1, lookup sessions. */
+const StatusBlocksLive = Layer.effect(
+  StatusBlocks,
+  Effect.gen(function*() {
+    const transfer = yield* LmcacheDrivenTransfer
+    const native = yield* NativeMemory
+    const l1 = yield* L1Store
+    const lookup = yield* Lookup
+    return [
+      Effect.map(transfer.instances(), (instances) => ({ instances })),
+      Effect.sync(() => {
+        const n = native.stats()
+        const s = l1.stats()
+        const k = lookup.stats()
+        return {
+          native: { open_mappings: n.openMappings, mapped_bytes: n.mappedBytes },
+          l1: {
+            capacity_bytes: s.capacityBytes,
+            used_bytes: s.usedBytes,
+            objects: s.objects,
+            reserved_objects: s.reservedObjects,
+            locked_objects: s.lockedObjects,
+            evictions: s.evictions
+          },
+          lookup: { sessions: k.sessions, held_locks: k.heldLocks, pending_jobs: k.pendingJobs }
+        }
+      })
+    ]
+  })
+)
+
 /** The whole server for `config`: MQ side plus HTTP frontend. */
 export const ServerLive = (config: ServerConfigShape) =>
   HttpLive.pipe(
-    Layer.provide(Layer.mergeAll(StatusBlocks.layerEmpty, StartedAt.layer)),
+    Layer.provide(Layer.mergeAll(StatusBlocksLive, StartedAt.layer)),
     Layer.provideMerge(MqSideLive),
     Layer.provideMerge(ServerConfig.layer(config))
   )

@@ -31,6 +31,8 @@ export interface ServerConfigShape {
   readonly workerRegistrationGraceSeconds: number
   /** Silence allowed after an instance's last connection closed; 0 disables (`--worker-disconnect-grace-seconds`). */
   readonly workerDisconnectGraceSeconds: number
+  /** Prefetch read locks older than this are released (`--lookup-lock-ttl-seconds`; upstream read_ttl_seconds 300). */
+  readonly lookupLockTtlSeconds: number
 }
 
 /** Flag values as parsed, before the cross-flag rules. */
@@ -49,6 +51,7 @@ export interface ServerConfigInput {
   readonly workerReapTimeoutSeconds: number
   readonly workerRegistrationGraceSeconds: number
   readonly workerDisconnectGraceSeconds: number
+  readonly lookupLockTtlSeconds: number
 }
 
 /** Defaults of DESIGN §5 and §7 (upstream: port 5555, chunk 256, reap 120 s, grace 3600 s). */
@@ -66,7 +69,8 @@ export const defaults: ServerConfigInput = {
   logFormat: "pretty",
   workerReapTimeoutSeconds: 120,
   workerRegistrationGraceSeconds: 3600,
-  workerDisconnectGraceSeconds: 10
+  workerDisconnectGraceSeconds: 10,
+  lookupLockTtlSeconds: 300
 }
 
 /** One broken rule: the flag and what it must be. */
@@ -101,6 +105,8 @@ export const rules = {
     Number.isFinite(n) && (n === 0 || n >= 30)
       ? undefined
       : `worker reap timeout must be 0 (disabled) or at least 30 seconds (got ${n}); keep it at least 3 × the workers' heartbeat interval`,
+  lockTtl: (n: number) =>
+    Number.isFinite(n) && n >= 1 ? undefined : `lookup lock TTL must be at least 1 second (got ${n})`,
   disconnectGrace: (n: number) =>
     Number.isFinite(n) && n >= 0 ? undefined : `worker disconnect grace must be 0 (disabled) or a positive number of seconds (got ${n})`
 } as const
@@ -135,6 +141,7 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
     })
   }
   check("worker-disconnect-grace-seconds", rules.disconnectGrace(input.workerDisconnectGraceSeconds))
+  check("lookup-lock-ttl-seconds", rules.lockTtl(input.lookupLockTtlSeconds))
   if (issues.length > 0) return { issues }
   const host = input.host.includes(":") && !input.host.startsWith("[") ? `[${input.host}]` : input.host
   return {
@@ -149,7 +156,8 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
       logFormat: input.logFormat,
       workerReapTimeoutSeconds: input.workerReapTimeoutSeconds,
       workerRegistrationGraceSeconds: grace,
-      workerDisconnectGraceSeconds: input.workerDisconnectGraceSeconds
+      workerDisconnectGraceSeconds: input.workerDisconnectGraceSeconds,
+      lookupLockTtlSeconds: input.lookupLockTtlSeconds
     }
   }
 }

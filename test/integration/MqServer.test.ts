@@ -6,13 +6,13 @@ import { assert, describe, it } from "@effect/vitest"
 import { Context, Effect, Exit, Layer, Random, Scope } from "effect"
 import { decodeReplyHeader, pack } from "../../src/schema/Frame.ts"
 import { makeInstanceId, MAX_INSTANCE_ID } from "../../src/schema/InstanceId.ts"
-import { Clear, GetChunkSize, Noop, Ping, QueryPrefetchStatus, Store } from "../../src/schema/Op.ts"
+import { Clear, GetChunkSize, Noop, Ping, PrepareStore, QueryPrefetchStatus, Store } from "../../src/schema/Op.ts"
 import { BadRequest, InvalidArgument, UnknownOp } from "../../src/schema/WireError.ts"
 import { row, type ServerModule } from "../../src/services/Handler.ts"
 import { makeMqClient, MqClient, RequestTimeout } from "../../src/services/MqClient.ts"
 import { MqServer } from "../../src/services/MqServer.ts"
 import { rawDealer } from "../support/RawDealer.ts"
-import { testServer } from "../support/TestServer.ts"
+import { bareServer, testServer } from "../support/TestServer.ts"
 
 /** A test module: QUERY_PREFETCH_STATUS answers the request id as a number after a random delay. */
 const echoModule: ServerModule = {
@@ -124,23 +124,24 @@ describe("error replies", () => {
   it.live("a protocol op this server does not serve gets unknown_op naming it", () =>
     Effect.gen(function*() {
       const client = yield* MqClient
-      const exit = yield* Effect.exit(client.request(Store, [key("m"), makeInstanceId(1n), [[0]], new Uint8Array(0)]))
-      assert.deepStrictEqual(exit, Exit.fail(new UnknownOp({ message: "op store (6) is not served by this server" })))
+      const exit = yield* Effect.exit(client.request(PrepareStore, [key("m"), makeInstanceId(1n)]))
+      assert.deepStrictEqual(exit, Exit.fail(new UnknownOp({ message: "op prepare_store (16) is not served by this server" })))
     }).pipe(Effect.provide(testServer())))
 
   it.live("a handler's wire error reaches the client as that tagged error; a defect as internal", () =>
     Effect.gen(function*() {
       const client = yield* MqClient
-      const failed = yield* Effect.exit(client.request(Store, [key("m"), makeInstanceId(1n), [[0]], new Uint8Array(0)]))
+      const cb = (model: string) => client.request(Store, [key(model), makeInstanceId(1n), [[0]], new Uint8Array(0)])
+      const failed = yield* Effect.exit(cb("m"))
       assert.deepStrictEqual(
         failed,
         Exit.fail(new InvalidArgument({ message: "store: model m has no registered layout" }))
       )
-      const died = yield* Effect.flip(client.request(Store, [key("die"), makeInstanceId(1n), [[0]], new Uint8Array(0)]))
+      const died = yield* Effect.flip(cb("die"))
       assert.strictEqual(died._tag, "Internal")
       assert.strictEqual(died.message, "store: internal error: boom")
       assert.strictEqual(yield* client.request(Noop, []), "OK")
-    }).pipe(Effect.provide(testServer({ modules: [failingModule] }))))
+    }).pipe(Effect.provide(bareServer({ modules: [failingModule] }))))
 })
 
 describe("malformed input never stops the server", () => {
@@ -175,7 +176,7 @@ describe("client", () => {
       )
       assert.deepStrictEqual(answers, ids)
       assert.strictEqual(client.pendingCount(), 0)
-    }).pipe(Effect.provide(testServer({ modules: [echoModule], config: { maxCpuWorkers: 8 } }))))
+    }).pipe(Effect.provide(bareServer({ modules: [echoModule], config: { maxCpuWorkers: 8 } }))))
 
   it.live("a request to an unreachable server times out with an error naming the op and the endpoint", () =>
     Effect.scoped(Effect.gen(function*() {

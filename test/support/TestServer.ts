@@ -6,9 +6,13 @@
 import { Effect, Layer } from "effect"
 import { MqSideLive, PluginModules } from "../../src/layers/Server.ts"
 import { ServerConfig, type ServerConfigInput } from "../../src/layers/ServerConfig.ts"
-import type { ServerModule } from "../../src/services/Handler.ts"
+import { CacheControl } from "../../src/services/CacheControl.ts"
+import { makeTable, type ServerModule } from "../../src/services/Handler.ts"
+import { LivenessTargets } from "../../src/services/LivenessTarget.ts"
+import { Management } from "../../src/services/Management.ts"
 import { MqClient } from "../../src/services/MqClient.ts"
-import { MqServer } from "../../src/services/MqServer.ts"
+import { Handlers, MqServer } from "../../src/services/MqServer.ts"
+import { PeerEvents } from "../../src/services/PeerEvents.ts"
 
 export interface TestServerOptions {
   readonly config?: Partial<ServerConfigInput>
@@ -27,6 +31,40 @@ export const testServer = (options: TestServerOptions = {}) => {
     Effect.gen(function*() {
       const s = yield* MqServer
       return MqClient.layer({ endpoint: s.endpoint, requestTimeoutMs: options.requestTimeoutMs ?? 5_000 })
+    })
+  )
+  return client.pipe(Layer.provideMerge(server))
+}
+
+/**
+ * A server with only the management module and `modules` in its handler
+ * table (no data path), plus a client: for dispatch tests whose test
+ * modules serve ops the real modules also serve.
+ */
+export const bareServer = (options: { readonly modules: ReadonlyArray<ServerModule>; readonly config?: Partial<ServerConfigInput> }) => {
+  const handlers = Layer.effect(
+    Handlers,
+    Effect.gen(function*() {
+      const management = yield* Management
+      return yield* makeTable([management.module, ...options.modules])
+    })
+  )
+  const server = Layer.unwrap(
+    Effect.gen(function*() {
+      const config = yield* ServerConfig
+      return MqServer.layer({ endpoint: config.endpoint, normalWorkers: config.maxCpuWorkers, affinityLanes: config.maxGpuWorkers })
+    })
+  ).pipe(
+    Layer.provide(PeerEvents.layerNoop),
+    Layer.provideMerge(handlers),
+    Layer.provideMerge(Management.layer),
+    Layer.provide(Layer.mergeAll(LivenessTargets.layerEmpty, CacheControl.layerEmpty)),
+    Layer.provideMerge(ServerConfig.layerTest({ endpoint: "tcp://127.0.0.1:*", ...options.config }))
+  )
+  const client = Layer.unwrap(
+    Effect.gen(function*() {
+      const s = yield* MqServer
+      return MqClient.layer({ endpoint: s.endpoint })
     })
   )
   return client.pipe(Layer.provideMerge(server))

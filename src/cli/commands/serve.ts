@@ -64,6 +64,12 @@ const serveFlags = {
     "Reap an instance this long after its last connection closed; 0 disables",
     defaults.workerDisconnectGraceSeconds,
     rules.disconnectGrace
+  ),
+  lookupLockTtlSeconds: seconds(
+    "lookup-lock-ttl-seconds",
+    "Release prefetch read locks a scheduler never freed after this long",
+    defaults.lookupLockTtlSeconds,
+    rules.lockTtl
   )
 }
 
@@ -84,7 +90,8 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   logFormat: f.logFormat,
   workerReapTimeoutSeconds: f.workerReapTimeoutSeconds,
   workerRegistrationGraceSeconds: f.workerRegistrationGraceSeconds,
-  workerDisconnectGraceSeconds: f.workerDisconnectGraceSeconds
+  workerDisconnectGraceSeconds: f.workerDisconnectGraceSeconds,
+  lookupLockTtlSeconds: f.lookupLockTtlSeconds
 })
 
 export const serve = Command.make("serve", serveFlags, (flags) =>

@@ -1,0 +1,134 @@
+/**
+ * The live native memory backend (DESIGN §2, §4): the {@link NativeMemory}
+ * service over the C++ addon. It owns every shared-memory mapping the server
+ * opens.
+ *
+ * Each mapping has one release (close: stop taking copies, wait for those in
+ * flight, munmap), shared by two paths: the Scope the mapping was acquired in
+ * (UNREGISTER, reap: the per-entry scope) and this layer's own finalizer
+ * (server shutdown), which releases whatever is still open. The release body
+ * runs once, whichever path comes first and however many call it; later
+ * callers wait for the same munmap.
+ */
+import { Effect, Layer } from "effect"
+import {
+  type AddonMapping,
+  loadNativeAddon,
+  makeNativeCalls,
+  NativeError,
+  NativeMemory,
+  type NativeMemoryShape,
+  type ShmMapping,
+  toNativeError
+} from "../native/Native.ts"
+import { InvalidArgument } from "../schema/WireError.ts"
+
+/** A mapping this layer opened: the addon's object, its handle, its release. */
+interface Tracked {
+  readonly native: AddonMapping
+  readonly handle: ShmMapping
+  /** Idempotent: the body (close + munmap) runs once; every call waits for it. */
+  readonly release: Effect.Effect<void>
+}
+
+/**
+ * The live {@link NativeMemory}: loads the addon (a missing build is a defect
+ * whose message says to run `npm ci`), tracks the mappings it opens and, when
+ * the layer's scope closes, releases every one still open, waiting for copies
+ * in flight (server shutdown). Stats are the addon's process-wide counters.
+ *
+ * @category layers
+ */
+export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
+  NativeMemory,
+  Effect.gen(function*() {
+    const calls = makeNativeCalls(yield* Effect.sync(loadNativeAddon))
+    let shutDown = false
+    const open = yield* Effect.acquireRelease(
+      Effect.sync(() => new Set<Tracked>()),
+      (open) =>
+        Effect.suspend(() => {
+          shutDown = true
+          return Effect.forEach([...open], (t) => t.release, { concurrency: "unbounded", discard: true })
+        })
+    )
+    const byHandle = new WeakMap<ShmMapping, Tracked>()
+
+    const track = (native: AddonMapping): Tracked => {
+      let releases = 0
+      let closing: Promise<NativeError | undefined> | undefined
+      const handle: ShmMapping = Object.freeze({
+        name: native.name,
+        sizeBytes: native.size,
+        isClosed: () => native.closed,
+        releases: () => releases
+      })
+      const tracked: Tracked = {
+        native,
+        handle,
+        release: Effect.suspend(() => {
+          if (closing === undefined) {
+            releases++
+            closing = native.close().then(
+              () => undefined,
+              (e: unknown) => toNativeError(e, "munmap")
+            ).finally(() => open.delete(tracked))
+          }
+          const done = closing
+          return Effect.promise(() => done).pipe(
+            Effect.flatMap((error) =>
+              error === undefined
+                ? Effect.logDebug(`unmapped shared-memory segment ${native.name} (${native.size} bytes)`)
+                : Effect.logWarning(`releasing the mapping of ${native.name} failed: ${error.message}`)
+            )
+          )
+        })
+      }
+      open.add(tracked)
+      byHandle.set(handle, tracked)
+      return tracked
+    }
+
+    /** The tracked mapping behind a handle; InvalidArgument for a foreign one. */
+    const resolve = (call: string, mapping: ShmMapping): Effect.Effect<Tracked, InvalidArgument> => {
+      const tracked = byHandle.get(mapping)
+      return tracked === undefined
+        ? Effect.fail(
+          new InvalidArgument({
+            message: `${call}: the mapping of segment ${mapping.name} was not opened by this NativeMemory; expected a ShmMapping from its map()`
+          })
+        )
+        : Effect.succeed(tracked)
+    }
+
+    const service: NativeMemoryShape = {
+      createSegment: calls.createSegment,
+      unlinkSegment: calls.unlinkSegment,
+      segmentSize: calls.segmentSize,
+      map: (name, nbytes) =>
+        Effect.acquireRelease(
+          Effect.suspend(() =>
+            shutDown
+              ? Effect.fail(
+                new NativeError({
+                  call: "map",
+                  errno: "ECLOSED",
+                  message: `cannot map segment ${name}: the native memory layer is shut down`
+                })
+              )
+              : calls.openMapping(name, nbytes).pipe(
+                Effect.map(track),
+                Effect.tap(() => Effect.logDebug(`mapped shared-memory segment ${name} (${nbytes} bytes)`))
+              )
+          ),
+          (tracked) => tracked.release
+        ).pipe(Effect.map((tracked) => tracked.handle)),
+      gather: (mapping, ranges, dest) =>
+        Effect.flatMap(resolve("gather", mapping), (t) => calls.copy("gather", t.native, ranges, dest)),
+      scatter: (mapping, ranges, src) =>
+        Effect.flatMap(resolve("scatter", mapping), (t) => calls.copy("scatter", t.native, ranges, src)),
+      stats: calls.stats
+    }
+    return service
+  })
+)

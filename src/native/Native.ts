@@ -1,0 +1,300 @@
+/**
+ * The typed facade of the native memory addon (DESIGN §1 "native code", §4
+ * "Data path"): POSIX shared-memory segments (`cpu_shm` descriptors) mapped
+ * into the server, and bulk copies between those mappings and JS buffers that
+ * run on the libuv thread pool, never on the JS thread.
+ *
+ * This module holds the contract: the {@link NativeMemory} service and its
+ * shape, the {@link NativeError} failure, the typed surface of the C++ addon
+ * (`src/native/addon`) and the Effect wrappers of its raw calls, each of
+ * which turns the addon's `code` into {@link InvalidArgument} (the caller
+ * asked for something wrong) or {@link NativeError} (the system refused).
+ * The live layer, which owns the mappings and their release, is
+ * `src/layers/NativeMemory.ts`.
+ *
+ * Units: every size, offset and length is in bytes. Segment names are POSIX
+ * names without their leading slash, as listed in /dev/shm (DESIGN §3.2).
+ *
+ * The addon is built at install time (`npm ci` runs `scripts/build-native.mjs`).
+ */
+import { existsSync } from "node:fs"
+import { createRequire } from "node:module"
+import { fileURLToPath } from "node:url"
+import { Context, Effect, Schema } from "effect"
+import type { Scope } from "effect"
+import { InvalidArgument } from "../schema/WireError.ts"
+
+// ---------------------------------------------------------------------------
+// errors
+// ---------------------------------------------------------------------------
+
+/**
+ * A native call failed: `call` names it (shm_open, ftruncate, mmap, munmap,
+ * gather …), `errno` the code ("ENOENT", "EACCES", "ECLOSED" for a copy on a
+ * closed mapping …), `message` says what failed on which segment and why
+ * (strerror for system errors). Problems with the caller's input are
+ * {@link InvalidArgument} instead.
+ *
+ * @category errors
+ */
+export class NativeError extends Schema.TaggedError<NativeError>()("NativeError", {
+  call: Schema.String,
+  errno: Schema.String,
+  message: Schema.String
+}) {}
+
+// ---------------------------------------------------------------------------
+// service
+// ---------------------------------------------------------------------------
+
+/**
+ * One mapped shared-memory segment, handed out by {@link NativeMemoryShape.map}.
+ * Pass it back to `gather`/`scatter`; its lifetime is the Scope it was mapped in.
+ *
+ * @category models
+ */
+export interface ShmMapping {
+  /** The segment's POSIX name without its leading slash (as in /dev/shm). */
+  readonly name: string
+  /** Bytes mapped, from offset 0 of the segment: the descriptor's `nbytes`. */
+  readonly sizeBytes: number
+  /** True once the mapping's release began: no new copy is accepted on it. */
+  readonly isClosed: () => boolean
+  /** How many times its release ran; ends at 1 after unmapping, never more. */
+  readonly releases: () => number
+}
+
+/**
+ * The native memory backend: shared-memory segments, scoped mappings and
+ * off-thread copies (DESIGN §4).
+ *
+ * @category models
+ */
+export interface NativeMemoryShape {
+  /**
+   * Creates a segment of `nbytes` bytes (shm_open O_CREAT|O_EXCL, mode 0600,
+   * ftruncate). Fails with NativeError: EEXIST when the name is taken, EINVAL
+   * for a bad name or byte count. Used by tests and by the engine-driven pool.
+   */
+  readonly createSegment: (name: string, nbytes: number) => Effect.Effect<void, NativeError>
+  /** Removes a segment's name (shm_unlink); mappings of it stay valid. NativeError ENOENT when absent. */
+  readonly unlinkSegment: (name: string) => Effect.Effect<void, NativeError>
+  /** The segment's size in bytes (fstat). NativeError ENOENT when absent. */
+  readonly segmentSize: (name: string) => Effect.Effect<number, NativeError>
+  /**
+   * Scoped: maps bytes [0, nbytes) of the segment read/write (MAP_SHARED).
+   * Closing the scope waits for copies in flight on it, then unmaps, exactly
+   * once (also when the layer shuts down first).
+   *
+   * Fails with InvalidArgument when the segment does not exist, holds fewer
+   * than `nbytes` bytes (mapping it would risk SIGBUS), or the name or
+   * `nbytes` (an integer ≥ 1) is malformed; with NativeError for other
+   * system errors (EACCES, ENOMEM …).
+   */
+  readonly map: (name: string, nbytes: number) => Effect.Effect<ShmMapping, InvalidArgument | NativeError, Scope.Scope>
+  /**
+   * Copies mapping → `dest` on the libuv pool. `ranges` holds
+   * (mappingOffset, bufferOffset, length) triples, bytes; all are checked
+   * before anything is copied: InvalidArgument names the first bad triple
+   * (not an integer ≥ 0, or outside the mapping or `dest`). NativeError
+   * "ECLOSED" when the mapping is closing or closed. Uninterruptible: it
+   * completes only when the bytes are in `dest`.
+   *
+   * Gotcha: the copy reads/writes `dest`'s memory from another thread; until
+   * the Effect completes, `dest`'s ArrayBuffer must not be transferred,
+   * detached or resized (the server's L1 buffers never are).
+   */
+  readonly gather: (
+    mapping: ShmMapping,
+    ranges: Float64Array,
+    dest: Uint8Array
+  ) => Effect.Effect<void, InvalidArgument | NativeError>
+  /** Copies `src` → mapping; the same ranges, checks, errors and guarantees as `gather`. */
+  readonly scatter: (
+    mapping: ShmMapping,
+    ranges: Float64Array,
+    src: Uint8Array
+  ) => Effect.Effect<void, InvalidArgument | NativeError>
+  /** Process-wide counters: mappings currently mapped and their bytes. */
+  readonly stats: () => { readonly openMappings: number; readonly mappedBytes: number }
+}
+
+/**
+ * The native memory service. Live implementation: `NativeMemoryLive` in
+ * `src/layers/NativeMemory.ts`.
+ *
+ * @category services
+ */
+export class NativeMemory extends Context.Service<NativeMemory, NativeMemoryShape>()("mpcache/native/NativeMemory") {}
+
+// ---------------------------------------------------------------------------
+// the addon
+// ---------------------------------------------------------------------------
+
+/**
+ * A mapping as the addon returns it (`Mapping`, a C++ ObjectWrap). Copies
+ * resolve when the bytes are copied; `close()` resolves after the munmap, and
+ * every call of it resolves after that same munmap. `closed` is true from the
+ * first `close()` on.
+ *
+ * @category models
+ */
+export interface AddonMapping {
+  readonly name: string
+  /** Bytes mapped. */
+  readonly size: number
+  readonly closed: boolean
+  gather(ranges: Float64Array, dest: Uint8Array): Promise<void>
+  scatter(ranges: Float64Array, src: Uint8Array): Promise<void>
+  close(): Promise<void>
+}
+
+/**
+ * The addon's exports (`src/native/addon/addon.cc`). Every throw or rejection
+ * is an Error with a string `code` (errno name, or EINVAL, EINVAL_SIZE,
+ * EINVAL_RANGE, ECLOSED) and `call`.
+ *
+ * @category models
+ */
+export interface NativeAddon {
+  shmCreate(name: string, nbytes: number): void
+  shmUnlink(name: string): void
+  shmSize(name: string): number
+  openMapping(name: string, nbytes: number): AddonMapping
+  stats(): { readonly openMappings: number; readonly mappedBytes: number }
+}
+
+/** Where `node-gyp` puts the addon. */
+export const addonPath: string = fileURLToPath(new URL("./addon/build/Release/mpcache_native.node", import.meta.url))
+
+let loaded: NativeAddon | undefined
+
+/**
+ * Loads the addon once per process (or worker thread). Throws an Error that
+ * says how to build it when it is missing.
+ *
+ * @category constructors
+ */
+export const loadNativeAddon = (): NativeAddon => {
+  if (loaded !== undefined) return loaded
+  const howToBuild = "Build it with `npm ci` (or `node scripts/build-native.mjs`)."
+  if (!existsSync(addonPath)) {
+    throw new Error(`mpcache native addon is not built: ${addonPath} is missing. ${howToBuild}`)
+  }
+  try {
+    loaded = createRequire(import.meta.url)(addonPath) as NativeAddon
+  } catch (cause) {
+    const why = cause instanceof Error ? cause.message : String(cause)
+    throw new Error(`mpcache native addon ${addonPath} does not load: ${why}. ${howToBuild}`, { cause })
+  }
+  return loaded
+}
+
+// ---------------------------------------------------------------------------
+// error mapping
+// ---------------------------------------------------------------------------
+
+/** The `code`, `call` and message of an addon error (or of anything thrown). */
+const describe = (cause: unknown, fallbackCall: string): { code: string; call: string; message: string } => {
+  if (cause instanceof Error) {
+    const { code, call } = cause as Error & { code?: unknown; call?: unknown }
+    return {
+      code: typeof code === "string" ? code : "EUNKNOWN",
+      call: typeof call === "string" ? call : fallbackCall,
+      message: cause.message
+    }
+  }
+  return { code: "EUNKNOWN", call: fallbackCall, message: String(cause) }
+}
+
+/**
+ * Any addon failure as a NativeError (segment-level calls, close).
+ *
+ * @category error handling
+ */
+export const toNativeError = (cause: unknown, fallbackCall: string): NativeError => {
+  const d = describe(cause, fallbackCall)
+  return new NativeError({ call: d.call, errno: d.code, message: d.message })
+}
+
+/**
+ * A failure of openMapping: a missing segment, a segment shorter than asked
+ * and malformed input are the caller's (InvalidArgument); the rest NativeError.
+ *
+ * @category error handling
+ */
+export const toMapError = (name: string, nbytes: number, cause: unknown): InvalidArgument | NativeError => {
+  const d = describe(cause, "openMapping")
+  switch (d.code) {
+    case "ENOENT":
+      return new InvalidArgument({
+        message: `shared-memory segment ${name} does not exist (expected /dev/shm/${name}, created by the worker before it registers)`
+      })
+    case "EINVAL_SIZE":
+      return new InvalidArgument({ message: `${d.message}; expected nbytes (${nbytes}) <= the segment's size` })
+    case "EINVAL":
+    case "ENAMETOOLONG":
+      return new InvalidArgument({ message: d.message })
+    default:
+      return new NativeError({ call: d.call, errno: d.code, message: d.message })
+  }
+}
+
+/**
+ * A failure of gather/scatter: bad ranges or buffers are InvalidArgument;
+ * ECLOSED and the rest NativeError.
+ *
+ * @category error handling
+ */
+export const toCopyError = (cause: unknown, fallbackCall: string): InvalidArgument | NativeError => {
+  const d = describe(cause, fallbackCall)
+  return d.code === "EINVAL_RANGE" || d.code === "EINVAL"
+    ? new InvalidArgument({ message: d.message })
+    : new NativeError({ call: d.call, errno: d.code, message: d.message })
+}
+
+// ---------------------------------------------------------------------------
+// raw calls as Effects
+// ---------------------------------------------------------------------------
+
+/**
+ * The addon's calls as Effects with typed failures. No resource management:
+ * `openMapping` hands out an unscoped mapping, `closeMapping` closes it; the
+ * live layer pairs them with acquireRelease.
+ *
+ * @category constructors
+ */
+export const makeNativeCalls = (addon: NativeAddon) => ({
+  createSegment: (name: string, nbytes: number): Effect.Effect<void, NativeError> =>
+    Effect.try({ try: () => addon.shmCreate(name, nbytes), catch: (e) => toNativeError(e, "shmCreate") }),
+  unlinkSegment: (name: string): Effect.Effect<void, NativeError> =>
+    Effect.try({ try: () => addon.shmUnlink(name), catch: (e) => toNativeError(e, "shmUnlink") }),
+  segmentSize: (name: string): Effect.Effect<number, NativeError> =>
+    Effect.try({ try: () => addon.shmSize(name), catch: (e) => toNativeError(e, "shmSize") }),
+  openMapping: (name: string, nbytes: number): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
+    Effect.try({ try: () => addon.openMapping(name, nbytes), catch: (e) => toMapError(name, nbytes, e) }),
+  /** Resolves after the munmap; waits for copies in flight first. */
+  closeMapping: (mapping: AddonMapping): Effect.Effect<void, NativeError> =>
+    Effect.tryPromise({ try: () => mapping.close(), catch: (e) => toNativeError(e, "munmap") }),
+  /**
+   * One gather or scatter. Validation errors are thrown synchronously by the
+   * addon, before anything is queued. Uninterruptible: once queued, the copy
+   * cannot be stopped, so the caller must not get its buffer back before it ends.
+   */
+  copy: (
+    direction: "gather" | "scatter",
+    mapping: AddonMapping,
+    ranges: Float64Array,
+    buffer: Uint8Array
+  ): Effect.Effect<void, InvalidArgument | NativeError> =>
+    Effect.uninterruptible(
+      Effect.tryPromise({
+        try: () => (direction === "gather" ? mapping.gather(ranges, buffer) : mapping.scatter(ranges, buffer)),
+        catch: (e) => toCopyError(e, direction)
+      })
+    ),
+  stats: (): { readonly openMappings: number; readonly mappedBytes: number } => addon.stats()
+})
+
+/** The addon's calls as Effects (see {@link makeNativeCalls}). */
+export type NativeCalls = ReturnType<typeof makeNativeCalls>

@@ -1,0 +1,34 @@
+// mpcache_native: the Node-API addon behind src/native/Native.ts (DESIGN §4).
+// It owns every raw shared-memory mapping of the server. Exports:
+//   shmCreate(name, nbytes), shmUnlink(name), shmSize(name) -> bytes
+//   openMapping(name, nbytes) -> Mapping { gather, scatter, close, name, size, closed }
+//   stats() -> { openMappings, mappedBytes }
+// Names are POSIX shared-memory names without their leading slash. Errors are
+// JS Errors with string `code` and `call` properties (see common.h).
+#include <napi.h>
+
+#include "addon_data.h"
+#include "mapping.h"
+#include "shm.h"
+
+namespace mpcache {
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  AddonData* data = new AddonData();
+  data->mappingConstructor = Napi::Persistent(Mapping::DefineClass(env));
+  env.SetInstanceData<AddonData>(data);
+
+  exports.Set("shmCreate", Napi::Function::New<ShmCreate>(env, "shmCreate"));
+  exports.Set("shmUnlink", Napi::Function::New<ShmUnlink>(env, "shmUnlink"));
+  exports.Set("shmSize", Napi::Function::New<ShmSize>(env, "shmSize"));
+  exports.Set("openMapping", Napi::Function::New<Mapping::Open>(env, "openMapping"));
+  exports.Set("stats", Napi::Function::New<Stats>(env, "stats"));
+  return exports;
+}
+
+}  // namespace mpcache
+
+// NODE_API_MODULE pastes the name into an identifier: no qualified name here.
+static Napi::Object InitMpcacheNative(Napi::Env env, Napi::Object exports) { return mpcache::Init(env, exports); }
+
+NODE_API_MODULE(mpcache_native, InitMpcacheNative)

@@ -1,0 +1,418 @@
+/**
+ * The LMCache-driven transfer module (DESIGN §3–5; reference §3.2–3.5): the
+ * worker registers its paged KV cache (POSIX shared memory, one descriptor
+ * per layer); the server maps it and copies chunks between those blocks and
+ * L1 on STORE and RETRIEVE, off the JS thread.
+ *
+ * Each registered context owns a child Scope of the module's scope: its
+ * mappings and its layout reference are acquired into it, and UNREGISTER,
+ * a reap and server shutdown all release it by closing that Scope — one
+ * finalizer, run once. Closing waits for copies in flight on its mappings.
+ *
+ * REGISTER and UNREGISTER run on the SYNC lane (one at a time), so the
+ * check-then-insert of REGISTER cannot interleave with another REGISTER or
+ * UNREGISTER; lookups and pops of the entry map are synchronous.
+ */
+import { Clock, Context, Effect, Exit, Layer, Metric, Scope } from "effect"
+import { ServerConfig } from "../layers/ServerConfig.ts"
+import { NativeMemory, type ShmMapping } from "../native/Native.ts"
+import type { CacheKey } from "../schema/CacheKey.ts"
+import { formatInstanceId, type InstanceId } from "../schema/InstanceId.ts"
+import { RegisterKvCache, Retrieve, Store, UnregisterKvCache } from "../schema/Op.ts"
+import type { TensorDescriptor } from "../schema/TensorDescriptor.ts"
+import { InvalidArgument, NotRegistered, type WireError } from "../schema/WireError.ts"
+import { chunkRanges } from "./CopyPlan.ts"
+import { row, type ServerModule } from "./Handler.ts"
+import { sameDescriptors, validateKvCaches, type LayerPlacement, type PagedKvGeometry } from "./KvCacheLayout.ts"
+import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
+import { LayoutRegistry } from "./LayoutRegistry.ts"
+import type { LivenessTarget, ReapWindows } from "./LivenessTarget.ts"
+import { Lookup, objectKeysOf } from "./Lookup.ts"
+import { chunkHashes } from "./TokenHasher.ts"
+
+/** One registered worker context (upstream ContextEntry). */
+export interface ContextEntry {
+  readonly instanceId: InstanceId
+  readonly modelName: string
+  readonly worldSize: number
+  readonly engineType: string
+  readonly descriptors: ReadonlyArray<TensorDescriptor>
+  readonly geometry: PagedKvGeometry
+  readonly layers: ReadonlyArray<LayerPlacement>
+  readonly mappings: ReadonlyMap<string, ShmMapping>
+  /** Owns the mappings and the layout reference; closed exactly once. */
+  readonly scope: Scope.Closeable
+  /** Clock millis of the last REGISTER, PING or transfer naming this id. */
+  lastSeenMs: number
+  /** Latched by a PING / PING_REGISTERED naming this id. */
+  hasLivenessSignal: boolean
+  /** Latched by a real STORE / RETRIEVE through this context. */
+  hasTransferActivity: boolean
+}
+
+/** One registered instance as status lists it. */
+export interface InstanceStatus {
+  readonly instance_id: string
+  readonly kind: "kv_cache"
+  readonly model_name: string
+  readonly world_size: number
+  readonly engine_type: string
+  readonly layout: {
+    readonly num_layers: number
+    readonly num_blocks: number
+    readonly block_size: number
+    readonly num_heads: number
+    readonly head_size: number
+    readonly dtype: string
+    readonly segments: ReadonlyArray<string>
+  }
+  readonly last_seen_age_seconds: number
+  readonly has_liveness_signal: boolean
+  readonly has_transfer_activity: boolean
+}
+
+const storedChunksTotal = Metric.counter("mpcache_stored_chunks_total", { description: "Chunks copied into L1 by STORE", incremental: true })
+const retrievedChunksTotal = Metric.counter("mpcache_retrieved_chunks_total", { description: "Chunks copied out of L1 by RETRIEVE", incremental: true })
+const storedBytesTotal = Metric.counter("mpcache_stored_bytes_total", { description: "Bytes copied into L1 by STORE", incremental: true })
+const retrievedBytesTotal = Metric.counter("mpcache_retrieved_bytes_total", { description: "Bytes copied out of L1 by RETRIEVE", incremental: true })
+
+export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer, {
+  /** REGISTER_KV_CACHE. Fails with InvalidArgument naming the bad field or the changed memory. */
+  readonly register: (
+    id: InstanceId,
+    kvCaches: ReadonlyArray<TensorDescriptor>,
+    modelName: string,
+    worldSize: number,
+    engineType: string
+  ) => Effect.Effect<void, InvalidArgument>
+  /** UNREGISTER_KV_CACHE. An unknown id logs a WARNING and succeeds. */
+  readonly unregister: (id: InstanceId) => Effect.Effect<void>
+  /** STORE → ok. Fails with NotRegistered / InvalidArgument. */
+  readonly store: (key: CacheKey, id: InstanceId, blockIds: ReadonlyArray<ReadonlyArray<number>>) => Effect.Effect<boolean, WireError>
+  /** RETRIEVE → ok. Fails with NotRegistered / InvalidArgument. */
+  readonly retrieve: (
+    key: CacheKey,
+    id: InstanceId,
+    blockIds: ReadonlyArray<ReadonlyArray<number>>,
+    skipFirstNTokens: number
+  ) => Effect.Effect<boolean, WireError>
+  readonly isRegistered: (id: InstanceId) => boolean
+  readonly instances: () => Effect.Effect<ReadonlyArray<InstanceStatus>>
+  /** This module as a liveness target (DESIGN §5). */
+  readonly target: LivenessTarget
+  /** Rows: REGISTER/UNREGISTER SYNC, STORE/RETRIEVE AFFINITY. */
+  readonly module: ServerModule
+}>()("mpcache/services/LmcacheDrivenTransfer") {
+  static readonly layer = Layer.effect(this, Effect.suspend(() => make))
+}
+
+const make = Effect.gen(function*() {
+  const config = yield* ServerConfig
+  const native = yield* NativeMemory
+  const l1 = yield* L1Store
+  const lookup = yield* Lookup
+  const layouts = yield* LayoutRegistry
+  const moduleScope = yield* Effect.scope
+  const chunk = config.chunkSizeTokens
+  const entries = new Map<bigint, ContextEntry>()
+
+  const notRegistered = (op: string, id: InstanceId) =>
+    new NotRegistered({
+      message: `${op}: instance ${formatInstanceId(id)} is not registered (never registered, unregistered or reaped); register it again`
+    })
+
+  /** The entry for a transfer; refreshes last_seen and latches transfer activity. */
+  const resolveForTransfer = (op: string, id: InstanceId) =>
+    Effect.gen(function*() {
+      const entry = entries.get(id)
+      if (entry === undefined) return yield* notRegistered(op, id)
+      entry.lastSeenMs = yield* Clock.currentTimeMillis
+      entry.hasTransferActivity = true
+      return entry
+    })
+
+  const release = (entry: ContextEntry) => Scope.close(entry.scope, Exit.void)
+
+  const register = (
+    id: InstanceId,
+    kvCaches: ReadonlyArray<TensorDescriptor>,
+    modelName: string,
+    worldSize: number,
+    engineType: string
+  ) =>
+    Effect.gen(function*() {
+      const now = yield* Clock.currentTimeMillis
+      const existing = entries.get(id)
+      if (existing !== undefined) {
+        if (
+          sameDescriptors(existing.descriptors, kvCaches) && existing.modelName === modelName &&
+          existing.worldSize === worldSize
+        ) {
+          existing.lastSeenMs = now
+          return yield* Effect.logInfo(`instance ${formatInstanceId(id)} already registered; refreshing liveness`)
+        }
+        return yield* new InvalidArgument({
+          message: `register_kv_cache: instance ${formatInstanceId(id)} is already registered with different memory or model; unregister it first (a process never inherits another's context)`
+        })
+      }
+      if (worldSize < 1) return yield* new InvalidArgument({ message: `register_kv_cache: world_size must be ≥ 1, got ${worldSize}` })
+      const validated = validateKvCaches(kvCaches, chunk)
+      if ("error" in validated) return yield* new InvalidArgument({ message: `register_kv_cache: ${validated.error}` })
+      const scope = yield* Scope.fork(moduleScope)
+      const built = yield* Effect.gen(function*() {
+        const mappings = new Map<string, ShmMapping>()
+        for (const [name, nbytes] of validated.segments) {
+          mappings.set(name, yield* native.map(name, nbytes).pipe(Scope.provide(scope)))
+        }
+        const { geometry } = validated
+        yield* layouts.register(modelName, worldSize, {
+          numLayers: geometry.numLayers,
+          hiddenDim: geometry.hiddenDim,
+          elementBytes: geometry.elementBytes,
+          chunkBytes: 2 * geometry.numLayers * chunk * geometry.hiddenDim * geometry.elementBytes
+        })
+        yield* Scope.addFinalizer(scope, layouts.unregister(modelName, worldSize))
+        return mappings
+      }).pipe(
+        Effect.mapError((e) =>
+          e._tag === "InvalidArgument" ? new InvalidArgument({ message: `register_kv_cache: ${e.message}` }) : new InvalidArgument({
+            message: `register_kv_cache: mapping the KV cache failed: ${e.message}`
+          })
+        ),
+        Effect.onError(() => Scope.close(scope, Exit.void))
+      )
+      entries.set(id, {
+        instanceId: id,
+        modelName,
+        worldSize,
+        engineType,
+        descriptors: kvCaches,
+        geometry: validated.geometry,
+        layers: validated.layers,
+        mappings: built,
+        scope,
+        lastSeenMs: now,
+        hasLivenessSignal: false,
+        hasTransferActivity: false
+      })
+      const g = validated.geometry
+      yield* Effect.logInfo(
+        `registered instance ${formatInstanceId(id)}: model ${modelName}, world size ${worldSize}, ${g.numLayers} layers × [2, ${g.numBlocks}, ${g.blockSizeTokens}, ${g.numHeads}, ${g.headSize}] ${g.dtype}, ${validated.segments.size} segment(s)`
+      )
+    })
+
+  const unregister = (id: InstanceId) =>
+    Effect.gen(function*() {
+      const entry = entries.get(id)
+      if (entry === undefined) {
+        return yield* Effect.logWarning(`unregister: no registered context found for instance ${formatInstanceId(id)}`)
+      }
+      entries.delete(id)
+      yield* release(entry)
+      yield* Effect.logInfo(`unregistered instance ${formatInstanceId(id)}`)
+    })
+
+  /** Chunk range of a transfer: the complete chunks of [start, end); start must be chunk-aligned. */
+  const chunkRange = (op: string, key: CacheKey) =>
+    key.start % chunk !== 0
+      ? Effect.fail(new InvalidArgument({ message: `${op}: key.start (${key.start}) must be a multiple of the chunk size (${chunk})` }))
+      : key.worker_id === null
+      ? Effect.fail(new InvalidArgument({ message: `${op}: key.worker_id is nil; a ${op} names the kv rank it moves` }))
+      : Effect.succeed({ first: key.start / chunk, count: Math.floor((key.end - key.start) / chunk), rank: key.worker_id })
+
+  /** The chunk's block ids, or a reason to fail closed. */
+  const blocksFor = (entry: ContextEntry, blockIds: ReadonlyArray<ReadonlyArray<number>>, count: number) => {
+    const perChunk = chunk / entry.geometry.blockSizeTokens
+    const list = blockIds[0] ?? []
+    if (list.length < count * perChunk) {
+      return { error: `block_ids[0] has ${list.length} ids; ${count} chunk(s) of ${perChunk} blocks need ${count * perChunk}` }
+    }
+    for (let i = 0; i < count * perChunk; i++) {
+      if (list[i]! >= entry.geometry.numBlocks) {
+        return { error: `block_ids[0][${i}] = ${list[i]} is outside the registered ${entry.geometry.numBlocks} blocks` }
+      }
+    }
+    return { perChunk, list }
+  }
+
+  const store = (key: CacheKey, id: InstanceId, blockIds: ReadonlyArray<ReadonlyArray<number>>) =>
+    Effect.gen(function*() {
+      const entry = yield* resolveForTransfer("store", id)
+      const { first, count, rank } = yield* chunkRange("store", key)
+      if (count === 0) return true
+      const blocks = blocksFor(entry, blockIds, count)
+      if ("error" in blocks) {
+        yield* Effect.logWarning(`store: failing closed, nothing written: ${blocks.error}`)
+        return false
+      }
+      const hashes = chunkHashes(key.token_ids, chunk, first + count).slice(first)
+      const objectKeys = objectKeysOf(key, hashes, rank)
+      const g = entry.geometry
+      const objectBytes = 2 * g.numLayers * chunk * g.hiddenDim * g.elementBytes
+      const reserved: Array<{ readonly reservation: Reservation; readonly chunkBlocks: ReadonlyArray<number> }> = []
+      let full = false
+      for (let i = 0; i < count; i++) {
+        const chunkBlocks = blocks.list.slice(i * blocks.perChunk, (i + 1) * blocks.perChunk)
+        if (chunkBlocks.every((b) => b === 0)) continue // vLLM's null block: nothing computed here
+        const r = yield* l1.reserveWrite(objectKeys[i]!, objectBytes)
+        if (r._tag === "Full") {
+          full = true
+          break
+        }
+        if (r._tag === "Reserved") reserved.push({ reservation: r.reservation, chunkBlocks })
+      }
+      const copied = yield* Effect.exit(Effect.forEach(reserved, ({ reservation, chunkBlocks }) =>
+        Effect.forEach(
+          chunkRanges(g, entry.layers, chunk, chunkBlocks),
+          ([name, ranges]) => native.gather(entry.mappings.get(name)!, ranges, reservation.bytes),
+          { concurrency: "unbounded", discard: true }
+        ), { concurrency: "unbounded", discard: true }))
+      if (Exit.isFailure(copied)) {
+        yield* Effect.forEach(reserved, ({ reservation }) => l1.abort(reservation), { discard: true })
+        yield* Effect.logWarning("store: copy failed; nothing published", copied.cause)
+        if (!entries.has(id)) return yield* notRegistered("store", id)
+        return false
+      }
+      let committed = 0
+      for (const { reservation } of reserved) if (yield* l1.commit(reservation)) committed++
+      yield* Metric.update(storedChunksTotal, committed)
+      yield* Metric.update(storedBytesTotal, committed * objectBytes)
+      if (full) yield* Effect.logWarning(`store: L1 is full of locked or reserved objects; stored ${committed} of ${count} chunk(s)`)
+      return !full
+    })
+
+  const retrieve = (
+    key: CacheKey,
+    id: InstanceId,
+    blockIds: ReadonlyArray<ReadonlyArray<number>>,
+    skipFirstNTokens: number
+  ) =>
+    Effect.gen(function*() {
+      const entry = yield* resolveForTransfer("retrieve", id)
+      const { first, count, rank } = yield* chunkRange("retrieve", key)
+      if (count === 0) return true
+      const blocks = blocksFor(entry, blockIds, count)
+      if ("error" in blocks) {
+        yield* Effect.logWarning(`retrieve: failing closed, nothing read: ${blocks.error}`)
+        return false
+      }
+      const hashes = chunkHashes(key.token_ids, chunk, first + count).slice(first)
+      const objectKeys = objectKeysOf(key, hashes, rank)
+      const handles: Array<ReadHandle> = []
+      return yield* Effect.gen(function*() {
+        for (let i = 0; i < count; i++) {
+          const h = yield* lookup.acquireForRetrieve(key.request_id, objectKeys[i]!)
+          if (h === undefined) {
+            yield* Effect.logWarning(`retrieve: chunk ${first + i} of request ${key.request_id} is not in L1; nothing read`)
+            return false
+          }
+          handles.push(h)
+        }
+        yield* Effect.forEach(handles, (h, i) =>
+          Effect.forEach(
+            chunkRanges(
+              entry.geometry,
+              entry.layers,
+              chunk,
+              blocks.list.slice(i * blocks.perChunk, (i + 1) * blocks.perChunk),
+              Math.max(0, Math.min(chunk, skipFirstNTokens - i * chunk))
+            ),
+            ([name, ranges]) => native.scatter(entry.mappings.get(name)!, ranges, h.bytes),
+            { concurrency: "unbounded", discard: true }
+          ), { concurrency: "unbounded", discard: true }).pipe(
+            Effect.catch((e): Effect.Effect<never, WireError> =>
+              entries.has(id)
+                ? Effect.fail(new InvalidArgument({ message: `retrieve: ${e.message}` }))
+                : Effect.fail(notRegistered("retrieve", id))
+            )
+          )
+        yield* Metric.update(retrievedChunksTotal, count)
+        yield* Metric.update(retrievedBytesTotal, handles.reduce((n, h) => n + h.bytes.length, 0))
+        return true
+      }).pipe(Effect.ensuring(Effect.sync(() => handles.forEach((h) => lookup.release(h)))))
+    })
+
+  const target: LivenessTarget = {
+    name: "lmcache_driven_transfer",
+    touchInstance: (id) =>
+      Effect.gen(function*() {
+        const entry = entries.get(id)
+        if (entry === undefined) return
+        entry.lastSeenMs = yield* Clock.currentTimeMillis
+        entry.hasLivenessSignal = true
+      }),
+    reapStaleInstances: (w: ReapWindows) =>
+      Effect.gen(function*() {
+        const now = yield* Clock.currentTimeMillis
+        const stale: Array<ContextEntry> = []
+        for (const entry of entries.values()) {
+          const windowSeconds = entry.hasLivenessSignal && entry.hasTransferActivity
+            ? w.reapTimeoutSeconds
+            : w.registrationGraceSeconds
+          if (now - entry.lastSeenMs > windowSeconds * 1000) stale.push(entry)
+        }
+        for (const e of stale) entries.delete(e.instanceId)
+        yield* Effect.forEach(stale, release, { discard: true })
+        return stale.map((e) => e.instanceId)
+      }),
+    trackedInstanceCount: () => Effect.sync(() => entries.size),
+    dropInstanceState: () => Effect.void
+  }
+
+  const instances = () =>
+    Effect.gen(function*() {
+      const now = yield* Clock.currentTimeMillis
+      return [...entries.values()].map((e): InstanceStatus => ({
+        instance_id: formatInstanceId(e.instanceId),
+        kind: "kv_cache",
+        model_name: e.modelName,
+        world_size: e.worldSize,
+        engine_type: e.engineType,
+        layout: {
+          num_layers: e.geometry.numLayers,
+          num_blocks: e.geometry.numBlocks,
+          block_size: e.geometry.blockSizeTokens,
+          num_heads: e.geometry.numHeads,
+          head_size: e.geometry.headSize,
+          dtype: e.geometry.dtype,
+          segments: [...e.mappings.keys()]
+        },
+        last_seen_age_seconds: Math.max(0, (now - e.lastSeenMs) / 1000),
+        has_liveness_signal: e.hasLivenessSignal,
+        has_transfer_activity: e.hasTransferActivity
+      }))
+    })
+
+  // Server shutdown: release every context through the same finalizer, then the module scope closes.
+  yield* Effect.addFinalizer(() =>
+    Effect.suspend(() => {
+      const all = [...entries.values()]
+      entries.clear()
+      return Effect.forEach(all, release, { discard: true })
+    })
+  )
+
+  const module: ServerModule = {
+    name: "lmcache_driven_transfer",
+    rows: [
+      row(RegisterKvCache, "SYNC", ([id, kvCaches, modelName, worldSize, engineType]) =>
+        register(id, kvCaches, modelName, worldSize, engineType)),
+      row(UnregisterKvCache, "SYNC", ([id]) => unregister(id)),
+      row(Store, "AFFINITY", ([key, id, blockIds, eventHandle]) =>
+        store(key, id, blockIds).pipe(Effect.map((ok) => [eventHandle, ok] as const))),
+      row(Retrieve, "AFFINITY", ([key, id, blockIds, eventHandle, skip]) =>
+        retrieve(key, id, blockIds, skip).pipe(Effect.map((ok) => [eventHandle, ok] as const)))
+    ]
+  }
+
+  return {
+    register,
+    unregister,
+    store,
+    retrieve,
+    isRegistered: (id: InstanceId) => entries.has(id),
+    instances,
+    target,
+    module
+  }
+})
