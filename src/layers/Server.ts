@@ -18,7 +18,8 @@ import { LmcacheDrivenTransfer } from "../services/LmcacheDrivenTransfer.ts"
 import { Lookup } from "../services/Lookup.ts"
 import { Management } from "../services/Management.ts"
 import { Handlers, MqServer } from "../services/MqServer.ts"
-import { PeerEvents } from "../services/PeerEvents.ts"
+import { Connections } from "../services/Connections.ts"
+import { RequestBarrier } from "../services/RequestBarrier.ts"
 import { HttpLive, StartedAt, StatusBlocks } from "./Http.ts"
 import { NativeMemoryLive } from "./NativeMemory.ts"
 import { ServerConfig, type ServerConfigShape } from "./ServerConfig.ts"
@@ -49,9 +50,10 @@ const TargetsLive = Layer.effect(
   })
 )
 
-/** Server modules and what they need. */
+/** Server modules and what they need; the management module (and its reaper) last, so it stops first. */
 const ModulesLive = Management.layer.pipe(
-  Layer.provide(Layer.mergeAll(TargetsLive, L1Store.layerCacheControl)),
+  Layer.provideMerge(Connections.layer),
+  Layer.provideMerge(Layer.mergeAll(TargetsLive, L1Store.layerCacheControl, RequestBarrier.layer)),
   Layer.provideMerge(DataPathLive)
 )
 
@@ -77,7 +79,7 @@ const MqServerLive = Layer.unwrap(
       affinityLanes: config.maxGpuWorkers
     })
   })
-).pipe(Layer.provide(PeerEvents.layerNoop))
+).pipe(Layer.provide(Connections.layerPeerEvents))
 
 /**
  * The MQ side alone (no HTTP): what integration tests start. Exposes the
@@ -92,12 +94,12 @@ export const MqSideLive = MqServerLive.pipe(
 const StatusBlocksLive = Layer.effect(
   StatusBlocks,
   Effect.gen(function*() {
-    const transfer = yield* LmcacheDrivenTransfer
+    const management = yield* Management
     const native = yield* NativeMemory
     const l1 = yield* L1Store
     const lookup = yield* Lookup
     return [
-      Effect.map(transfer.instances(), (instances) => ({ instances })),
+      management.status(),
       Effect.sync(() => {
         const n = native.stats()
         const s = l1.stats()

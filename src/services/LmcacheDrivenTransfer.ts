@@ -26,13 +26,13 @@ import { row, type ServerModule } from "./Handler.ts"
 import { sameDescriptors, validateKvCaches, type LayerPlacement, type PagedKvGeometry } from "./KvCacheLayout.ts"
 import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
 import { LayoutRegistry } from "./LayoutRegistry.ts"
-import type { LivenessTarget, ReapWindows } from "./LivenessTarget.ts"
+import { makeInstanceRegistry, type Tracked } from "./InstanceRegistry.ts"
+import type { InstanceSummary, LivenessTarget } from "./LivenessTarget.ts"
 import { Lookup, objectKeysOf } from "./Lookup.ts"
 import { chunkHashes } from "./TokenHasher.ts"
 
-/** One registered worker context (upstream ContextEntry). */
+/** One registered worker context (upstream ContextEntry); its liveness fields live in the registry. */
 export interface ContextEntry {
-  readonly instanceId: InstanceId
   readonly modelName: string
   readonly worldSize: number
   readonly engineType: string
@@ -42,33 +42,6 @@ export interface ContextEntry {
   readonly mappings: ReadonlyMap<string, ShmMapping>
   /** Owns the mappings and the layout reference; closed exactly once. */
   readonly scope: Scope.Closeable
-  /** Clock millis of the last REGISTER, PING or transfer naming this id. */
-  lastSeenMs: number
-  /** Latched by a PING / PING_REGISTERED naming this id. */
-  hasLivenessSignal: boolean
-  /** Latched by a real STORE / RETRIEVE through this context. */
-  hasTransferActivity: boolean
-}
-
-/** One registered instance as status lists it. */
-export interface InstanceStatus {
-  readonly instance_id: string
-  readonly kind: "kv_cache"
-  readonly model_name: string
-  readonly world_size: number
-  readonly engine_type: string
-  readonly layout: {
-    readonly num_layers: number
-    readonly num_blocks: number
-    readonly block_size: number
-    readonly num_heads: number
-    readonly head_size: number
-    readonly dtype: string
-    readonly segments: ReadonlyArray<string>
-  }
-  readonly last_seen_age_seconds: number
-  readonly has_liveness_signal: boolean
-  readonly has_transfer_activity: boolean
 }
 
 const storedChunksTotal = Metric.counter("mpcache_stored_chunks_total", { description: "Chunks copied into L1 by STORE", incremental: true })
@@ -96,8 +69,7 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
     blockIds: ReadonlyArray<ReadonlyArray<number>>,
     skipFirstNTokens: number
   ) => Effect.Effect<boolean, WireError>
-  readonly isRegistered: (id: InstanceId) => boolean
-  readonly instances: () => Effect.Effect<ReadonlyArray<InstanceStatus>>
+  readonly isRegistered: (id: InstanceId) => Effect.Effect<boolean>
   /** This module as a liveness target (DESIGN §5). */
   readonly target: LivenessTarget
   /** Rows: REGISTER/UNREGISTER SYNC, STORE/RETRIEVE AFFINITY. */
@@ -114,7 +86,7 @@ const make = Effect.gen(function*() {
   const layouts = yield* LayoutRegistry
   const moduleScope = yield* Effect.scope
   const chunk = config.chunkSizeTokens
-  const entries = new Map<bigint, ContextEntry>()
+  const registry = yield* makeInstanceRegistry<ContextEntry>()
 
   const notRegistered = (op: string, id: InstanceId) =>
     new NotRegistered({
@@ -124,13 +96,12 @@ const make = Effect.gen(function*() {
   /** The entry for a transfer; refreshes last_seen and latches transfer activity. */
   const resolveForTransfer = (op: string, id: InstanceId) =>
     Effect.gen(function*() {
-      const entry = entries.get(id)
-      if (entry === undefined) return yield* notRegistered(op, id)
-      entry.lastSeenMs = yield* Clock.currentTimeMillis
-      entry.hasTransferActivity = true
-      return entry
+      const tracked = yield* registry.resolveForTransfer(id, yield* Clock.currentTimeMillis)
+      if (tracked === undefined) return yield* notRegistered(op, id)
+      return tracked.resource
     })
 
+  /** The one finalizer of a context: UNREGISTER, reap and shutdown all come here. */
   const release = (entry: ContextEntry) => Scope.close(entry.scope, Exit.void)
 
   const register = (
@@ -142,13 +113,13 @@ const make = Effect.gen(function*() {
   ) =>
     Effect.gen(function*() {
       const now = yield* Clock.currentTimeMillis
-      const existing = entries.get(id)
+      const existing = (yield* registry.get(id))?.resource
       if (existing !== undefined) {
         if (
           sameDescriptors(existing.descriptors, kvCaches) && existing.modelName === modelName &&
           existing.worldSize === worldSize
         ) {
-          existing.lastSeenMs = now
+          yield* registry.refresh(id, now)
           return yield* Effect.logInfo(`instance ${formatInstanceId(id)} already registered; refreshing liveness`)
         }
         return yield* new InvalidArgument({
@@ -181,8 +152,7 @@ const make = Effect.gen(function*() {
         ),
         Effect.onError(() => Scope.close(scope, Exit.void))
       )
-      entries.set(id, {
-        instanceId: id,
+      const inserted = yield* registry.insert(id, {
         modelName,
         worldSize,
         engineType,
@@ -190,11 +160,12 @@ const make = Effect.gen(function*() {
         geometry: validated.geometry,
         layers: validated.layers,
         mappings: built,
-        scope,
-        lastSeenMs: now,
-        hasLivenessSignal: false,
-        hasTransferActivity: false
-      })
+        scope
+      }, now)
+      if (!inserted) {
+        yield* Scope.close(scope, Exit.void)
+        return yield* new InvalidArgument({ message: `register_kv_cache: instance ${formatInstanceId(id)} was registered concurrently` })
+      }
       const g = validated.geometry
       yield* Effect.logInfo(
         `registered instance ${formatInstanceId(id)}: model ${modelName}, world size ${worldSize}, ${g.numLayers} layers × [2, ${g.numBlocks}, ${g.blockSizeTokens}, ${g.numHeads}, ${g.headSize}] ${g.dtype}, ${validated.segments.size} segment(s)`
@@ -203,12 +174,11 @@ const make = Effect.gen(function*() {
 
   const unregister = (id: InstanceId) =>
     Effect.gen(function*() {
-      const entry = entries.get(id)
-      if (entry === undefined) {
+      const tracked = yield* registry.pop(id)
+      if (tracked === undefined) {
         return yield* Effect.logWarning(`unregister: no registered context found for instance ${formatInstanceId(id)}`)
       }
-      entries.delete(id)
-      yield* release(entry)
+      yield* release(tracked.resource)
       yield* Effect.logInfo(`unregistered instance ${formatInstanceId(id)}`)
     })
 
@@ -270,7 +240,7 @@ const make = Effect.gen(function*() {
       if (Exit.isFailure(copied)) {
         yield* Effect.forEach(reserved, ({ reservation }) => l1.abort(reservation), { discard: true })
         yield* Effect.logWarning("store: copy failed; nothing published", copied.cause)
-        if (!entries.has(id)) return yield* notRegistered("store", id)
+        if ((yield* registry.get(id)) === undefined) return yield* notRegistered("store", id)
         return false
       }
       let committed = 0
@@ -321,9 +291,10 @@ const make = Effect.gen(function*() {
             { concurrency: "unbounded", discard: true }
           ), { concurrency: "unbounded", discard: true }).pipe(
             Effect.catch((e): Effect.Effect<never, WireError> =>
-              entries.has(id)
-                ? Effect.fail(new InvalidArgument({ message: `retrieve: ${e.message}` }))
-                : Effect.fail(notRegistered("retrieve", id))
+              Effect.flatMap(registry.get(id), (t): Effect.Effect<never, WireError> =>
+                t !== undefined
+                  ? Effect.fail(new InvalidArgument({ message: `retrieve: ${e.message}` }))
+                  : Effect.fail(notRegistered("retrieve", id)))
             )
           )
         yield* Metric.update(retrievedChunksTotal, count)
@@ -332,39 +303,15 @@ const make = Effect.gen(function*() {
       }).pipe(Effect.ensuring(Effect.sync(() => handles.forEach((h) => lookup.release(h)))))
     })
 
-  const target: LivenessTarget = {
-    name: "lmcache_driven_transfer",
-    touchInstance: (id) =>
-      Effect.gen(function*() {
-        const entry = entries.get(id)
-        if (entry === undefined) return
-        entry.lastSeenMs = yield* Clock.currentTimeMillis
-        entry.hasLivenessSignal = true
-      }),
-    reapStaleInstances: (w: ReapWindows) =>
-      Effect.gen(function*() {
-        const now = yield* Clock.currentTimeMillis
-        const stale: Array<ContextEntry> = []
-        for (const entry of entries.values()) {
-          const windowSeconds = entry.hasLivenessSignal && entry.hasTransferActivity
-            ? w.reapTimeoutSeconds
-            : w.registrationGraceSeconds
-          if (now - entry.lastSeenMs > windowSeconds * 1000) stale.push(entry)
-        }
-        for (const e of stale) entries.delete(e.instanceId)
-        yield* Effect.forEach(stale, release, { discard: true })
-        return stale.map((e) => e.instanceId)
-      }),
-    trackedInstanceCount: () => Effect.sync(() => entries.size),
-    dropInstanceState: () => Effect.void
-  }
-
-  const instances = () =>
-    Effect.gen(function*() {
-      const now = yield* Clock.currentTimeMillis
-      return [...entries.values()].map((e): InstanceStatus => ({
-        instance_id: formatInstanceId(e.instanceId),
-        kind: "kv_cache",
+  const summary = (t: Tracked<ContextEntry>, now: number): InstanceSummary => {
+    const e = t.resource
+    return {
+      instance_id: formatInstanceId(t.id),
+      kind: "kv_cache",
+      last_seen_age_seconds: Math.max(0, (now - t.lastSeenMs) / 1000),
+      has_liveness_signal: t.hasLivenessSignal,
+      has_transfer_activity: t.hasTransferActivity,
+      details: {
         model_name: e.modelName,
         world_size: e.worldSize,
         engine_type: e.engineType,
@@ -376,20 +323,34 @@ const make = Effect.gen(function*() {
           head_size: e.geometry.headSize,
           dtype: e.geometry.dtype,
           segments: [...e.mappings.keys()]
-        },
-        last_seen_age_seconds: Math.max(0, (now - e.lastSeenMs) / 1000),
-        has_liveness_signal: e.hasLivenessSignal,
-        has_transfer_activity: e.hasTransferActivity
-      }))
-    })
+        }
+      }
+    }
+  }
 
-  // Server shutdown: release every context through the same finalizer, then the module scope closes.
+  const target: LivenessTarget = {
+    name: "lmcache_driven_transfer",
+    kind: "kv_cache",
+    touchInstance: (id) => Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.asVoid(registry.touch(id, now))),
+    holdsInstance: (id) => Effect.map(registry.get(id), (t) => t !== undefined),
+    reapStaleInstances: (rule) =>
+      Effect.gen(function*() {
+        const stale = yield* registry.popStale(rule)
+        yield* Effect.forEach(stale, (r) => release(r.tracked.resource), { discard: true })
+        return stale.map((r) => ({ id: r.tracked.id, reason: r.reason, silentMs: r.silentMs, windowMs: r.windowMs }))
+      }),
+    trackedInstanceCount: () => registry.size(),
+    dropInstanceState: () => Effect.void,
+    instances: () =>
+      Effect.gen(function*() {
+        const now = yield* Clock.currentTimeMillis
+        return (yield* registry.snapshot()).map((t) => summary(t, now))
+      })
+  }
+
+  // Server shutdown: release every context through the same finalizer.
   yield* Effect.addFinalizer(() =>
-    Effect.suspend(() => {
-      const all = [...entries.values()]
-      entries.clear()
-      return Effect.forEach(all, release, { discard: true })
-    })
+    Effect.flatMap(registry.popAll(), (all) => Effect.forEach(all, (t) => release(t.resource), { discard: true }))
   )
 
   const module: ServerModule = {
@@ -410,8 +371,7 @@ const make = Effect.gen(function*() {
     unregister,
     store,
     retrieve,
-    isRegistered: (id: InstanceId) => entries.has(id),
-    instances,
+    isRegistered: (id: InstanceId) => Effect.map(registry.get(id), (t) => t !== undefined),
     target,
     module
   }

@@ -17,13 +17,14 @@
  */
 import { Cause, Context, Duration, Effect, Exit, Fiber, Layer, Metric, Queue } from "effect"
 import { decodeHeaderInt, decodePayload, encodeErrorReply, encodeReply } from "../schema/Frame.ts"
-import { formatInstanceId } from "../schema/InstanceId.ts"
+import { formatInstanceId, type InstanceId } from "../schema/InstanceId.ts"
 import { opById, type Op } from "../schema/Op.ts"
 import { BadRequest, Internal, isWireError, Overloaded, UnknownOp, type WireError } from "../schema/WireError.ts"
 import { bindRouter, ZmqError } from "../layers/Zmq.ts"
 import { makeDispatcher, type DispatchStats } from "./Dispatch.ts"
 import type { HandlerRow, HandlerTable, TableRow } from "./Handler.ts"
 import { PeerEvents } from "./PeerEvents.ts"
+import { RequestBarrier } from "./RequestBarrier.ts"
 import * as M from "./ServerMetrics.ts"
 
 /** The merged handler table of every server module. */
@@ -84,11 +85,12 @@ for (const op of opById.values()) {
   }
 }
 
-const instanceIdOf = (op: Op, payload: ReadonlyArray<unknown>): string | undefined => {
+/** The instance a decoded request names, if any (its `instance_id` payload or `context.instance_id`). */
+const instanceIdOf = (op: Op, payload: ReadonlyArray<unknown>): InstanceId | undefined => {
   const at = instanceFieldIndex.get(op.id)
   if (at === undefined) return undefined
   const v = at.nested ? (payload[at.index] as { readonly instance_id?: unknown } | undefined)?.instance_id : payload[at.index]
-  return typeof v === "bigint" ? formatInstanceId(v) : undefined
+  return typeof v === "bigint" ? v as InstanceId : undefined
 }
 
 const describeCause = (cause: Cause.Cause<unknown>): string => {
@@ -100,6 +102,7 @@ const make = (options: MqServerOptions) =>
   Effect.gen(function*() {
     const table = yield* Handlers
     const events = yield* PeerEvents
+    const barrier = yield* RequestBarrier
     const router = yield* bindRouter(options.endpoint, {
       sendHighWaterMark: SEND_HIGH_WATER_MARK,
       lingerMs: CLOSE_LINGER_MS
@@ -165,11 +168,13 @@ const make = (options: MqServerOptions) =>
       routingId: Uint8Array,
       peer: string,
       frames: Array<Uint8Array>,
-      receivedAtMs: number
+      receivedAtMs: number,
+      seq: number
     ): Effect.Effect<void> => {
       const uidFrame = frames[0]!
       const opFrame = frames[1]!
       const decoded = decodePayload(row.op, frames.slice(2))
+      const instanceId = Exit.isSuccess(decoded) ? instanceIdOf(row.op, decoded.value as ReadonlyArray<unknown>) : undefined
       const run: Effect.Effect<void> = Exit.isFailure(decoded)
         ? Effect.logWarning("bad request", describeCause(decoded.cause)).pipe(
           Effect.andThen(replyError(routingId, uidFrame, opFrame, Cause.squash(decoded.cause) as BadRequest))
@@ -178,7 +183,11 @@ const make = (options: MqServerOptions) =>
           Effect.flatMap((exit): Effect.Effect<void> => {
             if (Exit.isSuccess(exit)) {
               const encoded = encodeReply(row.op, uidFrame, opFrame, exit.value as never)
-              if (Exit.isSuccess(encoded)) return Effect.sync(() => reply(routingId, encoded.value))
+              if (Exit.isSuccess(encoded)) {
+                return Effect.sync(() => reply(routingId, encoded.value)).pipe(
+                  Effect.andThen(instanceId === undefined ? Effect.void : events.instanceMessage(peer, instanceId))
+                )
+              }
               return Effect.logError("handler returned a response that does not encode", describeCause(encoded.cause))
                 .pipe(
                   Effect.andThen(replyError(
@@ -204,14 +213,16 @@ const make = (options: MqServerOptions) =>
             )
           })
         )
-      const instanceId = Exit.isSuccess(decoded) ? instanceIdOf(row.op, decoded.value as ReadonlyArray<unknown>) : undefined
       const m = opMetrics.get(row.op.id)!
       return run.pipe(
         Effect.andThen(Metric.update(m.requests, 1)),
         Effect.andThen(Effect.sync(() => (Date.now() - receivedAtMs) / 1000)),
         Effect.flatMap((seconds) => Metric.update(m.latency, seconds)),
-        Effect.annotateLogs(instanceId === undefined ? { op: row.op.name, peer } : { op: row.op.name, peer, instance_id: instanceId }),
-        Effect.catchCause((cause) => Effect.logError("request job failed", cause))
+        Effect.annotateLogs(
+          instanceId === undefined ? { op: row.op.name, peer } : { op: row.op.name, peer, instance_id: formatInstanceId(instanceId) }
+        ),
+        Effect.catchCause((cause) => Effect.logError("request job failed", cause)),
+        Effect.ensuring(Effect.sync(() => barrier.exit(seq)))
       )
     }
 
@@ -276,8 +287,10 @@ const make = (options: MqServerOptions) =>
           Effect.andThen(replyError(routingId, uidFrame, opFrame, new BadRequest({ message })))
         )
       }
-      const accepted = dispatcher.submit(row.pool, peer, job(row, routingId, peer, frames, Date.now()))
+      const seq = barrier.enter()
+      const accepted = dispatcher.submit(row.pool, peer, job(row, routingId, peer, frames, Date.now(), seq))
       if (accepted) return Effect.void
+      barrier.exit(seq)
       const message = `${row.op.name}: the ${row.pool} pool is full (${options.queueCapacity ?? DEFAULT_QUEUE_CAPACITY} waiting); retry later`
       return Effect.logWarning(message).pipe(
         Effect.annotateLogs({ op: row.op.name, peer }),

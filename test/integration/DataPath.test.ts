@@ -190,7 +190,7 @@ describe("registration", () => {
       assert.instanceOf(dtype, BadRequest)
       assert.include(dtype.message, "register_kv_cache: payload 1 (kv_caches)")
       assert.strictEqual(yield* client.request(Ping, [null]), true)
-      assert.isFalse((yield* LmcacheDrivenTransfer).isRegistered(makeInstanceId(9n)))
+      assert.isFalse(yield* (yield* LmcacheDrivenTransfer).isRegistered(makeInstanceId(9n)))
       // The six worker-side caches' own mappings (3 layers each); the server holds none.
       assert.strictEqual((yield* NativeMemory).stats().openMappings, 18)
     }).pipe(Effect.scoped, Effect.provide(env())))
@@ -204,8 +204,11 @@ describe("registration", () => {
       const error = yield* Effect.flip(register(1n, b))
       assert.instanceOf(error, InvalidArgument)
       assert.include(error.message, "already registered with different memory")
-      const instances = yield* (yield* LmcacheDrivenTransfer).instances()
-      assert.deepStrictEqual(instances.map((i) => [i.instance_id, i.layout.segments]), [["1", a.segmentNames]])
+      const instances = yield* (yield* LmcacheDrivenTransfer).target.instances()
+      assert.deepStrictEqual(
+        instances.map((i) => [i.instance_id, (i.details["layout"] as { segments: ReadonlyArray<string> }).segments]),
+        [["1", a.segmentNames]]
+      )
     }).pipe(Effect.scoped, Effect.provide(env())))
 
   it.live("unregister of an unknown id succeeds; a transfer for it is not_registered", () =>

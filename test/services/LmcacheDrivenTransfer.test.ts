@@ -107,9 +107,15 @@ describe("each mapping is released exactly once", () => {
         Effect.gen(function*() {
           yield* t.register(makeInstanceId(1n), cache.descriptors, "m", 1, "vllm")
           yield* TestClock.adjust("3601 seconds")
-          const reaped = yield* t.target.reapStaleInstances({ reapTimeoutSeconds: 120, registrationGraceSeconds: 3600 })
-          assert.deepStrictEqual(reaped, [makeInstanceId(1n)])
-          assert.isFalse(t.isRegistered(makeInstanceId(1n)))
+          const reaped = yield* t.target.reapStaleInstances({
+            nowMs: 3_601_000,
+            reapTimeoutMs: 120_000,
+            registrationGraceMs: 3_600_000,
+            suspects: new Map(),
+            disconnectGraceMs: 0
+          })
+          assert.deepStrictEqual(reaped, [{ id: makeInstanceId(1n), reason: "grace", silentMs: 3_601_000, windowMs: 3_600_000 }])
+          assert.isFalse(yield* t.isRegistered(makeInstanceId(1n)))
           yield* t.unregister(makeInstanceId(1n))
         })
       )

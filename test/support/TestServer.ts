@@ -12,7 +12,8 @@ import { LivenessTargets } from "../../src/services/LivenessTarget.ts"
 import { Management } from "../../src/services/Management.ts"
 import { MqClient } from "../../src/services/MqClient.ts"
 import { Handlers, MqServer } from "../../src/services/MqServer.ts"
-import { PeerEvents } from "../../src/services/PeerEvents.ts"
+import { Connections } from "../../src/services/Connections.ts"
+import { RequestBarrier } from "../../src/services/RequestBarrier.ts"
 
 export interface TestServerOptions {
   readonly config?: Partial<ServerConfigInput>
@@ -55,10 +56,11 @@ export const bareServer = (options: { readonly modules: ReadonlyArray<ServerModu
       return MqServer.layer({ endpoint: config.endpoint, normalWorkers: config.maxCpuWorkers, affinityLanes: config.maxGpuWorkers })
     })
   ).pipe(
-    Layer.provide(PeerEvents.layerNoop),
+    Layer.provide(Connections.layerPeerEvents),
     Layer.provideMerge(handlers),
     Layer.provideMerge(Management.layer),
-    Layer.provide(Layer.mergeAll(LivenessTargets.layerEmpty, CacheControl.layerEmpty)),
+    Layer.provideMerge(Connections.layer),
+    Layer.provideMerge(Layer.mergeAll(LivenessTargets.layerEmpty, CacheControl.layerEmpty, RequestBarrier.layer)),
     Layer.provideMerge(ServerConfig.layerTest({ endpoint: "tcp://127.0.0.1:*", ...options.config }))
   )
   const client = Layer.unwrap(

@@ -1,0 +1,58 @@
+/**
+ * "Messages already received are handled before anyone is judged" (DESIGN
+ * §5): the MQ server numbers each request it queues and marks it finished;
+ * the reaper waits, before a scan judges, until every request received
+ * before the scan began has finished, so a PING that arrived just before a
+ * scan is never lost to it.
+ */
+import { Context, Deferred, Duration, Effect, Layer } from "effect"
+
+export class RequestBarrier extends Context.Service<RequestBarrier, {
+  /** A request was received and queued: its sequence number. */
+  readonly enter: () => number
+  /** The request finished (replied or failed). */
+  readonly exit: (seq: number) => void
+  /**
+   * Lets the receive loop take what the socket already holds, then waits
+   * until every request received so far has finished, at most `timeout`.
+   */
+  readonly awaitReceived: (timeout: Duration.Input) => Effect.Effect<void>
+}>()("mpcache/services/RequestBarrier") {
+  static readonly layer = Layer.sync(this, () => {
+    let next = 0
+    const unfinished = new Set<number>()
+    const waiters: Array<{ readonly upTo: number; readonly done: Deferred.Deferred<void> }> = []
+    const settle = () => {
+      let min = Infinity
+      for (const s of unfinished) if (s < min) min = s
+      for (let i = waiters.length - 1; i >= 0; i--) {
+        if (waiters[i]!.upTo < min) {
+          Deferred.doneUnsafe(waiters[i]!.done, Effect.void)
+          waiters.splice(i, 1)
+        }
+      }
+    }
+    return {
+      enter: () => {
+        const seq = next++
+        unfinished.add(seq)
+        return seq
+      },
+      exit: (seq) => {
+        unfinished.delete(seq)
+        settle()
+      },
+      awaitReceived: (timeout) =>
+        Effect.gen(function*() {
+          // One turn of the event loop: the receive loop reads what libzmq has buffered.
+          yield* Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
+          const done = yield* Deferred.make<void>()
+          waiters.push({ upTo: next - 1, done })
+          settle()
+          yield* Deferred.await(done).pipe(Effect.timeoutOrElse({ duration: timeout, orElse: () => Effect.void }))
+        })
+    }
+  })
+  /** No MQ server in front (unit tests): nothing to wait for. */
+  static readonly layerNoop = Layer.succeed(this, { enter: () => 0, exit: () => {}, awaitReceived: () => Effect.void })
+}
