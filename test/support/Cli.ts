@@ -39,14 +39,19 @@ export interface CliProcess {
   readonly stdout: () => string
   /** Waits until stderr matches `pattern` (fails after `timeoutMs`); returns the match. */
   readonly waitForStderr: (pattern: RegExp, timeoutMs?: number) => Effect.Effect<RegExpMatchArray, Error>
+  /** Waits until stdout matches `pattern`. */
+  readonly waitForStdout: (pattern: RegExp, timeoutMs?: number) => Effect.Effect<RegExpMatchArray, Error>
   /** Sends `signal` and waits for the exit. */
   readonly stop: (signal: NodeJS.Signals) => Effect.Effect<{ readonly code: number | null; readonly signal: NodeJS.Signals | null }>
 }
 
-export const startCli = (args: ReadonlyArray<string>): Effect.Effect<CliProcess, never, Scope.Scope> =>
+export const startCli = (args: ReadonlyArray<string>): Effect.Effect<CliProcess, never, Scope.Scope> => startScript(CLI, args)
+
+/** A Node 24 script as a child process, killed when the scope closes if still alive. */
+export const startScript = (script: string, args: ReadonlyArray<string>): Effect.Effect<CliProcess, never, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.sync(() => {
-      const child = spawn(process.execPath, [CLI, ...args], { stdio: ["ignore", "pipe", "pipe"] })
+      const child = spawn(process.execPath, [script, ...args], { stdio: ["ignore", "pipe", "pipe"] })
       let stdout = ""
       let stderr = ""
       child.stdout!.on("data", (d: Buffer) => (stdout += d.toString()))
@@ -54,13 +59,13 @@ export const startCli = (args: ReadonlyArray<string>): Effect.Effect<CliProcess,
       const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
         child.on("exit", (code, signal) => resolve({ code, signal }))
       )
-      const waitForStderr = (pattern: RegExp, timeoutMs = 15_000) =>
+      const waitFor = (stream: () => string, pattern: RegExp, timeoutMs = 15_000) =>
         Effect.tryPromise({
           try: () =>
             new Promise<RegExpMatchArray>((resolve, reject) => {
               const started = Date.now()
               const poll = () => {
-                const m = stderr.match(pattern)
+                const m = stream().match(pattern)
                 if (m) return resolve(m)
                 if (child.exitCode !== null) return reject(new Error(`process exited (${child.exitCode}) before ${pattern}: ${stderr}`))
                 if (Date.now() - started > timeoutMs) return reject(new Error(`timed out waiting for ${pattern}: ${stderr}`))
@@ -75,7 +80,14 @@ export const startCli = (args: ReadonlyArray<string>): Effect.Effect<CliProcess,
           child.kill(signal)
           return exited
         })
-      return { child, stderr: () => stderr, stdout: () => stdout, waitForStderr, stop }
+      return {
+        child,
+        stderr: () => stderr,
+        stdout: () => stdout,
+        waitForStderr: (pattern: RegExp, timeoutMs?: number) => waitFor(() => stderr, pattern, timeoutMs),
+        waitForStdout: (pattern: RegExp, timeoutMs?: number) => waitFor(() => stdout, pattern, timeoutMs),
+        stop
+      }
     }),
     (p) => Effect.sync(() => p.child.exitCode === null && p.child.signalCode === null && p.child.kill("SIGKILL"))
   )

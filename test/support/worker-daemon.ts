@@ -1,0 +1,62 @@
+/**
+ * A long-running worker process for liveness end-to-end tests: registers a
+ * shared-memory KV cache through the WorkerAdapter (heartbeat on), stores a
+ * fresh chunk every `storeEveryMs`, and prints one JSON line per event on
+ * stdout. SIGTERM/SIGINT: the adapter stops its heartbeat, unregisters and
+ * closes.
+ *
+ *   node test/support/worker-daemon.ts '{"endpoint":…,"namePrefix":…,"heartbeatIntervalMs":…,"storeEveryMs":…}'
+ */
+import { NodeRuntime } from "@effect/platform-node"
+import { Effect, Schedule } from "effect"
+import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
+import { makePagedKvCache } from "../../src/services/PagedKvCache.ts"
+import { makeWorkerAdapter } from "../../src/services/WorkerAdapter.ts"
+import { writeTokens } from "./KvData.ts"
+
+interface Args {
+  readonly endpoint: string
+  readonly namePrefix: string
+  readonly heartbeatIntervalMs: number
+  readonly storeEveryMs: number
+}
+
+const args = JSON.parse(process.argv[2] ?? "{}") as Args
+const say = (event: Record<string, unknown>) => Effect.sync(() => void process.stdout.write(`${JSON.stringify(event)}\n`))
+
+const program = Effect.gen(function*() {
+  const cache = yield* makePagedKvCache({
+    namePrefix: args.namePrefix,
+    numLayers: 2,
+    numBlocks: 16,
+    blockSizeTokens: 16,
+    numHeads: 1,
+    headSize: 16,
+    dtype: "float16"
+  })
+  const worker = yield* makeWorkerAdapter({
+    endpoint: args.endpoint,
+    modelName: "liveness-e2e",
+    worldSize: 1,
+    kvRank: 0,
+    heartbeatIntervalMs: args.heartbeatIntervalMs,
+    requestTimeoutMs: 2_000
+  })
+  yield* worker.registerKvCaches(cache.descriptors)
+  yield* say({ event: "registered", instanceId: worker.instanceId.toString(), pid: process.pid })
+  const blockIds = [1, 2, 3, 4]
+  yield* writeTokens(cache, 1, blockIds)
+  let n = 0
+  yield* Effect.gen(function*() {
+    n++
+    const tokenIds = Array.from({ length: worker.chunkSizeTokens }, (_, i) => (n * 7919 + i) % 30000)
+    const ok = yield* worker.store({ requestId: `s${n}`, tokenIds, start: 0, end: worker.chunkSizeTokens, blockIds }).pipe(
+      Effect.catch((e) => Effect.as(say({ event: "store_error", n, message: e.message }), false))
+    )
+    yield* say({ event: "store", n, ok, healthy: yield* worker.isHealthy, reregistrations: yield* worker.reregistrations })
+  }).pipe(Effect.repeat(Schedule.spaced(`${args.storeEveryMs} millis`)))
+})
+
+NodeRuntime.runMain(program.pipe(Effect.scoped, Effect.provide(NativeMemoryLive)), {
+  teardown: (exit, onExit) => onExit(exit._tag === "Success" || exit.cause.reasons.every((r) => r._tag === "Interrupt") ? 0 : 1)
+})
