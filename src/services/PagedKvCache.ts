@@ -35,6 +35,10 @@ export interface PagedKvCache {
   readonly writeBlock: (layer: number, kv: 0 | 1, blockId: number, data: Uint8Array) => Effect.Effect<void, InvalidArgument | NativeError>
   /** Reads one block of K or V of `layer`. */
   readonly readBlock: (layer: number, kv: 0 | 1, blockId: number) => Effect.Effect<Buffer, InvalidArgument | NativeError>
+  /** Writes consecutive blocks `firstBlockId …` of K or V of `layer` from `data` (a whole number of blocks). */
+  readonly writeBlocks: (layer: number, kv: 0 | 1, firstBlockId: number, data: Uint8Array) => Effect.Effect<void, InvalidArgument | NativeError>
+  /** Reads `count` consecutive blocks `firstBlockId …` of K or V of `layer`. */
+  readonly readBlocks: (layer: number, kv: 0 | 1, firstBlockId: number, count: number) => Effect.Effect<Buffer, InvalidArgument | NativeError>
 }
 
 /**
@@ -72,7 +76,8 @@ export const makePagedKvCache = (
       stride,
       storage_offset: 0
     }))
-    const range = (kv: 0 | 1, blockId: number) => Float64Array.of((kv * numBlocks + blockId) * blockBytes, 0, blockBytes)
+    const range = (kv: 0 | 1, blockId: number, count = 1) =>
+      Float64Array.of((kv * numBlocks + blockId) * blockBytes, 0, count * blockBytes)
     return {
       geometry: { numLayers, numBlocks, blockSizeTokens, numHeads, headSize, dtype, elementBytes, hiddenDim, blockBytes },
       descriptors,
@@ -82,6 +87,13 @@ export const makePagedKvCache = (
         Effect.suspend(() => {
           const out = Buffer.alloc(blockBytes)
           return native.gather(mappings[layer]!, range(kv, blockId), out).pipe(Effect.as(out))
+        }),
+      writeBlocks: (layer, kv, firstBlockId, data) =>
+        native.scatter(mappings[layer]!, range(kv, firstBlockId, Math.floor(data.length / blockBytes)), data),
+      readBlocks: (layer, kv, firstBlockId, count) =>
+        Effect.suspend(() => {
+          const out = Buffer.alloc(count * blockBytes)
+          return native.gather(mappings[layer]!, range(kv, firstBlockId, count), out).pipe(Effect.as(out))
         })
     }
   })
