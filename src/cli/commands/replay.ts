@@ -1,0 +1,104 @@
+/**
+ * `mpcache replay`: runs a production trace (by default the Mooncake
+ * conversation trace shipped in data/) through real worker processes, with
+ * optional churn, and prints what happened. Exit status 1 when contexts
+ * leaked, mappings stayed open, or any retrieved byte was wrong.
+ */
+import { fileURLToPath } from "node:url"
+import { Console, Effect, Option } from "effect"
+import { Command, Flag } from "effect/cli"
+import { loggerLayer } from "../../layers/Logging.ts"
+import { runReplay } from "../../replay/Driver.ts"
+import { formatSummary, mustBeZero } from "../../replay/Report.ts"
+import { MODEL_PRESETS } from "../../replay/Synth.ts"
+import { CommandFailed } from "../CommandFailed.ts"
+
+const DEFAULT_TRACE = fileURLToPath(new URL("../../../data/mooncake-traces/conversation_trace.jsonl", import.meta.url))
+
+const positive = (name: string, description: string) =>
+  Flag.Finite(name).pipe(Flag.withDescription(description), Flag.filter((n) => n > 0, (n) => `must be above 0 (got ${n})`))
+
+const flags = {
+  trace: Flag.String("trace").pipe(Flag.withDescription("Mooncake-format JSONL trace"), Flag.withDefault(DEFAULT_TRACE)),
+  requests: Flag.Int("requests").pipe(
+    Flag.withDescription("Replay the first N requests (default: all)"),
+    Flag.filter((n) => n >= 1, (n) => `must be at least 1 (got ${n})`),
+    Flag.optional
+  ),
+  workers: Flag.Int("workers").pipe(
+    Flag.withDescription("Engine worker processes"),
+    Flag.withDefault(2),
+    Flag.filter((n) => n >= 1 && n <= 64, (n) => `must be from 1 to 64 (got ${n})`)
+  ),
+  rate: positive("rate", "Scale the trace's timestamps: 2 replays twice as fast").pipe(Flag.withDefault(1)),
+  maxRate: Flag.Boolean("max-rate").pipe(Flag.withDescription("Ignore timestamps: send requests as fast as workers take them"), Flag.withDefault(false)),
+  model: Flag.Literals("model", ["small", "llama3-8b"] as const).pipe(
+    Flag.withDescription("KV shape preset: small (2 layers × 2 × 16, runs in seconds) or llama3-8b (32 × 8 × 128 float16)"),
+    Flag.withDefault<"small" | "llama3-8b">("small")
+  ),
+  l1SizeGb: positive("l1-size-gb", "L1 capacity of the replay's own server").pipe(Flag.withDefault(1)),
+  server: Flag.String("server").pipe(
+    Flag.withDescription("Use a running server at this ZeroMQ endpoint instead of starting one"),
+    Flag.optional
+  ),
+  httpUrl: Flag.String("http-url").pipe(
+    Flag.withDescription("HTTP frontend of --server (status and metrics)"),
+    Flag.withDefault("http://127.0.0.1:8080")
+  ),
+  killEvery: positive("kill-every", "SIGKILL a random worker every S seconds and start a replacement").pipe(Flag.optional),
+  pauseEvery: positive("pause-every", "SIGSTOP a random worker every S seconds, SIGCONT it after --pause-seconds").pipe(Flag.optional),
+  pauseSeconds: positive("pause-seconds", "How long a paused worker stays stopped").pipe(Flag.withDefault(3)),
+  disconnectGrace: Flag.Finite("worker-disconnect-grace-seconds").pipe(
+    Flag.withDescription("Disconnect grace of the replay's own server"),
+    Flag.withDefault(2),
+    Flag.filter((n) => n > 0, (n) => `must be above 0 (got ${n})`)
+  ),
+  chunkSize: Flag.Int("chunk-size").pipe(Flag.withDescription("Chunk size of the replay's own server, tokens"), Flag.withDefault(256)),
+  json: Flag.Boolean("json").pipe(Flag.withDescription("Print the summary as JSON on stdout"), Flag.withDefault(false))
+}
+
+export const replay = Command.make("replay", flags, (f) =>
+  Effect.gen(function*() {
+    const summary = yield* Effect.scoped(
+      runReplay(
+        {
+          tracePath: f.trace,
+          requests: Option.getOrUndefined(f.requests),
+          workers: f.workers,
+          rate: f.rate,
+          maxRate: f.maxRate,
+          model: MODEL_PRESETS[f.model]!,
+          l1SizeGb: f.l1SizeGb,
+          server: Option.getOrUndefined(f.server),
+          httpUrl: f.httpUrl.replace(/\/+$/, ""),
+          killEverySeconds: Option.getOrUndefined(f.killEvery),
+          pauseEverySeconds: Option.getOrUndefined(f.pauseEvery),
+          pauseSeconds: f.pauseSeconds,
+          disconnectGraceSeconds: f.disconnectGrace,
+          chunkSizeTokens: f.chunkSize,
+          blockSizeTokens: 16,
+          heartbeatIntervalMs: 2_000,
+          progress: true
+        },
+        (line, final) => {
+          if (process.stderr.isTTY) process.stderr.write(`\r${line}${final ? "\n" : ""}`)
+          else process.stderr.write(`${line}\n`)
+        }
+      )
+    ).pipe(
+      Effect.catch((e) =>
+        Console.error(`mpcache replay: ${e.message}`).pipe(
+          Effect.andThen(Effect.fail(new CommandFailed({ message: e.message, exitCode: 1 })))
+        )
+      )
+    )
+    yield* Console.log(f.json ? JSON.stringify(summary, null, 2) : formatSummary(summary))
+    const bad = Object.entries(mustBeZero(summary)).filter(([, v]) => v !== 0)
+    if (bad.length > 0) {
+      const message = `replay failed its checks: ${bad.map(([k, v]) => `${k} = ${v}`).join(", ")}`
+      yield* Console.error(`mpcache replay: ${message}`)
+      return yield* new CommandFailed({ message, exitCode: 1 })
+    }
+  }).pipe(Effect.provide(loggerLayer("pretty")))).pipe(
+  Command.withDescription("Replay a production trace through real worker processes (see README: Run it on a real trace)")
+)

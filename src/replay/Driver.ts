@@ -1,0 +1,390 @@
+/**
+ * `mpcache replay`: runs a production trace through real worker processes
+ * against a real server, with optional worker churn, and checks that every
+ * retrieved byte is right and every dead worker's memory is freed.
+ *
+ * Per request, as an engine would: the scheduler LOOKUPs (and polls the
+ * prefetch), a worker RETRIEVEs the hit prefix into its own KV blocks,
+ * "computes" the rest, STOREs the new chunks, and the scheduler ends the
+ * session. Requests go to idle workers in trace order.
+ */
+import { spawn, type ChildProcess } from "node:child_process"
+import { randomUUID } from "node:crypto"
+import { rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { fileURLToPath } from "node:url"
+import { Clock, Effect, Fiber, Queue, Random, Ref, Schema } from "effect"
+import { dtypeBytes } from "../schema/Dtype.ts"
+import { makeSchedulerAdapter } from "../services/SchedulerAdapter.ts"
+import { perfectLru } from "./LruSim.ts"
+import type { Done, RunRequest, WorkerSettings } from "./Messages.ts"
+import { Samples, promCounters } from "./Stats.ts"
+import type { ModelPreset } from "./Synth.ts"
+import { tokensFor } from "./Synth.ts"
+import { readTrace, type TraceIssue, type TraceRequest } from "./Trace.ts"
+import { spawnWorker, WorkerDied, type WorkerHandle } from "./WorkerPool.ts"
+
+export interface ReplayOptions {
+  readonly tracePath: string
+  /** First N usable requests; all when undefined. */
+  readonly requests: number | undefined
+  readonly workers: number
+  /** Trace time is divided by this (2 = twice as fast). */
+  readonly rate: number
+  /** Ignore timestamps: send each request as soon as a worker is free. */
+  readonly maxRate: boolean
+  readonly model: ModelPreset
+  readonly l1SizeGb: number
+  /** A running server's ZeroMQ endpoint; undefined = start our own. */
+  readonly server: string | undefined
+  /** Base URL of that server's HTTP frontend (status, metrics). */
+  readonly httpUrl: string
+  readonly killEverySeconds: number | undefined
+  readonly pauseEverySeconds: number | undefined
+  /** How long a paused worker stays stopped. */
+  readonly pauseSeconds: number
+  /** Our own server's `--worker-disconnect-grace-seconds`. */
+  readonly disconnectGraceSeconds: number
+  readonly chunkSizeTokens: number
+  readonly blockSizeTokens: number
+  readonly heartbeatIntervalMs: number
+  /** Progress output: a bar on a terminal, plain lines otherwise, nothing when false. */
+  readonly progress: boolean
+}
+
+/** The replay could not run (server or workers failed to start). */
+export class ReplayError extends Schema.TaggedError<ReplayError>()("ReplayError", { message: Schema.String }) {}
+
+/** Everything `mpcache replay` reports (the `--json` document). */
+export interface ReplaySummary {
+  readonly trace: string
+  readonly requests: number
+  readonly failed_requests: number
+  readonly retried_requests: number
+  readonly workers: number
+  readonly model: string
+  readonly chunk_size: number
+  readonly chunks: { readonly looked_up: number; readonly hit: number; readonly stored: number; readonly retrieved: number }
+  readonly hit_ratio: number
+  readonly perfect_lru_hit_ratio: number
+  readonly l1_capacity_chunks: number
+  readonly gb_stored: number
+  readonly gb_retrieved: number
+  readonly duration_seconds: number
+  readonly requests_per_second: number
+  readonly latency_ms: Record<"lookup" | "retrieve" | "compute" | "store" | "request", { readonly p50: number; readonly p99: number }>
+  readonly churn: { readonly killed: number; readonly paused: number; readonly replaced: number }
+  readonly reaped: Record<string, number>
+  readonly leaked_contexts: number
+  readonly open_mappings_after_shutdown: number
+  readonly data_mismatches: number
+  readonly mismatch_details: ReadonlyArray<{ readonly request: number; readonly line: number; readonly chunks: ReadonlyArray<number> }>
+  readonly trace_issues: ReadonlyArray<TraceIssue>
+}
+
+const MAIN = fileURLToPath(new URL("../cli/main.ts", import.meta.url))
+
+const getJson = (url: string) =>
+  Effect.tryPromise({
+    try: () => fetch(url).then((r) => r.json() as Promise<Record<string, unknown>>),
+    catch: (e) => new ReplayError({ message: `GET ${url} failed: ${e instanceof Error ? e.message : String(e)}` })
+  })
+const getText = (url: string) =>
+  Effect.tryPromise({
+    try: () => fetch(url).then((r) => r.text()),
+    catch: (e) => new ReplayError({ message: `GET ${url} failed: ${e instanceof Error ? e.message : String(e)}` })
+  })
+
+/** Starts `mpcache serve` as a child process for the life of the scope. */
+const startOwnServer = (o: ReplayOptions) =>
+  Effect.acquireRelease(
+    Effect.callback<{ readonly child: ChildProcess; readonly endpoint: string; readonly httpUrl: string }, ReplayError>((resume) => {
+      const socket = join(tmpdir(), `mpcache-replay-${randomUUID()}.sock`)
+      const endpoint = `ipc://${socket}`
+      const child = spawn(process.execPath, [
+        MAIN,
+        "serve",
+        "--endpoint",
+        endpoint,
+        "--http-port",
+        "0",
+        "--log-format",
+        "json",
+        "--chunk-size",
+        String(o.chunkSizeTokens),
+        "--l1-size-gb",
+        String(o.l1SizeGb),
+        "--worker-disconnect-grace-seconds",
+        String(o.disconnectGraceSeconds)
+      ], { stdio: ["ignore", "ignore", "pipe"] })
+      let stderr = ""
+      let httpUrl: string | undefined
+      let listening = false
+      child.stderr!.on("data", (d: Buffer) => {
+        stderr = (stderr + d.toString()).slice(-50_000)
+        httpUrl ??= stderr.match(/HTTP frontend listening on (http:\/\/[^\s"]+)/)?.[1]
+        listening ||= stderr.includes("MQ server listening on")
+        if (httpUrl !== undefined && listening) resume(Effect.succeed({ child, endpoint, httpUrl }))
+      })
+      child.on("exit", (code) =>
+        resume(Effect.fail(new ReplayError({ message: `the replay's server exited (code ${code}) before it was ready: ${stderr.slice(-2000)}` })))
+      )
+    }),
+    ({ child, endpoint }) =>
+      Effect.callback<void>((resume) => {
+        if (child.exitCode !== null) return resume(Effect.void)
+        child.on("exit", () => resume(Effect.void))
+        child.kill("SIGTERM")
+      }).pipe(
+        Effect.timeoutOrElse({ duration: "10 seconds", orElse: () => Effect.sync(() => void child.kill("SIGKILL")) }),
+        Effect.andThen(Effect.sync(() => rmSync(endpoint.slice("ipc://".length), { force: true })))
+      )
+  )
+
+const round = (x: number, digits = 3) => Math.round(x * 10 ** digits) / 10 ** digits
+
+/**
+ * Runs the replay. Fails with ReplayError when the trace has nothing usable,
+ * or the server or the first workers cannot start; everything that goes
+ * wrong later is counted in the summary.
+ */
+export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: boolean) => void) =>
+  Effect.gen(function*() {
+    const { requests, issues } = yield* Effect.mapError(readTrace(o.tracePath, o.requests), (e) => new ReplayError({ message: e.message }))
+    const own = o.server === undefined ? yield* startOwnServer(o) : undefined
+    const endpoint = own?.endpoint ?? o.server!
+    const httpUrl = own?.httpUrl ?? o.httpUrl
+    const status0 = yield* getJson(`${httpUrl}/api/status`)
+    const chunk = status0["chunk_size"] as number
+    const l1 = status0["l1"] as { readonly capacity_bytes: number } | undefined
+    const tokenBytes = o.model.numHeads * o.model.headSize * dtypeBytes(o.model.dtype)
+    const chunkBytes = 2 * o.model.numLayers * chunk * tokenBytes
+    const capacityChunks = Math.floor((l1?.capacity_bytes ?? o.l1SizeGb * 2 ** 30) / chunkBytes)
+    const maxTokens = Math.max(...requests.map((r) => Math.floor(r.inputLength / chunk) * chunk))
+    const settings = (slot: number): WorkerSettings => ({
+      endpoint,
+      modelName: o.model.name,
+      numLayers: o.model.numLayers,
+      numHeads: o.model.numHeads,
+      headSize: o.model.headSize,
+      dtype: o.model.dtype as WorkerSettings["dtype"],
+      blockSizeTokens: o.blockSizeTokens,
+      numBlocks: Math.ceil(maxTokens / o.blockSizeTokens) + 1,
+      heartbeatIntervalMs: o.heartbeatIntervalMs,
+      namePrefix: `mpcache-replay-${process.pid}-${slot}-${randomUUID().slice(0, 8)}`
+    })
+
+    const scheduler = yield* makeSchedulerAdapter({ endpoint, modelName: o.model.name, worldSize: 1, requestTimeoutMs: 30_000 }).pipe(
+      Effect.mapError((e) => new ReplayError({ message: `scheduler could not reach ${endpoint}: ${e.message}` }))
+    )
+
+    // Workers: every one ever started, and the idle ones.
+    const all: Array<WorkerHandle> = []
+    const idle = yield* Queue.unbounded<WorkerHandle>()
+    let nextSlot = 1
+    const start = Effect.gen(function*() {
+      const slot = nextSlot++
+      const w = yield* spawnWorker(slot, settings(slot))
+      all.push(w)
+      yield* Queue.offer(idle, w)
+      return w
+    })
+    yield* Effect.addFinalizer(() => Effect.forEach(all, (w) => w.shutdown(10_000), { concurrency: "unbounded", discard: true }))
+    yield* Effect.forEach(Array.from({ length: o.workers }), () => start, { concurrency: "unbounded", discard: true }).pipe(
+      Effect.mapError((e) => new ReplayError({ message: `a worker failed to start: ${e.message}` }))
+    )
+    const alive = () => all.filter((w) => w.isAlive())
+
+    // Counters.
+    let done = 0
+    let failed = 0
+    let retried = 0
+    let lookedUp = 0
+    let hit = 0
+    let stored = 0
+    let retrieved = 0
+    let bytesStored = 0
+    let bytesRetrieved = 0
+    let killed = 0
+    let paused = 0
+    let replaced = 0
+    const mismatches: Array<{ request: number; line: number; chunks: ReadonlyArray<number> }> = []
+    const lat = { lookup: new Samples(), retrieve: new Samples(), compute: new Samples(), store: new Samples(), request: new Samples() }
+    const reapsSeen = yield* Ref.make<Record<string, number>>({})
+
+    const takeWorker: Effect.Effect<WorkerHandle> = Effect.flatMap(Queue.take(idle), (w) => (w.isAlive() ? Effect.succeed(w) : takeWorker))
+
+    /** One request on one worker; another worker if that one dies. */
+    const serve = (r: TraceRequest, first: WorkerHandle): Effect.Effect<void> =>
+      Effect.gen(function*() {
+        let worker = first
+        const t0 = performance.now()
+        const requestId = `req-${r.index}-${randomUUID().slice(0, 8)}`
+        const tokenIds = tokensFor(r.hashIds, r.inputLength)
+        while (true) {
+          const l0 = performance.now()
+          const hitTokens = yield* scheduler.lookup(requestId, tokenIds).pipe(Effect.orElseSucceed(() => 0))
+          lat.lookup.add(performance.now() - l0)
+          const run: RunRequest = { _tag: "Run", index: r.index, requestId, hashIds: r.hashIds, inputLength: r.inputLength, hitTokens }
+          const result = yield* Effect.result(worker.run(run))
+          if (result._tag === "Failure") {
+            retried++
+            yield* scheduler.endSession(requestId).pipe(Effect.ignore)
+            worker = yield* takeWorker
+            continue
+          }
+          yield* Queue.offer(idle, worker)
+          yield* scheduler.endSession(requestId).pipe(Effect.ignore)
+          const m = result.success
+          const full = Math.floor(r.inputLength / chunk)
+          lookedUp += full
+          hit += hitTokens / chunk
+          done++
+          if (m._tag === "Failed") {
+            failed++
+            return
+          }
+          record(r, m)
+          lat.request.add(performance.now() - t0)
+          return
+        }
+      })
+
+    const record = (r: TraceRequest, m: Done) => {
+      stored += m.storedChunks
+      retrieved += m.retrievedChunks
+      bytesStored += m.storedBytes
+      bytesRetrieved += m.retrievedBytes
+      if (m.retrievedChunks > 0) lat.retrieve.add(m.retrieveMs)
+      if (m.storedChunks > 0) lat.store.add(m.storeMs)
+      lat.compute.add(m.computeMs)
+      if (m.mismatchedChunks.length > 0) mismatches.push({ request: r.index, line: r.line, chunks: m.mismatchedChunks })
+    }
+
+    // Chaos.
+    const killer = (every: number) =>
+      Effect.gen(function*() {
+        while (true) {
+          yield* Effect.sleep(`${every} seconds`)
+          const candidates = alive()
+          if (candidates.length === 0) continue
+          const victim = candidates[yield* Random.nextIntBetween(0, candidates.length - 1)]!
+          victim.child.kill("SIGKILL")
+          killed++
+          yield* start.pipe(
+            Effect.tap(() => Effect.sync(() => replaced++)),
+            Effect.catch((e) => Effect.logWarning(`replacement worker failed to start: ${e.message}`))
+          )
+        }
+      })
+    const pauser = (every: number) =>
+      Effect.gen(function*() {
+        while (true) {
+          yield* Effect.sleep(`${every} seconds`)
+          const candidates = alive()
+          if (candidates.length === 0) continue
+          const victim = candidates[yield* Random.nextIntBetween(0, candidates.length - 1)]!
+          victim.child.kill("SIGSTOP")
+          paused++
+          yield* Effect.sleep(`${o.pauseSeconds} seconds`)
+          victim.child.kill("SIGCONT")
+        }
+      })
+
+    const reapsNow = Effect.map(getText(`${httpUrl}/metrics`), (t) => promCounters(t, "mpcache_reaps_total", "reason"))
+    const baseReaps = yield* reapsNow.pipe(Effect.orElseSucceed(() => ({} as Record<string, number>)))
+
+    const progressLine = Effect.gen(function*() {
+      const reaps = yield* reapsNow.pipe(Effect.orElseSucceed(() => ({} as Record<string, number>)))
+      yield* Ref.set(reapsSeen, reaps)
+      const reaped = Object.entries(reaps).reduce((n, [k, v]) => n + v - (baseReaps[k] ?? 0), 0)
+      const pct = requests.length === 0 ? 0 : done / requests.length
+      const width = 30
+      const bar = "#".repeat(Math.round(pct * width)).padEnd(width, ".")
+      return `[${bar}] ${done}/${requests.length} requests · hit ratio ${(lookedUp === 0 ? 0 : (100 * hit) / lookedUp).toFixed(1)}% · workers alive ${alive().length} · reaped ${reaped} · mismatches ${mismatches.length}`
+    })
+
+    const startedMs = yield* Clock.currentTimeMillis
+    const chaos: Array<Fiber.Fiber<unknown>> = []
+    if (o.killEverySeconds !== undefined) chaos.push(yield* Effect.forkChild(killer(o.killEverySeconds)))
+    if (o.pauseEverySeconds !== undefined) chaos.push(yield* Effect.forkChild(pauser(o.pauseEverySeconds)))
+    const progress = o.progress
+      ? yield* Effect.forkChild(
+        Effect.gen(function*() {
+          while (true) {
+            yield* Effect.sleep(process.stderr.isTTY ? "200 millis" : "5 seconds")
+            onProgress(yield* progressLine, false)
+          }
+        })
+      )
+      : undefined
+
+    // Dispatch in trace order: wait for the arrival time, then for an idle worker.
+    const inflight: Array<Fiber.Fiber<void>> = []
+    const t0 = requests[0]!.timestampMs
+    for (const r of requests) {
+      if (!o.maxRate) {
+        const due = startedMs + (r.timestampMs - t0) / o.rate
+        const now = yield* Clock.currentTimeMillis
+        if (due > now) yield* Effect.sleep(`${due - now} millis`)
+      }
+      const w = yield* takeWorker
+      inflight.push(yield* Effect.forkChild(serve(r, w)))
+    }
+    yield* Fiber.joinAll(inflight)
+    const durationSeconds = ((yield* Clock.currentTimeMillis) - startedMs) / 1000
+    yield* Fiber.interruptAll(chaos)
+    if (progress !== undefined) yield* Fiber.interrupt(progress)
+
+    // Killed workers must be reaped: wait at most the grace plus one reaper scan (and a little slack).
+    const status = getJson(`${httpUrl}/api/status`)
+    const tracked = Effect.map(status, (s) => (s["worker_liveness"] as { tracked_instances: number }).tracked_instances)
+    const liveIds = new Set(alive().map((w) => w.instanceId))
+    const graceMs = (o.server === undefined ? o.disconnectGraceSeconds : 10) * 1000
+    const waitUntil = (yield* Clock.currentTimeMillis) + graceMs * 1.5 + 1_500
+    let trackedNow = yield* tracked
+    while (trackedNow > liveIds.size && (yield* Clock.currentTimeMillis) < waitUntil) {
+      yield* Effect.sleep("100 millis")
+      trackedNow = yield* tracked
+    }
+    const leaked = Math.max(0, trackedNow - liveIds.size)
+
+    // Every live worker unregisters; then nothing may stay mapped.
+    yield* Effect.forEach(all, (w) => w.shutdown(10_000), { concurrency: "unbounded", discard: true })
+    const after = yield* status
+    const openMappings = (after["native"] as { open_mappings: number } | undefined)?.open_mappings ?? 0
+    const finalReaps = yield* reapsNow.pipe(Effect.catch(() => Ref.get(reapsSeen)))
+    const reaped: Record<string, number> = {}
+    for (const reason of ["timeout", "grace", "disconnect"]) reaped[reason] = (finalReaps[reason] ?? 0) - (baseReaps[reason] ?? 0)
+    if (o.progress) onProgress(yield* progressLine.pipe(Effect.orElseSucceed(() => "")), true)
+
+    const lru = perfectLru(requests, chunk, capacityChunks)
+    const q = (s: Samples) => ({ p50: round(s.quantile(0.5)), p99: round(s.quantile(0.99)) })
+    const summary: ReplaySummary = {
+      trace: o.tracePath,
+      requests: requests.length,
+      failed_requests: failed,
+      retried_requests: retried,
+      workers: o.workers,
+      model: o.model.name,
+      chunk_size: chunk,
+      chunks: { looked_up: lookedUp, hit, stored, retrieved },
+      hit_ratio: round(lookedUp === 0 ? 0 : hit / lookedUp, 4),
+      perfect_lru_hit_ratio: round(lru.hitRatio, 4),
+      l1_capacity_chunks: capacityChunks,
+      gb_stored: round(bytesStored / 1e9, 4),
+      gb_retrieved: round(bytesRetrieved / 1e9, 4),
+      duration_seconds: round(durationSeconds, 2),
+      requests_per_second: round(requests.length / Math.max(durationSeconds, 1e-9), 2),
+      latency_ms: { lookup: q(lat.lookup), retrieve: q(lat.retrieve), compute: q(lat.compute), store: q(lat.store), request: q(lat.request) },
+      churn: { killed, paused, replaced },
+      reaped,
+      leaked_contexts: leaked,
+      open_mappings_after_shutdown: openMappings,
+      data_mismatches: mismatches.reduce((n, m) => n + m.chunks.length, 0),
+      mismatch_details: mismatches,
+      trace_issues: issues
+    }
+    return summary
+  })

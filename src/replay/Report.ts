@@ -1,0 +1,38 @@
+/** The human-readable replay summary (the README shows a real sample). */
+import type { ReplaySummary } from "./Driver.ts"
+
+const pct = (x: number) => `${(100 * x).toFixed(2)}%`
+
+/** The three figures that must be 0; the exit status is 1 when any is not. */
+export const mustBeZero = (s: ReplaySummary) => ({
+  leaked_contexts: s.leaked_contexts,
+  open_mappings_after_shutdown: s.open_mappings_after_shutdown,
+  data_mismatches: s.data_mismatches
+})
+
+export const formatSummary = (s: ReplaySummary): string => {
+  const l = s.latency_ms
+  const ok = (n: number) => (n === 0 ? "0 ✓" : `${n} ✗`)
+  const lines = [
+    `mpcache replay — ${s.trace}`,
+    `  requests          ${s.requests} (${s.failed_requests} failed, ${s.retried_requests} retried on another worker) in ${s.duration_seconds} s = ${s.requests_per_second} req/s`,
+    `  workers           ${s.workers} · killed ${s.churn.killed} · paused ${s.churn.paused} · replaced ${s.churn.replaced}`,
+    `  model             ${s.model}, chunk ${s.chunk_size} tokens, L1 ${s.l1_capacity_chunks} chunks`,
+    `  chunks            looked up ${s.chunks.looked_up} · hit ${s.chunks.hit} · stored ${s.chunks.stored} · retrieved ${s.chunks.retrieved}`,
+    `  hit ratio         ${pct(s.hit_ratio)} (a perfect LRU of the same capacity: ${pct(s.perfect_lru_hit_ratio)})`,
+    `  moved             ${s.gb_stored} GB stored · ${s.gb_retrieved} GB retrieved`,
+    `  latency ms p50/p99 lookup ${l.lookup.p50}/${l.lookup.p99} · retrieve ${l.retrieve.p50}/${l.retrieve.p99} · store ${l.store.p50}/${l.store.p99} · compute ${l.compute.p50}/${l.compute.p99} · request ${l.request.p50}/${l.request.p99}`,
+    `  reaped            timeout ${s.reaped["timeout"] ?? 0} · grace ${s.reaped["grace"] ?? 0} · disconnect ${s.reaped["disconnect"] ?? 0}`,
+    `  leaked contexts   ${ok(s.leaked_contexts)}`,
+    `  open mappings     ${ok(s.open_mappings_after_shutdown)} (after the last worker unregistered)`,
+    `  data mismatches   ${ok(s.data_mismatches)}`
+  ]
+  for (const m of s.mismatch_details.slice(0, 20)) {
+    lines.push(`    mismatch: request ${m.request} (trace line ${m.line}) chunks ${m.chunks.join(", ")}`)
+  }
+  if (s.trace_issues.length > 0) {
+    lines.push(`  trace issues      ${s.trace_issues.length} malformed line(s) skipped`)
+    for (const i of s.trace_issues.slice(0, 10)) lines.push(`    line ${i.line}: ${i.message}`)
+  }
+  return lines.join("\n")
+}
