@@ -61,6 +61,8 @@ export interface ReplaySummary {
   readonly trace: string
   readonly requests: number
   readonly failed_requests: number
+  /** Why requests failed (first 20). */
+  readonly failures: ReadonlyArray<{ readonly request: number; readonly message: string }>
   readonly retried_requests: number
   readonly workers: number
   readonly model: string
@@ -210,6 +212,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     let paused = 0
     let replaced = 0
     const mismatches: Array<{ request: number; line: number; chunks: ReadonlyArray<number> }> = []
+    const failures: Array<{ request: number; message: string }> = []
     const lat = { lookup: new Samples(), retrieve: new Samples(), compute: new Samples(), store: new Samples(), request: new Samples() }
     const reapsSeen = yield* Ref.make<Record<string, number>>({})
 
@@ -243,6 +246,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
           done++
           if (m._tag === "Failed") {
             failed++
+            if (failures.length < 20) failures.push({ request: r.index, message: m.message })
             return
           }
           record(r, m)
@@ -270,12 +274,15 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
           const candidates = alive()
           if (candidates.length === 0) continue
           const victim = candidates[yield* Random.nextIntBetween(0, candidates.length - 1)]!
-          victim.child.kill("SIGKILL")
-          killed++
-          yield* start.pipe(
-            Effect.tap(() => Effect.sync(() => replaced++)),
-            Effect.catch((e) => Effect.logWarning(`replacement worker failed to start: ${e.message}`))
-          )
+          // Uninterruptible: a replacement that registered must be known, so it is shut down at the end.
+          yield* Effect.uninterruptible(Effect.gen(function*() {
+            victim.child.kill("SIGKILL")
+            killed++
+            yield* start.pipe(
+              Effect.tap(() => Effect.sync(() => replaced++)),
+              Effect.catch((e) => Effect.logWarning(`replacement worker failed to start: ${e.message}`))
+            )
+          }))
         }
       })
     const pauser = (every: number) =>
@@ -287,8 +294,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
           const victim = candidates[yield* Random.nextIntBetween(0, candidates.length - 1)]!
           victim.child.kill("SIGSTOP")
           paused++
-          yield* Effect.sleep(`${o.pauseSeconds} seconds`)
-          victim.child.kill("SIGCONT")
+          yield* Effect.sleep(`${o.pauseSeconds} seconds`).pipe(Effect.ensuring(Effect.sync(() => void victim.child.kill("SIGCONT"))))
         }
       })
 
@@ -365,6 +371,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       trace: o.tracePath,
       requests: requests.length,
       failed_requests: failed,
+      failures,
       retried_requests: retried,
       workers: o.workers,
       model: o.model.name,

@@ -27,6 +27,7 @@ export const formatSummary = (s: ReplaySummary): string => {
     `  open mappings     ${ok(s.open_mappings_after_shutdown)} (after the last worker unregistered)`,
     `  data mismatches   ${ok(s.data_mismatches)}`
   ]
+  for (const f of s.failures) lines.push(`    failed: request ${f.request}: ${f.message}`)
   for (const m of s.mismatch_details.slice(0, 20)) {
     lines.push(`    mismatch: request ${m.request} (trace line ${m.line}) chunks ${m.chunks.join(", ")}`)
   }

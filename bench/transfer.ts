@@ -1,0 +1,877 @@
+/**
+ * `npm run bench:transfer [-- --quick | --duration S] [-- --server-prof DIR]`
+ *
+ * STORE and RETRIEVE throughput of the LMCache-driven data path (DESIGN §4)
+ * for 256-token chunks of a 32-layer, 8 heads × 128 head size, float16 model
+ * with 16-token engine blocks (one chunk of one rank = 2 × 32 × 256 × 1024 ×
+ * 2 B = 32 MiB, 16 blocks per chunk), beside a plain single-thread memcpy of
+ * the same bytes measured in the same process and run; and PING p99 latency
+ * while the transfers run flat out against PING p99 idle, because bulk copies
+ * must run off the server's JS thread and never delay PING.
+ *
+ * - Server: `mpcache serve` in a child process (ipc endpoint, HTTP port 0,
+ *   `--l1-size-gb 4`, `--chunk-size 256`, JSON logs on stderr), with
+ *   bench/loop-delay.ts preloaded to report its event-loop delay per window.
+ * - Worker: in this process. A PagedKvCache in POSIX shm (one segment per
+ *   layer, 257 blocks: block 0 is vLLM's null block and stays unused),
+ *   registered through the WorkerAdapter, every block filled once with
+ *   non-zero bytes. Block ids are a fixed shuffle (an engine's block table
+ *   after some churn), so every 32 KiB block is its own copy range.
+ * - STORE: 2 streams, each with one STORE of 4 chunks (1,024 tokens, 128 MiB)
+ *   in flight from its own 64 source blocks; fresh token ids every request,
+ *   so every chunk is copied into a new L1 object (and, once L1 is full, LRU
+ *   objects are evicted).
+ * - RETRIEVE: 8 requests of 4 chunks (1 GiB) stored once, then 2 streams each
+ *   loop LOOKUP (scheduler adapter) → RETRIEVE into its own 64 destination
+ *   blocks → END_SESSION over that set. One RETRIEVE is checked byte for byte
+ *   against the source blocks afterwards.
+ * - memcpy: `Uint8Array.prototype.set` of a 32 MiB buffer into another, one
+ *   thread, warmed up, as many copies as the phase moved chunks, right after
+ *   each phase.
+ * - PING: a raw zeromq DEALER (as in bench/ping.ts) with one PING [nil] in
+ *   flight, idle first and then through each measured transfer window.
+ * - Beside each window: the server's event-loop delay, its JS-thread and
+ *   other-thread CPU and how long its JS thread waited for a CPU (/proc), and
+ *   the whole machine's load, so a slow figure can be told from a busy box.
+ *
+ * Prints a table and writes the section "## STORE and RETRIEVE throughput
+ * (bench:transfer)" of docs/benchmarks.md. A benchmark, never a test: exits
+ * 0 on success, 1 on failure, and always stops the server, removes the ipc
+ * socket file and unlinks every shared-memory segment it created.
+ */
+import { spawn, type ChildProcess } from "node:child_process"
+import { randomBytes } from "node:crypto"
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statfsSync, writeFileSync } from "node:fs"
+import os from "node:os"
+import path from "node:path"
+import { monitorEventLoopDelay } from "node:perf_hooks"
+import { parseArgs } from "node:util"
+import { Effect, Exit, Layer, ManagedRuntime, References, Scope } from "effect"
+import { Packr } from "msgpackr"
+import { Dealer } from "zeromq"
+import { loggerLayer } from "../src/layers/Logging.ts"
+import { NativeMemoryLive } from "../src/layers/NativeMemory.ts"
+import { loadNativeAddon, NativeMemory } from "../src/native/Native.ts"
+import { Clear } from "../src/schema/Op.ts"
+import { makeMqClient } from "../src/services/MqClient.ts"
+import { makePagedKvCache, type PagedKvCache } from "../src/services/PagedKvCache.ts"
+import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/services/SchedulerAdapter.ts"
+import { makeWorkerAdapter, type TransferRequest, type WorkerAdapterShape } from "../src/services/WorkerAdapter.ts"
+
+const ROOT = path.resolve(import.meta.dirname, "..")
+const DOC = path.join(ROOT, "docs", "benchmarks.md")
+const HEADING = "## STORE and RETRIEVE throughput (bench:transfer)"
+
+// Model geometry (one kv rank).
+const NUM_LAYERS = 32
+const NUM_HEADS = 8
+const HEAD_SIZE = 128
+const DTYPE = "float16" as const
+const ELEMENT_BYTES = 2
+const BLOCK_TOKENS = 16
+const CHUNK_TOKENS = 256
+/** One block of K (or V) of one layer: 32 KiB. */
+const BLOCK_BYTES = BLOCK_TOKENS * NUM_HEADS * HEAD_SIZE * ELEMENT_BYTES
+/** One chunk of one rank, `[2, layers, chunk, heads × head size]`: 32 MiB. */
+const CHUNK_BYTES = 2 * NUM_LAYERS * CHUNK_TOKENS * NUM_HEADS * HEAD_SIZE * ELEMENT_BYTES
+const BLOCKS_PER_CHUNK = CHUNK_TOKENS / BLOCK_TOKENS
+const MODEL = "bench-32l-8x128-f16"
+
+// Load shape.
+const CHUNKS_PER_REQUEST = 4
+/** Requests in flight, one per stream. */
+const STREAMS = 2
+const BLOCKS_PER_REQUEST = CHUNKS_PER_REQUEST * BLOCKS_PER_CHUNK
+const REQUEST_TOKENS = CHUNKS_PER_REQUEST * CHUNK_TOKENS
+const REQUEST_BYTES = CHUNKS_PER_REQUEST * CHUNK_BYTES
+/** Requests stored once for the RETRIEVE phase: 1 GiB, far beyond any CPU cache. */
+const RETRIEVE_SET = 8
+/** Block 0 (null, unused) + STREAMS × 64 source blocks + STREAMS × 64 destination blocks. */
+const NUM_BLOCKS = 1 + 2 * STREAMS * BLOCKS_PER_REQUEST
+const LAYER_BYTES = 2 * NUM_BLOCKS * BLOCK_BYTES
+const L1_SIZE_GB = 4
+
+// Timing.
+const QUICK_PHASE_S = 4
+const QUICK_IDLE_S = 3
+const WARMUP_S = 1
+/** A transfer window runs on past its duration until this many requests completed in it… */
+const MIN_REQUESTS = 8
+/** …but no longer than this many times its duration. */
+const MAX_STRETCH = 4
+const MEMCPY_WARMUP_COPIES = 8
+const READY_TIMEOUT_MS = 30_000
+const STOP_TIMEOUT_MS = 10_000
+const REQUEST_TIMEOUT_MS = 30_000
+const PROBE_TIMEOUT_MS = 5_000
+/** Linux USER_HZ, the unit of /proc CPU times. */
+const CLK_TCK = 100
+const CORES = os.cpus().length
+
+// ---------------------------------------------------------------- arguments
+
+const { values: args } = parseArgs({
+  options: {
+    quick: { type: "boolean", default: false },
+    duration: { type: "string" },
+    "server-prof": { type: "string" }
+  }
+})
+const durationS = args.duration !== undefined ? Number(args.duration) : QUICK_PHASE_S
+if (!Number.isFinite(durationS) || durationS <= 0) {
+  process.stderr.write(`--duration must be a positive number of seconds, got ${args.duration}\n`)
+  process.exit(2)
+}
+const idleS = args.duration !== undefined ? durationS : QUICK_IDLE_S
+const serverProfDir = args["server-prof"] === undefined ? undefined : path.resolve(args["server-prof"])
+
+const log = (line: string): void => {
+  process.stderr.write(`${line}\n`)
+}
+
+// ------------------------------------------------------- resources to clean
+
+const tag = `mpcache-bench-${process.pid}-${Date.now().toString(36)}`
+const socketFile = path.join(os.tmpdir(), `${tag}.sock`)
+const endpoint = `ipc://${socketFile}`
+const segmentNames = Array.from({ length: NUM_LAYERS }, (_, l) => `${tag}-L${l}`)
+let serverChild: ChildProcess | undefined
+
+const isRunning = (child: ChildProcess): boolean => child.exitCode === null && child.signalCode === null
+
+/** Synchronous last resort (also on exit and signals): kill the server, remove the socket, unlink our segments. */
+const cleanupSync = (): void => {
+  if (serverChild !== undefined && isRunning(serverChild)) serverChild.kill("SIGKILL")
+  rmSync(socketFile, { force: true })
+  for (const name of segmentNames) {
+    if (!existsSync(`/dev/shm/${name}`)) continue
+    try {
+      loadNativeAddon().shmUnlink(name)
+    } catch {
+      rmSync(`/dev/shm/${name}`, { force: true })
+    }
+  }
+}
+process.once("exit", cleanupSync)
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  process.once(signal, () => {
+    cleanupSync()
+    process.exit(signal === "SIGINT" ? 130 : 143)
+  })
+}
+
+// ------------------------------------------------------------------ server
+
+/** Event-loop delay over a window, ms beyond the sampler's period. */
+interface LoopDelay {
+  readonly p50: number
+  readonly p99: number
+  readonly max: number
+}
+
+const NO_DELAY: LoopDelay = { p50: Number.NaN, p99: Number.NaN, max: Number.NaN }
+
+interface Server {
+  readonly child: ChildProcess
+  readonly pid: number
+  readonly httpUrl: string
+  /** The tail of its output, for error messages. */
+  readonly tail: () => string
+  /** WARN/ERROR log lines so far and the first few of them. */
+  readonly warnings: { count: number; readonly first: Array<string> }
+  /** The server's event-loop delay since the previous call (SIGUSR2 to bench/loop-delay.ts). */
+  readonly loopDelay: () => Promise<LoopDelay>
+  /** Rejects when the server exits: race anything that waits on it against this. */
+  readonly exited: Promise<never>
+}
+
+/** Starts `mpcache serve`; resolves once both the MQ and the HTTP frontends listen. */
+const startServer = (): Promise<Server> =>
+  new Promise((resolve, reject) => {
+    const argv = [
+      ...(serverProfDir === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${serverProfDir}`]),
+      "--import",
+      "./bench/loop-delay.ts",
+      "src/cli/main.ts",
+      "serve",
+      "--endpoint",
+      endpoint,
+      "--http-port",
+      "0",
+      "--l1-size-gb",
+      String(L1_SIZE_GB),
+      "--chunk-size",
+      String(CHUNK_TOKENS),
+      "--log-format",
+      "json"
+    ]
+    const child = spawn(process.execPath, argv, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] })
+    serverChild = child
+    let output = ""
+    let partial = ""
+    let ready = false
+    let mqUp = false
+    const warnings = { count: 0, first: [] as Array<string> }
+    const exited = new Promise<never>((_, dead) =>
+      child.once("exit", (code, signal) => dead(new Error(`the mpcache server exited (code ${code}, signal ${signal}); output:\n${output.slice(-4000)}`)))
+    )
+    exited.catch(() => {}) // observed where it is raced
+    const delayWaiters: Array<(d: LoopDelay) => void> = []
+    const timer = setTimeout(() => fail(`not ready after ${READY_TIMEOUT_MS} ms`), READY_TIMEOUT_MS)
+    const fail = (why: string): void => {
+      clearTimeout(timer)
+      if (!ready) reject(new Error(`mpcache server ${why}; output:\n${output.slice(-4000)}`))
+    }
+    const loopDelay = (): Promise<LoopDelay> =>
+      new Promise((done) => {
+        const waiter = (d: LoopDelay) => {
+          clearTimeout(giveUp)
+          done(d)
+        }
+        const giveUp = setTimeout(() => {
+          delayWaiters.splice(delayWaiters.indexOf(waiter), 1)
+          done(NO_DELAY)
+        }, PROBE_TIMEOUT_MS)
+        delayWaiters.push(waiter)
+        if (!child.kill("SIGUSR2")) waiter(NO_DELAY)
+      })
+    const onLine = (line: string): void => {
+      if (line.startsWith("{\"bench_loop_delay\"")) {
+        const d = (JSON.parse(line) as { bench_loop_delay: { p50_ms: number; p99_ms: number; max_ms: number } }).bench_loop_delay
+        delayWaiters.shift()?.({ p50: d.p50_ms, p99: d.p99_ms, max: d.max_ms })
+        return
+      }
+      if (/"level":"(WARN|WARNING|ERROR|FATAL)"/.test(line)) {
+        warnings.count++
+        if (warnings.first.length < 5) warnings.first.push(line.slice(0, 400))
+      }
+      if (ready) return
+      if (line.includes("MQ server listening on")) mqUp = true
+      const http = /HTTP frontend listening on (http:\/\/[^\s"]+)/.exec(line)
+      if (http !== null && mqUp && child.pid !== undefined) {
+        ready = true
+        clearTimeout(timer)
+        resolve({ child, pid: child.pid, httpUrl: http[1]!, tail: () => output.slice(-4000), warnings, loopDelay, exited })
+      }
+    }
+    const onData = (chunk: Buffer): void => {
+      const text = chunk.toString()
+      output = (output + text).slice(-16_000)
+      const lines = (partial + text).split("\n")
+      partial = lines.pop() ?? ""
+      for (const line of lines) onLine(line)
+    }
+    child.stdout?.on("data", onData)
+    child.stderr?.on("data", onData)
+    child.once("error", (error) => fail(`failed to start: ${error.message}`))
+    child.once("exit", (code, signal) => fail(`exited early (code ${code}, signal ${signal})`))
+  })
+
+/** SIGTERM (graceful: the server unmaps and writes its CPU profile), SIGKILL if it hangs. */
+const stopServer = (): Promise<void> =>
+  new Promise((resolve) => {
+    const child = serverChild
+    if (child === undefined || !isRunning(child)) return resolve()
+    const timer = setTimeout(() => child.kill("SIGKILL"), STOP_TIMEOUT_MS)
+    child.once("exit", () => {
+      clearTimeout(timer)
+      resolve()
+    })
+    child.kill("SIGTERM")
+  })
+
+/** Un-labelled Prometheus samples of the server; a counter never updated yet is absent and reads 0. */
+const metrics = async (s: Server, names: ReadonlyArray<string>): Promise<Record<string, number>> => {
+  const text = await (await fetch(`${s.httpUrl}/metrics`)).text()
+  const out: Record<string, number> = {}
+  for (const name of names) {
+    const line = text.split("\n").find((l) => l.startsWith(`${name} `))
+    out[name] = line === undefined ? 0 : Number(line.slice(line.lastIndexOf(" ") + 1))
+  }
+  return out
+}
+
+/**
+ * CPU seconds of the server's threads so far: the JS (main) thread, and all
+ * the others together; and how long the JS thread has waited on a run queue
+ * for a CPU (/proc schedstat), which tells CPU starvation from blocking.
+ */
+const serverCpu = (pid: number): { js: number; other: number; jsRunqueueWait: number } => {
+  let js = 0
+  let other = 0
+  let jsRunqueueWait = Number.NaN
+  try {
+    jsRunqueueWait = Number(readFileSync(`/proc/${pid}/task/${pid}/schedstat`, "utf8").split(" ")[1]) / 1e9
+  } catch {
+    // no schedstat in this kernel
+  }
+  for (const tid of readdirSync(`/proc/${pid}/task`)) {
+    try {
+      const stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8")
+      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
+      const seconds = (Number(fields[11]) + Number(fields[12])) / CLK_TCK // utime, stime
+      if (Number(tid) === pid) js += seconds
+      else other += seconds
+    } catch {
+      // the thread ended meanwhile
+    }
+  }
+  return { js, other, jsRunqueueWait }
+}
+
+/** Busy and total jiffies of the whole machine (/proc/stat). */
+const machineJiffies = (): { busy: number; total: number } => {
+  const cpu = readFileSync("/proc/stat", "utf8").split("\n")[0]!.trim().split(/\s+/).slice(1).map(Number)
+  const total = cpu.reduce((a, b) => a + b, 0)
+  return { busy: total - (cpu[3] ?? 0) - (cpu[4] ?? 0), total } // minus idle and iowait
+}
+
+const serverMemoryGiB = (pid: number): { rss: number; peak: number } => {
+  const status = readFileSync(`/proc/${pid}/status`, "utf8")
+  const kib = (field: string): number => Number(new RegExp(`^${field}:\\s+(\\d+)`, "m").exec(status)?.[1] ?? Number.NaN)
+  return { rss: kib("VmRSS") / 2 ** 20, peak: kib("VmHWM") / 2 ** 20 }
+}
+
+// -------------------------------------------------------------------- ping
+
+const packr = new Packr({ useRecords: false, int64AsType: "bigint" })
+const OP_PING = 22
+const OP_FRAME = packr.pack(OP_PING)
+const NIL_FRAME = packr.pack(null)
+
+interface PingRun {
+  measuring: boolean
+  stopped: boolean
+  readonly latenciesUs: Array<number>
+}
+
+/** One DEALER with exactly one PING [nil] in flight until `run.stopped`; records latencies while `run.measuring`. */
+const pingLoop = async (run: PingRun): Promise<void> => {
+  const dealer = new Dealer({ linger: 0, sendTimeout: 5_000, receiveTimeout: 5_000 })
+  try {
+    dealer.connect(endpoint)
+    for (let uid = 0; !run.stopped; uid++) {
+      const start = process.hrtime.bigint()
+      await dealer.send([packr.pack(uid), OP_FRAME, NIL_FRAME])
+      const reply = await dealer.receive()
+      const end = process.hrtime.bigint()
+      const [rUid, rOp, rResponse] = reply.map((frame): unknown => packr.unpack(frame))
+      if (reply.length !== 3 || rUid !== uid || rOp !== OP_PING || rResponse !== true) {
+        throw new Error(`unexpected reply to PING ${uid}: ${JSON.stringify([rUid, rOp, rResponse])}`)
+      }
+      if (run.measuring) run.latenciesUs.push(Number(end - start) / 1000)
+    }
+  } finally {
+    dealer.close()
+  }
+}
+
+interface PingResult {
+  readonly samples: number
+  readonly p50Us: number
+  readonly p99Us: number
+  readonly maxUs: number
+}
+
+const percentile = (sorted: ReadonlyArray<number>, p: number): number =>
+  sorted[Math.max(0, Math.ceil((p / 100) * sorted.length) - 1)] ?? Number.NaN
+
+const summarize = (latenciesUs: Array<number>): PingResult => {
+  const sorted = latenciesUs.sort((a, b) => a - b)
+  return { samples: sorted.length, p50Us: percentile(sorted, 50), p99Us: percentile(sorted, 99), maxUs: sorted.at(-1) ?? Number.NaN }
+}
+
+const sleep = (s: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, s * 1000))
+
+// ------------------------------------------------------------------ worker
+
+/** Deterministic shuffle (xorshift32) of `ids`, like an engine's block table after some churn. */
+const shuffled = (ids: Array<number>, seed: number): Array<number> => {
+  let x = seed >>> 0 || 1
+  for (let i = ids.length - 1; i > 0; i--) {
+    x ^= x << 13
+    x >>>= 0
+    x ^= x >>> 17
+    x ^= x << 5
+    x >>>= 0
+    const j = x % (i + 1)
+    ;[ids[i], ids[j]] = [ids[j]!, ids[i]!]
+  }
+  return ids
+}
+const range = (from: number, count: number): Array<number> => Array.from({ length: count }, (_, i) => from + i)
+const sourcePool = shuffled(range(1, STREAMS * BLOCKS_PER_REQUEST), 0x9e3779b9)
+const destPool = shuffled(range(1 + STREAMS * BLOCKS_PER_REQUEST, STREAMS * BLOCKS_PER_REQUEST), 0x85ebca6b)
+const sourceBlocks = (stream: number) => sourcePool.slice(stream * BLOCKS_PER_REQUEST, (stream + 1) * BLOCKS_PER_REQUEST)
+const destBlocks = (stream: number) => destPool.slice(stream * BLOCKS_PER_REQUEST, (stream + 1) * BLOCKS_PER_REQUEST)
+
+/** Token ids of request `n`: its first token makes every chunk hash of the request unique. */
+const tokensFor = (n: number): Array<number> =>
+  Array.from({ length: REQUEST_TOKENS }, (_, i) => (i === 0 ? 100_000 + n : (i * 31 + 7) % 32_000))
+const SET_BASE = 1_000_000
+
+interface Worker {
+  readonly cache: PagedKvCache
+  readonly adapter: WorkerAdapterShape
+  readonly scheduler: SchedulerAdapterShape
+  readonly clear: () => Promise<void>
+}
+
+const runtime = ManagedRuntime.make(
+  Layer.mergeAll(NativeMemoryLive, loggerLayer("pretty"), Layer.succeed(References.MinimumLogLevel, "Warn"))
+)
+let workerScope: Scope.Closeable | undefined
+
+/** Runs `effect` in the worker's scope: its sockets and segments live until `stopWorker`. */
+const run = <A, E>(effect: Effect.Effect<A, E, NativeMemory | Scope.Scope>): Promise<A> =>
+  workerScope === undefined
+    ? Promise.reject(new Error("the worker is not started"))
+    : runtime.runPromise(Scope.provide(workerScope)(effect))
+
+const startWorker = async (): Promise<Worker> => {
+  workerScope = await runtime.runPromise(Scope.make())
+  const cache = await run(makePagedKvCache({
+    namePrefix: tag,
+    numLayers: NUM_LAYERS,
+    numBlocks: NUM_BLOCKS,
+    blockSizeTokens: BLOCK_TOKENS,
+    numHeads: NUM_HEADS,
+    headSize: HEAD_SIZE,
+    dtype: DTYPE
+  }))
+  // Every layer filled once with non-zero bytes: a random pattern of odd
+  // length, repeated, so that no two blocks hold the same bytes.
+  await run(Effect.scoped(Effect.gen(function*() {
+    const native = yield* NativeMemory
+    const data = Buffer.allocUnsafe(LAYER_BYTES)
+    for (const name of cache.segmentNames) {
+      data.fill(randomBytes(4099).map((b) => b | 1))
+      const mapping = yield* native.map(name, LAYER_BYTES)
+      yield* native.scatter(mapping, Float64Array.of(0, 0, LAYER_BYTES), data)
+    }
+  })))
+  const adapter = await run(makeWorkerAdapter({ endpoint, modelName: MODEL, worldSize: 1, kvRank: 0, requestTimeoutMs: REQUEST_TIMEOUT_MS }))
+  await run(adapter.registerKvCaches(cache.descriptors))
+  const scheduler = await run(makeSchedulerAdapter({ endpoint, modelName: MODEL, worldSize: 1, requestTimeoutMs: REQUEST_TIMEOUT_MS }))
+  const admin = await run(makeMqClient({ endpoint, requestTimeoutMs: REQUEST_TIMEOUT_MS }))
+  return { cache, adapter, scheduler, clear: () => run(admin.request(Clear, [false])) }
+}
+
+/** UNREGISTER, sockets closed, segments unmapped and unlinked. */
+const stopWorker = async (): Promise<void> => {
+  const scope = workerScope
+  workerScope = undefined
+  if (scope !== undefined) await runtime.runPromise(Scope.close(scope, Exit.void))
+  await runtime.dispose()
+}
+
+// ------------------------------------------------------------ measurements
+
+const COUNTERS = ["mpcache_stored_bytes_total", "mpcache_retrieved_bytes_total", "mpcache_l1_evictions_total"] as const
+
+/** What one measured window saw, beside the load it ran. */
+interface Window {
+  readonly seconds: number
+  readonly ping: PingResult
+  readonly serverLoop: LoopDelay
+  readonly benchLoop: LoopDelay
+  /** CPU in cores (1.0 = one core busy all the window). */
+  readonly serverJsCores: number
+  readonly serverOtherCores: number
+  /** Share of the window the server's JS thread spent runnable but waiting for a CPU. */
+  readonly serverJsRunqueueShare: number
+  readonly benchCores: number
+  /** The whole machine, other users included. */
+  readonly machineCores: number
+  /** Deltas of the server's counters over the window. */
+  readonly counters: Record<string, number>
+}
+
+const benchLoopDelay = monitorEventLoopDelay({ resolution: 2 })
+benchLoopDelay.enable()
+const readBenchLoopDelay = (): LoopDelay => {
+  const ms = (ns: number) => Math.max(0, ns / 1e6 - 2)
+  return { p50: ms(benchLoopDelay.percentile(50)), p99: ms(benchLoopDelay.percentile(99)), max: ms(benchLoopDelay.max) }
+}
+
+/**
+ * Measures `seconds` (longer while `enough()` says no, up to MAX_STRETCH ×)
+ * with PING recording; `onStart`/`onEnd` bracket the load's own counting.
+ */
+const measure = async (
+  s: Server,
+  ping: PingRun,
+  seconds: number,
+  onStart: () => void,
+  onEnd: () => void,
+  enough: () => boolean = () => true
+): Promise<Window> => {
+  const counters0 = await metrics(s, COUNTERS)
+  await s.loopDelay() // resets the server's histogram
+  benchLoopDelay.reset()
+  const cpu0 = serverCpu(s.pid)
+  const bench0 = process.cpuUsage()
+  const machine0 = machineJiffies()
+  const t0 = process.hrtime.bigint()
+  onStart()
+  ping.measuring = true
+  await sleep(seconds)
+  while (!enough() && Number(process.hrtime.bigint() - t0) / 1e9 < seconds * MAX_STRETCH) await sleep(0.02)
+  onEnd()
+  ping.measuring = false
+  const elapsed = Number(process.hrtime.bigint() - t0) / 1e9
+  const cpu1 = serverCpu(s.pid)
+  const bench1 = process.cpuUsage(bench0)
+  const machine1 = machineJiffies()
+  const benchLoop = readBenchLoopDelay()
+  const serverLoop = await s.loopDelay()
+  const counters1 = await metrics(s, COUNTERS)
+  return {
+    seconds: elapsed,
+    ping: summarize(ping.latenciesUs),
+    serverLoop,
+    benchLoop,
+    serverJsCores: (cpu1.js - cpu0.js) / elapsed,
+    serverOtherCores: (cpu1.other - cpu0.other) / elapsed,
+    serverJsRunqueueShare: (cpu1.jsRunqueueWait - cpu0.jsRunqueueWait) / elapsed,
+    benchCores: (bench1.user + bench1.system) / 1e6 / elapsed,
+    machineCores: ((machine1.busy - machine0.busy) / (machine1.total - machine0.total)) * CORES,
+    counters: Object.fromEntries(COUNTERS.map((c) => [c, counters1[c]! - counters0[c]!]))
+  }
+}
+
+const idle = async (s: Server): Promise<Window> => {
+  const ping: PingRun = { measuring: false, stopped: false, latenciesUs: [] }
+  const pings = pingLoop(ping)
+  const failed = Promise.race([pings.then(() => new Promise<never>(() => {})), s.exited])
+  let ok = false
+  try {
+    await Promise.race([sleep(0.5), failed])
+    const w = await Promise.race([measure(s, ping, idleS, () => {}, () => {}), failed])
+    ok = true
+    return w
+  } finally {
+    ping.stopped = true
+    if (ok) await pings
+  }
+}
+
+/** Mean latency of each stage of a request, ms. */
+type Stages = Record<string, number>
+
+interface Phase extends Window {
+  readonly requests: number
+  readonly bytes: number
+  readonly gbps: number
+  /** Means over the requests completed in the window. */
+  readonly stagesMs: Stages
+}
+
+/** Times one stage of a request into `stages`. */
+const timed = async <A>(stages: Stages, stage: string, f: () => Promise<A>): Promise<A> => {
+  const t0 = performance.now()
+  try {
+    return await f()
+  } finally {
+    stages[stage] = (stages[stage] ?? 0) + performance.now() - t0
+  }
+}
+
+/**
+ * `STREAMS` loops of `once` (each returns the bytes it moved), a warm-up,
+ * then the window: throughput = bytes of the requests that complete in it ÷
+ * its length. PING runs throughout.
+ */
+const phase = async (
+  s: Server,
+  name: string,
+  once: (stream: number, iteration: number, stages: Stages) => Promise<number>
+): Promise<Phase> => {
+  const state = { stop: false, measuring: false, requests: 0, bytes: 0 }
+  const stagesMs: Stages = {}
+  const loops = Promise.all(range(0, STREAMS).map(async (stream) => {
+    for (let i = 0; !state.stop; i++) {
+      const stages: Stages = {}
+      const moved = await timed(stages, "request", () => once(stream, i, stages))
+      if (!state.measuring) continue
+      state.requests++
+      state.bytes += moved
+      for (const [k, v] of Object.entries(stages)) stagesMs[k] = (stagesMs[k] ?? 0) + v
+    }
+  }))
+  const ping: PingRun = { measuring: false, stopped: false, latenciesUs: [] }
+  const pings = pingLoop(ping)
+  // A failing stream or PING client, or the server's exit, ends the phase at once.
+  const failed = Promise.race([Promise.all([loops, pings]).then(() => new Promise<never>(() => {})), s.exited])
+  let ok = false
+  try {
+    await Promise.race([sleep(WARMUP_S), failed])
+    const w = await Promise.race([
+      measure(s, ping, durationS, () => (state.measuring = true), () => (state.measuring = false), () => state.requests >= MIN_REQUESTS),
+      failed
+    ])
+    for (const k of Object.keys(stagesMs)) stagesMs[k] = stagesMs[k]! / Math.max(1, state.requests)
+    const result: Phase = { ...w, requests: state.requests, bytes: state.bytes, gbps: state.bytes / w.seconds / 1e9, stagesMs }
+    log(
+      `  ${name}: ${result.requests} requests, ${(result.bytes / 2 ** 30).toFixed(2)} GiB in ${w.seconds.toFixed(2)} s; ` +
+        `mean ms per request: ${stagesText(stagesMs)}; L1 evictions ${w.counters.mpcache_l1_evictions_total}`
+    )
+    ok = true
+    return result
+  } finally {
+    state.stop = true
+    ping.stopped = true
+    // On success the streams end after their requests in flight; on failure
+    // closing the worker fails whatever still waits.
+    if (ok) await Promise.all([loops, pings])
+  }
+}
+
+const stagesText = (stages: Stages): string => Object.entries(stages).map(([k, v]) => `${k} ${v.toFixed(1)}`).join(", ")
+
+/** Single-thread memcpy of `chunks` × 32 MiB between two warm buffers: GB/s. */
+const memcpy = (chunks: number): number => {
+  const src = Buffer.alloc(CHUNK_BYTES)
+  src.fill(randomBytes(4099).map((b) => b | 1))
+  const dst = Buffer.alloc(CHUNK_BYTES)
+  for (let i = 0; i < MEMCPY_WARMUP_COPIES; i++) dst.set(src)
+  const t0 = process.hrtime.bigint()
+  for (let i = 0; i < chunks; i++) dst.set(src)
+  const seconds = Number(process.hrtime.bigint() - t0) / 1e9
+  if (!dst.equals(src)) throw new Error("the memcpy reference did not copy")
+  return (chunks * CHUNK_BYTES) / seconds / 1e9
+}
+
+/** The phase with the memcpy reference of as many chunks as it moved, measured now. */
+const withMemcpy = (p: Phase): Measured => {
+  const chunks = Math.max(MEMCPY_WARMUP_COPIES, p.bytes / CHUNK_BYTES)
+  const memcpyGbps = memcpy(chunks)
+  log(`  memcpy reference: ${chunks} × 32 MiB at ${f2(memcpyGbps)} GB/s`)
+  return { ...p, memcpyGbps }
+}
+
+/** One RETRIEVE of set request `r` into stream `stream`'s blocks, checked against the source blocks. */
+const verify = async (w: Worker, r: number, stream: number): Promise<void> => {
+  const src = sourceBlocks(r % STREAMS)
+  const dst = destBlocks(stream)
+  const zero = Buffer.alloc(BLOCK_BYTES)
+  const layers = [0, NUM_LAYERS >> 1, NUM_LAYERS - 1]
+  // Scribble over the destinations first, so that only this RETRIEVE can make them match.
+  for (const l of layers) for (const kv of [0, 1] as const) for (const b of dst) await run(w.cache.writeBlock(l, kv, b, zero))
+  const request: TransferRequest = { requestId: `verify-${r}`, tokenIds: tokensFor(SET_BASE + r), start: 0, end: REQUEST_TOKENS, blockIds: dst }
+  if (!(await run(w.adapter.retrieve(request)))) throw new Error("the verification RETRIEVE answered ok = false")
+  for (const l of layers) {
+    for (const kv of [0, 1] as const) {
+      for (let j = 0; j < BLOCKS_PER_REQUEST; j++) {
+        const expected = await run(w.cache.readBlock(l, kv, src[j]!))
+        const actual = await run(w.cache.readBlock(l, kv, dst[j]!))
+        if (!expected.equals(actual)) {
+          throw new Error(`RETRIEVE wrote wrong bytes: layer ${l}, kv ${kv}, block ${dst[j]} (stored from block ${src[j]})`)
+        }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ report
+
+/** A transfer phase and the memcpy reference of the same bytes measured right after it. */
+interface Measured extends Phase {
+  readonly memcpyGbps: number
+}
+
+interface Report {
+  readonly idle: Window
+  readonly store: Measured
+  readonly retrieve: Measured
+  readonly serverMemory: { rss: number; peak: number }
+  readonly serverWarnings: number
+}
+
+const f2 = (n: number): string => (Number.isFinite(n) ? n.toFixed(2) : "n/a")
+const f1 = (n: number): string => (Number.isFinite(n) ? n.toFixed(1) : "n/a")
+const int = (n: number): string => (Number.isFinite(n) ? Math.round(n).toLocaleString("en-US") : "n/a")
+
+const table = (r: Report): string => {
+  const row = (name: string, w: Window, m?: Measured) =>
+    `| ${name} | ${m === undefined ? "—" : f2(m.gbps)} | ${m === undefined ? "—" : f2(m.memcpyGbps)} | ` +
+    `${m === undefined ? "—" : `**${f2(m.gbps / m.memcpyGbps)}**`} | ` +
+    `${int(w.ping.p50Us)} | ${int(w.ping.p99Us)} | **${f2(w.ping.p99Us / r.idle.ping.p99Us)}** | ` +
+        `${f1(w.serverLoop.p99)} / ${f1(w.serverLoop.max)} | ${f1(w.benchLoop.p99)} | ${f2(w.serverJsCores)} / ${f2(w.serverOtherCores)} | ` +
+        `${int(w.serverJsRunqueueShare * 100)} % | ` +
+        `${f2(w.benchCores)} / ${f2(w.machineCores)} |`
+  return [
+    "| measurement | GB/s | memcpy GB/s (same bytes, right after) | GB/s ÷ memcpy | PING p50 µs | PING p99 µs | PING p99 ÷ idle | server event-loop delay p99 / max, ms | bench event-loop delay p99, ms | server CPU: JS thread / other threads (cores) | server JS thread waiting for a CPU | CPU: bench process / whole machine (cores) |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    row("idle (PING only)", r.idle),
+    row("STORE", r.store, r.store),
+    row("RETRIEVE (with LOOKUP, END_SESSION)", r.retrieve, r.retrieve)
+  ].join("\n")
+}
+
+const section = (r: Report): string => {
+  const cpus = os.cpus()
+  const count = (p: Phase) => `${p.requests} requests (${f2(p.bytes / 2 ** 30)} GiB) in a ${f1(p.seconds)} s window`
+  return [
+    HEADING,
+    "",
+    `Measured ${new Date().toISOString().slice(0, 10)} · Node ${process.version} · ` +
+    `${cpus[0]?.model.trim() ?? "unknown CPU"} (${cpus.length} cores) · transport ipc · ` +
+    `${WARMUP_S} s warm-up then ${durationS} s per transfer phase; ${idleS} s idle PING.`,
+    "",
+    `Model: ${NUM_LAYERS} layers, ${NUM_HEADS} heads × ${HEAD_SIZE} head size, ${DTYPE}, one kv rank; engine block ${BLOCK_TOKENS} tokens; ` +
+    `chunk ${CHUNK_TOKENS} tokens = ${BLOCKS_PER_CHUNK} blocks = 2 × ${NUM_LAYERS} × ${CHUNK_TOKENS} × ${NUM_HEADS * HEAD_SIZE} × ` +
+    `${ELEMENT_BYTES} B = **${CHUNK_BYTES / 2 ** 20} MiB** (one block of one layer's K or V: ${BLOCK_BYTES / 1024} KiB). GB = 10^9 bytes.`,
+    "",
+    `Method: \`mpcache serve --l1-size-gb ${L1_SIZE_GB} --chunk-size ${CHUNK_TOKENS}\` (default pools) in a child process, with`,
+    "`bench/loop-delay.ts` preloaded to report its event-loop delay per window. The worker runs in the bench process:",
+    `a PagedKvCache in POSIX shm (${NUM_LAYERS} segments × ${NUM_BLOCKS} blocks, ${f2((NUM_LAYERS * LAYER_BYTES) / 2 ** 30)} GiB, every block`,
+    "non-zero; block 0, vLLM's null block, unused; block ids shuffled so that each 32 KiB block is its own copy range)",
+    `registered through the WorkerAdapter. ${STREAMS} streams each keep one request of ${CHUNKS_PER_REQUEST} chunks`,
+    `(${REQUEST_TOKENS} tokens, ${REQUEST_BYTES / 2 ** 20} MiB) in flight; one worker means one AFFINITY lane, so the server`,
+    "runs its transfers one after the other and the second stream only hides round trips.",
+    "*STORE*: fresh token ids every request, so every chunk is copied into a new L1 object.",
+    `*RETRIEVE*: ${RETRIEVE_SET} requests (${(RETRIEVE_SET * REQUEST_BYTES) / 2 ** 30} GiB) stored once, then each stream loops LOOKUP`,
+    "(scheduler adapter) → RETRIEVE into its own destination blocks → END_SESSION; one RETRIEVE is checked byte for",
+    "byte against its source blocks afterwards. GB/s = bytes of the requests completed in the window ÷ the window;",
+    `a window runs on past its duration until ${MIN_REQUESTS} requests completed in it (at most ${MAX_STRETCH} × its duration).`,
+    "*memcpy*: `Uint8Array.prototype.set` of a 32 MiB buffer into another (both already faulted in), one thread,",
+    `in the bench process, ${MEMCPY_WARMUP_COPIES} copies of warm-up, then as many copies as the phase moved chunks, right after`,
+    "the phase (so that both see about the same machine load).",
+    "*PING*: a raw zeromq DEALER with one PING [nil] in flight (as in bench:ping), idle before the transfers and",
+    "through each measured window; it shares the bench process's event loop with the worker, hence the bench's own",
+    "event-loop delay beside the server's (both: lateness of a 2 ms timer, `monitorEventLoopDelay`).",
+    "CPU from /proc: JS thread = the server's main thread; other = its libuv pool (the copies), V8 and ZeroMQ threads;",
+    "*waiting for a CPU* = the share of the window its JS thread sat runnable on a run queue (schedstat): high means",
+    "CPU starvation, low with a large event-loop delay means the JS thread itself was busy or blocked. The whole",
+    "machine includes anything else running on it.",
+    "",
+    table(r),
+    "",
+    `STORE: ${count(r.store)}, mean ms per request: ${stagesText(r.store.stagesMs)}; ` +
+    `L1 evictions in the window: ${r.store.counters.mpcache_l1_evictions_total}.`,
+    `RETRIEVE: ${count(r.retrieve)}, mean ms per request: ${stagesText(r.retrieve.stagesMs)}.`,
+    `PING max µs: idle ${int(r.idle.ping.maxUs)}, STORE ${int(r.store.ping.maxUs)}, RETRIEVE ${int(r.retrieve.ping.maxUs)}. ` +
+    `Server memory at the end: RSS ${f2(r.serverMemory.rss)} GiB, peak ${f2(r.serverMemory.peak)} GiB ` +
+    `(L1 capacity ${L1_SIZE_GB} GiB). Server WARN/ERROR log lines: ${r.serverWarnings}.`,
+    "",
+    "Reproduce: `npm run bench:transfer` (`-- --duration S` for S seconds per phase and idle; `-- --server-prof DIR`",
+    "also writes the server's V8 CPU profile to DIR).",
+    ""
+  ].join("\n")
+}
+
+/** Replaces this bench's section of docs/benchmarks.md (or appends it), keeping the others. */
+const writeDoc = (body: string): void => {
+  const header =
+    "# mpcache benchmarks\n\n" +
+    "These machines are shared, so absolute figures vary from run to run: read the ratios against\n" +
+    "a reference measured in the same run.\n"
+  const current = existsSync(DOC) ? readFileSync(DOC, "utf8") : header
+  const lines = current.split("\n")
+  const start = lines.findIndex((line) => line.trim() === HEADING)
+  let next: string
+  if (start === -1) {
+    next = `${current.trimEnd()}\n\n${body}`
+  } else {
+    const after = lines.findIndex((line, i) => i > start && line.startsWith("## "))
+    const before = lines.slice(0, start).join("\n").trimEnd()
+    const rest = after === -1 ? "" : `\n${lines.slice(after).join("\n")}`
+    next = `${before}\n\n${body}${rest}`
+  }
+  mkdirSync(path.dirname(DOC), { recursive: true })
+  writeFileSync(DOC, next.endsWith("\n") ? next : `${next}\n`)
+}
+
+// -------------------------------------------------------------------- main
+
+/** Refuses to start when /dev/shm or memory cannot hold the KV cache and L1. */
+const checkRoom = (): void => {
+  const shmGiB = (NUM_LAYERS * LAYER_BYTES) / 2 ** 30
+  const shm = statfsSync("/dev/shm")
+  const shmFreeGiB = (shm.bavail * shm.bsize) / 2 ** 30
+  const availableGiB = Number(/MemAvailable:\s+(\d+)/.exec(readFileSync("/proc/meminfo", "utf8"))?.[1] ?? Number.NaN) / 2 ** 20
+  const neededGiB = shmGiB + L1_SIZE_GB + 1
+  log(`KV cache ${f2(shmGiB)} GiB in /dev/shm (${f1(shmFreeGiB)} GiB free); L1 ${L1_SIZE_GB} GiB; ${f1(availableGiB)} GiB memory available`)
+  if (shmFreeGiB < shmGiB * 1.1) throw new Error(`/dev/shm has ${f2(shmFreeGiB)} GiB free; the KV cache needs ${f2(shmGiB)} GiB`)
+  if (availableGiB < neededGiB) throw new Error(`${f1(availableGiB)} GiB of memory available; the bench needs about ${f1(neededGiB)} GiB`)
+}
+
+const main = async (): Promise<void> => {
+  checkRoom()
+  const s = await startServer()
+  log(`server up (${endpoint}, ${s.httpUrl}, pid ${s.pid}); ${durationS} s per phase`)
+  const w = await Promise.race([startWorker(), s.exited])
+  log(`worker registered: ${NUM_LAYERS} segments of ${f2(LAYER_BYTES / 2 ** 20)} MiB, filled`)
+
+  log(`PING idle (${idleS} s) …`)
+  const idleWindow = await idle(s)
+
+  log("STORE …")
+  let serial = 0
+  const storePhase = await phase(s, "STORE", async (stream, _i, stages) => {
+    const n = serial++
+    const request = { requestId: `store-${n}`, tokenIds: tokensFor(n), start: 0, end: REQUEST_TOKENS, blockIds: sourceBlocks(stream) }
+    const ok = await timed(stages, "STORE", () => run(w.adapter.store(request)))
+    if (!ok) throw new Error(`STORE ${n} answered ok = false; server output:\n${s.tail()}`)
+    return REQUEST_BYTES
+  })
+  const store = withMemcpy(storePhase)
+
+  log(`CLEAR, then STORE the RETRIEVE set (${RETRIEVE_SET} requests) …`)
+  const guard = <A>(p: Promise<A>): Promise<A> => Promise.race([p, s.exited])
+  await guard(w.clear())
+  for (let r = 0; r < RETRIEVE_SET; r++) {
+    const request = { requestId: `set-${r}`, tokenIds: tokensFor(SET_BASE + r), start: 0, end: REQUEST_TOKENS, blockIds: sourceBlocks(r % STREAMS) }
+    if (!(await guard(run(w.adapter.store(request))))) throw new Error(`STORE of set request ${r} answered ok = false`)
+  }
+
+  log("RETRIEVE …")
+  const retrievePhase = await phase(s, "RETRIEVE", async (stream, i, stages) => {
+    const r = (i * STREAMS + stream) % RETRIEVE_SET
+    const requestId = `retrieve-${stream}-${i}`
+    const tokenIds = tokensFor(SET_BASE + r)
+    const hit = await timed(stages, "LOOKUP", () => run(w.scheduler.lookup(requestId, tokenIds)))
+    if (hit !== REQUEST_TOKENS) throw new Error(`LOOKUP of set request ${r} hit ${hit} of ${REQUEST_TOKENS} tokens`)
+    const request = { requestId, tokenIds, start: 0, end: hit, blockIds: destBlocks(stream) }
+    const ok = await timed(stages, "RETRIEVE", () => run(w.adapter.retrieve(request)))
+    await timed(stages, "END_SESSION", () => run(w.scheduler.endSession(requestId)))
+    if (!ok) throw new Error(`RETRIEVE of set request ${r} answered ok = false`)
+    return (hit / CHUNK_TOKENS) * CHUNK_BYTES
+  })
+  const retrieve = withMemcpy(retrievePhase)
+  await guard(verify(w, 3, 0))
+  log("  one RETRIEVE verified byte for byte")
+
+  for (const [p, counter] of [[store, "mpcache_stored_bytes_total"], [retrieve, "mpcache_retrieved_bytes_total"]] as const) {
+    const counted = p.counters[counter]!
+    if (Math.abs(counted - p.bytes) > STREAMS * REQUEST_BYTES) log(`  note: the server counted ${counted} bytes (${counter}), the bench ${p.bytes}`)
+  }
+
+  const report: Report = {
+    idle: idleWindow,
+    store,
+    retrieve,
+    serverMemory: serverMemoryGiB(s.pid),
+    serverWarnings: s.warnings.count
+  }
+  if (s.warnings.count > 0) log(`the server logged ${s.warnings.count} WARN/ERROR line(s); first:\n${s.warnings.first.join("\n")}`)
+
+  await stopWorker()
+  await stopServer()
+  const body = section(report)
+  process.stdout.write(`\n${body}\n`)
+  writeDoc(body)
+  process.stdout.write(`wrote ${path.relative(ROOT, DOC)}\n`)
+}
+
+try {
+  await main()
+} catch (error) {
+  process.stderr.write(`bench:transfer failed: ${error instanceof Error ? error.stack ?? error.message : String(error)}\n`)
+  process.exitCode = 1
+  await stopWorker().catch(() => {})
+  await stopServer()
+} finally {
+  cleanupSync()
+}

@@ -1,0 +1,80 @@
+/**
+ * `mpcache replay` on the shipped Mooncake conversation trace, as a user
+ * runs it: a server process, worker processes, real shared memory, real
+ * signals.
+ */
+import { randomUUID } from "node:crypto"
+import { writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import type { ReplaySummary } from "../../src/replay/Driver.ts"
+import { runCli } from "../support/Cli.ts"
+
+const replay = (args: ReadonlyArray<string>) =>
+  Effect.map(runCli(["replay", "--json", ...args], 120_000), (r) => ({
+    ...r,
+    summary: r.code === 0 || r.stdout.startsWith("{") ? JSON.parse(r.stdout) as ReplaySummary : undefined
+  }))
+
+describe("mpcache replay", () => {
+  it.live("the first 200 conversation requests with 2 workers: 0 mismatches, 0 leaked, hit ratio within 2 points of a perfect LRU", () =>
+    Effect.gen(function*() {
+      const r = yield* replay(["--requests", "200", "--workers", "2", "--max-rate"])
+      assert.strictEqual(r.code, 0, r.stderr.slice(-3000))
+      const s = r.summary!
+      assert.strictEqual(s.requests, 200)
+      assert.strictEqual(s.failed_requests, 0)
+      assert.strictEqual(s.data_mismatches, 0)
+      assert.strictEqual(s.leaked_contexts, 0)
+      assert.strictEqual(s.open_mappings_after_shutdown, 0)
+      assert.isAbove(s.chunks.hit, 0)
+      assert.strictEqual(s.chunks.retrieved, s.chunks.hit)
+      assert.isAtMost(Math.abs(s.hit_ratio - s.perfect_lru_hit_ratio), 0.02)
+    }), 120_000)
+
+  it.live("with workers SIGKILLed mid-run: still 0 mismatches, the killed instances reaped on disconnect, nothing leaked or mapped", () =>
+    Effect.gen(function*() {
+      const r = yield* replay(["--requests", "150", "--workers", "2", "--max-rate", "--kill-every", "3"])
+      assert.strictEqual(r.code, 0, r.stderr.slice(-3000))
+      const s = r.summary!
+      assert.isAtLeast(s.churn.killed, 2)
+      assert.strictEqual(s.churn.replaced, s.churn.killed)
+      assert.strictEqual(s.reaped["disconnect"], s.churn.killed)
+      assert.strictEqual(s.data_mismatches, 0)
+      assert.strictEqual(s.leaked_contexts, 0)
+      assert.strictEqual(s.open_mappings_after_shutdown, 0)
+      assert.strictEqual(s.requests, 150)
+      assert.strictEqual(s.failed_requests, 0)
+    }), 120_000)
+
+  it.live("malformed trace lines are reported with their line numbers and the rest is replayed", () =>
+    Effect.gen(function*() {
+      const path = join(tmpdir(), `mpcache-trace-${randomUUID()}.jsonl`)
+      writeFileSync(path, [
+        JSON.stringify({ timestamp: 0, input_length: 600, output_length: 5, hash_ids: [1, 2] }),
+        "{not json",
+        JSON.stringify({ timestamp: 1, input_length: 600, output_length: 5, hash_ids: [1] }),
+        "",
+        JSON.stringify({ timestamp: 2, input_length: 1100, output_length: 5, hash_ids: [1, 3, 4] })
+      ].join("\n"))
+      const r = yield* replay(["--trace", path, "--workers", "1", "--max-rate"])
+      assert.strictEqual(r.code, 0, r.stderr.slice(-3000))
+      const s = r.summary!
+      assert.strictEqual(s.requests, 2)
+      assert.deepStrictEqual(s.trace_issues.map((i) => i.line), [2, 3])
+      assert.include(s.trace_issues[0]!.message, "not JSON")
+      assert.include(s.trace_issues[1]!.message, "hash_ids has 1 ids; input_length 600 needs ceil(600 / 512) = 2")
+      assert.strictEqual(s.chunks.hit, 2)
+    }), 60_000)
+
+  it.live("a trace with nothing usable stops with a clear message", () =>
+    Effect.gen(function*() {
+      const path = join(tmpdir(), `mpcache-trace-${randomUUID()}.jsonl`)
+      writeFileSync(path, "nope\n{\"timestamp\": -1}\n")
+      const r = yield* runCli(["replay", "--trace", path])
+      assert.strictEqual(r.code, 1)
+      assert.include(r.stderr, "has no usable request (2 malformed line(s); first at line 1: not JSON")
+    }), 60_000)
+})
