@@ -33,7 +33,7 @@ export const PluginModules = Context.Reference<ReadonlyArray<ServerModule>>("mpc
 })
 
 /** L1, layouts and the native memory backend. */
-const StorageLive = Layer.mergeAll(L1Store.layer, LayoutRegistry.layer, NativeMemoryLive)
+const StorageLive = Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(NativeMemoryLive))
 
 /** The data-path modules: lookup/prefetch and LMCache-driven transfers. */
 const DataPathLive = LmcacheDrivenTransfer.layer.pipe(
@@ -105,8 +105,13 @@ const StatusBlocksLive = Layer.effect(
         const s = l1.stats()
         const k = lookup.stats()
         return {
-          native: { open_mappings: n.openMappings, mapped_bytes: n.mappedBytes },
+          // Mappings of workers' memory; the server's own L1 pool is reported under l1.
+          native: {
+            open_mappings: n.openMappings - (l1.pool === undefined ? 0 : 1),
+            mapped_bytes: n.mappedBytes - (l1.pool?.sizeBytes ?? 0)
+          },
           l1: {
+            pool: l1.pool?.shmName ?? null,
             capacity_bytes: s.capacityBytes,
             used_bytes: s.usedBytes,
             objects: s.objects,

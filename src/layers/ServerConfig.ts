@@ -20,6 +20,8 @@ export interface ServerConfigShape {
   readonly chunkSizeTokens: number
   /** L1 capacity in GiB (`--l1-size-gb`, default 1). */
   readonly l1SizeGb: number
+  /** Prefault the L1 pool's pages in the background at start (`--l1-prefault`, default true). */
+  readonly l1Prefault: boolean
   /** NORMAL pool size (`--max-cpu-workers`, default `--max-workers`). */
   readonly maxCpuWorkers: number
   /** AFFINITY lanes (`--max-gpu-workers`, default `--max-workers`). */
@@ -44,6 +46,7 @@ export interface ServerConfigInput {
   readonly httpPort: number
   readonly chunkSize: number
   readonly l1SizeGb: number
+  readonly l1Prefault: boolean
   readonly maxWorkers: number
   readonly maxCpuWorkers: number | undefined
   readonly maxGpuWorkers: number | undefined
@@ -63,6 +66,7 @@ export const defaults: ServerConfigInput = {
   httpPort: 8080,
   chunkSize: 256,
   l1SizeGb: 1,
+  l1Prefault: true,
   maxWorkers: 4,
   maxCpuWorkers: undefined,
   maxGpuWorkers: undefined,
@@ -151,6 +155,7 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
       httpPort: input.httpPort,
       chunkSizeTokens: input.chunkSize,
       l1SizeGb: input.l1SizeGb,
+      l1Prefault: input.l1Prefault,
       maxCpuWorkers: input.maxCpuWorkers ?? input.maxWorkers,
       maxGpuWorkers: input.maxGpuWorkers ?? input.maxWorkers,
       logFormat: input.logFormat,
@@ -174,7 +179,8 @@ export class ServerConfig extends Context.Service<ServerConfig, ServerConfigShap
     Layer.effect(
       this,
       Effect.suspend(() => {
-        const result = validate({ ...defaults, ...overrides })
+        // Tests create many pools: no background prefault unless asked.
+        const result = validate({ ...defaults, l1Prefault: false, ...overrides })
         return "issues" in result ? Effect.die(new ConfigInvalid({ issues: result.issues })) : Effect.succeed(result.config)
       })
     )

@@ -115,6 +115,20 @@ export interface NativeMemoryShape {
     ranges: Float64Array,
     src: Uint8Array
   ) => Effect.Effect<void, InvalidArgument | NativeError>
+  /**
+   * Populates the page tables of bytes [offset, offset + length) of the
+   * mapping on the libuv pool (contents unchanged), so later copies into it
+   * do not pay first-touch page faults. Counted as a copy in flight.
+   * InvalidArgument for a range outside the mapping; NativeError ECLOSED.
+   */
+  readonly prefault: (mapping: ShmMapping, offset: number, length: number) => Effect.Effect<void, InvalidArgument | NativeError>
+  /**
+   * One ArrayBuffer viewing the whole mapping (zero-copy; the same object on
+   * every call), for the memory's owner (the server's L1 pool). Releasing the
+   * mapping detaches it before unmapping, so a late access sees an empty
+   * buffer, never unmapped memory. NativeError ECLOSED once closed.
+   */
+  readonly view: (mapping: ShmMapping) => Effect.Effect<ArrayBuffer, InvalidArgument | NativeError>
   /** Process-wide counters: mappings currently mapped and their bytes. */
   readonly stats: () => { readonly openMappings: number; readonly mappedBytes: number }
 }
@@ -146,6 +160,8 @@ export interface AddonMapping {
   readonly closed: boolean
   gather(ranges: Float64Array, dest: Uint8Array): Promise<void>
   scatter(ranges: Float64Array, src: Uint8Array): Promise<void>
+  prefault(offset: number, length: number): Promise<void>
+  arrayBuffer(): ArrayBuffer
   close(): Promise<void>
 }
 
@@ -293,6 +309,12 @@ export const makeNativeCalls = (addon: NativeAddon) => ({
         catch: (e) => toCopyError(e, direction)
       })
     ),
+  prefault: (mapping: AddonMapping, offset: number, length: number): Effect.Effect<void, InvalidArgument | NativeError> =>
+    Effect.uninterruptible(
+      Effect.tryPromise({ try: () => mapping.prefault(offset, length), catch: (e) => toCopyError(e, "prefault") })
+    ),
+  view: (mapping: AddonMapping): Effect.Effect<ArrayBuffer, NativeError> =>
+    Effect.try({ try: () => mapping.arrayBuffer(), catch: (e) => toNativeError(e, "arrayBuffer") }),
   stats: (): { readonly openMappings: number; readonly mappedBytes: number } => addon.stats()
 })
 

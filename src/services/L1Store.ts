@@ -1,8 +1,12 @@
 /**
  * The L1 store (DESIGN §4; upstream L1 storage manager): host memory of
- * `--l1-size-gb`, one Buffer per object (one chunk of one kv rank, laid out
- * `[2, num_layers, chunk_size, num_heads × head_size]`), least recently used
- * first out.
+ * `--l1-size-gb`, least recently used first out. Its memory is one POSIX
+ * shared-memory segment created by the server (the L1 pool; upstream's L1 is
+ * a shared segment too), so the engine-driven transfer can hand out slots in
+ * it; each object (one chunk of one kv rank, `[2, num_layers, chunk_size,
+ * num_heads × head_size]`) is an extent of the pool, and its `bytes` a view.
+ * The pool is mapped once and reused, and its pages are prefaulted in the
+ * background at start, so copies never pay first-touch faults.
  *
  * - Write reservations (`reserveWrite`) are invisible to lookups and reads
  *   until `commit`; `abort` drops them (a failed copy never publishes).
@@ -14,29 +18,41 @@
  *
  * Every operation is synchronous on the JS thread, so each is atomic with
  * respect to the others without a transaction.
+ *
+ * The pool belongs to the server (DESIGN §5): it is unlinked at shutdown, and
+ * at start a pool left by a crashed run of the same endpoint (its process
+ * gone) is unlinked.
  */
-import { Context, Effect, Layer, Metric } from "effect"
+import { readdirSync, existsSync, statfsSync } from "node:fs"
+import { Context, Duration, Effect, Layer, Metric, Schema } from "effect"
 import { ServerConfig } from "../layers/ServerConfig.ts"
+import { NativeMemory, type NativeError } from "../native/Native.ts"
+import type { InvalidArgument } from "../schema/WireError.ts"
 import { CacheControl } from "./CacheControl.ts"
+import { makeExtentAllocator } from "./ExtentAllocator.ts"
 import { objectKeyString, type ObjectKey } from "./ObjectKey.ts"
 
 interface L1Object {
   readonly key: ObjectKey
   readonly keyString: string
+  /** Byte offset of the object in the pool. */
+  readonly offset: number
   readonly bytes: Buffer
   committed: boolean
   readLocks: number
 }
 
-/** A reserved, not yet visible object; fill `bytes`, then commit or abort. */
+/** A reserved, not yet visible object; fill `bytes` (pool bytes at `offset`), then commit or abort. */
 export interface Reservation {
   readonly keyString: string
+  readonly offset: number
   readonly bytes: Buffer
 }
 
 /** A read-locked object; its bytes stay valid until unlocked. */
 export interface ReadHandle {
   readonly keyString: string
+  readonly offset: number
   readonly bytes: Buffer
 }
 
@@ -56,8 +72,20 @@ export interface L1Stats {
   readonly evictions: number
 }
 
+/** The shared-memory segment holding L1 (absent for an in-process test store). */
+export interface L1Pool {
+  readonly shmName: string
+  readonly sizeBytes: number
+}
+
+/** The L1 pool cannot be created (no room in /dev/shm, …). */
+export class L1PoolError extends Schema.TaggedError<L1PoolError>()("L1PoolError", { message: Schema.String }) {}
+
 const usedBytesGauge = Metric.gauge("mpcache_l1_used_bytes", { description: "Bytes held by L1 objects (committed and reserved)" })
 const evictionsTotal = Metric.counter("mpcache_l1_evictions_total", { description: "L1 objects evicted (LRU)", incremental: true })
+
+/** Bytes prefaulted per background step (each step is one job on the libuv pool). */
+const PREFAULT_STEP_BYTES = 64 * 2 ** 20
 
 /** The L1 store. */
 export class L1Store extends Context.Service<L1Store, {
@@ -78,17 +106,17 @@ export class L1Store extends Context.Service<L1Store, {
   /** Drops committed, unlocked objects (force: also locked and reserved ones). Returns how many. */
   readonly clear: (force: boolean) => Effect.Effect<number>
   readonly stats: () => L1Stats
+  /** The shared pool, when L1 lives in one. */
+  readonly pool: L1Pool | undefined
 }>()("mpcache/services/L1Store") {
-  /** An L1 of `capacityBytes`. */
-  static readonly make = (capacityBytes: number) => Effect.sync(() => makeL1(capacityBytes))
-  /** Capacity from `--l1-size-gb` (GiB). */
-  static readonly layer = Layer.effect(
-    this,
-    Effect.gen(function*() {
-      const config = yield* ServerConfig
-      return makeL1(Math.floor(config.l1SizeGb * 2 ** 30))
-    })
-  )
+  /** An in-process L1 of `capacityBytes` over a plain Buffer (unit tests). */
+  static readonly make = (capacityBytes: number) => Effect.sync(() => makeL1(Buffer.allocUnsafeSlow(capacityBytes), undefined))
+  /**
+   * The server's L1: a shared-memory pool of `--l1-size-gb` GiB, mapped for
+   * the life of the layer. Fails with L1PoolError when /dev/shm cannot hold
+   * it, or the segment cannot be created or mapped.
+   */
+  static readonly layer = Layer.effect(this, Effect.suspend(() => makePooled))
   /** CLEAR acts on this L1. */
   static readonly layerCacheControl = Layer.effect(
     CacheControl,
@@ -99,7 +127,75 @@ export class L1Store extends Context.Service<L1Store, {
   )
 }
 
-const makeL1 = (capacityBytes: number): L1Store["Service"] => {
+const fnv = (s: string): string => {
+  let h = 2166136261
+  for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 16777619)
+  return (h >>> 0).toString(16).padStart(8, "0")
+}
+
+/** Unlinks pools of this endpoint left by runs whose process is gone. */
+const cleanStalePools = (prefix: string, unlink: (name: string) => Effect.Effect<void, NativeError>) =>
+  Effect.gen(function*() {
+    let names: Array<string> = []
+    try {
+      names = readdirSync("/dev/shm").filter((n) => n.startsWith(prefix))
+    } catch {
+      return
+    }
+    for (const name of names) {
+      const pid = Number(name.slice(prefix.length))
+      if (Number.isInteger(pid) && pid > 0 && !existsSync(`/proc/${pid}`)) {
+        yield* unlink(name).pipe(
+          Effect.andThen(Effect.logWarning(`removed the L1 pool ${name} left by a crashed run (pid ${pid}) of this endpoint`)),
+          Effect.ignore
+        )
+      }
+    }
+  })
+
+const makePooled = Effect.gen(function*() {
+  const config = yield* ServerConfig
+  const native = yield* NativeMemory
+  const capacityBytes = Math.floor(config.l1SizeGb * 2 ** 30)
+  const prefix = `mpcache-l1-${fnv(config.endpoint)}-`
+  const shmName = `${prefix}${process.pid}`
+  yield* cleanStalePools(prefix, native.unlinkSegment)
+  const freeBytes = yield* Effect.try({
+    try: () => {
+      const s = statfsSync("/dev/shm")
+      return s.bavail * s.bsize
+    },
+    catch: () => new L1PoolError({ message: "cannot read the free space of /dev/shm" })
+  })
+  if (freeBytes < capacityBytes) {
+    return yield* new L1PoolError({
+      message: `--l1-size-gb ${config.l1SizeGb}: the L1 pool needs ${capacityBytes} bytes of /dev/shm but only ${freeBytes} are free; lower --l1-size-gb or enlarge /dev/shm`
+    })
+  }
+  yield* Effect.acquireRelease(
+    native.createSegment(shmName, capacityBytes),
+    () => Effect.ignore(native.unlinkSegment(shmName))
+  ).pipe(Effect.mapError((e) => new L1PoolError({ message: `cannot create the L1 pool: ${e.message}` })))
+  const mapping = yield* native.map(shmName, capacityBytes).pipe(
+    Effect.mapError((e: InvalidArgument | NativeError) => new L1PoolError({ message: `cannot map the L1 pool: ${e.message}` }))
+  )
+  const view = yield* native.view(mapping).pipe(Effect.mapError((e) => new L1PoolError({ message: e.message })))
+  if (config.l1Prefault) {
+    const started = Date.now()
+    yield* Effect.gen(function*() {
+      for (let off = 0; off < capacityBytes; off += PREFAULT_STEP_BYTES) {
+        yield* native.prefault(mapping, off, Math.min(PREFAULT_STEP_BYTES, capacityBytes - off))
+      }
+      yield* Effect.logInfo(`L1 pool ${shmName}: ${capacityBytes} bytes prefaulted in ${Duration.format(Duration.millis(Date.now() - started))}`)
+    }).pipe(Effect.catch((e) => Effect.logWarning(`L1 prefault stopped: ${e.message}`)), Effect.forkScoped)
+  }
+  yield* Effect.logInfo(`L1 pool ${shmName}: ${capacityBytes} bytes in /dev/shm`)
+  return makeL1(Buffer.from(view, 0, capacityBytes), { shmName, sizeBytes: capacityBytes })
+})
+
+const makeL1 = (memory: Buffer, pool: L1Pool | undefined): L1Store["Service"] => {
+  const capacityBytes = memory.length
+  const extents = makeExtentAllocator(capacityBytes)
   // Map iteration order is insertion order: re-inserting on use keeps it LRU-first.
   const objects = new Map<string, L1Object>()
   let usedBytes = 0
@@ -112,23 +208,25 @@ const makeL1 = (capacityBytes: number): L1Store["Service"] => {
 
   const drop = (o: L1Object) => {
     objects.delete(o.keyString)
+    extents.release(o.offset, o.bytes.length)
     usedBytes -= o.bytes.length
   }
 
-  /** Evicts LRU committed, unlocked objects until `needed` more bytes fit; false when they cannot. */
-  const makeRoom = (needed: number): boolean => {
-    if (usedBytes + needed <= capacityBytes) return true
+  /** An extent of `needed` bytes, evicting LRU committed unlocked objects as needed; undefined when impossible. */
+  const place = (needed: number): number | undefined => {
+    const direct = extents.allocate(needed)
+    if (direct !== undefined) return direct
     let evictable = 0
     for (const o of objects.values()) if (o.committed && o.readLocks === 0) evictable += o.bytes.length
-    if (usedBytes - evictable + needed > capacityBytes) return false
-    for (const o of objects.values()) {
-      if (usedBytes + needed <= capacityBytes) break
-      if (o.committed && o.readLocks === 0) {
-        drop(o)
-        evictions++
-      }
+    if (extents.freeBytes() + evictable < needed) return undefined
+    for (const o of [...objects.values()]) {
+      if (!o.committed || o.readLocks > 0) continue
+      drop(o)
+      evictions++
+      const offset = extents.allocate(needed)
+      if (offset !== undefined) return offset
     }
-    return true
+    return undefined
   }
 
   const reserveWrite = (key: ObjectKey, sizeBytes: number) =>
@@ -136,20 +234,24 @@ const makeL1 = (capacityBytes: number): L1Store["Service"] => {
       const keyString = objectKeyString(key)
       if (objects.has(keyString)) return Effect.succeed<ReserveResult>({ _tag: "Exists" })
       const before = evictions
-      if (sizeBytes > capacityBytes || !makeRoom(sizeBytes)) return Effect.succeed<ReserveResult>({ _tag: "Full" })
-      const o: L1Object = { key, keyString, bytes: Buffer.allocUnsafeSlow(sizeBytes), committed: false, readLocks: 0 }
+      const offset = sizeBytes > capacityBytes ? undefined : place(sizeBytes)
+      if (offset === undefined) return Effect.succeed<ReserveResult>({ _tag: "Full" })
+      const o: L1Object = { key, keyString, offset, bytes: memory.subarray(offset, offset + sizeBytes), committed: false, readLocks: 0 }
       objects.set(keyString, o)
       usedBytes += sizeBytes
       return Metric.update(usedBytesGauge, usedBytes).pipe(
         Effect.andThen(evictions > before ? Metric.update(evictionsTotal, evictions - before) : Effect.void),
-        Effect.as<ReserveResult>({ _tag: "Reserved", reservation: { keyString, bytes: o.bytes } })
+        Effect.as<ReserveResult>({ _tag: "Reserved", reservation: { keyString, offset, bytes: o.bytes } })
       )
     })
+
+  const owns = (o: L1Object | undefined, ref: { readonly offset: number; readonly bytes: Buffer }): o is L1Object =>
+    o !== undefined && o.offset === ref.offset && o.bytes.length === ref.bytes.length
 
   const commit = (r: Reservation) =>
     Effect.sync(() => {
       const o = objects.get(r.keyString)
-      if (o === undefined || o.bytes !== r.bytes) return false
+      if (!owns(o, r) || o.committed) return false
       o.committed = true
       markUsed(o)
       return true
@@ -158,7 +260,7 @@ const makeL1 = (capacityBytes: number): L1Store["Service"] => {
   const abort = (r: Reservation) =>
     Effect.suspend(() => {
       const o = objects.get(r.keyString)
-      if (o !== undefined && o.bytes === r.bytes && !o.committed) drop(o)
+      if (owns(o, r) && !o.committed) drop(o)
       return Metric.update(usedBytesGauge, usedBytes)
     })
 
@@ -167,12 +269,12 @@ const makeL1 = (capacityBytes: number): L1Store["Service"] => {
     if (o === undefined || !o.committed) return undefined
     o.readLocks++
     markUsed(o)
-    return { keyString: o.keyString, bytes: o.bytes }
+    return { keyString: o.keyString, offset: o.offset, bytes: o.bytes }
   }
 
   const unlockRead = (h: ReadHandle) => {
     const o = objects.get(h.keyString)
-    if (o !== undefined && o.bytes === h.bytes && o.readLocks > 0) o.readLocks--
+    if (owns(o, h) && o.readLocks > 0) o.readLocks--
   }
 
   const clear = (force: boolean) =>
@@ -209,6 +311,7 @@ const makeL1 = (capacityBytes: number): L1Store["Service"] => {
         if (o.readLocks > 0) locked++
       }
       return { capacityBytes, usedBytes, objects: objects.size, reservedObjects: reserved, lockedObjects: locked, evictions }
-    }
+    },
+    pool
   }
 }

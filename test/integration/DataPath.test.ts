@@ -191,8 +191,8 @@ describe("registration", () => {
       assert.include(dtype.message, "register_kv_cache: payload 1 (kv_caches)")
       assert.strictEqual(yield* client.request(Ping, [null]), true)
       assert.isFalse(yield* (yield* LmcacheDrivenTransfer).isRegistered(makeInstanceId(9n)))
-      // The six worker-side caches' own mappings (3 layers each); the server holds none.
-      assert.strictEqual((yield* NativeMemory).stats().openMappings, 18)
+      // The six worker-side caches' own mappings (3 layers each) and the server's L1 pool; no context of the server.
+      assert.strictEqual((yield* NativeMemory).stats().openMappings, 18 + 1)
     }).pipe(Effect.scoped, Effect.provide(env())))
 
   it.live("re-registering the same memory refreshes; different memory under the same id is refused", () =>

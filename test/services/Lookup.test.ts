@@ -1,6 +1,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
 import { TestClock } from "effect/testing"
+import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
 import { ServerConfig } from "../../src/layers/ServerConfig.ts"
 import type { CacheKey } from "../../src/schema/CacheKey.ts"
 import { L1Store } from "../../src/services/L1Store.ts"
@@ -24,7 +25,7 @@ const key = (over: Partial<CacheKey> = {}): CacheKey => ({
 })
 
 const Env = Lookup.layer.pipe(
-  Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer)),
+  Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provide(NativeMemoryLive))),
   Layer.provideMerge(ServerConfig.layerTest({ chunkSize: CHUNK, l1SizeGb: 1 / 2 ** 30 * 1000, lookupLockTtlSeconds: 60 }))
 )
 

@@ -26,7 +26,7 @@ export const livenessEnv = (
 ) => {
   const transfer = LmcacheDrivenTransfer.layer.pipe(
     Layer.provideMerge(Lookup.layer),
-    Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer, NativeMemoryLive))
+    Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(NativeMemoryLive)))
   )
   const targets = Layer.effect(
     LivenessTargets,

@@ -37,6 +37,10 @@ const serveFlags = {
     Flag.withDefault(defaults.l1SizeGb),
     Flag.filter((n) => rules.l1SizeGb(n) === undefined, (n) => rules.l1SizeGb(n) ?? "")
   ),
+  l1Prefault: Flag.Boolean("l1-prefault").pipe(
+    Flag.withDescription("Prefault the L1 pool's pages in the background at start (--no-l1-prefault to skip)"),
+    Flag.withDefault(true)
+  ),
   maxWorkers: int("max-workers", "Default size of the NORMAL and AFFINITY pools", defaults.maxWorkers, rules.workers),
   maxCpuWorkers: Flag.Int("max-cpu-workers").pipe(
     Flag.withDescription("NORMAL pool size (default: --max-workers)"),
@@ -84,6 +88,7 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   httpPort: f.httpPort,
   chunkSize: f.chunkSize,
   l1SizeGb: f.l1SizeGb,
+  l1Prefault: f.l1Prefault,
   maxWorkers: f.maxWorkers,
   maxCpuWorkers: Option.getOrUndefined(f.maxCpuWorkers),
   maxGpuWorkers: Option.getOrUndefined(f.maxGpuWorkers),

@@ -39,8 +39,8 @@ const char* const kTripleFields[3] = {"mappingOffset", "bufferOffset", "length"}
 std::vector<CopyRange> ValidateRanges(Napi::Env env, const char* fn, const std::string& name,
                                       const Napi::Float64Array& ranges, size_t mappingSize,
                                       size_t bufferLength) {
-  const std::string where = std::string(fn) + " on segment " + name;
   const size_t count = ranges.ElementLength();
+  const std::string where = std::string(fn) + " on segment " + name;
   if (count % 3 != 0) {
     throw MakeError(env, "EINVAL_RANGE", fn,
                     where + ": ranges holds " + std::to_string(count) +
@@ -61,17 +61,19 @@ std::vector<CopyRange> ValidateRanges(Napi::Env env, const char* fn, const std::
       field[k] = static_cast<size_t>(v);
     }
     const CopyRange r{field[0], field[1], field[2]};
-    const std::string shown = "range #" + std::to_string(i) + " (mappingOffset " + std::to_string(r.mappingOffset) +
-                              ", bufferOffset " + std::to_string(r.bufferOffset) + ", length " +
-                              std::to_string(r.length) + ")";
+    // The description is built only for an error: valid ranges are the hot path.
+    const auto shown = [&]() {
+      return "range #" + std::to_string(i) + " (mappingOffset " + std::to_string(r.mappingOffset) +
+             ", bufferOffset " + std::to_string(r.bufferOffset) + ", length " + std::to_string(r.length) + ")";
+    };
     if (r.mappingOffset > mappingSize || r.length > mappingSize - r.mappingOffset) {
       throw MakeError(env, "EINVAL_RANGE", fn,
-                      where + ": " + shown + " exceeds the mapping: mappingOffset + length must be <= " +
+                      where + ": " + shown() + " exceeds the mapping: mappingOffset + length must be <= " +
                           std::to_string(mappingSize) + " bytes (the mapping size)");
     }
     if (r.bufferOffset > bufferLength || r.length > bufferLength - r.bufferOffset) {
       throw MakeError(env, "EINVAL_RANGE", fn,
-                      where + ": " + shown + " exceeds the buffer: bufferOffset + length must be <= " +
+                      where + ": " + shown() + " exceeds the buffer: bufferOffset + length must be <= " +
                           std::to_string(bufferLength) + " bytes (the buffer's byteLength)");
     }
     out.push_back(r);
@@ -131,6 +133,48 @@ class CopyWorker : public Napi::AsyncWorker {
   std::vector<CopyRange> ranges_;
 };
 
+// prefault(offset, length): populates the page tables of a range (MADV_POPULATE_WRITE, which leaves the
+// contents alone; a read of each page where the kernel lacks it) so later copies into fresh memory do not
+// pay the page faults. Counted as a copy in flight, so close() waits for it.
+class PrefaultWorker : public Napi::AsyncWorker {
+ public:
+  PrefaultWorker(Napi::Env env, Mapping* mapping, Napi::Object mappingObject, uint8_t* base, size_t length)
+      : Napi::AsyncWorker(env, "mpcache.prefault"),
+        deferred_(Napi::Promise::Deferred::New(env)),
+        mapping_(mapping),
+        mappingRef_(Napi::Persistent(mappingObject)),
+        base_(base),
+        length_(length) {}
+
+  Napi::Promise Promise() const { return deferred_.Promise(); }
+
+  void Execute() override {
+#ifdef MADV_POPULATE_WRITE
+    if (madvise(base_, length_, MADV_POPULATE_WRITE) == 0) return;
+#endif
+    const long page = sysconf(_SC_PAGESIZE);
+    volatile uint8_t sink = 0;
+    for (size_t off = 0; off < length_; off += static_cast<size_t>(page)) sink = sink + base_[off];
+  }
+
+  void OnOK() override {
+    deferred_.Resolve(Env().Undefined());
+    mapping_->CopyFinished();
+  }
+
+  void OnError(const Napi::Error& error) override {
+    deferred_.Reject(error.Value());
+    mapping_->CopyFinished();
+  }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  Mapping* mapping_;
+  Napi::ObjectReference mappingRef_;
+  uint8_t* base_;
+  size_t length_;
+};
+
 }  // namespace
 
 Napi::Function Mapping::DefineClass(Napi::Env env) {
@@ -140,6 +184,8 @@ Napi::Function Mapping::DefineClass(Napi::Env env) {
           InstanceMethod<&Mapping::Gather>("gather"),
           InstanceMethod<&Mapping::Scatter>("scatter"),
           InstanceMethod<&Mapping::Close>("close"),
+          InstanceMethod<&Mapping::Prefault>("prefault"),
+          InstanceMethod<&Mapping::AsArrayBuffer>("arrayBuffer"),
           InstanceAccessor<&Mapping::GetName>("name"),
           InstanceAccessor<&Mapping::GetSize>("size"),
           InstanceAccessor<&Mapping::GetClosed>("closed"),
@@ -220,6 +266,12 @@ int Mapping::Unmap() {
 }
 
 void Mapping::FinishClose() {
+  // JS views of this memory become empty (byteLength 0) instead of pointing at unmapped pages.
+  if (!arrayBufferRef_.IsEmpty()) {
+    Napi::ArrayBuffer view = arrayBufferRef_.Value();
+    if (!view.IsDetached()) view.Detach();
+    arrayBufferRef_.Reset();
+  }
   unmapError_ = Unmap();
   state_ = State::kClosed;
   std::vector<Napi::Promise::Deferred> waiters = std::move(closeWaiters_);
@@ -293,6 +345,45 @@ Napi::Value Mapping::Copy(const Napi::CallbackInfo& info, CopyDirection directio
   }
   ++inflight_;
   return promise;
+}
+
+Napi::Value Mapping::Prefault(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const uint64_t offset = ByteCountArg(info, 0, "prefault", 0);
+  const uint64_t length = ByteCountArg(info, 1, "prefault", 0);
+  if (offset > size_ || length > size_ - offset) {
+    throw MakeError(env, "EINVAL_RANGE", "prefault",
+                    "prefault on segment " + name_ + ": [" + std::to_string(offset) + ", +" + std::to_string(length) +
+                        ") exceeds the mapping of " + std::to_string(size_) + " bytes");
+  }
+  if (state_ != State::kOpen) {
+    Napi::Promise::Deferred rejected = Napi::Promise::Deferred::New(env);
+    rejected.Reject(MakeError(env, "ECLOSED", "prefault", "mapping " + name_ + " is closed").Value());
+    return rejected.Promise();
+  }
+  PrefaultWorker* worker = new PrefaultWorker(env, this, Value(), base_ + offset, static_cast<size_t>(length));
+  Napi::Promise promise = worker->Promise();
+  try {
+    worker->Queue();
+  } catch (...) {
+    delete worker;
+    throw;
+  }
+  ++inflight_;
+  return promise;
+}
+
+// arrayBuffer(): one ArrayBuffer viewing the whole mapping (the same object on every call). The mapping's
+// owner must not copy through it while closing; close() detaches it before munmap, so a late access
+// sees an empty buffer, never unmapped memory.
+Napi::Value Mapping::AsArrayBuffer(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (state_ != State::kOpen) throw MakeError(env, "ECLOSED", "arrayBuffer", "mapping " + name_ + " is closed");
+  if (arrayBufferRef_.IsEmpty()) {
+    Napi::ArrayBuffer view = Napi::ArrayBuffer::New(env, base_, size_, [](Napi::Env, void*) {});
+    arrayBufferRef_ = Napi::Persistent(view);
+  }
+  return arrayBufferRef_.Value();
 }
 
 Napi::Value Mapping::GetName(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), name_); }

@@ -56,6 +56,8 @@ class Mapping : public Napi::ObjectWrap<Mapping> {
   Napi::Value Gather(const Napi::CallbackInfo& info);
   Napi::Value Scatter(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
+  Napi::Value Prefault(const Napi::CallbackInfo& info);
+  Napi::Value AsArrayBuffer(const Napi::CallbackInfo& info);
   Napi::Value GetName(const Napi::CallbackInfo& info);
   Napi::Value GetSize(const Napi::CallbackInfo& info);
   Napi::Value GetClosed(const Napi::CallbackInfo& info);
@@ -73,6 +75,7 @@ class Mapping : public Napi::ObjectWrap<Mapping> {
   uint32_t inflight_ = 0;
   int unmapError_ = 0;
   std::vector<Napi::Promise::Deferred> closeWaiters_;
+  Napi::Reference<Napi::ArrayBuffer> arrayBufferRef_;
 };
 
 }  // namespace mpcache
