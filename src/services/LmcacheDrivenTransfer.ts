@@ -70,6 +70,14 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
     skipFirstNTokens: number
   ) => Effect.Effect<boolean, WireError>
   readonly isRegistered: (id: InstanceId) => Effect.Effect<boolean>
+  /**
+   * The context of `id` for a transfer through it by another module (a CB
+   * retrieve, DESIGN §5): refreshes last_seen and latches transfer activity
+   * like STORE/RETRIEVE. Fails with NotRegistered naming `op` when none.
+   */
+  readonly resolveContext: (op: string, id: InstanceId) => Effect.Effect<ContextEntry, NotRegistered>
+  /** The context of `id` without touching its liveness; undefined when none. */
+  readonly contextOf: (id: InstanceId) => Effect.Effect<ContextEntry | undefined>
   /** This module as a liveness target (DESIGN §5). */
   readonly target: LivenessTarget
   /** Rows: REGISTER/UNREGISTER SYNC, STORE/RETRIEVE AFFINITY. */
@@ -133,7 +141,11 @@ const make = Effect.gen(function*() {
       const built = yield* Effect.gen(function*() {
         const mappings = new Map<string, ShmMapping>()
         for (const [name, nbytes] of validated.segments) {
-          mappings.set(name, yield* native.map(name, nbytes).pipe(Scope.provide(scope)))
+          const mapping = yield* native.map(name, nbytes).pipe(Scope.provide(scope))
+          mappings.set(name, mapping)
+          // Populate this mapping's page tables off the JS thread, so the first transfers do not pay
+          // a page fault per 4 KiB; the context's scope (and so a reap) waits for it like for a copy.
+          yield* native.prefault(mapping, 0, nbytes).pipe(Effect.ignore, Effect.forkIn(scope))
         }
         const { geometry } = validated
         yield* layouts.register(modelName, worldSize, {
@@ -372,6 +384,8 @@ const make = Effect.gen(function*() {
     store,
     retrieve,
     isRegistered: (id: InstanceId) => Effect.map(registry.get(id), (t) => t !== undefined),
+    resolveContext: resolveForTransfer,
+    contextOf: (id: InstanceId) => Effect.map(registry.get(id), (t) => t?.resource),
     target,
     module
   }

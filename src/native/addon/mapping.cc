@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -32,6 +34,17 @@ std::string FormatNumber(double value) {
 }
 
 const char* const kTripleFields[3] = {"mappingOffset", "bufferOffset", "length"};
+
+// Bulk copies run at a lower CPU priority than the JS thread (nice +10 on the
+// libuv pool thread that runs them), so a multi-GiB transfer never starves
+// the event loop that answers PING (DESIGN §4). Raising one's own niceness
+// needs no privilege; a failure just leaves the priority as it was.
+void LowerCopyThreadPriority() {
+  static thread_local bool lowered = false;
+  if (lowered) return;
+  lowered = true;
+  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+}
 
 // Copies and checks every (mappingOffset, bufferOffset, length) triple before
 // anything is queued: each value an integer in [0, 2^53-1], each range inside
@@ -101,6 +114,7 @@ class CopyWorker : public Napi::AsyncWorker {
 
   // Thread pool: plain memcpy between two live mappings of this process.
   void Execute() override {
+    LowerCopyThreadPriority();
     for (const CopyRange& r : ranges_) {
       if (r.length == 0) continue;
       if (direction_ == CopyDirection::kGather) {
@@ -149,6 +163,7 @@ class PrefaultWorker : public Napi::AsyncWorker {
   Napi::Promise Promise() const { return deferred_.Promise(); }
 
   void Execute() override {
+    LowerCopyThreadPriority();
 #ifdef MADV_POPULATE_WRITE
     if (madvise(base_, length_, MADV_POPULATE_WRITE) == 0) return;
 #endif
