@@ -11,7 +11,8 @@
  * `--worker-disconnect-grace-seconds` (reason `disconnect`). On loopback
  * and ipc a disconnect means a closed socket or a dead process.
  */
-import { Clock, Context, Effect, Layer, Metric } from "effect"
+import { Clock, Context, Effect, Layer, Metric, Queue } from "effect"
+import { ServerConfig } from "../layers/ServerConfig.ts"
 import type { InstanceId } from "../schema/InstanceId.ts"
 import { LivenessTargets } from "./LivenessTarget.ts"
 import { PeerEvents } from "./PeerEvents.ts"
@@ -30,11 +31,22 @@ export class Connections extends Context.Service<Connections, {
   /** Drops bookkeeping of instances no module holds any more (unregistered). */
   readonly prune: () => Effect.Effect<void>
   readonly stats: () => { readonly connectedPeers: number; readonly boundInstances: number; readonly suspects: number }
+  /**
+   * Signals, one per suspect instance, just after its disconnect grace ran
+   * out: the reaper scans at once instead of at its next tick, so a dead
+   * worker is reaped within the grace plus a scan, not the grace plus half
+   * a grace.
+   */
+  readonly graceExpired: Queue.Dequeue<void>
 }>()("mpcache/services/Connections") {
   static readonly layer = Layer.effect(
     this,
     Effect.gen(function*() {
       const targets = yield* LivenessTargets
+      const config = yield* ServerConfig
+      const graceMs = config.workerDisconnectGraceSeconds * 1000
+      const graceExpired = yield* Queue.unbounded<void>()
+      const scope = yield* Effect.scope
       const connected = new Set<string>()
       const bindings = new Map<bigint, Set<string>>()
       const peerInstances = new Map<string, Set<bigint>>()
@@ -66,6 +78,12 @@ export class Connections extends Context.Service<Connections, {
                 if (!suspects.has(id)) {
                   suspects.set(id, now)
                   yield* Effect.logInfo(`instance ${id} lost its last connection; suspect`)
+                  if (graceMs > 0) {
+                    yield* Effect.sleep(graceMs + 1).pipe(
+                      Effect.andThen(Queue.offer(graceExpired, undefined)),
+                      Effect.forkIn(scope)
+                    )
+                  }
                 }
               }
             }
@@ -105,7 +123,8 @@ export class Connections extends Context.Service<Connections, {
             for (const id of ids) if (!(yield* held(id as InstanceId))) forget(id)
             yield* Metric.update(suspectGauge, suspects.size)
           }),
-        stats: () => ({ connectedPeers: connected.size, boundInstances: bindings.size, suspects: suspects.size })
+        stats: () => ({ connectedPeers: connected.size, boundInstances: bindings.size, suspects: suspects.size }),
+        graceExpired
       }
     })
   )

@@ -13,8 +13,14 @@
  * every connection (`suspects`) is also stale once it has been silent
  * longer than the disconnect grace since it became suspect.
  */
-import { Effect, Option, TxHashMap } from "effect"
+import { Effect, HashMap, Option, TxHashMap } from "effect"
 import type { InstanceId } from "../schema/InstanceId.ts"
+
+/** Entries judged between two yields to the event loop during a scan. */
+const SCAN_SLICE = 4_096
+
+/** One turn of the event loop (setImmediate): received messages get handled before the scan goes on. */
+const yieldToEventLoop = Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
 
 /** One tracked instance and the resource it owns (a context entry, an entry + strategy pair …). */
 export interface Tracked<R> {
@@ -128,15 +134,30 @@ export const makeInstanceRegistry = <R>(): Effect.Effect<InstanceRegistry<R>> =>
           return current.value
         })),
       popStale: (rule) =>
-        Effect.tx(Effect.gen(function*() {
-          const stale: Array<Reaped<R>> = []
-          for (const t of yield* TxHashMap.values(map)) {
-            const verdict = judge(t, rule)
-            if (verdict !== undefined) stale.push(verdict)
+        Effect.gen(function*() {
+          // Judge an immutable snapshot in slices, letting the event loop in between (a PING must not wait
+          // behind a scan of 100k entries), then pop the candidates in one transaction that judges each
+          // again: an entry touched meanwhile stays.
+          const snapshot = yield* TxHashMap.snapshot(map)
+          const candidates: Array<bigint> = []
+          let seen = 0
+          for (const t of HashMap.values(snapshot)) {
+            if (judge(t, rule) !== undefined) candidates.push(t.id)
+            if (++seen % SCAN_SLICE === 0) yield* yieldToEventLoop
           }
-          if (stale.length > 0) yield* TxHashMap.removeMany(map, stale.map((r) => r.tracked.id))
-          return stale
-        })),
+          if (candidates.length === 0) return []
+          return yield* Effect.tx(Effect.gen(function*() {
+            const stale: Array<Reaped<R>> = []
+            for (const id of candidates) {
+              const current = yield* TxHashMap.get(map, id)
+              if (Option.isNone(current)) continue
+              const verdict = judge(current.value, rule)
+              if (verdict !== undefined) stale.push(verdict)
+            }
+            if (stale.length > 0) yield* TxHashMap.removeMany(map, stale.map((r) => r.tracked.id))
+            return stale
+          }))
+        }),
       popAll: () =>
         Effect.tx(Effect.gen(function*() {
           const all = yield* TxHashMap.values(map)

@@ -21,7 +21,7 @@
  * target. This module is built after the modules it drives, so at shutdown
  * its reaper stops before any of them releases state.
  */
-import { Clock, Context, Effect, Layer, Metric } from "effect"
+import { Clock, Context, Effect, Layer, Metric, Queue } from "effect"
 import { ServerConfig } from "../layers/ServerConfig.ts"
 import { formatInstanceId, type InstanceId } from "../schema/InstanceId.ts"
 import { Clear, GetChunkSize, Noop, Ping, PingRegistered } from "../schema/Op.ts"
@@ -161,19 +161,28 @@ const make = Effect.gen(function*() {
   const everyMs = Math.min(...periods)
   const reaperEnabled = Number.isFinite(everyMs)
 
-  /** The reaper loop: scans on a fixed grid; a late scan judges at the time it was due. */
+  /**
+   * The reaper loop: scans on a fixed grid, and at once when a suspect's
+   * disconnect grace runs out. A late scheduled scan judges at the time it
+   * was due.
+   */
   const reaper = Effect.gen(function*() {
     let due = (yield* Clock.currentTimeMillis) + everyMs
     while (true) {
       const now = yield* Clock.currentTimeMillis
-      if (due > now) yield* Effect.sleep(due - now)
+      const woken = yield* Effect.raceFirst(
+        Effect.as(due > now ? Effect.sleep(due - now) : Effect.void, false),
+        Effect.as(Queue.take(connections.graceExpired), true)
+      )
       const start = yield* Clock.currentTimeMillis
       yield* barrier.awaitReceived(BARRIER_TIMEOUT)
-      // Judged at the time the scan was due: neither the server's own lateness (a blocked event loop, a
-      // stopped process) nor the wait for already received requests counts as a worker's silence.
-      yield* Effect.uninterruptible(scan(due))
-      due += everyMs
-      if (due <= start) due = start + everyMs
+      // A scheduled scan is judged at the time it was due: neither the server's own lateness (a blocked
+      // event loop, a stopped process) nor the wait for already received requests counts as silence.
+      yield* Effect.uninterruptible(scan(woken ? start : due))
+      if (!woken) {
+        due += everyMs
+        if (due <= start) due = start + everyMs
+      }
     }
   }).pipe(
     Effect.catchCause((cause) => Effect.logError("reaper stopped by a defect", cause)),
