@@ -17,7 +17,7 @@ import { Effect, HashMap, Option, TxHashMap } from "effect"
 import type { InstanceId } from "../schema/InstanceId.ts"
 
 /** Entries judged between two yields to the event loop during a scan. */
-const SCAN_SLICE = 4_096
+const SCAN_SLICE = 1_024
 
 /** One turn of the event loop (setImmediate): received messages get handled before the scan goes on. */
 const yieldToEventLoop = Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
