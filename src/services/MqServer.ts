@@ -162,8 +162,20 @@ const make = (options: MqServerOptions) =>
         Effect.andThen(Metric.update(M.errorMetric(error.code), 1))
       )
 
-    /** The job for one attributable request: decode, run, reply, measure. Never fails. */
+    /**
+     * The job for one attributable request: decode, run, reply, measure. Never fails. Built lazily, so the
+     * payload is decoded on the pool, not on the receive loop.
+     */
     const job = (
+      row: HandlerRow,
+      routingId: Uint8Array,
+      peer: string,
+      frames: Array<Uint8Array>,
+      receivedAtMs: number,
+      seq: number
+    ): Effect.Effect<void> => Effect.suspend(() => jobNow(row, routingId, peer, frames, receivedAtMs, seq))
+
+    const jobNow = (
       row: HandlerRow,
       routingId: Uint8Array,
       peer: string,
