@@ -34,16 +34,16 @@
  */
 import { spawn, type ChildProcess } from "node:child_process"
 import { randomUUID } from "node:crypto"
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
+import { readdirSync, readFileSync, rmSync } from "node:fs"
 import os from "node:os"
 import path from "node:path"
 import { parseArgs } from "node:util"
 import { Packr } from "msgpackr"
 import { Dealer } from "zeromq"
 import type { ScanRow } from "./liveness-scan.ts"
+import { DOC, writeDocSection } from "./docs.ts"
 
 const ROOT = path.resolve(import.meta.dirname, "..")
-const DOC = path.join(ROOT, "docs", "benchmarks.md")
 const HEADING = "## Liveness (bench:liveness)"
 const DAEMON = path.join(ROOT, "test", "support", "worker-daemon.ts")
 const SHM_DIR = "/dev/shm"
@@ -887,27 +887,8 @@ const section = (r: Report): string => {
   ].join("\n")
 }
 
-/** Replaces this bench's section of docs/benchmarks.md (or appends it), keeping the others. */
-const writeDoc = (body: string): void => {
-  const header =
-    "# mpcache benchmarks\n\n" +
-    "These machines are shared, so absolute figures vary from run to run: read the ratios against\n" +
-    "a reference measured in the same run.\n"
-  const current = existsSync(DOC) ? readFileSync(DOC, "utf8") : header
-  const lines = current.split("\n")
-  const start = lines.findIndex((line) => line.trim() === HEADING)
-  let next: string
-  if (start === -1) {
-    next = `${current.trimEnd()}\n\n${body}`
-  } else {
-    const after = lines.findIndex((line, i) => i > start && line.startsWith("## "))
-    const before = lines.slice(0, start).join("\n").trimEnd()
-    const rest = after === -1 ? "" : `\n${lines.slice(after).join("\n")}`
-    next = `${before}\n\n${body}${rest}`
-  }
-  mkdirSync(path.dirname(DOC), { recursive: true })
-  writeFileSync(DOC, next.endsWith("\n") ? next : `${next}\n`)
-}
+/** Replaces this bench's section of docs/benchmarks.md, keeping the others. */
+const writeDoc = (body: string): void => writeDocSection(HEADING, body)
 
 // -------------------------------------------------------------------- main
 

@@ -12,15 +12,15 @@
  * stops its child processes and removes its ipc socket files.
  */
 import { spawn, type ChildProcess } from "node:child_process"
-import { existsSync, readFileSync, rmSync, writeFileSync, mkdirSync } from "node:fs"
+import { rmSync } from "node:fs"
 import os from "node:os"
 import path from "node:path"
 import { parseArgs } from "node:util"
 import { Packr } from "msgpackr"
 import { Dealer } from "zeromq"
+import { DOC, writeDocSection } from "./docs.ts"
 
 const ROOT = path.resolve(import.meta.dirname, "..")
-const DOC = path.join(ROOT, "docs", "benchmarks.md")
 const HEADING = "## PING round trips (bench:ping)"
 const CONCURRENCY = [1, 4, 16] as const
 const WARMUP_S = 0.5
@@ -239,27 +239,8 @@ const section = (rows: readonly Row[]): string => {
   ].join("\n")
 }
 
-/** Replaces this bench's section of docs/benchmarks.md (or appends it), keeping the others. */
-const writeDoc = (body: string): void => {
-  const header =
-    "# mpcache benchmarks\n\n" +
-    "These machines are shared, so absolute figures vary from run to run: read the ratios against\n" +
-    "a reference measured in the same run.\n"
-  const current = existsSync(DOC) ? readFileSync(DOC, "utf8") : header
-  const lines = current.split("\n")
-  const start = lines.findIndex((line) => line.trim() === HEADING)
-  let next: string
-  if (start === -1) {
-    next = `${current.trimEnd()}\n\n${body}`
-  } else {
-    const after = lines.findIndex((line, i) => i > start && line.startsWith("## "))
-    const before = lines.slice(0, start).join("\n").trimEnd()
-    const rest = after === -1 ? "" : `\n${lines.slice(after).join("\n")}`
-    next = `${before}\n\n${body}${rest}`
-  }
-  mkdirSync(path.dirname(DOC), { recursive: true })
-  writeFileSync(DOC, next.endsWith("\n") ? next : `${next}\n`)
-}
+/** Replaces this bench's section of docs/benchmarks.md, keeping the others. */
+const writeDoc = (body: string): void => writeDocSection(HEADING, body)
 
 // -------------------------------------------------------------------- main
 
@@ -270,7 +251,7 @@ const main = async (): Promise<void> => {
     startServer(
       "mpcache",
       mpcacheEndpoint,
-      ["src/cli/main.ts", "serve", "--endpoint", mpcacheEndpoint, "--http-port", "0", "--log-format", "json"],
+      ["src/cli/main.ts", "serve", "--endpoint", mpcacheEndpoint, "--http-port", "0", "--log-format", "json", "--no-l1-prefault"],
       "MQ server listening on"
     ),
     startServer("echo", echoEndpoint, ["bench/echo-router.ts", echoEndpoint], "echo router listening on")

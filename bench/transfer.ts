@@ -41,7 +41,7 @@
  */
 import { spawn, type ChildProcess } from "node:child_process"
 import { randomBytes } from "node:crypto"
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statfsSync, writeFileSync } from "node:fs"
+import { existsSync, readdirSync, readFileSync, rmSync, statfsSync } from "node:fs"
 import os from "node:os"
 import path from "node:path"
 import { monitorEventLoopDelay } from "node:perf_hooks"
@@ -57,9 +57,9 @@ import { makeMqClient } from "../src/services/MqClient.ts"
 import { makePagedKvCache, type PagedKvCache } from "../src/services/PagedKvCache.ts"
 import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/services/SchedulerAdapter.ts"
 import { makeWorkerAdapter, type TransferRequest, type WorkerAdapterShape } from "../src/services/WorkerAdapter.ts"
+import { DOC, writeDocSection } from "./docs.ts"
 
 const ROOT = path.resolve(import.meta.dirname, "..")
-const DOC = path.join(ROOT, "docs", "benchmarks.md")
 const HEADING = "## STORE and RETRIEVE throughput (bench:transfer)"
 
 // Model geometry (one kv rank).
@@ -761,27 +761,8 @@ const section = (r: Report): string => {
   ].join("\n")
 }
 
-/** Replaces this bench's section of docs/benchmarks.md (or appends it), keeping the others. */
-const writeDoc = (body: string): void => {
-  const header =
-    "# mpcache benchmarks\n\n" +
-    "These machines are shared, so absolute figures vary from run to run: read the ratios against\n" +
-    "a reference measured in the same run.\n"
-  const current = existsSync(DOC) ? readFileSync(DOC, "utf8") : header
-  const lines = current.split("\n")
-  const start = lines.findIndex((line) => line.trim() === HEADING)
-  let next: string
-  if (start === -1) {
-    next = `${current.trimEnd()}\n\n${body}`
-  } else {
-    const after = lines.findIndex((line, i) => i > start && line.startsWith("## "))
-    const before = lines.slice(0, start).join("\n").trimEnd()
-    const rest = after === -1 ? "" : `\n${lines.slice(after).join("\n")}`
-    next = `${before}\n\n${body}${rest}`
-  }
-  mkdirSync(path.dirname(DOC), { recursive: true })
-  writeFileSync(DOC, next.endsWith("\n") ? next : `${next}\n`)
-}
+/** Replaces this bench's section of docs/benchmarks.md, keeping the others. */
+const writeDoc = (body: string): void => writeDocSection(HEADING, body)
 
 // -------------------------------------------------------------------- main
 
