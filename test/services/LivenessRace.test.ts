@@ -9,7 +9,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Context, Effect, Exit, Layer, Random, Scope } from "effect"
 import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
 import { ServerConfig } from "../../src/layers/ServerConfig.ts"
-import { NativeMemory, type ShmMapping } from "../../src/native/Native.ts"
+import type { ShmMapping } from "../../src/native/Native.ts"
 import type { CacheKey } from "../../src/schema/CacheKey.ts"
 import { makeInstanceId } from "../../src/schema/InstanceId.ts"
 import { L1Store } from "../../src/services/L1Store.ts"
@@ -18,22 +18,12 @@ import { LmcacheDrivenTransfer } from "../../src/services/LmcacheDrivenTransfer.
 import { Lookup } from "../../src/services/Lookup.ts"
 import { makePagedKvCache, type PagedKvCache } from "../../src/services/PagedKvCache.ts"
 import { writeTokens } from "../support/KvData.ts"
+import { nativeProbe } from "../support/NativeProbe.ts"
 
 const IDS = [1, 2, 3]
 const FIBERS = 24
 const OPS_PER_FIBER = 40
 
-const probe = (opened: Array<ShmMapping>) =>
-  Layer.effect(
-    NativeMemory,
-    Effect.gen(function*() {
-      const live = yield* NativeMemory
-      return { ...live, map: (name: string, nbytes: number) => Effect.tap(live.map(name, nbytes), (m) => Effect.sync(() => {
-        // The server's own L1 pool is not a worker context's mapping.
-        if (!name.startsWith("mpcache-l1-")) opened.push(m)
-      })) }
-    })
-  ).pipe(Layer.provide(NativeMemoryLive))
 
 const key = (n: number): CacheKey => ({
   model_name: "race",
@@ -68,7 +58,7 @@ describe("liveness race", () => {
       const ctx = yield* Layer.buildWithScope(
         LmcacheDrivenTransfer.layer.pipe(
           Layer.provideMerge(Lookup.layer),
-          Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(probe(opened)))),
+          Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(nativeProbe(opened)))),
           Layer.provideMerge(ServerConfig.layerTest({ chunkSize: 32 }))
         ),
         moduleScope

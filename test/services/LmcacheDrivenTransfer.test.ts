@@ -10,31 +10,20 @@ import { Context, Effect, Exit, Layer, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
 import { ServerConfig } from "../../src/layers/ServerConfig.ts"
-import { NativeMemory, type ShmMapping } from "../../src/native/Native.ts"
+import type { ShmMapping } from "../../src/native/Native.ts"
 import { makeInstanceId } from "../../src/schema/InstanceId.ts"
 import { L1Store } from "../../src/services/L1Store.ts"
 import { LayoutRegistry } from "../../src/services/LayoutRegistry.ts"
 import { LmcacheDrivenTransfer } from "../../src/services/LmcacheDrivenTransfer.ts"
 import { Lookup } from "../../src/services/Lookup.ts"
 import { makePagedKvCache } from "../../src/services/PagedKvCache.ts"
+import { nativeProbe } from "../support/NativeProbe.ts"
 
-/** The live backend, recording every mapping the server side opens. */
-const probe = (opened: Array<ShmMapping>) =>
-  Layer.effect(
-    NativeMemory,
-    Effect.gen(function*() {
-      const live = yield* NativeMemory
-      return { ...live, map: (name: string, nbytes: number) => Effect.tap(live.map(name, nbytes), (m) => Effect.sync(() => {
-        // The server's own L1 pool is not a worker context's mapping.
-        if (!name.startsWith("mpcache-l1-")) opened.push(m)
-      })) }
-    })
-  ).pipe(Layer.provide(NativeMemoryLive))
 
 const transferLayer = (opened: Array<ShmMapping>) =>
   LmcacheDrivenTransfer.layer.pipe(
     Layer.provideMerge(Lookup.layer),
-    Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(probe(opened)))),
+    Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(nativeProbe(opened)))),
     Layer.provideMerge(ServerConfig.layerTest({ chunkSize: 32 }))
   )
 
