@@ -10,6 +10,8 @@
  */
 import { Context, Effect, Layer } from "effect"
 import { NativeMemory } from "../native/Native.ts"
+import { Blend } from "../services/Blend.ts"
+import { EngineDrivenTransfer } from "../services/EngineDrivenTransfer.ts"
 import { makeTable, type ServerModule } from "../services/Handler.ts"
 import { L1Store } from "../services/L1Store.ts"
 import { LayoutRegistry } from "../services/LayoutRegistry.ts"
@@ -35,8 +37,9 @@ export const PluginModules = Context.Reference<ReadonlyArray<ServerModule>>("mpc
 /** L1, layouts and the native memory backend. */
 const StorageLive = Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(NativeMemoryLive))
 
-/** The data-path modules: lookup/prefetch and LMCache-driven transfers. */
-const DataPathLive = LmcacheDrivenTransfer.layer.pipe(
+/** The data-path modules: lookup/prefetch, LMCache-driven and engine-driven transfers, and blend. */
+const DataPathLive = Blend.layer.pipe(
+  Layer.provideMerge(Layer.mergeAll(LmcacheDrivenTransfer.layer, EngineDrivenTransfer.layer)),
   Layer.provideMerge(Lookup.layer),
   Layer.provideMerge(StorageLive)
 )
@@ -46,7 +49,9 @@ const TargetsLive = Layer.effect(
   LivenessTargets,
   Effect.gen(function*() {
     const transfer = yield* LmcacheDrivenTransfer
-    return [transfer.target]
+    const engineDriven = yield* EngineDrivenTransfer
+    const blend = yield* Blend
+    return [transfer.target, engineDriven.target, blend.target]
   })
 )
 
@@ -64,8 +69,10 @@ const HandlersLive = Layer.effect(
     const management = yield* Management
     const lookup = yield* Lookup
     const transfer = yield* LmcacheDrivenTransfer
+    const engineDriven = yield* EngineDrivenTransfer
+    const blend = yield* Blend
     const plugins = yield* PluginModules
-    return yield* makeTable([management.module, lookup.module, transfer.module, ...plugins])
+    return yield* makeTable([management.module, lookup.module, transfer.module, engineDriven.module, blend.module, ...plugins])
   })
 )
 
@@ -98,8 +105,12 @@ const StatusBlocksLive = Layer.effect(
     const native = yield* NativeMemory
     const l1 = yield* L1Store
     const lookup = yield* Lookup
+    const blend = yield* Blend
+    const engineDriven = yield* EngineDrivenTransfer
     return [
       management.status(),
+      blend.status(),
+      engineDriven.status(),
       Effect.sync(() => {
         const n = native.stats()
         const s = l1.stats()

@@ -9,6 +9,18 @@ import { Context, Effect, Layer, Schema } from "effect"
 /** Output format of the server's logs. */
 export type LogFormat = "json" | "pretty"
 
+/**
+ * How engine-driven contexts move KV bytes (`--engine-driven-transport`,
+ * DESIGN §4; upstream picks `ShmTransferStrategy` when the server's L1 is a
+ * shared segment, else `PickleTransferStrategy`): `shm` hands out slots in
+ * the shared L1 pool that workers map; `inline` carries the bytes in the
+ * messages (REGISTER answers `shm_name ""`, `pool_size 0`).
+ */
+export type EngineDrivenTransport = "shm" | "inline"
+
+/** The values `--engine-driven-transport` accepts. */
+export const ENGINE_DRIVEN_TRANSPORTS: ReadonlyArray<EngineDrivenTransport> = ["shm", "inline"]
+
 /** A validated server configuration. */
 export interface ServerConfigShape {
   /** ZeroMQ endpoint the ROUTER binds: `--endpoint`, else `tcp://{--host}:{--port}`. */
@@ -35,6 +47,8 @@ export interface ServerConfigShape {
   readonly workerDisconnectGraceSeconds: number
   /** Prefetch read locks older than this are released (`--lookup-lock-ttl-seconds`; upstream read_ttl_seconds 300). */
   readonly lookupLockTtlSeconds: number
+  /** Engine-driven transport (`--engine-driven-transport`, default shm). */
+  readonly engineDrivenTransport: EngineDrivenTransport
 }
 
 /** Flag values as parsed, before the cross-flag rules. */
@@ -55,6 +69,7 @@ export interface ServerConfigInput {
   readonly workerRegistrationGraceSeconds: number
   readonly workerDisconnectGraceSeconds: number
   readonly lookupLockTtlSeconds: number
+  readonly engineDrivenTransport: EngineDrivenTransport
 }
 
 /** Defaults of DESIGN §5 and §7 (upstream: port 5555, chunk 256, reap 120 s, grace 3600 s). */
@@ -74,7 +89,8 @@ export const defaults: ServerConfigInput = {
   workerReapTimeoutSeconds: 120,
   workerRegistrationGraceSeconds: 3600,
   workerDisconnectGraceSeconds: 10,
-  lookupLockTtlSeconds: 300
+  lookupLockTtlSeconds: 300,
+  engineDrivenTransport: "shm"
 }
 
 /** One broken rule: the flag and what it must be. */
@@ -112,7 +128,9 @@ export const rules = {
   lockTtl: (n: number) =>
     Number.isFinite(n) && n >= 1 ? undefined : `lookup lock TTL must be at least 1 second (got ${n})`,
   disconnectGrace: (n: number) =>
-    Number.isFinite(n) && n >= 0 ? undefined : `worker disconnect grace must be 0 (disabled) or a positive number of seconds (got ${n})`
+    Number.isFinite(n) && n >= 0 ? undefined : `worker disconnect grace must be 0 (disabled) or a positive number of seconds (got ${n})`,
+  engineDrivenTransport: (s: string) =>
+    (ENGINE_DRIVEN_TRANSPORTS as ReadonlyArray<string>).includes(s) ? undefined : `must be shm or inline (got "${s}")`
 } as const
 
 /**
@@ -146,6 +164,7 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
   }
   check("worker-disconnect-grace-seconds", rules.disconnectGrace(input.workerDisconnectGraceSeconds))
   check("lookup-lock-ttl-seconds", rules.lockTtl(input.lookupLockTtlSeconds))
+  check("engine-driven-transport", rules.engineDrivenTransport(input.engineDrivenTransport))
   if (issues.length > 0) return { issues }
   const host = input.host.includes(":") && !input.host.startsWith("[") ? `[${input.host}]` : input.host
   return {
@@ -162,7 +181,8 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
       workerReapTimeoutSeconds: input.workerReapTimeoutSeconds,
       workerRegistrationGraceSeconds: grace,
       workerDisconnectGraceSeconds: input.workerDisconnectGraceSeconds,
-      lookupLockTtlSeconds: input.lookupLockTtlSeconds
+      lookupLockTtlSeconds: input.lookupLockTtlSeconds,
+      engineDrivenTransport: input.engineDrivenTransport
     }
   }
 }

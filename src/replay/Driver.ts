@@ -18,7 +18,7 @@ import { Clock, Effect, Fiber, Queue, Random, Ref, Schema } from "effect"
 import { dtypeBytes } from "../schema/Dtype.ts"
 import { makeSchedulerAdapter } from "../services/SchedulerAdapter.ts"
 import { perfectLru } from "./LruSim.ts"
-import type { Done, RunRequest, WorkerSettings } from "./Messages.ts"
+import type { Done, RunRequest, TransferMode, WorkerSettings } from "./Messages.ts"
 import { Samples, promCounters } from "./Stats.ts"
 import type { ModelPreset } from "./Synth.ts"
 import { tokensFor } from "./Synth.ts"
@@ -30,6 +30,8 @@ export interface ReplayOptions {
   /** First N usable requests; all when undefined. */
   readonly requests: number | undefined
   readonly workers: number
+  /** How the workers move KV (`--transfer-mode`). */
+  readonly transferMode: TransferMode
   /** Trace time is divided by this (2 = twice as fast). */
   readonly rate: number
   /** Ignore timestamps: send each request as soon as a worker is free. */
@@ -65,6 +67,7 @@ export interface ReplaySummary {
   readonly failures: ReadonlyArray<{ readonly request: number; readonly message: string }>
   readonly retried_requests: number
   readonly workers: number
+  readonly transfer_mode: TransferMode
   readonly model: string
   readonly chunk_size: number
   readonly chunks: { readonly looked_up: number; readonly hit: number; readonly stored: number; readonly retrieved: number }
@@ -166,6 +169,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     const maxTokens = Math.max(...requests.map((r) => Math.floor(r.inputLength / chunk) * chunk))
     const settings = (slot: number): WorkerSettings => ({
       endpoint,
+      transferMode: o.transferMode,
       modelName: o.model.name,
       numLayers: o.model.numLayers,
       numHeads: o.model.numHeads,
@@ -374,6 +378,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       failures,
       retried_requests: retried,
       workers: o.workers,
+      transfer_mode: o.transferMode,
       model: o.model.name,
       chunk_size: chunk,
       chunks: { looked_up: lookedUp, hit, stored, retrieved },

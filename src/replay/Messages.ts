@@ -4,9 +4,18 @@
  * strings.
  */
 
+/**
+ * How a worker moves KV: `lmcache-driven` (the server copies between the
+ * worker's registered paged KV cache and L1: REGISTER_KV_CACHE, STORE,
+ * RETRIEVE) or `engine-driven` (the worker copies its chunk objects itself
+ * through the server's shared L1 pool: PREPARE/COMMIT).
+ */
+export type TransferMode = "lmcache-driven" | "engine-driven"
+
 /** Settings a worker starts with (its first argv, JSON). */
 export interface WorkerSettings {
   readonly endpoint: string
+  readonly transferMode: TransferMode
   readonly modelName: string
   readonly numLayers: number
   readonly numHeads: number

@@ -17,7 +17,7 @@ export const formatSummary = (s: ReplaySummary): string => {
     `mpcache replay — ${s.trace}`,
     `  requests          ${s.requests} (${s.failed_requests} failed, ${s.retried_requests} retried on another worker) in ${s.duration_seconds} s = ${s.requests_per_second} req/s`,
     `  workers           ${s.workers} · killed ${s.churn.killed} · paused ${s.churn.paused} · replaced ${s.churn.replaced}`,
-    `  model             ${s.model}, chunk ${s.chunk_size} tokens, L1 ${s.l1_capacity_chunks} chunks`,
+    `  model             ${s.model}, chunk ${s.chunk_size} tokens, L1 ${s.l1_capacity_chunks} chunks, ${s.transfer_mode} transfers`,
     `  chunks            looked up ${s.chunks.looked_up} · hit ${s.chunks.hit} · stored ${s.chunks.stored} · retrieved ${s.chunks.retrieved}`,
     `  hit ratio         ${pct(s.hit_ratio)} (a perfect LRU of the same capacity: ${pct(s.perfect_lru_hit_ratio)})`,
     `  moved             ${s.gb_stored} GB stored · ${s.gb_retrieved} GB retrieved`,

@@ -64,6 +64,11 @@ export const spawnWorker = (
       }
     })
     const exited = yield* Deferred.make<void>()
+    // A send to a worker killed a moment ago fails with EPIPE (an 'error' event, fatal when unheard); its
+    // 'exit' event, which follows, fails the request in flight with WorkerDied.
+    child.on("error", (e) => {
+      stderr = `${stderr}\n[driver] ${e.message}`.slice(-20_000)
+    })
     child.on("exit", (code, signal) => {
       alive = false
       const died = new WorkerDied({ slot, message: `worker ${slot} exited (${signal ?? `code ${code}`})` })

@@ -1,11 +1,19 @@
 /**
- * One engine worker of `mpcache replay`, as its own OS process: its own
- * shared-memory KV cache, its own WorkerAdapter with heartbeat. For each
- * request the driver sends, it RETRIEVEs the hit prefix into its blocks and
- * checks every byte against what it would compute, "computes" the rest
- * (writes the deterministic bytes), and STOREs the new complete chunks.
- * Blocks 1…n hold the request's tokens in order (block 0 is vLLM's null
- * block, which the server never stores).
+ * One engine worker of `mpcache replay`, as its own OS process, with its
+ * own adapter and heartbeat. For each request the driver sends, it
+ * RETRIEVEs the hit prefix and checks every byte against what it would
+ * compute, "computes" the rest (the deterministic bytes of Synth.ts), and
+ * STOREs the new complete chunks. Two transfer modes (`--transfer-mode`):
+ *
+ * - `lmcache-driven`: its own shared-memory paged KV cache, registered with
+ *   REGISTER_KV_CACHE; blocks 1…n hold the request's tokens in order (block
+ *   0 is vLLM's null block, which the server never stores); the server
+ *   copies between those blocks and L1 (STORE, RETRIEVE).
+ * - `engine-driven`: an engine-driven context (EngineDrivenWorkerAdapter);
+ *   the worker holds each chunk's KV as its L1 object `[2, num_layers,
+ *   chunk_size, num_heads × head_size]` and copies it itself into and out of
+ *   the server's shared L1 pool, which it maps in its own process
+ *   (PREPARE_STORE/COMMIT_STORE, PREPARE_RETRIEVE/COMMIT_RETRIEVE).
  *
  * Started by the driver with `child_process.fork` (IPC channel); exits after
  * a Shutdown message (unregistering first) or when the channel closes.
@@ -14,6 +22,7 @@ import { NodeRuntime } from "@effect/platform-node"
 import { Deferred, Effect, Queue } from "effect"
 import { NativeMemoryLive } from "../layers/NativeMemory.ts"
 import { dtypeBytes } from "../schema/Dtype.ts"
+import { makeEngineDrivenWorkerAdapter } from "../services/EngineDrivenWorkerAdapter.ts"
 import { makePagedKvCache } from "../services/PagedKvCache.ts"
 import { makeWorkerAdapter } from "../services/WorkerAdapter.ts"
 import type { Done, DriverMessage, RunRequest, WorkerMessage, WorkerSettings } from "./Messages.ts"
@@ -23,12 +32,21 @@ const settings = JSON.parse(process.argv[2] ?? "{}") as WorkerSettings
 
 const send = (m: WorkerMessage) => Effect.sync(() => process.send?.(m))
 
-const program = Effect.gen(function*() {
-  const inbox = yield* Queue.unbounded<DriverMessage>()
-  const closed = yield* Deferred.make<void>()
-  process.on("message", (m: DriverMessage) => Queue.offerUnsafe(inbox, m))
-  process.on("disconnect", () => Deferred.doneUnsafe(closed, Effect.void))
+/** A registered worker: its id, the server's chunk size, and one request's work. */
+interface Runner {
+  readonly instanceId: string
+  readonly chunkSizeTokens: number
+  readonly run: (r: RunRequest) => Effect.Effect<Done, { readonly message: string }>
+}
 
+const tokenBytes = settings.numHeads * settings.headSize * dtypeBytes(settings.dtype)
+const seed = modelSeed(settings.modelName)
+
+/** Mismatching chunk indices, ascending. */
+const sortedMismatches = (mismatched: Set<number>) => [...mismatched].sort((a, b) => a - b)
+
+/** LMCache-driven: a paged KV cache in shared memory, registered with the server. */
+const lmcacheDriven = Effect.gen(function*() {
   const cache = yield* makePagedKvCache({
     namePrefix: settings.namePrefix,
     numLayers: settings.numLayers,
@@ -49,10 +67,7 @@ const program = Effect.gen(function*() {
   yield* worker.registerKvCaches(cache.descriptors)
   const chunk = worker.chunkSizeTokens
   const bs = settings.blockSizeTokens
-  const tokenBytes = settings.numHeads * settings.headSize * dtypeBytes(settings.dtype)
-  const seed = modelSeed(settings.modelName)
   const chunkBytes = 2 * settings.numLayers * chunk * tokenBytes
-  yield* send({ _tag: "Ready", instanceId: worker.instanceId.toString(), pid: process.pid, chunkSizeTokens: chunk })
 
   const expected = (layer: number, kv: 0 | 1, firstPosition: number, tokens: number, hashIds: ReadonlyArray<number>) => {
     const out = Buffer.alloc(tokens * tokenBytes)
@@ -117,7 +132,7 @@ const program = Effect.gen(function*() {
         storedChunks,
         retrievedBytes: retrievedChunks * chunkBytes,
         storedBytes: storedChunks * chunkBytes,
-        mismatchedChunks: [...mismatched].sort((a, b) => a - b),
+        mismatchedChunks: sortedMismatches(mismatched),
         retrieveMs: t1 - t0,
         computeMs: t2 - t1,
         storeMs: t3 - t2,
@@ -125,7 +140,110 @@ const program = Effect.gen(function*() {
         healthy: yield* worker.isHealthy
       }
       return done
-    }).pipe(
+    })
+
+  return { instanceId: worker.instanceId.toString(), chunkSizeTokens: chunk, run } satisfies Runner
+})
+
+/** Engine-driven: chunk objects computed here, copied through the server's L1 pool by this process. */
+const engineDriven = Effect.gen(function*() {
+  const worker = yield* makeEngineDrivenWorkerAdapter({
+    endpoint: settings.endpoint,
+    modelName: settings.modelName,
+    worldSize: 1,
+    kvRank: 0,
+    blockSizeTokens: settings.blockSizeTokens,
+    numLayers: settings.numLayers,
+    hiddenDimSize: settings.numHeads * settings.headSize,
+    dtype: settings.dtype,
+    heartbeatIntervalMs: settings.heartbeatIntervalMs,
+    requestTimeoutMs: 30_000
+  })
+  yield* worker.register
+  const chunk = worker.chunkSizeTokens
+  const { chunkBytes } = worker.layout
+  const perLayerBytes = chunk * tokenBytes
+
+  /** Chunk c's L1 object `[2, num_layers, chunk, hidden]`: K of every layer, then V. */
+  const expectedChunk = (c: number, hashIds: ReadonlyArray<number>) => {
+    const out = new Uint8Array(chunkBytes)
+    for (const kv of [0, 1] as const) {
+      for (let l = 0; l < settings.numLayers; l++) {
+        const at = (kv * settings.numLayers + l) * perLayerBytes
+        fillKv(out.subarray(at, at + perLayerBytes), seed, l, kv, c * chunk, hashIds, tokenBytes)
+      }
+    }
+    return out
+  }
+
+  const run = (r: RunRequest) =>
+    Effect.gen(function*() {
+      const fullTokens = Math.floor(r.inputLength / chunk) * chunk
+      const tokenIds = tokensFor(r.hashIds, r.inputLength)
+      const hit = Math.min(r.hitTokens, fullTokens)
+      // 1. RETRIEVE the hit prefix and check every byte.
+      let retrieveOk = true
+      const mismatched = new Set<number>()
+      const t0 = performance.now()
+      if (hit > 0) {
+        const got = yield* worker.retrieve({ requestId: r.requestId, tokenIds, start: 0, end: hit })
+        retrieveOk = got.ok
+        if (got.ok) {
+          for (let c = 0; c < hit / chunk; c++) {
+            const have = got.chunks[c]
+            if (have === undefined || !Buffer.from(have.buffer, have.byteOffset, have.byteLength).equals(expectedChunk(c, r.hashIds))) {
+              mismatched.add(c)
+            }
+          }
+        }
+      }
+      const t1 = performance.now()
+      // 2. "Compute" the new chunks: what the engine's forward pass would produce.
+      const computed = new Map<number, Uint8Array>()
+      for (let c = hit / chunk; c < fullTokens / chunk; c++) computed.set(c, expectedChunk(c, r.hashIds))
+      const t2 = performance.now()
+      // 3. STORE the new complete chunks (the server asks only for those it does not hold).
+      let storeOk = true
+      if (fullTokens > hit) {
+        storeOk = yield* worker.store(
+          { requestId: r.requestId, tokenIds, start: hit, end: fullTokens },
+          (i) => computed.get(hit / chunk + i)!
+        )
+      }
+      const t3 = performance.now()
+      const retrievedChunks = retrieveOk ? hit / chunk : 0
+      const storedChunks = fullTokens > hit && storeOk ? (fullTokens - hit) / chunk : 0
+      return {
+        _tag: "Done",
+        index: r.index,
+        retrieveOk,
+        storeOk,
+        retrievedChunks,
+        storedChunks,
+        retrievedBytes: retrievedChunks * chunkBytes,
+        storedBytes: storedChunks * chunkBytes,
+        mismatchedChunks: sortedMismatches(mismatched),
+        retrieveMs: t1 - t0,
+        computeMs: t2 - t1,
+        storeMs: t3 - t2,
+        reregistrations: yield* worker.reregistrations,
+        healthy: yield* worker.isHealthy
+      } satisfies Done
+    })
+
+  return { instanceId: worker.instanceId.toString(), chunkSizeTokens: chunk, run } satisfies Runner
+})
+
+const program = Effect.gen(function*() {
+  const inbox = yield* Queue.unbounded<DriverMessage>()
+  const closed = yield* Deferred.make<void>()
+  process.on("message", (m: DriverMessage) => Queue.offerUnsafe(inbox, m))
+  process.on("disconnect", () => Deferred.doneUnsafe(closed, Effect.void))
+  const runner: Runner = settings.transferMode === "engine-driven" ? yield* engineDriven : yield* lmcacheDriven
+  yield* send({ _tag: "Ready", instanceId: runner.instanceId, pid: process.pid, chunkSizeTokens: runner.chunkSizeTokens })
+
+  const run = (r: RunRequest) =>
+    runner.run(r).pipe(
       Effect.catch((e) => Effect.succeed<WorkerMessage>({ _tag: "Failed", index: r.index, message: e.message })),
       Effect.flatMap(send)
     )

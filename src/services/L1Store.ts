@@ -95,6 +95,12 @@ export class L1Store extends Context.Service<L1Store, {
   readonly commit: (reservation: Reservation) => Effect.Effect<boolean>
   /** Drops a reservation (a failed or abandoned write). */
   readonly abort: (reservation: Reservation) => Effect.Effect<void>
+  /**
+   * Whether `reservation` is still pending (not committed, aborted, or dropped
+   * by CLEAR force), i.e. its bytes are still its own to write. Check it in
+   * the same synchronous step as a write made long after the reservation.
+   */
+  readonly isPending: (reservation: Reservation) => boolean
   /** Whether `key` is committed. */
   readonly contains: (key: ObjectKey) => boolean
   /** Read-locks a committed object and marks it used; undefined when absent or not committed. */
@@ -293,6 +299,10 @@ const makeL1 = (memory: Buffer, pool: L1Pool | undefined): L1Store["Service"] =>
     reserveWrite,
     commit,
     abort,
+    isPending: (r) => {
+      const o = objects.get(r.keyString)
+      return owns(o, r) && !o.committed
+    },
     contains: (key) => objects.get(objectKeyString(key))?.committed === true,
     lockRead,
     unlockRead,

@@ -49,6 +49,25 @@ describe("mpcache replay", () => {
       assert.strictEqual(s.failed_requests, 0)
     }), 120_000)
 
+  it.live("engine-driven with --kill-every: 0 mismatches, killed instances reaped on disconnect, 0 leaked, 0 open mappings", () =>
+    Effect.gen(function*() {
+      const r = yield* replay(["--requests", "150", "--workers", "2", "--max-rate", "--kill-every", "3", "--transfer-mode", "engine-driven"])
+      assert.strictEqual(r.code, 0, r.stderr.slice(-3000))
+      const s = r.summary!
+      assert.strictEqual(s.transfer_mode, "engine-driven")
+      assert.isAtLeast(s.churn.killed, 2)
+      assert.strictEqual(s.churn.replaced, s.churn.killed)
+      assert.strictEqual(s.reaped["disconnect"], s.churn.killed)
+      assert.strictEqual(s.data_mismatches, 0)
+      assert.strictEqual(s.leaked_contexts, 0)
+      // The workers map the server's pool in their own processes; the server maps no worker memory.
+      assert.strictEqual(s.open_mappings_after_shutdown, 0)
+      assert.strictEqual(s.requests, 150)
+      assert.strictEqual(s.failed_requests, 0)
+      assert.isAbove(s.chunks.hit, 0)
+      assert.strictEqual(s.chunks.retrieved, s.chunks.hit)
+    }), 120_000)
+
   it.live("malformed trace lines are reported with their line numbers and the rest is replayed", () =>
     Effect.gen(function*() {
       const path = join(tmpdir(), `mpcache-trace-${randomUUID()}.jsonl`)

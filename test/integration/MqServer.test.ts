@@ -126,7 +126,7 @@ describe("error replies", () => {
       const client = yield* MqClient
       const exit = yield* Effect.exit(client.request(PrepareStore, [key("m"), makeInstanceId(1n)]))
       assert.deepStrictEqual(exit, Exit.fail(new UnknownOp({ message: "op prepare_store (16) is not served by this server" })))
-    }).pipe(Effect.provide(testServer())))
+    }).pipe(Effect.provide(bareServer({ modules: [] }))))
 
   it.live("a handler's wire error reaches the client as that tagged error; a defect as internal", () =>
     Effect.gen(function*() {

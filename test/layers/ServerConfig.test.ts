@@ -45,6 +45,15 @@ describe("ServerConfig rules (DESIGN §5, upstream MPServerConfig)", () => {
     )
   })
 
+  it("--engine-driven-transport defaults to shm and takes shm or inline only", () => {
+    const r = validate(defaults)
+    assert.isTrue("config" in r && r.config.engineDrivenTransport === "shm")
+    assert.deepStrictEqual(issues({ engineDrivenTransport: "inline" }), [])
+    assert.deepStrictEqual(issues({ engineDrivenTransport: "pickle" as never }), [
+      "--engine-driven-transport: must be shm or inline (got \"pickle\")"
+    ])
+  })
+
   it("an explicit endpoint wins over host and port; pools default to --max-workers", () => {
     const r = validate({ ...defaults, endpoint: "ipc:///tmp/x.sock", maxWorkers: 2, maxGpuWorkers: 8 })
     assert.isTrue("config" in r && r.config.endpoint === "ipc:///tmp/x.sock" && r.config.maxCpuWorkers === 2 && r.config.maxGpuWorkers === 8)

@@ -31,7 +31,7 @@ export const runCli = (args: ReadonlyArray<string>, timeoutMs = 20_000): Effect.
     return Effect.sync(() => child.kill("SIGKILL"))
   })
 
-/** A long-running CLI process (e.g. `serve`) killed when the scope closes if still alive. */
+/** A long-running CLI process (e.g. `serve`) stopped when the scope closes if still alive (SIGTERM, then SIGKILL). */
 export interface CliProcess {
   readonly child: ChildProcess
   /** Everything written to stderr so far. */
@@ -89,5 +89,20 @@ export const startScript = (script: string, args: ReadonlyArray<string>): Effect
         stop
       }
     }),
-    (p) => Effect.sync(() => p.child.exitCode === null && p.child.signalCode === null && p.child.kill("SIGKILL"))
+    // SIGTERM first, so a server unlinks its L1 pool (a SIGKILLed one leaves its 1 GiB segment in /dev/shm);
+    // SIGKILL after 5 s. SIGCONT wakes a process a test left stopped.
+    (p) =>
+      Effect.promise(() =>
+        new Promise<void>((resolve) => {
+          const c = p.child
+          if (c.exitCode !== null || c.signalCode !== null) return resolve()
+          const timer = setTimeout(() => c.kill("SIGKILL"), 5_000)
+          c.once("exit", () => {
+            clearTimeout(timer)
+            resolve()
+          })
+          c.kill("SIGTERM")
+          c.kill("SIGCONT")
+        })
+      )
   )

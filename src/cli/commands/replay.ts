@@ -32,6 +32,12 @@ const flags = {
   ),
   rate: positive("rate", "Scale the trace's timestamps: 2 replays twice as fast").pipe(Flag.withDefault(1)),
   maxRate: Flag.Boolean("max-rate").pipe(Flag.withDescription("Ignore timestamps: send requests as fast as workers take them"), Flag.withDefault(false)),
+  transferMode: Flag.Literals("transfer-mode", ["lmcache-driven", "engine-driven"] as const).pipe(
+    Flag.withDescription(
+      "How workers move KV: lmcache-driven (the server copies from each worker's registered KV cache) or engine-driven (workers copy their chunks through the server's shared L1 pool: PREPARE/COMMIT)"
+    ),
+    Flag.withDefault<"lmcache-driven" | "engine-driven">("lmcache-driven")
+  ),
   model: Flag.Literals("model", ["small", "llama3-8b"] as const).pipe(
     Flag.withDescription("KV shape preset: small (2 layers × 2 × 16, runs in seconds) or llama3-8b (32 × 8 × 128 float16)"),
     Flag.withDefault<"small" | "llama3-8b">("small")
@@ -65,6 +71,7 @@ export const replay = Command.make("replay", flags, (f) =>
           tracePath: f.trace,
           requests: Option.getOrUndefined(f.requests),
           workers: f.workers,
+          transferMode: f.transferMode,
           rate: f.rate,
           maxRate: f.maxRate,
           model: MODEL_PRESETS[f.model]!,

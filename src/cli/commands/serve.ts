@@ -8,7 +8,15 @@ import { Effect, Layer, Option } from "effect"
 import { CliError, Command, Flag } from "effect/cli"
 import { loggerLayer } from "../../layers/Logging.ts"
 import { ServerLive } from "../../layers/Server.ts"
-import { defaults, formatIssue, rules, validate, type ServerConfigInput } from "../../layers/ServerConfig.ts"
+import {
+  defaults,
+  ENGINE_DRIVEN_TRANSPORTS,
+  type EngineDrivenTransport,
+  formatIssue,
+  rules,
+  validate,
+  type ServerConfigInput
+} from "../../layers/ServerConfig.ts"
 import { VERSION } from "../../version.ts"
 import * as F from "./flags.ts"
 
@@ -74,6 +82,12 @@ const serveFlags = {
     "Release prefetch read locks a scheduler never freed after this long",
     defaults.lookupLockTtlSeconds,
     rules.lockTtl
+  ),
+  engineDrivenTransport: Flag.Literals("engine-driven-transport", ENGINE_DRIVEN_TRANSPORTS).pipe(
+    Flag.withDescription(
+      "Engine-driven transfers: shm (workers map the L1 pool and copy through slots) or inline (KV bytes in the messages)"
+    ),
+    Flag.withDefault<EngineDrivenTransport>(defaults.engineDrivenTransport)
   )
 }
 
@@ -96,7 +110,8 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   workerReapTimeoutSeconds: f.workerReapTimeoutSeconds,
   workerRegistrationGraceSeconds: f.workerRegistrationGraceSeconds,
   workerDisconnectGraceSeconds: f.workerDisconnectGraceSeconds,
-  lookupLockTtlSeconds: f.lookupLockTtlSeconds
+  lookupLockTtlSeconds: f.lookupLockTtlSeconds,
+  engineDrivenTransport: f.engineDrivenTransport
 })
 
 export const serve = Command.make("serve", serveFlags, (flags) =>
@@ -112,7 +127,8 @@ export const serve = Command.make("serve", serveFlags, (flags) =>
       max_gpu_workers: config.maxGpuWorkers,
       worker_reap_timeout_seconds: config.workerReapTimeoutSeconds,
       worker_registration_grace_seconds: config.workerRegistrationGraceSeconds,
-      worker_disconnect_grace_seconds: config.workerDisconnectGraceSeconds
+      worker_disconnect_grace_seconds: config.workerDisconnectGraceSeconds,
+      engine_driven_transport: config.engineDrivenTransport
     })
     yield* Layer.launch(ServerLive(config)).pipe(
       Effect.onInterrupt(() => Effect.logInfo("shutting down: stopped receiving, draining in-flight requests"))
