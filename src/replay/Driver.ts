@@ -10,7 +10,7 @@
  */
 import { spawn, type ChildProcess } from "node:child_process"
 import { randomUUID } from "node:crypto"
-import { rmSync } from "node:fs"
+import { readdirSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -147,6 +147,15 @@ const startOwnServer = (o: ReplayOptions) =>
       )
   )
 
+/** Unlinks /dev/shm/<prefix>-L* (a dead worker's KV cache). */
+const removeSegments = (prefix: string): void => {
+  try {
+    for (const name of readdirSync("/dev/shm")) if (name.startsWith(`${prefix}-L`)) rmSync(`/dev/shm/${name}`, { force: true })
+  } catch {
+    // Nothing to clean where /dev/shm cannot be listed.
+  }
+}
+
 const round = (x: number, digits = 3) => Math.round(x * 10 ** digits) / 10 ** digits
 
 /**
@@ -282,6 +291,9 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
           yield* Effect.uninterruptible(Effect.gen(function*() {
             victim.child.kill("SIGKILL")
             killed++
+            // A killed worker cannot unlink its own segments; like an engine's supervisor, we do.
+            // The server's mappings stay valid until it reaps the instance.
+            removeSegments(victim.namePrefix)
             yield* start.pipe(
               Effect.tap(() => Effect.sync(() => replaced++)),
               Effect.catch((e) => Effect.logWarning(`replacement worker failed to start: ${e.message}`))

@@ -20,6 +20,8 @@ export class WorkerDied extends Schema.TaggedError<WorkerDied>()("WorkerDied", {
 export interface WorkerHandle {
   /** 1-based number of this worker in the run (replacements get new numbers). */
   readonly slot: number
+  /** Its KV cache segments are `<namePrefix>-L<layer>` in /dev/shm. */
+  readonly namePrefix: string
   readonly child: ChildProcess
   readonly instanceId: string
   readonly pid: number
@@ -88,6 +90,7 @@ export const spawnWorker = (
     )
     return {
       slot,
+      namePrefix: settings.namePrefix,
       child,
       instanceId: info.instanceId,
       pid: info.pid,

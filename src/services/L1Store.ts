@@ -20,8 +20,7 @@
  * respect to the others without a transaction.
  *
  * The pool belongs to the server (DESIGN §5): it is unlinked at shutdown, and
- * at start a pool left by a crashed run of the same endpoint (its process
- * gone) is unlinked.
+ * at start a pool left by a crashed run (its process gone) is unlinked.
  */
 import { readdirSync, existsSync, statfsSync } from "node:fs"
 import { Context, Duration, Effect, Layer, Metric, Schema } from "effect"
@@ -139,33 +138,37 @@ const fnv = (s: string): string => {
   return (h >>> 0).toString(16).padStart(8, "0")
 }
 
-/** Unlinks pools of this endpoint left by runs whose process is gone. */
-const cleanStalePools = (prefix: string, unlink: (name: string) => Effect.Effect<void, NativeError>) =>
+/**
+ * Unlinks L1 pools left by crashed servers: `mpcache-l1-<endpoint hash>-<pid>` whose process is gone
+ * (this endpoint's first, then any other's — a crashed server's pool is nobody's, and tmpfs pages are RAM).
+ */
+const cleanStalePools = (unlink: (name: string) => Effect.Effect<void, NativeError>) =>
   Effect.gen(function*() {
     let names: Array<string> = []
     try {
-      names = readdirSync("/dev/shm").filter((n) => n.startsWith(prefix))
+      names = readdirSync("/dev/shm").filter((n) => n.startsWith(POOL_PREFIX))
     } catch {
       return
     }
     for (const name of names) {
-      const pid = Number(name.slice(prefix.length))
-      if (Number.isInteger(pid) && pid > 0 && !existsSync(`/proc/${pid}`)) {
+      const pid = Number(name.slice(name.lastIndexOf("-") + 1))
+      if (Number.isInteger(pid) && pid > 0 && pid !== process.pid && !existsSync(`/proc/${pid}`)) {
         yield* unlink(name).pipe(
-          Effect.andThen(Effect.logWarning(`removed the L1 pool ${name} left by a crashed run (pid ${pid}) of this endpoint`)),
+          Effect.andThen(Effect.logWarning(`removed the L1 pool ${name} left by a crashed server (pid ${pid})`)),
           Effect.ignore
         )
       }
     }
   })
 
+const POOL_PREFIX = "mpcache-l1-"
+
 const makePooled = Effect.gen(function*() {
   const config = yield* ServerConfig
   const native = yield* NativeMemory
   const capacityBytes = Math.floor(config.l1SizeGb * 2 ** 30)
-  const prefix = `mpcache-l1-${fnv(config.endpoint)}-`
-  const shmName = `${prefix}${process.pid}`
-  yield* cleanStalePools(prefix, native.unlinkSegment)
+  const shmName = `${POOL_PREFIX}${fnv(config.endpoint)}-${process.pid}`
+  yield* cleanStalePools(native.unlinkSegment)
   const freeBytes = yield* Effect.try({
     try: () => {
       const s = statfsSync("/dev/shm")
