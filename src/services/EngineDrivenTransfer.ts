@@ -107,7 +107,7 @@ import { row, type ServerModule } from "./Handler.ts"
 import { makeInstanceRegistry, type Tracked } from "./InstanceRegistry.ts"
 import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
 import { type KvLayout, LayoutRegistry } from "./LayoutRegistry.ts"
-import type { InstanceSummary, LivenessTarget } from "./LivenessTarget.ts"
+import { registryTarget, type InstanceSummary, type LivenessTarget } from "./LivenessTarget.ts"
 import { Lookup, objectKeysOf } from "./Lookup.ts"
 import type { ObjectKey } from "./ObjectKey.ts"
 import { chunkHashes } from "./TokenHasher.ts"
@@ -614,25 +614,8 @@ const make = Effect.gen(function*() {
     }
   }
 
-  const target: LivenessTarget = {
-    name: "engine_driven_transfer",
-    kind: "engine_driven",
-    touchInstance: (id) => Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.asVoid(registry.touch(id, now))),
-    holdsInstance: (id) => Effect.map(registry.get(id), (t) => t !== undefined),
-    reapStaleInstances: (rule) =>
-      Effect.gen(function*() {
-        const stale = yield* registry.popStale(rule)
-        yield* Effect.forEach(stale, (r) => release(r.tracked.resource), { discard: true })
-        return stale.map((r) => ({ id: r.tracked.id, reason: r.reason, silentMs: r.silentMs, windowMs: r.windowMs }))
-      }),
-    trackedInstanceCount: () => registry.size(),
-    dropInstanceState: () => Effect.void,
-    instances: () =>
-      Effect.gen(function*() {
-        const now = yield* Clock.currentTimeMillis
-        return (yield* registry.snapshot()).map((t) => summary(t, now))
-      })
-  }
+  const target = registryTarget({ name: "engine_driven_transfer", kind: "engine_driven", registry, release, summary })
+
 
   const status = () =>
     Effect.gen(function*() {

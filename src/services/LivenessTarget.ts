@@ -12,10 +12,10 @@
  * reaped, so the reaper can log one WARNING with the seconds silent, the
  * window and the reason.
  */
-import { Context, Effect, Layer } from "effect"
+import { Clock, Context, Effect, Layer } from "effect"
 import type { InstanceId } from "../schema/InstanceId.ts"
 import type { RegistrationKind } from "../schema/Registration.ts"
-import type { ReapReason, StaleRule } from "./InstanceRegistry.ts"
+import type { InstanceRegistry, ReapReason, StaleRule, Tracked } from "./InstanceRegistry.ts"
 
 /** One instance a target reaped. Times in ms. */
 export interface ReapedInstance {
@@ -75,4 +75,39 @@ export class LivenessTargets extends Context.Service<LivenessTargets, ReadonlyAr
   static readonly layer = (targets: ReadonlyArray<LivenessTarget>) => Layer.succeed(this, targets)
   /** No module tracks instances. */
   static readonly layerEmpty = Layer.succeed(this, [])
+}
+
+/**
+ * The liveness target of a module whose per-instance state is an
+ * InstanceRegistry: PING touches the registry; a reap pops the stale entries
+ * in one transaction and releases each through `release` (the module's one
+ * finalizer, shared with UNREGISTER and shutdown).
+ */
+export const registryTarget = <R>(options: {
+  readonly name: string
+  readonly kind: RegistrationKind
+  readonly registry: InstanceRegistry<R>
+  readonly release: (resource: R) => Effect.Effect<void>
+  readonly summary: (tracked: Tracked<R>, nowMs: number) => InstanceSummary
+}): LivenessTarget => {
+  const { registry, release } = options
+  return {
+    name: options.name,
+    kind: options.kind,
+    touchInstance: (id) => Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.asVoid(registry.touch(id, now))),
+    holdsInstance: (id) => Effect.map(registry.get(id), (t) => t !== undefined),
+    reapStaleInstances: (rule) =>
+      Effect.gen(function*() {
+        const stale = yield* registry.popStale(rule)
+        yield* Effect.forEach(stale, (r) => release(r.tracked.resource), { discard: true })
+        return stale.map((r) => ({ id: r.tracked.id, reason: r.reason, silentMs: r.silentMs, windowMs: r.windowMs }))
+      }),
+    trackedInstanceCount: () => registry.size(),
+    dropInstanceState: () => Effect.void,
+    instances: () =>
+      Effect.gen(function*() {
+        const now = yield* Clock.currentTimeMillis
+        return (yield* registry.snapshot()).map((t) => options.summary(t, now))
+      })
+  }
 }
