@@ -12,6 +12,8 @@
 //   3. the system's Node headers (/usr or /usr/local: include/node/node_api.h).
 // napi.h comes from the `node-addon-api` dependency.
 //
+// No CUDA is needed to build: the addon dlopen's libcudart at run time (src/native/addon/cudart.h).
+//
 // Output: src/native/addon/build/Release/mpcache_native.node. Exits non-zero,
 // loudly, when no headers are found, node-gyp fails, or the result does not load.
 import { spawnSync } from "node:child_process"
@@ -164,7 +166,10 @@ if (!existsSync(output)) fail(`node-gyp succeeded but ${output} is missing`)
 // Undefined symbols only show when the addon is loaded: load it once.
 const probe = spawnSync(
   process.execPath,
-  ["-e", `const a = require(${JSON.stringify(output)}); if (typeof a.openMapping !== "function") process.exit(3)`],
+  [
+    "-e",
+    `const a = require(${JSON.stringify(output)}); if (typeof a.openMapping !== "function" || typeof a.openCudaIpcMapping !== "function") process.exit(3)`
+  ],
   { stdio: "inherit" }
 )
 if (probe.status !== 0) fail(`the built addon ${output} does not load (exit ${probe.status ?? probe.signal})`)

@@ -1,10 +1,12 @@
 /**
  * The live native memory backend (DESIGN §2, §4): the {@link NativeMemory}
- * service over the C++ addon. It owns every shared-memory mapping the server
- * opens.
+ * service over the C++ addon. It owns every mapping the server opens:
+ * shared-memory segments, CUDA IPC mappings, and (worker side) CUDA
+ * allocations.
  *
  * Each mapping has one release (close: stop taking copies, wait for those in
- * flight, munmap), shared by two paths: the Scope the mapping was acquired in
+ * flight, munmap — for CUDA: cudaIpcCloseMemHandle or cudaFree, then
+ * cudaStreamDestroy), shared by two paths: the Scope the mapping was acquired in
  * (UNREGISTER, reap: the per-entry scope) and this layer's own finalizer
  * (server shutdown), which releases whatever is still open. The release body
  * runs once, whichever path comes first and however many call it; later
@@ -13,6 +15,8 @@
 import { Effect, Layer } from "effect"
 import {
   type AddonMapping,
+  type CudaAllocation,
+  type CudaBackendInfo,
   loadNativeAddon,
   makeNativeCalls,
   NativeError,
@@ -54,15 +58,27 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
     )
     const byHandle = new WeakMap<ShmMapping, Tracked>()
 
+    const describeMapping = (native: AddonMapping): string =>
+      native.kind === "shm"
+        ? `shared-memory segment ${native.name}`
+        : native.kind === "cuda_ipc"
+        ? `CUDA IPC mapping ${native.name}`
+        : `CUDA allocation ${native.name}`
+
     const track = (native: AddonMapping): Tracked => {
       let releases = 0
       let closing: Promise<NativeError | undefined> | undefined
-      const handle: ShmMapping = Object.freeze({
+      const base = {
         name: native.name,
         sizeBytes: native.size,
         isClosed: () => native.closed,
         releases: () => releases
-      })
+      }
+      const handle: ShmMapping = Object.freeze(
+        native.kind === "cuda_alloc"
+          ? { ...base, ipcHandle: native.ipcHandle(), deviceUuid: native.device } satisfies CudaAllocation
+          : base
+      )
       const tracked: Tracked = {
         native,
         handle,
@@ -78,7 +94,7 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
           return Effect.promise(() => done).pipe(
             Effect.flatMap((error) =>
               error === undefined
-                ? Effect.logDebug(`unmapped shared-memory segment ${native.name} (${native.size} bytes)`)
+                ? Effect.logDebug(`released ${describeMapping(native)} (${native.size} bytes)`)
                 : Effect.logWarning(`releasing the mapping of ${native.name} failed: ${error.message}`)
             )
           )
@@ -101,28 +117,71 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
         : Effect.succeed(tracked)
     }
 
+    /** Scoped: opens with `open` (unless shut down), tracks, releases with the scope. */
+    const acquire = (
+      call: string,
+      what: string,
+      open: Effect.Effect<AddonMapping, InvalidArgument | NativeError>
+    ) =>
+      Effect.acquireRelease(
+        Effect.suspend(() =>
+          shutDown
+            ? Effect.fail(
+              new NativeError({
+                call,
+                errno: "ECLOSED",
+                message: `cannot map ${what}: the native memory layer is shut down`
+              })
+            )
+            : open.pipe(
+              Effect.map(track),
+              Effect.tap((t) => Effect.logDebug(`mapped ${describeMapping(t.native)} (${t.native.size} bytes)`))
+            )
+        ),
+        (tracked) => tracked.release
+      ).pipe(Effect.map((tracked) => tracked.handle))
+
+    let cudaInfo: CudaBackendInfo | undefined
+    const cudaBackend = (): Effect.Effect<CudaBackendInfo> =>
+      cudaInfo !== undefined
+        ? Effect.succeed(cudaInfo)
+        : calls.cudaProbe().pipe(
+          Effect.tap((info) =>
+            Effect.sync(() => {
+              cudaInfo = info
+            }).pipe(
+              Effect.andThen(
+                info.available
+                  ? Effect.logInfo(
+                    `CUDA backend: ${info.library}, ${info.devices.length} device(s): ${info.devices.map((d) => d.uuid).join(", ")}`
+                  )
+                  : Effect.logInfo(`CUDA backend not available: ${info.reason}`)
+              )
+            )
+          )
+        )
+
     const service: NativeMemoryShape = {
       createSegment: calls.createSegment,
       unlinkSegment: calls.unlinkSegment,
       segmentSize: calls.segmentSize,
-      map: (name, nbytes) =>
-        Effect.acquireRelease(
-          Effect.suspend(() =>
-            shutDown
-              ? Effect.fail(
-                new NativeError({
-                  call: "map",
-                  errno: "ECLOSED",
-                  message: `cannot map segment ${name}: the native memory layer is shut down`
-                })
-              )
-              : calls.openMapping(name, nbytes).pipe(
-                Effect.map(track),
-                Effect.tap(() => Effect.logDebug(`mapped shared-memory segment ${name} (${nbytes} bytes)`))
-              )
-          ),
-          (tracked) => tracked.release
-        ).pipe(Effect.map((tracked) => tracked.handle)),
+      map: (name, nbytes) => acquire("map", `segment ${name}`, calls.openMapping(name, nbytes)),
+      mapCudaIpc: (ipcHandle, deviceUuid, nbytes) =>
+        acquire(
+          "mapCudaIpc",
+          `a CUDA IPC handle on device ${deviceUuid}`,
+          // Probing first hands MPCACHE_CUDART from this thread's environment to the loader.
+          Effect.andThen(cudaBackend(), calls.openCudaIpcMapping(ipcHandle, deviceUuid, nbytes))
+        ),
+      allocateCuda: (deviceUuid, nbytes) =>
+        acquire(
+          "allocateCuda",
+          `a CUDA allocation on device ${deviceUuid}`,
+          Effect.andThen(cudaBackend(), calls.cudaAllocate(deviceUuid, nbytes))
+        ).pipe(Effect.map((handle) => handle as CudaAllocation)),
+      cudaBackend,
+      cudaAvailable: () => Effect.map(cudaBackend(), (info) => info.available),
+      cudaMemInfo: (deviceUuid) => Effect.andThen(cudaBackend(), calls.cudaMemGetInfo(deviceUuid)),
       gather: (mapping, ranges, dest) =>
         Effect.flatMap(resolve("gather", mapping), (t) => calls.copy("gather", t.native, ranges, dest)),
       scatter: (mapping, ranges, src) =>

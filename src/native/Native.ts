@@ -1,8 +1,10 @@
 /**
  * The typed facade of the native memory addon (DESIGN §1 "native code", §4
- * "Data path"): POSIX shared-memory segments (`cpu_shm` descriptors) mapped
- * into the server, and bulk copies between those mappings and JS buffers that
- * run on the libuv thread pool, never on the JS thread.
+ * "Data path"): POSIX shared-memory segments (`cpu_shm` descriptors) and
+ * other processes' CUDA allocations (`cuda_ipc` descriptors, through
+ * libcudart loaded at run time) mapped into the server, and bulk copies
+ * between those mappings and JS buffers that run on the libuv thread pool,
+ * never on the JS thread.
  *
  * This module holds the contract: the {@link NativeMemory} service and its
  * shape, the {@link NativeError} failure, the typed surface of the C++ addon
@@ -65,8 +67,45 @@ export interface ShmMapping {
 }
 
 /**
- * The native memory backend: shared-memory segments, scoped mappings and
- * off-thread copies (DESIGN §4).
+ * A CUDA allocation of this process (worker side), handed out by
+ * {@link NativeMemoryShape.allocateCuda}: a mapping like any other for
+ * gather/scatter, plus what a `cuda_ipc` descriptor needs to name it.
+ *
+ * @category models
+ */
+export interface CudaAllocation extends ShmMapping {
+  /** The 64-byte cudaIpcMemHandle_t (cudaIpcGetMemHandle) another process opens it with. */
+  readonly ipcHandle: Uint8Array
+  /** The device's UUID ("GPU-…"). */
+  readonly deviceUuid: string
+}
+
+/**
+ * What the CUDA backend found on this host, probed once per process
+ * (libcudart is dlopen'ed on first use: the path in `MPCACHE_CUDART` when
+ * set, else libcudart.so, .so.13, .so.12, .so.11.0).
+ *
+ * @category models
+ */
+export interface CudaBackendInfo {
+  /** True when libcudart loaded, resolved its symbols and reports at least one device. */
+  readonly available: boolean
+  /** Why not ("libcudart not found: tried …", "… cudaGetDeviceCount failed: …"); "" when available. */
+  readonly reason: string
+  /** The library that loaded (as given to dlopen); "" when none. */
+  readonly library: string
+  /** The names or paths dlopen was given, in order. */
+  readonly tried: ReadonlyArray<string>
+  /** The devices, by ordinal, with their UUIDs ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"). */
+  readonly devices: ReadonlyArray<{ readonly ordinal: number; readonly uuid: string }>
+}
+
+/** The message every refusal for a missing CUDA backend starts with. */
+export const CUDA_UNAVAILABLE = "CUDA IPC backend not available on this host"
+
+/**
+ * The native memory backend: shared-memory segments, CUDA IPC mappings,
+ * scoped mappings and off-thread copies (DESIGN §4).
  *
  * @category models
  */
@@ -92,6 +131,45 @@ export interface NativeMemoryShape {
    * system errors (EACCES, ENOMEM …).
    */
   readonly map: (name: string, nbytes: number) => Effect.Effect<ShmMapping, InvalidArgument | NativeError, Scope.Scope>
+  /**
+   * Scoped: opens another process's CUDA allocation from its 64-byte IPC
+   * handle (cudaIpcOpenMemHandle on the device whose UUID is `deviceUuid`,
+   * with a CUDA stream of its own), as a mapping of `nbytes` bytes that
+   * gather/scatter/releases treat like any other. Named
+   * `cuda:<deviceUuid>:<hex of the handle>`. Closing the scope waits for
+   * copies in flight, then closes the IPC mapping (cudaIpcCloseMemHandle),
+   * then destroys the stream, exactly once (also when the layer shuts down
+   * first).
+   *
+   * Fails with InvalidArgument when the backend is not available (the
+   * message starts with {@link CUDA_UNAVAILABLE} and says why), the UUID is
+   * malformed or names no device of this host, the handle is not 64 bytes
+   * or cudaIpcOpenMemHandle refuses it; NativeError for other CUDA failures.
+   * cudart cannot tell an allocation's size: `nbytes` is the caller's word.
+   */
+  readonly mapCudaIpc: (
+    ipcHandle: Uint8Array,
+    deviceUuid: string,
+    nbytes: number
+  ) => Effect.Effect<ShmMapping, InvalidArgument | NativeError, Scope.Scope>
+  /**
+   * Scoped, worker side: cudaMalloc of `nbytes` on the device `deviceUuid`
+   * and its IPC handle, for a `cuda_ipc` descriptor (see
+   * `src/native/CudaExport.ts`). Closing the scope waits for copies, then
+   * cudaFree. Contents start uninitialised. Errors as for `mapCudaIpc`.
+   */
+  readonly allocateCuda: (
+    deviceUuid: string,
+    nbytes: number
+  ) => Effect.Effect<CudaAllocation, InvalidArgument | NativeError, Scope.Scope>
+  /** Probes the CUDA backend (once per process; later calls return the same). Never fails. */
+  readonly cudaBackend: () => Effect.Effect<CudaBackendInfo>
+  /** `cudaBackend()`'s `available`. */
+  readonly cudaAvailable: () => Effect.Effect<boolean>
+  /** cudaMemGetInfo on the device `deviceUuid`: bytes free and total. Errors as for `mapCudaIpc`. */
+  readonly cudaMemInfo: (
+    deviceUuid: string
+  ) => Effect.Effect<{ readonly free: number; readonly total: number }, InvalidArgument | NativeError>
   /**
    * Copies mapping → `dest` on the libuv pool. `ranges` holds
    * (mappingOffset, bufferOffset, length) triples, bytes; all are checked
@@ -158,10 +236,18 @@ export interface AddonMapping {
   /** Bytes mapped. */
   readonly size: number
   readonly closed: boolean
+  /** "shm" (openMapping), "cuda_ipc" (openCudaIpcMapping) or "cuda_alloc" (cudaAllocate). */
+  readonly kind: "shm" | "cuda_ipc" | "cuda_alloc"
+  /** The device UUID as given; "cpu" for shm. */
+  readonly device: string
   gather(ranges: Float64Array, dest: Uint8Array): Promise<void>
   scatter(ranges: Float64Array, src: Uint8Array): Promise<void>
+  /** shm: populates page tables; CUDA: resolves at once. */
   prefault(offset: number, length: number): Promise<void>
+  /** shm only (EINVAL for CUDA memory). */
   arrayBuffer(): ArrayBuffer
+  /** CUDA only: the 64-byte cudaIpcMemHandle_t (EINVAL for shm). */
+  ipcHandle(): Uint8Array
   close(): Promise<void>
 }
 
@@ -177,6 +263,13 @@ export interface NativeAddon {
   shmUnlink(name: string): void
   shmSize(name: string): number
   openMapping(name: string, nbytes: number): AddonMapping
+  /** Rejects with ENOCUDA, EINVAL (UUID), EINVAL_HANDLE (cudaIpcOpenMemHandle refused), ECUDA; throws EINVAL for bad arguments. */
+  openCudaIpcMapping(ipcHandle: Uint8Array, deviceUuid: string, nbytes: number): Promise<AddonMapping>
+  cudaAllocate(deviceUuid: string, nbytes: number): Promise<AddonMapping>
+  /** Loads libcudart once per process; `libraryPath` (else MPCACHE_CUDART from the C environment) counts on the first call only. */
+  cudaProbe(libraryPath?: string): Promise<CudaBackendInfo>
+  cudaMemGetInfo(deviceUuid: string): Promise<{ readonly free: number; readonly total: number }>
+  /** Every backend's mappings. */
   stats(): { readonly openMappings: number; readonly mappedBytes: number }
 }
 
@@ -257,6 +350,25 @@ export const toMapError = (name: string, nbytes: number, cause: unknown): Invali
 }
 
 /**
+ * A failure of a CUDA open, allocation or query: no backend (ENOCUDA), a bad
+ * or unknown device UUID or argument (EINVAL) and a handle cudart refuses
+ * (EINVAL_HANDLE) are the caller's (InvalidArgument); the rest NativeError.
+ *
+ * @category error handling
+ */
+export const toCudaError = (cause: unknown, fallbackCall: string): InvalidArgument | NativeError => {
+  const d = describe(cause, fallbackCall)
+  switch (d.code) {
+    case "ENOCUDA":
+    case "EINVAL":
+    case "EINVAL_HANDLE":
+      return new InvalidArgument({ message: d.message })
+    default:
+      return new NativeError({ call: d.call, errno: d.code, message: d.message })
+  }
+}
+
+/**
  * A failure of gather/scatter: bad ranges or buffers are InvalidArgument;
  * ECLOSED and the rest NativeError.
  *
@@ -289,7 +401,26 @@ export const makeNativeCalls = (addon: NativeAddon) => ({
     Effect.try({ try: () => addon.shmSize(name), catch: (e) => toNativeError(e, "shmSize") }),
   openMapping: (name: string, nbytes: number): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
     Effect.try({ try: () => addon.openMapping(name, nbytes), catch: (e) => toMapError(name, nbytes, e) }),
-  /** Resolves after the munmap; waits for copies in flight first. */
+  /** Opens a cuda_ipc mapping (on the libuv pool). */
+  openCudaIpcMapping: (
+    ipcHandle: Uint8Array,
+    deviceUuid: string,
+    nbytes: number
+  ): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
+    Effect.tryPromise({
+      try: () => addon.openCudaIpcMapping(ipcHandle, deviceUuid, nbytes),
+      catch: (e) => toCudaError(e, "openCudaIpcMapping")
+    }),
+  /** cudaMalloc + cudaIpcGetMemHandle (on the libuv pool). */
+  cudaAllocate: (deviceUuid: string, nbytes: number): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
+    Effect.tryPromise({ try: () => addon.cudaAllocate(deviceUuid, nbytes), catch: (e) => toCudaError(e, "cudaAllocate") }),
+  /** Probes libcudart once per process; MPCACHE_CUDART is read here, from this thread's process.env. */
+  cudaProbe: (): Effect.Effect<CudaBackendInfo> => Effect.promise(() => addon.cudaProbe(process.env["MPCACHE_CUDART"] ?? "")),
+  cudaMemGetInfo: (
+    deviceUuid: string
+  ): Effect.Effect<{ readonly free: number; readonly total: number }, InvalidArgument | NativeError> =>
+    Effect.tryPromise({ try: () => addon.cudaMemGetInfo(deviceUuid), catch: (e) => toCudaError(e, "cudaMemGetInfo") }),
+  /** Resolves after the release (munmap; for CUDA: IPC close or cudaFree, then stream destroy); waits for copies in flight first. */
   closeMapping: (mapping: AddonMapping): Effect.Effect<void, NativeError> =>
     Effect.tryPromise({ try: () => mapping.close(), catch: (e) => toNativeError(e, "munmap") }),
   /**

@@ -2,9 +2,11 @@
  * Validation of REGISTER_KV_CACHE descriptors against the LMCache-driven KV
  * layout (DESIGN §3.2, §4): one descriptor per layer, each the contiguous
  * view `[2, num_blocks, block_size, num_heads, head_size]` (K and V on dim
- * 0) at `storage_offset` inside a POSIX shared-memory segment of `nbytes`;
- * every layer alike. A violation is an `invalid_argument` naming the field.
- * The segment's existence and real size are checked when it is mapped.
+ * 0) at `storage_offset` inside a POSIX shared-memory segment (`cpu_shm`) or
+ * a CUDA allocation (`cuda_ipc`, named by its 64-byte IPC handle and device
+ * UUID) of `nbytes`; every layer alike. A violation is an `invalid_argument`
+ * naming the field. The segment's existence and real size are checked when
+ * it is mapped.
  */
 import { dtypeBytes, type Dtype } from "../schema/Dtype.ts"
 import type { TensorDescriptor } from "../schema/TensorDescriptor.ts"
@@ -27,6 +29,7 @@ export interface PagedKvGeometry {
 
 /** Where one layer lives: its segment and the byte offset of its element [0,0,0,0,0]. */
 export interface LayerPlacement {
+  /** The segment's key: the shm name (cpu_shm), or {@link cudaSegmentKey} (cuda_ipc). */
   readonly shmName: string
   readonly segmentBytes: number
   readonly baseOffsetBytes: number
@@ -35,9 +38,21 @@ export interface LayerPlacement {
 export interface ValidatedKvCaches {
   readonly geometry: PagedKvGeometry
   readonly layers: ReadonlyArray<LayerPlacement>
-  /** Distinct segments and the size each claims. */
+  /** Distinct segments (by key) and the size each claims. */
   readonly segments: ReadonlyMap<string, number>
+  /** The cuda_ipc ones among `segments`, by key: what mapping them takes. */
+  readonly cudaIpc: ReadonlyMap<string, { readonly ipcHandle: Uint8Array; readonly deviceUuid: string }>
 }
+
+/** Whether this host can map cuda_ipc descriptors, and why not. */
+export interface CudaIpcSupport {
+  readonly available: boolean
+  readonly reason: string
+}
+
+/** `cuda:<device_uuid>:<hex of the 64-byte handle>`: descriptors sharing one handle share one segment. */
+export const cudaSegmentKey = (deviceUuid: string, ipcHandle: Uint8Array): string =>
+  `cuda:${deviceUuid}:${Buffer.from(ipcHandle.buffer, ipcHandle.byteOffset, ipcHandle.byteLength).toString("hex")}`
 
 const fmt = (a: ReadonlyArray<number>) => `[${a.join(", ")}]`
 
@@ -48,18 +63,34 @@ const fmt = (a: ReadonlyArray<number>) => `[${a.join(", ")}]`
  */
 export const validateKvCaches = (
   kvCaches: ReadonlyArray<TensorDescriptor>,
-  chunkSizeTokens: number
+  chunkSizeTokens: number,
+  cuda: CudaIpcSupport = { available: false, reason: "" }
 ): ValidatedKvCaches | { readonly error: string } => {
   if (kvCaches.length === 0) return { error: "kv_caches: expected one descriptor per layer, got none" }
   const first = kvCaches[0]!
   const layers: Array<LayerPlacement> = []
   const segments = new Map<string, number>()
+  const cudaIpc = new Map<string, { readonly ipcHandle: Uint8Array; readonly deviceUuid: string }>()
   for (let i = 0; i < kvCaches.length; i++) {
     const d = kvCaches[i]!
     const at = `kv_caches[${i}]`
-    if (d.kind === "cuda_ipc") return { error: `${at}.kind: cuda_ipc: CUDA IPC backend not available on this host` }
-    if (d.shm_name === undefined || d.shm_name.length === 0) return { error: `${at}.shm_name: required for a cpu_shm descriptor` }
-    if (d.shm_name.includes("/")) return { error: `${at}.shm_name: expected a POSIX name without slashes (as listed in /dev/shm), got "${d.shm_name}"` }
+    let key: string
+    if (d.kind === "cuda_ipc") {
+      if (!cuda.available) {
+        return { error: `${at}.kind: cuda_ipc: CUDA IPC backend not available on this host${cuda.reason === "" ? "" : ` (${cuda.reason})`}` }
+      }
+      if (d.ipc_handle === undefined) return { error: `${at}.ipc_handle: required for a cuda_ipc descriptor (the 64-byte cudaIpcMemHandle_t)` }
+      if (d.ipc_handle.length !== 64) return { error: `${at}.ipc_handle: expected the 64-byte cudaIpcMemHandle_t, got ${d.ipc_handle.length} bytes` }
+      if (d.device_uuid.length === 0 || d.device_uuid === "cpu") {
+        return { error: `${at}.device_uuid: expected the GPU's UUID ("GPU-…") for a cuda_ipc descriptor, got "${d.device_uuid}"` }
+      }
+      key = cudaSegmentKey(d.device_uuid, d.ipc_handle)
+      cudaIpc.set(key, { ipcHandle: d.ipc_handle, deviceUuid: d.device_uuid })
+    } else {
+      if (d.shm_name === undefined || d.shm_name.length === 0) return { error: `${at}.shm_name: required for a cpu_shm descriptor` }
+      if (d.shm_name.includes("/")) return { error: `${at}.shm_name: expected a POSIX name without slashes (as listed in /dev/shm), got "${d.shm_name}"` }
+      key = d.shm_name
+    }
     if (d.shape.length !== 5 || d.shape[0] !== 2 || d.shape.some((n) => n < 1)) {
       return { error: `${at}.shape: expected [2, num_blocks, block_size, num_heads, head_size] with every size ≥ 1, got ${fmt(d.shape)}` }
     }
@@ -79,12 +110,12 @@ export const validateKvCaches = (
         error: `${at}.nbytes: the view ends at byte ${extentBytes} (storage_offset ${d.storage_offset} + ${2 * nb * bs * nh * hs} elements of ${elt} bytes) but the segment is ${d.nbytes} bytes`
       }
     }
-    const claimed = segments.get(d.shm_name)
+    const claimed = segments.get(key)
     if (claimed !== undefined && claimed !== d.nbytes) {
-      return { error: `${at}.nbytes: segment ${d.shm_name} is claimed as ${claimed} bytes by another layer and ${d.nbytes} by this one` }
+      return { error: `${at}.nbytes: segment ${key} is claimed as ${claimed} bytes by another layer and ${d.nbytes} by this one` }
     }
-    segments.set(d.shm_name, d.nbytes)
-    layers.push({ shmName: d.shm_name, segmentBytes: d.nbytes, baseOffsetBytes: d.storage_offset * elt })
+    segments.set(key, d.nbytes)
+    layers.push({ shmName: key, segmentBytes: d.nbytes, baseOffsetBytes: d.storage_offset * elt })
   }
   const [, numBlocks, blockSizeTokens, numHeads, headSize] = first.shape as [number, number, number, number, number]
   if (chunkSizeTokens % blockSizeTokens !== 0) {
@@ -104,7 +135,8 @@ export const validateKvCaches = (
       blockBytes: blockSizeTokens * numHeads * headSize * elementBytes
     },
     layers,
-    segments
+    segments,
+    cudaIpc
   }
 }
 

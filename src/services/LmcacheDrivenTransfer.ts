@@ -1,8 +1,8 @@
 /**
  * The LMCache-driven transfer module (DESIGN §3–5; reference §3.2–3.5): the
- * worker registers its paged KV cache (POSIX shared memory, one descriptor
- * per layer); the server maps it and copies chunks between those blocks and
- * L1 on STORE and RETRIEVE, off the JS thread.
+ * worker registers its paged KV cache (POSIX shared memory or CUDA IPC
+ * allocations, one descriptor per layer); the server maps it and copies
+ * chunks between those blocks and L1 on STORE and RETRIEVE, off the JS thread.
  *
  * Each registered context owns a child Scope of the module's scope: its
  * mappings and its layout reference are acquired into it, and UNREGISTER,
@@ -27,7 +27,7 @@ import { sameDescriptors, validateKvCaches, type LayerPlacement, type PagedKvGeo
 import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
 import { LayoutRegistry } from "./LayoutRegistry.ts"
 import { makeInstanceRegistry, type Tracked } from "./InstanceRegistry.ts"
-import type { InstanceSummary, LivenessTarget } from "./LivenessTarget.ts"
+import { registryTarget, type InstanceSummary, type LivenessTarget } from "./LivenessTarget.ts"
 import { Lookup, objectKeysOf } from "./Lookup.ts"
 import { chunkHashes } from "./TokenHasher.ts"
 
@@ -135,12 +135,20 @@ const make = Effect.gen(function*() {
         })
       }
       if (worldSize < 1) return yield* new InvalidArgument({ message: `register_kv_cache: world_size must be ≥ 1, got ${worldSize}` })
-      const validated = validateKvCaches(kvCaches, chunk)
+      // cuda_ipc descriptors need the CUDA backend (libcudart loaded at run time; DESIGN §4).
+      const cuda = kvCaches.some((d) => d.kind === "cuda_ipc") ? yield* native.cudaBackend() : undefined
+      const validated = validateKvCaches(kvCaches, chunk, cuda)
       if ("error" in validated) return yield* new InvalidArgument({ message: `register_kv_cache: ${validated.error}` })
       const scope = yield* Scope.fork(moduleScope)
       const built = yield* Effect.gen(function*() {
         const mappings = new Map<string, ShmMapping>()
         for (const [name, nbytes] of validated.segments) {
+          const ipc = validated.cudaIpc.get(name)
+          if (ipc !== undefined) {
+            // One IPC mapping (and stream) per distinct handle, however many layers view it.
+            mappings.set(name, yield* native.mapCudaIpc(ipc.ipcHandle, ipc.deviceUuid, nbytes).pipe(Scope.provide(scope)))
+            continue
+          }
           const mapping = yield* native.map(name, nbytes).pipe(Scope.provide(scope))
           mappings.set(name, mapping)
           // Populate this mapping's page tables off the JS thread, so the first transfers do not pay
@@ -340,25 +348,8 @@ const make = Effect.gen(function*() {
     }
   }
 
-  const target: LivenessTarget = {
-    name: "lmcache_driven_transfer",
-    kind: "kv_cache",
-    touchInstance: (id) => Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.asVoid(registry.touch(id, now))),
-    holdsInstance: (id) => Effect.map(registry.get(id), (t) => t !== undefined),
-    reapStaleInstances: (rule) =>
-      Effect.gen(function*() {
-        const stale = yield* registry.popStale(rule)
-        yield* Effect.forEach(stale, (r) => release(r.tracked.resource), { discard: true })
-        return stale.map((r) => ({ id: r.tracked.id, reason: r.reason, silentMs: r.silentMs, windowMs: r.windowMs }))
-      }),
-    trackedInstanceCount: () => registry.size(),
-    dropInstanceState: () => Effect.void,
-    instances: () =>
-      Effect.gen(function*() {
-        const now = yield* Clock.currentTimeMillis
-        return (yield* registry.snapshot()).map((t) => summary(t, now))
-      })
-  }
+  const target = registryTarget({ name: "lmcache_driven_transfer", kind: "kv_cache", registry, release, summary })
+
 
   // Server shutdown: release every context through the same finalizer.
   yield* Effect.addFinalizer(() =>

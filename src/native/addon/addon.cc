@@ -1,8 +1,13 @@
 // mpcache_native: the Node-API addon behind src/native/Native.ts (DESIGN §4).
-// It owns every raw shared-memory mapping of the server. Exports:
+// It owns every raw memory mapping of the server. Exports:
 //   shmCreate(name, nbytes), shmUnlink(name), shmSize(name) -> bytes
-//   openMapping(name, nbytes) -> Mapping { gather, scatter, close, name, size, closed }
-//   stats() -> { openMappings, mappedBytes }
+//   openMapping(name, nbytes) -> Mapping { gather, scatter, close, prefault, arrayBuffer, ipcHandle,
+//                                          name, size, closed, kind, device }
+//   openCudaIpcMapping(ipcHandle, deviceUuid, nbytes) -> Promise<Mapping>   (cuda_ipc, see cudart.h)
+//   cudaAllocate(deviceUuid, nbytes) -> Promise<Mapping>                     (worker side: cudaMalloc + IPC handle)
+//   cudaProbe(libraryPath?) -> Promise<{ available, reason, library, tried, devices: [{ ordinal, uuid }] }>
+//   cudaMemGetInfo(deviceUuid) -> Promise<{ free, total }>
+//   stats() -> { openMappings, mappedBytes }   (every backend)
 // Names are POSIX shared-memory names without their leading slash. Errors are
 // JS Errors with string `code` and `call` properties (see common.h).
 #include <napi.h>
@@ -22,6 +27,10 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("shmUnlink", Napi::Function::New<ShmUnlink>(env, "shmUnlink"));
   exports.Set("shmSize", Napi::Function::New<ShmSize>(env, "shmSize"));
   exports.Set("openMapping", Napi::Function::New<Mapping::Open>(env, "openMapping"));
+  exports.Set("openCudaIpcMapping", Napi::Function::New<Mapping::OpenCudaIpc>(env, "openCudaIpcMapping"));
+  exports.Set("cudaAllocate", Napi::Function::New<Mapping::CudaAllocate>(env, "cudaAllocate"));
+  exports.Set("cudaProbe", Napi::Function::New<CudaProbe>(env, "cudaProbe"));
+  exports.Set("cudaMemGetInfo", Napi::Function::New<CudaMemGetInfo>(env, "cudaMemGetInfo"));
   exports.Set("stats", Napi::Function::New<Stats>(env, "stats"));
   return exports;
 }

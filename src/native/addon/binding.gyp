@@ -1,7 +1,8 @@
 # The mpcache native addon (DESIGN §1, §4): Node-API only, C++17, -O3, C++
 # exceptions on (NAPI_CPP_EXCEPTIONS). Built by scripts/build-native.mjs,
 # which passes napi_include_dir (node-addon-api's napi.h) and a local
-# --nodedir so that node-gyp never downloads Node's headers.
+# --nodedir so that node-gyp never downloads Node's headers. No CUDA header
+# or library is needed: libcudart is dlopen'ed at run time (cudart.h).
 {
   "variables": {
     # Where napi.h lives; the build script passes the resolved path.
@@ -10,7 +11,7 @@
   "targets": [
     {
       "target_name": "mpcache_native",
-      "sources": ["addon.cc", "common.cc", "mapping.cc", "shm.cc"],
+      "sources": ["addon.cc", "common.cc", "cudart.cc", "mapping.cc", "shm.cc"],
       "include_dirs": ["<(napi_include_dir)"],
       "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS", "NODE_ADDON_API_DISABLE_DEPRECATED"],
       "cflags!": ["-fno-exceptions"],
@@ -18,7 +19,7 @@
       "cflags": ["-O3", "-Wall", "-Wextra"],
       "cflags_cc": ["-std=c++17", "-fexceptions"],
       "conditions": [
-        ["OS=='linux'", { "libraries": ["-lrt"] }],
+        ["OS=='linux'", { "libraries": ["-lrt", "-ldl"] }],
         ["OS=='mac'", {
           "xcode_settings": {
             "GCC_ENABLE_CPP_EXCEPTIONS": "YES",

@@ -15,17 +15,11 @@
 
 #include "addon_data.h"
 #include "common.h"
+#include "cudart.h"
 
 namespace mpcache {
 
 namespace {
-
-// What openMapping hands to the constructor through a Napi::External.
-struct MappedSegment {
-  std::string name;
-  uint8_t* base;
-  size_t size;
-};
 
 std::string FormatNumber(double value) {
   char text[64];
@@ -94,12 +88,21 @@ std::vector<CopyRange> ValidateRanges(Napi::Env env, const char* fn, const std::
   return out;
 }
 
+// The error a failed CUDA call turns into: code ECUDA, call, message naming the mapping.
+NativeFailure CudaFailure(const std::string& what, const char* call, int err) {
+  return NativeFailure{"ECUDA", call, what + ": " + CudaRuntime::Get().Describe(call, err)};
+}
+
 // One gather or scatter: validated ranges copied on the libuv pool. Holds the
 // mapping object and the buffer strongly until it completes on the JS thread.
+// shm: memcpy. CUDA: cudaMemcpyAsync of every range on the mapping's stream,
+// then cudaStreamSynchronize (also after a failed enqueue), so the buffer is
+// never touched by the device once the promise settles.
 class CopyWorker : public Napi::AsyncWorker {
  public:
   CopyWorker(Napi::Env env, CopyDirection direction, Mapping* mapping, Napi::Object mappingObject, uint8_t* base,
-             Napi::Uint8Array buffer, std::vector<CopyRange> ranges)
+             Napi::Uint8Array buffer, std::vector<CopyRange> ranges, Backend backend, int device, void* stream,
+             std::string name)
       : Napi::AsyncWorker(env, direction == CopyDirection::kGather ? "mpcache.gather" : "mpcache.scatter"),
         deferred_(Napi::Promise::Deferred::New(env)),
         direction_(direction),
@@ -108,26 +111,59 @@ class CopyWorker : public Napi::AsyncWorker {
         bufferRef_(Napi::Persistent(buffer.As<Napi::Object>())),
         base_(base),
         buffer_(buffer.Data()),
-        ranges_(std::move(ranges)) {}
+        ranges_(std::move(ranges)),
+        backend_(backend),
+        device_(device),
+        stream_(stream),
+        name_(std::move(name)) {}
 
   Napi::Promise Promise() const { return deferred_.Promise(); }
 
-  // Thread pool: plain memcpy between two live mappings of this process.
   void Execute() override {
     LowerCopyThreadPriority();
+    if (backend_ == Backend::kShm) {
+      // Plain memcpy between two live mappings of this process.
+      for (const CopyRange& r : ranges_) {
+        if (r.length == 0) continue;
+        if (direction_ == CopyDirection::kGather) {
+          std::memcpy(buffer_ + r.bufferOffset, base_ + r.mappingOffset, r.length);
+        } else {
+          std::memcpy(base_ + r.mappingOffset, buffer_ + r.bufferOffset, r.length);
+        }
+      }
+      return;
+    }
+    const CudaApi& api = CudaRuntime::Get().api();
+    const std::string what =
+        std::string(direction_ == CopyDirection::kGather ? "gather" : "scatter") + " on " + name_;
+    if (const int err = api.SetDevice(device_); err != 0) {
+      failure_ = CudaFailure(what, "cudaSetDevice", err);
+      return;
+    }
     for (const CopyRange& r : ranges_) {
       if (r.length == 0) continue;
-      if (direction_ == CopyDirection::kGather) {
-        std::memcpy(buffer_ + r.bufferOffset, base_ + r.mappingOffset, r.length);
-      } else {
-        std::memcpy(base_ + r.mappingOffset, buffer_ + r.bufferOffset, r.length);
+      const int err = direction_ == CopyDirection::kGather
+                          ? api.MemcpyAsync(buffer_ + r.bufferOffset, base_ + r.mappingOffset, r.length,
+                                            kCudaMemcpyDeviceToHost, stream_)
+                          : api.MemcpyAsync(base_ + r.mappingOffset, buffer_ + r.bufferOffset, r.length,
+                                            kCudaMemcpyHostToDevice, stream_);
+      if (err != 0) {
+        failure_ = CudaFailure(what, "cudaMemcpyAsync", err);
+        break;
       }
     }
+    const int err = api.StreamSynchronize(stream_);
+    if (err != 0 && !failure_.failed()) failure_ = CudaFailure(what, "cudaStreamSynchronize", err);
   }
 
   // JS thread: settle this copy first, then let the mapping finish a pending close.
   void OnOK() override {
-    deferred_.Resolve(Env().Undefined());
+    Napi::Env env = Env();
+    if (failure_.failed()) {
+      deferred_.Reject(MakeError(env, failure_.code, failure_.call, failure_.message).Value());
+    } else {
+      deferred_.Resolve(env.Undefined());
+    }
     mapping_->CopyFinished();
   }
 
@@ -145,6 +181,11 @@ class CopyWorker : public Napi::AsyncWorker {
   uint8_t* base_;
   uint8_t* buffer_;
   std::vector<CopyRange> ranges_;
+  Backend backend_;
+  int device_;
+  void* stream_;
+  std::string name_;
+  NativeFailure failure_;
 };
 
 // prefault(offset, length): populates the page tables of a range (MADV_POPULATE_WRITE, which leaves the
@@ -190,6 +231,314 @@ class PrefaultWorker : public Napi::AsyncWorker {
   size_t length_;
 };
 
+// --- CUDA: open, allocate, release (pool threads) ---------------------------
+
+std::string HexBytes(const char* bytes, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char b = static_cast<unsigned char>(bytes[i]);
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+// "cuda:<device uuid>:<hex of the 64 handle bytes>": the mapping's name. The whole handle, because
+// handles of one exporter may share long prefixes; the facade keys cuda_ipc segments the same way.
+std::string CudaMappingName(const std::string& uuid, const CudaIpcMemHandle& handle) {
+  return "cuda:" + uuid + ":" + HexBytes(handle.reserved, kCudaIpcHandleBytes);
+}
+
+// The failure for a missing backend: ENOCUDA, with the loader's reason.
+NativeFailure NoCuda(const char* call) {
+  return NativeFailure{"ENOCUDA", call,
+                       "CUDA IPC backend not available on this host (" + CudaRuntime::Get().reason() + ")"};
+}
+
+// Loads the runtime and resolves `uuid` to an ordinal: ENOCUDA, or EINVAL for
+// a malformed or unknown UUID.
+NativeFailure ResolveDevice(const char* call, const std::string& uuid, int* ordinal) {
+  CudaRuntime& rt = CudaRuntime::Get();
+  rt.Load("");
+  if (!rt.available()) return NoCuda(call);
+  if (UuidHex(uuid).empty()) {
+    return NativeFailure{"EINVAL", call,
+                         std::string(call) + ": device_uuid \"" + uuid +
+                             "\" is not a GPU UUID; expected \"GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx\" (devices: " +
+                             rt.DeviceList() + ")"};
+  }
+  *ordinal = rt.OrdinalOf(uuid);
+  if (*ordinal < 0) {
+    return NativeFailure{"EINVAL", call,
+                         std::string(call) + ": device_uuid " + uuid + " is not a CUDA device of this host (devices: " +
+                             rt.DeviceList() + ")"};
+  }
+  return NativeFailure{};
+}
+
+// Closes what an open or allocation acquired (stream last). Returns the first failure.
+NativeFailure ReleaseCudaResources(Backend backend, int device, uint8_t* base, void* stream, const std::string& name) {
+  const CudaApi& api = CudaRuntime::Get().api();
+  NativeFailure failure;
+  if (const int err = api.SetDevice(device); err != 0) failure = CudaFailure("release of " + name, "cudaSetDevice", err);
+  if (base != nullptr) {
+    if (backend == Backend::kCudaIpc) {
+      if (const int err = api.IpcCloseMemHandle(base); err != 0 && !failure.failed()) {
+        failure = CudaFailure("release of " + name, "cudaIpcCloseMemHandle", err);
+      }
+    } else if (api.Free != nullptr) {
+      if (const int err = api.Free(base); err != 0 && !failure.failed()) {
+        failure = CudaFailure("release of " + name, "cudaFree", err);
+      }
+    }
+  }
+  if (stream != nullptr) {
+    if (const int err = api.StreamDestroy(stream); err != 0 && !failure.failed()) {
+      failure = CudaFailure("release of " + name, "cudaStreamDestroy", err);
+    }
+  }
+  return failure;
+}
+
+// openCudaIpcMapping / cudaAllocate: the CUDA calls on the pool, the Mapping
+// constructed on the JS thread; the promise settles with it or with the error.
+class CudaOpenWorker : public Napi::AsyncWorker {
+ public:
+  CudaOpenWorker(Napi::Env env, Backend backend, std::string deviceUuid, size_t nbytes, const CudaIpcMemHandle& handle)
+      : Napi::AsyncWorker(env, backend == Backend::kCudaIpc ? "mpcache.openCudaIpc" : "mpcache.cudaAllocate"),
+        deferred_(Napi::Promise::Deferred::New(env)) {
+    init_.backend = backend;
+    init_.deviceUuid = std::move(deviceUuid);
+    init_.size = nbytes;
+    init_.handle = handle;
+  }
+
+  Napi::Promise Promise() const { return deferred_.Promise(); }
+
+  void Execute() override {
+    const bool ipc = init_.backend == Backend::kCudaIpc;
+    const char* fn = ipc ? "openCudaIpcMapping" : "cudaAllocate";
+    failure_ = ResolveDevice(fn, init_.deviceUuid, &init_.device);
+    if (failure_.failed()) return;
+    const CudaApi& api = CudaRuntime::Get().api();
+    if (!ipc && (api.Malloc == nullptr || api.IpcGetMemHandle == nullptr || api.Free == nullptr)) {
+      failure_ = NativeFailure{"ENOCUDA", fn,
+                               "cudaAllocate: libcudart " + CudaRuntime::Get().library() +
+                                   " lacks cudaMalloc, cudaFree or cudaIpcGetMemHandle"};
+      return;
+    }
+    const std::string where = std::string(fn) + " on device " + init_.deviceUuid;
+    if (const int err = api.SetDevice(init_.device); err != 0) {
+      failure_ = CudaFailure(where, "cudaSetDevice", err);
+      return;
+    }
+    void* base = nullptr;
+    if (ipc) {
+      init_.name = CudaMappingName(init_.deviceUuid, init_.handle);
+      if (const int err = api.IpcOpenMemHandle(&base, init_.handle, kCudaIpcMemLazyEnablePeerAccess); err != 0) {
+        failure_ = NativeFailure{
+            "EINVAL_HANDLE", "cudaIpcOpenMemHandle",
+            "openCudaIpcMapping: " + CudaRuntime::Get().Describe("cudaIpcOpenMemHandle", err) + " for " + init_.name +
+                "; expected a handle from cudaIpcGetMemHandle of a live process on this host, on that device"};
+        return;
+      }
+    } else {
+      if (const int err = api.Malloc(&base, init_.size); err != 0) {
+        failure_ = CudaFailure(where + " (" + std::to_string(init_.size) + " bytes)", "cudaMalloc", err);
+        return;
+      }
+      if (const int err = api.IpcGetMemHandle(&init_.handle, base); err != 0) {
+        failure_ = CudaFailure(where, "cudaIpcGetMemHandle", err);
+        api.Free(base);
+        return;
+      }
+      init_.name = CudaMappingName(init_.deviceUuid, init_.handle);
+    }
+    init_.base = static_cast<uint8_t*>(base);
+    if (const int err = api.StreamCreateWithFlags(&init_.stream, kCudaStreamNonBlocking); err != 0) {
+      failure_ = CudaFailure(where, "cudaStreamCreateWithFlags", err);
+      ReleaseCudaResources(init_.backend, init_.device, init_.base, nullptr, init_.name);
+      init_.base = nullptr;
+      init_.stream = nullptr;
+      return;
+    }
+    Counters().openMappings.fetch_add(1);
+    Counters().mappedBytes.fetch_add(static_cast<int64_t>(init_.size));
+  }
+
+  void OnOK() override {
+    Napi::Env env = Env();
+    if (failure_.failed()) {
+      deferred_.Reject(MakeError(env, failure_.code, failure_.call, failure_.message).Value());
+      return;
+    }
+    try {
+      Napi::Object mapping = AddonData::Of(env).mappingConstructor.New({Napi::External<MappingInit>::New(env, &init_)});
+      deferred_.Resolve(mapping);
+    } catch (const Napi::Error& error) {
+      Undo();
+      deferred_.Reject(error.Value());
+    }
+  }
+
+  void OnError(const Napi::Error& error) override {
+    Undo();
+    deferred_.Reject(error.Value());
+  }
+
+ private:
+  // The constructor did not take ownership: release here.
+  void Undo() {
+    if (init_.base == nullptr) return;
+    ReleaseCudaResources(init_.backend, init_.device, init_.base, init_.stream, init_.name);
+    init_.base = nullptr;
+    Counters().openMappings.fetch_sub(1);
+    Counters().mappedBytes.fetch_sub(static_cast<int64_t>(init_.size));
+  }
+
+  Napi::Promise::Deferred deferred_;
+  MappingInit init_;
+  NativeFailure failure_;
+};
+
+// The CUDA release of one mapping on the pool: cudaIpcCloseMemHandle (or
+// cudaFree), then cudaStreamDestroy. Holds the mapping object until done.
+class CudaReleaseWorker : public Napi::AsyncWorker {
+ public:
+  CudaReleaseWorker(Napi::Env env, Mapping* mapping, Napi::Object mappingObject, Backend backend, int device,
+                    uint8_t* base, void* stream, std::string name)
+      : Napi::AsyncWorker(env, "mpcache.cudaRelease"),
+        mapping_(mapping),
+        mappingRef_(Napi::Persistent(mappingObject)),
+        backend_(backend),
+        device_(device),
+        base_(base),
+        stream_(stream),
+        name_(std::move(name)) {}
+
+  void Execute() override { failure_ = ReleaseCudaResources(backend_, device_, base_, stream_, name_); }
+  void OnOK() override { mapping_->ReleaseFinished(failure_); }
+  void OnError(const Napi::Error& error) override {
+    mapping_->ReleaseFinished(NativeFailure{"ECUDA", "release", error.Message()});
+  }
+
+ private:
+  Mapping* mapping_;
+  Napi::ObjectReference mappingRef_;
+  Backend backend_;
+  int device_;
+  uint8_t* base_;
+  void* stream_;
+  std::string name_;
+  NativeFailure failure_;
+};
+
+// cudaProbe(): loads the runtime (once) on the pool; resolves with what it found.
+class CudaProbeWorker : public Napi::AsyncWorker {
+ public:
+  CudaProbeWorker(Napi::Env env, std::string overridePath)
+      : Napi::AsyncWorker(env, "mpcache.cudaProbe"),
+        deferred_(Napi::Promise::Deferred::New(env)),
+        overridePath_(std::move(overridePath)) {}
+
+  Napi::Promise Promise() const { return deferred_.Promise(); }
+  void Execute() override { CudaRuntime::Get().Load(overridePath_); }
+
+  void OnOK() override {
+    Napi::Env env = Env();
+    const CudaRuntime& rt = CudaRuntime::Get();
+    Napi::Object out = Napi::Object::New(env);
+    out.Set("available", Napi::Boolean::New(env, rt.available()));
+    out.Set("reason", Napi::String::New(env, rt.available() ? "" : rt.reason()));
+    out.Set("library", Napi::String::New(env, rt.library()));
+    Napi::Array tried = Napi::Array::New(env, rt.tried().size());
+    for (size_t i = 0; i < rt.tried().size(); ++i) tried.Set(static_cast<uint32_t>(i), rt.tried()[i]);
+    out.Set("tried", tried);
+    Napi::Array devices = Napi::Array::New(env, rt.devices().size());
+    for (size_t i = 0; i < rt.devices().size(); ++i) {
+      Napi::Object d = Napi::Object::New(env);
+      d.Set("ordinal", Napi::Number::New(env, rt.devices()[i].ordinal));
+      d.Set("uuid", Napi::String::New(env, rt.devices()[i].uuid));
+      devices.Set(static_cast<uint32_t>(i), d);
+    }
+    out.Set("devices", devices);
+    deferred_.Resolve(out);
+  }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  std::string overridePath_;
+};
+
+// cudaMemGetInfo(deviceUuid): { free, total } bytes of that device, on the pool.
+class CudaMemInfoWorker : public Napi::AsyncWorker {
+ public:
+  CudaMemInfoWorker(Napi::Env env, std::string deviceUuid)
+      : Napi::AsyncWorker(env, "mpcache.cudaMemGetInfo"),
+        deferred_(Napi::Promise::Deferred::New(env)),
+        deviceUuid_(std::move(deviceUuid)) {}
+
+  Napi::Promise Promise() const { return deferred_.Promise(); }
+
+  void Execute() override {
+    int ordinal = -1;
+    failure_ = ResolveDevice("cudaMemGetInfo", deviceUuid_, &ordinal);
+    if (failure_.failed()) return;
+    const CudaApi& api = CudaRuntime::Get().api();
+    if (api.MemGetInfo == nullptr) {
+      failure_ = NativeFailure{"ENOCUDA", "cudaMemGetInfo",
+                               "cudaMemGetInfo: libcudart " + CudaRuntime::Get().library() + " lacks cudaMemGetInfo"};
+      return;
+    }
+    if (const int err = api.SetDevice(ordinal); err != 0) {
+      failure_ = CudaFailure("cudaMemGetInfo on device " + deviceUuid_, "cudaSetDevice", err);
+      return;
+    }
+    if (const int err = api.MemGetInfo(&free_, &total_); err != 0) {
+      failure_ = CudaFailure("cudaMemGetInfo on device " + deviceUuid_, "cudaMemGetInfo", err);
+    }
+  }
+
+  void OnOK() override {
+    Napi::Env env = Env();
+    if (failure_.failed()) {
+      deferred_.Reject(MakeError(env, failure_.code, failure_.call, failure_.message).Value());
+      return;
+    }
+    Napi::Object out = Napi::Object::New(env);
+    out.Set("free", Napi::Number::New(env, static_cast<double>(free_)));
+    out.Set("total", Napi::Number::New(env, static_cast<double>(total_)));
+    deferred_.Resolve(out);
+  }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  std::string deviceUuid_;
+  NativeFailure failure_;
+  size_t free_ = 0;
+  size_t total_ = 0;
+};
+
+std::string DeviceUuidArg(const Napi::CallbackInfo& info, size_t index, const char* fn) {
+  if (info.Length() <= index || !info[index].IsString()) {
+    throw MakeError(info.Env(), "EINVAL", fn, std::string(fn) + ": the device UUID must be a string (\"GPU-…\")");
+  }
+  return info[index].As<Napi::String>().Utf8Value();
+}
+
+template <typename Worker>
+Napi::Value QueueForPromise(Worker* worker) {
+  Napi::Promise promise = worker->Promise();
+  try {
+    worker->Queue();
+  } catch (...) {
+    delete worker;
+    throw;
+  }
+  return promise;
+}
+
 }  // namespace
 
 Napi::Function Mapping::DefineClass(Napi::Env env) {
@@ -201,9 +550,12 @@ Napi::Function Mapping::DefineClass(Napi::Env env) {
           InstanceMethod<&Mapping::Close>("close"),
           InstanceMethod<&Mapping::Prefault>("prefault"),
           InstanceMethod<&Mapping::AsArrayBuffer>("arrayBuffer"),
+          InstanceMethod<&Mapping::IpcHandle>("ipcHandle"),
           InstanceAccessor<&Mapping::GetName>("name"),
           InstanceAccessor<&Mapping::GetSize>("size"),
           InstanceAccessor<&Mapping::GetClosed>("closed"),
+          InstanceAccessor<&Mapping::GetKind>("kind"),
+          InstanceAccessor<&Mapping::GetDevice>("device"),
       });
 }
 
@@ -236,9 +588,13 @@ Napi::Value Mapping::Open(const Napi::CallbackInfo& info) {
   Counters().openMappings.fetch_add(1);
   Counters().mappedBytes.fetch_add(static_cast<int64_t>(nbytes));
 
-  MappedSegment segment{name, static_cast<uint8_t*>(base), static_cast<size_t>(nbytes)};
+  MappingInit segment;
+  segment.name = name;
+  segment.base = static_cast<uint8_t*>(base);
+  segment.size = static_cast<size_t>(nbytes);
+  segment.deviceUuid = "cpu";
   try {
-    return AddonData::Of(env).mappingConstructor.New({Napi::External<MappedSegment>::New(env, &segment)});
+    return AddonData::Of(env).mappingConstructor.New({Napi::External<MappingInit>::New(env, &segment)});
   } catch (...) {
     // The constructor did not take ownership: undo the mapping.
     if (segment.base != nullptr) {
@@ -250,24 +606,84 @@ Napi::Value Mapping::Open(const Napi::CallbackInfo& info) {
   }
 }
 
+// openCudaIpcMapping(handle, deviceUuid, nbytes) -> Promise<Mapping>: on the
+// pool, loads libcudart (once), maps the UUID to an ordinal, cudaSetDevice,
+// cudaIpcOpenMemHandle (lazy peer access), cudaStreamCreateWithFlags
+// (non-blocking). Arguments are checked here (EINVAL, thrown); the rest
+// rejects: ENOCUDA (no usable libcudart or no device), EINVAL (a malformed or
+// unknown UUID), EINVAL_HANDLE (cudaIpcOpenMemHandle refused the handle),
+// ECUDA (another CUDA call failed). The allocation's size cannot be checked
+// through cudart: `nbytes` is the caller's word.
+Napi::Value Mapping::OpenCudaIpc(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const char* fn = "openCudaIpcMapping";
+  if (info.Length() < 1 || !info[0].IsTypedArray() ||
+      info[0].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) {
+    throw MakeError(env, "EINVAL", fn, std::string(fn) + ": the IPC handle must be a Uint8Array of 64 bytes");
+  }
+  Napi::Uint8Array bytes = info[0].As<Napi::Uint8Array>();
+  if (bytes.ByteLength() != kCudaIpcHandleBytes) {
+    throw MakeError(env, "EINVAL", fn,
+                    std::string(fn) + ": the IPC handle must be 64 bytes (a cudaIpcMemHandle_t), got " +
+                        std::to_string(bytes.ByteLength()));
+  }
+  const std::string uuid = DeviceUuidArg(info, 1, fn);
+  const uint64_t nbytes = ByteCountArg(info, 2, fn, 1);
+  CudaIpcMemHandle handle;
+  std::memcpy(handle.reserved, bytes.Data(), kCudaIpcHandleBytes);
+  return QueueForPromise(new CudaOpenWorker(env, Backend::kCudaIpc, uuid, static_cast<size_t>(nbytes), handle));
+}
+
+// cudaAllocate(deviceUuid, nbytes) -> Promise<Mapping>: the worker side. On
+// the pool: cudaSetDevice, cudaMalloc, cudaIpcGetMemHandle, a stream. Its
+// `ipcHandle()` is what a cuda_ipc descriptor carries; close() frees it
+// (cudaFree). The contents start uninitialised. Errors as for openCudaIpcMapping.
+Napi::Value Mapping::CudaAllocate(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const std::string uuid = DeviceUuidArg(info, 0, "cudaAllocate");
+  const uint64_t nbytes = ByteCountArg(info, 1, "cudaAllocate", 1);
+  return QueueForPromise(new CudaOpenWorker(env, Backend::kCudaAlloc, uuid, static_cast<size_t>(nbytes), CudaIpcMemHandle{}));
+}
+
+Napi::Value CudaProbe(const Napi::CallbackInfo& info) {
+  std::string overridePath;
+  if (info.Length() > 0 && info[0].IsString()) overridePath = info[0].As<Napi::String>().Utf8Value();
+  return QueueForPromise(new CudaProbeWorker(info.Env(), overridePath));
+}
+
+Napi::Value CudaMemGetInfo(const Napi::CallbackInfo& info) {
+  return QueueForPromise(new CudaMemInfoWorker(info.Env(), DeviceUuidArg(info, 0, "cudaMemGetInfo")));
+}
+
 Mapping::Mapping(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Mapping>(info) {
   if (info.Length() != 1 || !info[0].IsExternal()) {
     throw MakeError(info.Env(), "EINVAL", "Mapping", "Mapping: use openMapping(name, nbytes) to map a segment");
   }
-  MappedSegment* segment = info[0].As<Napi::External<MappedSegment>>().Data();
-  name_ = segment->name;
-  base_ = segment->base;
-  size_ = segment->size;
-  segment->base = nullptr;  // ownership taken
+  MappingInit* init = info[0].As<Napi::External<MappingInit>>().Data();
+  name_ = init->name;
+  base_ = init->base;
+  size_ = init->size;
+  backend_ = init->backend;
+  device_ = init->device;
+  deviceUuid_ = init->deviceUuid;
+  stream_ = init->stream;
+  handle_ = init->handle;
+  init->base = nullptr;  // ownership taken
+  init->stream = nullptr;
   state_ = State::kOpen;
 }
 
-// GC safety net: a mapping dropped without close() is unmapped here. A copy in
+// GC safety net: a mapping dropped without close() is released here. A copy in
 // flight holds a strong reference, so the GC cannot get here under one; at
 // environment teardown (process exit) a copy may still run, and the mapping
 // is then left to the exit rather than pulled from under it.
 Mapping::~Mapping() {
-  if (base_ != nullptr && inflight_ == 0) Unmap();
+  if (base_ == nullptr || inflight_ != 0 || releasing_) return;
+  if (IsCuda()) {
+    ReleaseCudaNow();
+  } else {
+    Unmap();
+  }
 }
 
 int Mapping::Unmap() {
@@ -280,48 +696,89 @@ int Mapping::Unmap() {
   return err;
 }
 
-void Mapping::FinishClose() {
-  // JS views of this memory become empty (byteLength 0) instead of pointing at unmapped pages.
-  if (!arrayBufferRef_.IsEmpty()) {
-    Napi::ArrayBuffer view = arrayBufferRef_.Value();
-    if (!view.IsDetached()) view.Detach();
-    arrayBufferRef_.Reset();
+void Mapping::ReleaseCudaNow() {
+  ReleaseCudaResources(backend_, device_, base_, stream_, name_);
+  base_ = nullptr;
+  stream_ = nullptr;
+  Counters().openMappings.fetch_sub(1);
+  Counters().mappedBytes.fetch_sub(static_cast<int64_t>(size_));
+}
+
+void Mapping::StartRelease() {
+  if (releasing_) return;
+  releasing_ = true;
+  if (!IsCuda()) {
+    // JS views of this memory become empty (byteLength 0) instead of pointing at unmapped pages.
+    if (!arrayBufferRef_.IsEmpty()) {
+      Napi::ArrayBuffer view = arrayBufferRef_.Value();
+      if (!view.IsDetached()) view.Detach();
+      arrayBufferRef_.Reset();
+    }
+    const int err = Unmap();
+    NativeFailure failure;
+    if (err != 0) {
+      Napi::Error e = ErrnoError(Env(), "munmap", name_, err);
+      failure = NativeFailure{ErrnoName(err), "munmap", e.Message()};
+    }
+    FinishClose(failure);
+    return;
   }
-  unmapError_ = Unmap();
+  Napi::Env env = Env();
+  auto* worker = new CudaReleaseWorker(env, this, Value(), backend_, device_, base_, stream_, name_);
+  try {
+    worker->Queue();
+  } catch (...) {
+    delete worker;
+    ReleaseCudaNow();
+    FinishClose(NativeFailure{});
+  }
+}
+
+void Mapping::ReleaseFinished(const NativeFailure& failure) {
+  base_ = nullptr;
+  stream_ = nullptr;
+  Counters().openMappings.fetch_sub(1);
+  Counters().mappedBytes.fetch_sub(static_cast<int64_t>(size_));
+  FinishClose(failure);
+}
+
+void Mapping::FinishClose(const NativeFailure& failure) {
+  closeFailure_ = failure;
   state_ = State::kClosed;
   std::vector<Napi::Promise::Deferred> waiters = std::move(closeWaiters_);
   closeWaiters_.clear();
   Napi::Env env = Env();
   for (const Napi::Promise::Deferred& waiter : waiters) {
-    if (unmapError_ == 0) {
+    if (!closeFailure_.failed()) {
       waiter.Resolve(env.Undefined());
     } else {
-      waiter.Reject(ErrnoError(env, "munmap", name_, unmapError_).Value());
+      waiter.Reject(MakeError(env, closeFailure_.code, closeFailure_.call, closeFailure_.message).Value());
     }
   }
 }
 
 void Mapping::CopyFinished() {
   if (inflight_ > 0) --inflight_;
-  if (inflight_ == 0 && state_ == State::kClosing) FinishClose();
+  if (inflight_ == 0 && state_ == State::kClosing) StartRelease();
 }
 
-// close(): stop taking copies, wait for those in flight, munmap, resolve.
-// Every call gets a promise settled after that one munmap.
+// close(): stop taking copies, wait for those in flight, release (munmap; for
+// CUDA: close the IPC mapping or free, then destroy the stream), resolve.
+// Every call gets a promise settled after that one release.
 Napi::Value Mapping::Close(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Napi::Promise::Deferred deferred = Napi::Promise::Deferred::New(env);
   if (state_ == State::kClosed) {
-    if (unmapError_ == 0) {
+    if (!closeFailure_.failed()) {
       deferred.Resolve(env.Undefined());
     } else {
-      deferred.Reject(ErrnoError(env, "munmap", name_, unmapError_).Value());
+      deferred.Reject(MakeError(env, closeFailure_.code, closeFailure_.call, closeFailure_.message).Value());
     }
     return deferred.Promise();
   }
   state_ = State::kClosing;
   closeWaiters_.push_back(deferred);
-  if (inflight_ == 0) FinishClose();
+  if (inflight_ == 0) StartRelease();
   return deferred.Promise();
 }
 
@@ -350,7 +807,8 @@ Napi::Value Mapping::Copy(const Napi::CallbackInfo& info, CopyDirection directio
   std::vector<CopyRange> ranges =
       ValidateRanges(env, fn, name_, info[0].As<Napi::Float64Array>(), size_, buffer.ByteLength());
 
-  CopyWorker* worker = new CopyWorker(env, direction, this, Value(), base_, buffer, std::move(ranges));
+  CopyWorker* worker = new CopyWorker(env, direction, this, Value(), base_, buffer, std::move(ranges), backend_,
+                                      device_, stream_, name_);
   Napi::Promise promise = worker->Promise();
   try {
     worker->Queue();
@@ -362,6 +820,7 @@ Napi::Value Mapping::Copy(const Napi::CallbackInfo& info, CopyDirection directio
   return promise;
 }
 
+// prefault(offset, length): shm only; on CUDA memory (always resident) it resolves at once.
 Napi::Value Mapping::Prefault(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   const uint64_t offset = ByteCountArg(info, 0, "prefault", 0);
@@ -375,6 +834,11 @@ Napi::Value Mapping::Prefault(const Napi::CallbackInfo& info) {
     Napi::Promise::Deferred rejected = Napi::Promise::Deferred::New(env);
     rejected.Reject(MakeError(env, "ECLOSED", "prefault", "mapping " + name_ + " is closed").Value());
     return rejected.Promise();
+  }
+  if (IsCuda()) {
+    Napi::Promise::Deferred done = Napi::Promise::Deferred::New(env);
+    done.Resolve(env.Undefined());
+    return done.Promise();
   }
   PrefaultWorker* worker = new PrefaultWorker(env, this, Value(), base_ + offset, static_cast<size_t>(length));
   Napi::Promise promise = worker->Promise();
@@ -390,15 +854,30 @@ Napi::Value Mapping::Prefault(const Napi::CallbackInfo& info) {
 
 // arrayBuffer(): one ArrayBuffer viewing the whole mapping (the same object on every call). The mapping's
 // owner must not copy through it while closing; close() detaches it before munmap, so a late access
-// sees an empty buffer, never unmapped memory.
+// sees an empty buffer, never unmapped memory. Device memory has no host view (EINVAL).
 Napi::Value Mapping::AsArrayBuffer(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (state_ != State::kOpen) throw MakeError(env, "ECLOSED", "arrayBuffer", "mapping " + name_ + " is closed");
+  if (IsCuda()) {
+    throw MakeError(env, "EINVAL", "arrayBuffer",
+                    "arrayBuffer: mapping " + name_ + " is CUDA device memory, which has no host view; use gather/scatter");
+  }
   if (arrayBufferRef_.IsEmpty()) {
     Napi::ArrayBuffer view = Napi::ArrayBuffer::New(env, base_, size_, [](Napi::Env, void*) {});
     arrayBufferRef_ = Napi::Persistent(view);
   }
   return arrayBufferRef_.Value();
+}
+
+// ipcHandle(): the 64-byte cudaIpcMemHandle_t of a CUDA mapping (a copy); EINVAL for shm.
+Napi::Value Mapping::IpcHandle(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (!IsCuda()) {
+    throw MakeError(env, "EINVAL", "ipcHandle", "ipcHandle: mapping " + name_ + " is shared memory, not CUDA memory");
+  }
+  Napi::Uint8Array out = Napi::Uint8Array::New(env, kCudaIpcHandleBytes);
+  std::memcpy(out.Data(), handle_.reserved, kCudaIpcHandleBytes);
+  return out;
 }
 
 Napi::Value Mapping::GetName(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), name_); }
@@ -411,5 +890,14 @@ Napi::Value Mapping::GetSize(const Napi::CallbackInfo& info) {
 Napi::Value Mapping::GetClosed(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(info.Env(), state_ != State::kOpen);
 }
+
+// "shm", "cuda_ipc" or "cuda_alloc".
+Napi::Value Mapping::GetKind(const Napi::CallbackInfo& info) {
+  const char* kind = backend_ == Backend::kShm ? "shm" : backend_ == Backend::kCudaIpc ? "cuda_ipc" : "cuda_alloc";
+  return Napi::String::New(info.Env(), kind);
+}
+
+// The device's UUID as given ("cpu" for shm).
+Napi::Value Mapping::GetDevice(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), deviceUuid_); }
 
 }  // namespace mpcache

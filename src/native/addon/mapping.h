@@ -1,6 +1,17 @@
-// Mapping: one shared-memory segment mapped read/write into this process
-// (DESIGN §4). Copies between the mapping and JS buffers run on the libuv
-// thread pool; the mapping is never unmapped while one of them runs.
+// Mapping: one region of memory the server copies to and from (DESIGN §4),
+// behind one API whatever the backend:
+//
+//   shm         a POSIX shared-memory segment mapped read/write (openMapping);
+//   cuda_ipc    another process's CUDA allocation opened with
+//               cudaIpcOpenMemHandle (openCudaIpcMapping), with a stream of
+//               its own;
+//   cuda_alloc  this process's own cudaMalloc allocation, exportable through
+//               its IPC handle (cudaAllocate; the worker side).
+//
+// Copies between the mapping and JS buffers run on the libuv thread pool
+// (memcpy for shm; cudaMemcpyAsync on the mapping's stream, then
+// cudaStreamSynchronize, for CUDA); the mapping is never released while one
+// of them runs.
 //
 // Life cycle, all state touched on the JS thread only:
 //
@@ -11,11 +22,15 @@
 //   copy is queued (JS thread) and down in the worker's OnOK/OnError (JS
 //   thread), so no lock is needed; the thread-pool side only reads the base
 //   address and ranges captured at queue time.
-// * munmap runs when the state is Closing and `inflight_` is 0, i.e. either in
-//   close() itself or in the completion of the last copy, never while a copy
-//   runs on the pool.
+// * The release runs when the state is Closing and `inflight_` is 0, i.e.
+//   either in close() itself or in the completion of the last copy, never
+//   while a copy runs on the pool, and exactly once (`releasing_`). For shm it
+//   is munmap, on the JS thread. For CUDA it runs on the pool (a
+//   CudaReleaseWorker): cudaIpcCloseMemHandle (cuda_ipc) or cudaFree
+//   (cuda_alloc), then cudaStreamDestroy; the state becomes Closed when it
+//   completes.
 // * Each queued copy holds strong references to this object and to its JS
-//   buffer until it completes, so neither the GC finalizer (which unmaps a
+//   buffer until it completes, so neither the GC finalizer (which releases a
 //   mapping never closed) nor the buffer's collection can happen under it.
 #pragma once
 
@@ -25,6 +40,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "cudart.h"
 
 namespace mpcache {
 
@@ -37,18 +54,46 @@ struct CopyRange {
 
 enum class CopyDirection { kGather, kScatter };
 
+enum class Backend { kShm, kCudaIpc, kCudaAlloc };
+
+// What a constructor of a Mapping takes over (through a Napi::External).
+struct MappingInit {
+  std::string name;
+  uint8_t* base = nullptr;  // host address (shm) or device pointer (CUDA)
+  size_t size = 0;
+  Backend backend = Backend::kShm;
+  int device = -1;          // CUDA ordinal
+  std::string deviceUuid;   // "cpu" for shm
+  void* stream = nullptr;   // cudaStream_t
+  CudaIpcMemHandle handle{};
+};
+
+// An error to hand back to JS: code, call, message (see common.h).
+struct NativeFailure {
+  std::string code;
+  std::string call;
+  std::string message;
+  bool failed() const { return !code.empty(); }
+};
+
 class Mapping : public Napi::ObjectWrap<Mapping> {
  public:
   // Defines the JS class (not exported to JS: instances come from openMapping).
   static Napi::Function DefineClass(Napi::Env env);
   // openMapping(name, nbytes): maps the segment, or throws (see mapping.cc).
   static Napi::Value Open(const Napi::CallbackInfo& info);
+  // openCudaIpcMapping(handle, deviceUuid, nbytes) -> Promise<Mapping> (see mapping.cc).
+  static Napi::Value OpenCudaIpc(const Napi::CallbackInfo& info);
+  // cudaAllocate(deviceUuid, nbytes) -> Promise<Mapping> (see mapping.cc).
+  static Napi::Value CudaAllocate(const Napi::CallbackInfo& info);
 
   explicit Mapping(const Napi::CallbackInfo& info);
   ~Mapping() override;
 
   // Called by a copy worker on the JS thread once its promise is settled.
   void CopyFinished();
+  // Called by the CUDA release worker on the JS thread when it is done.
+  void ReleaseFinished(const NativeFailure& failure);
 
  private:
   enum class State { kOpen, kClosing, kClosed };
@@ -61,21 +106,40 @@ class Mapping : public Napi::ObjectWrap<Mapping> {
   Napi::Value GetName(const Napi::CallbackInfo& info);
   Napi::Value GetSize(const Napi::CallbackInfo& info);
   Napi::Value GetClosed(const Napi::CallbackInfo& info);
+  Napi::Value GetKind(const Napi::CallbackInfo& info);
+  Napi::Value GetDevice(const Napi::CallbackInfo& info);
+  Napi::Value IpcHandle(const Napi::CallbackInfo& info);
 
   Napi::Value Copy(const Napi::CallbackInfo& info, CopyDirection direction);
   // Unmaps and updates the counters; returns 0 or the errno of munmap.
   int Unmap();
-  // Closing with nothing in flight: unmap, become Closed, settle close() waiters.
-  void FinishClose();
+  // CUDA, synchronously (the GC finalizer only): close or free, destroy the stream.
+  void ReleaseCudaNow();
+  // Closing with nothing in flight: start the one release (munmap now, or the CUDA release worker).
+  void StartRelease();
+  // The release is done: become Closed, settle close() waiters.
+  void FinishClose(const NativeFailure& failure);
+  bool IsCuda() const { return backend_ != Backend::kShm; }
 
   std::string name_;
   uint8_t* base_ = nullptr;
   size_t size_ = 0;
+  Backend backend_ = Backend::kShm;
+  int device_ = -1;
+  std::string deviceUuid_ = "cpu";
+  void* stream_ = nullptr;
+  CudaIpcMemHandle handle_{};
   State state_ = State::kClosed;
+  bool releasing_ = false;
   uint32_t inflight_ = 0;
-  int unmapError_ = 0;
+  NativeFailure closeFailure_;
   std::vector<Napi::Promise::Deferred> closeWaiters_;
   Napi::Reference<Napi::ArrayBuffer> arrayBufferRef_;
 };
+
+// cudaProbe(libraryPath?) -> Promise<{ available, reason, library, tried, devices }>.
+Napi::Value CudaProbe(const Napi::CallbackInfo& info);
+// cudaMemGetInfo(deviceUuid) -> Promise<{ free, total }>.
+Napi::Value CudaMemGetInfo(const Napi::CallbackInfo& info);
 
 }  // namespace mpcache
