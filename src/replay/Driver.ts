@@ -32,6 +32,8 @@ export interface ReplayOptions {
   readonly workers: number
   /** How the workers move KV (`--transfer-mode`). */
   readonly transferMode: TransferMode
+  /** `cuda`: LMCache-driven workers keep their KV cache in device memory (CUDA IPC); needs a GPU. */
+  readonly device: "cpu" | "cuda"
   /** Trace time is divided by this (2 = twice as fast). */
   readonly rate: number
   /** Ignore timestamps: send each request as soon as a worker is free. */
@@ -179,6 +181,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     const settings = (slot: number): WorkerSettings => ({
       endpoint,
       transferMode: o.transferMode,
+      device: o.device,
       modelName: o.model.name,
       numLayers: o.model.numLayers,
       numHeads: o.model.numHeads,

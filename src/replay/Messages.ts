@@ -16,6 +16,8 @@ export type TransferMode = "lmcache-driven" | "engine-driven"
 export interface WorkerSettings {
   readonly endpoint: string
   readonly transferMode: TransferMode
+  /** Where the LMCache-driven KV cache lives: POSIX shared memory, or device memory shared by CUDA IPC. */
+  readonly device: "cpu" | "cuda"
   readonly modelName: string
   readonly numLayers: number
   readonly numHeads: number

@@ -23,6 +23,7 @@ import { Deferred, Effect, Queue } from "effect"
 import { NativeMemoryLive } from "../layers/NativeMemory.ts"
 import { dtypeBytes } from "../schema/Dtype.ts"
 import { makeEngineDrivenWorkerAdapter } from "../services/EngineDrivenWorkerAdapter.ts"
+import { makeCudaPagedKvCache } from "../native/CudaExport.ts"
 import { makePagedKvCache } from "../services/PagedKvCache.ts"
 import { makeWorkerAdapter } from "../services/WorkerAdapter.ts"
 import type { Done, DriverMessage, RunRequest, WorkerMessage, WorkerSettings } from "./Messages.ts"
@@ -47,15 +48,17 @@ const sortedMismatches = (mismatched: Set<number>) => [...mismatched].sort((a, b
 
 /** LMCache-driven: a paged KV cache in shared memory, registered with the server. */
 const lmcacheDriven = Effect.gen(function*() {
-  const cache = yield* makePagedKvCache({
-    namePrefix: settings.namePrefix,
+  const geometry = {
     numLayers: settings.numLayers,
     numBlocks: settings.numBlocks,
     blockSizeTokens: settings.blockSizeTokens,
     numHeads: settings.numHeads,
     headSize: settings.headSize,
     dtype: settings.dtype
-  })
+  }
+  const cache = settings.device === "cuda"
+    ? yield* makeCudaPagedKvCache(geometry)
+    : yield* makePagedKvCache({ namePrefix: settings.namePrefix, ...geometry })
   const worker = yield* makeWorkerAdapter({
     endpoint: settings.endpoint,
     modelName: settings.modelName,

@@ -11,9 +11,10 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import type { ReplaySummary } from "../../src/replay/Driver.ts"
 import { runCli } from "../support/Cli.ts"
+import { buildFakeCudart, readFakeState, removeFakeCudart } from "../support/FakeCudart.ts"
 
-const replay = (args: ReadonlyArray<string>) =>
-  Effect.map(runCli(["replay", "--json", ...args], 120_000), (r) => ({
+const replay = (args: ReadonlyArray<string>, env: Record<string, string> = {}) =>
+  Effect.map(runCli(["replay", "--json", ...args], 120_000, env), (r) => ({
     ...r,
     summary: r.code === 0 || r.stdout.startsWith("{") ? JSON.parse(r.stdout) as ReplaySummary : undefined
   }))
@@ -66,6 +67,25 @@ describe("mpcache replay", () => {
       assert.strictEqual(s.failed_requests, 0)
       assert.isAbove(s.chunks.hit, 0)
       assert.strictEqual(s.chunks.retrieved, s.chunks.hit)
+    }), 120_000)
+
+  it.live("--device cuda: workers keep their KV cache in (fake) device memory shared by CUDA IPC; every byte verified", () =>
+    Effect.gen(function*() {
+      const fake = buildFakeCudart()
+      const r = yield* replay(["--requests", "40", "--workers", "2", "--max-rate", "--device", "cuda"], { MPCACHE_CUDART: fake.library })
+      assert.strictEqual(r.code, 0, r.stderr.slice(-3000))
+      const s = r.summary!
+      assert.strictEqual(s.requests, 40)
+      assert.strictEqual(s.failed_requests, 0)
+      assert.isAbove(s.chunks.retrieved, 0)
+      assert.strictEqual(s.data_mismatches, 0)
+      assert.strictEqual(s.leaked_contexts, 0)
+      assert.strictEqual(s.open_mappings_after_shutdown, 0)
+      const state = readFakeState(fake)
+      removeFakeCudart(fake)
+      assert.isAbove(state.ipcOpens, 0)
+      assert.strictEqual(state.ipcCloses, state.ipcOpens, "every IPC handle the server opened was closed")
+      assert.strictEqual(state.violations, 0)
     }), 120_000)
 
   it.live("malformed trace lines are reported with their line numbers and the rest is replayed", () =>

@@ -16,9 +16,13 @@ export interface CliResult {
 }
 
 /** Runs `mpcache ...args` to completion (killed after `timeoutMs`). */
-export const runCli = (args: ReadonlyArray<string>, timeoutMs = 20_000): Effect.Effect<CliResult> =>
+export const runCli = (
+  args: ReadonlyArray<string>,
+  timeoutMs = 20_000,
+  env: Record<string, string> = {}
+): Effect.Effect<CliResult> =>
   Effect.callback<CliResult>((resume) => {
-    const child = spawn(process.execPath, [CLI, ...args], { stdio: ["ignore", "pipe", "pipe"] })
+    const child = spawn(process.execPath, [CLI, ...args], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env } })
     let stdout = ""
     let stderr = ""
     child.stdout.on("data", (d: Buffer) => (stdout += d.toString()))

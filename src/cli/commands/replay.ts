@@ -6,7 +6,7 @@
  */
 import { fileURLToPath } from "node:url"
 import { Console, Effect, Option } from "effect"
-import { Command, Flag } from "effect/cli"
+import { CliError, Command, Flag } from "effect/cli"
 import { loggerLayer } from "../../layers/Logging.ts"
 import { runReplay } from "../../replay/Driver.ts"
 import { formatSummary, mustBeZero } from "../../replay/Report.ts"
@@ -32,6 +32,10 @@ const flags = {
   ),
   rate: positive("rate", "Scale the trace's timestamps: 2 replays twice as fast").pipe(Flag.withDefault(1)),
   maxRate: Flag.Boolean("max-rate").pipe(Flag.withDescription("Ignore timestamps: send requests as fast as workers take them"), Flag.withDefault(false)),
+  device: Flag.Literals("device", ["cpu", "cuda"] as const).pipe(
+    Flag.withDescription("Where workers keep their KV cache: cpu (POSIX shared memory) or cuda (device memory, CUDA IPC; needs a GPU)"),
+    Flag.withDefault<"cpu" | "cuda">("cpu")
+  ),
   transferMode: Flag.Literals("transfer-mode", ["lmcache-driven", "engine-driven"] as const).pipe(
     Flag.withDescription(
       "How workers move KV: lmcache-driven (the server copies from each worker's registered KV cache) or engine-driven (workers copy their chunks through the server's shared L1 pool: PREPARE/COMMIT)"
@@ -72,6 +76,7 @@ export const replay = Command.make("replay", flags, (f) =>
           requests: Option.getOrUndefined(f.requests),
           workers: f.workers,
           transferMode: f.transferMode,
+          device: f.device,
           rate: f.rate,
           maxRate: f.maxRate,
           model: MODEL_PRESETS[f.model]!,
@@ -107,5 +112,10 @@ export const replay = Command.make("replay", flags, (f) =>
       return yield* new CommandFailed({ message, exitCode: 1 })
     }
   }).pipe(Effect.provide(loggerLayer("pretty")))).pipe(
+  Command.validate((f) =>
+    f.device === "cuda" && f.transferMode === "engine-driven"
+      ? Effect.fail(new CliError.ValidationError({ message: "--device cuda applies to --transfer-mode lmcache-driven (engine-driven workers copy through the server's host pool)" }))
+      : Effect.void
+  ),
   Command.withDescription("Replay a production trace through real worker processes (see README: Run it on a real trace)")
 )
