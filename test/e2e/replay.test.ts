@@ -37,7 +37,7 @@ describe("mpcache replay", () => {
 
   it.live("with workers SIGKILLed mid-run: still 0 mismatches, the killed instances reaped on disconnect, nothing leaked or mapped", () =>
     Effect.gen(function*() {
-      const r = yield* replay(["--requests", "150", "--workers", "2", "--max-rate", "--kill-every", "3"])
+      const r = yield* replay(["--requests", "200", "--workers", "2", "--max-rate", "--kill-every", "1.5"])
       assert.strictEqual(r.code, 0, r.stderr.slice(-3000))
       const s = r.summary!
       assert.isAtLeast(s.churn.killed, 2)
@@ -46,13 +46,13 @@ describe("mpcache replay", () => {
       assert.strictEqual(s.data_mismatches, 0)
       assert.strictEqual(s.leaked_contexts, 0)
       assert.strictEqual(s.open_mappings_after_shutdown, 0)
-      assert.strictEqual(s.requests, 150)
+      assert.strictEqual(s.requests, 200)
       assert.strictEqual(s.failed_requests, 0)
     }), 120_000)
 
   it.live("engine-driven with --kill-every: 0 mismatches, killed instances reaped on disconnect, 0 leaked, 0 open mappings", () =>
     Effect.gen(function*() {
-      const r = yield* replay(["--requests", "150", "--workers", "2", "--max-rate", "--kill-every", "3", "--transfer-mode", "engine-driven"])
+      const r = yield* replay(["--requests", "200", "--workers", "2", "--max-rate", "--kill-every", "1.5", "--transfer-mode", "engine-driven"])
       assert.strictEqual(r.code, 0, r.stderr.slice(-3000))
       const s = r.summary!
       assert.strictEqual(s.transfer_mode, "engine-driven")
@@ -63,7 +63,7 @@ describe("mpcache replay", () => {
       assert.strictEqual(s.leaked_contexts, 0)
       // The workers map the server's pool in their own processes; the server maps no worker memory.
       assert.strictEqual(s.open_mappings_after_shutdown, 0)
-      assert.strictEqual(s.requests, 150)
+      assert.strictEqual(s.requests, 200)
       assert.strictEqual(s.failed_requests, 0)
       assert.isAbove(s.chunks.hit, 0)
       assert.strictEqual(s.chunks.retrieved, s.chunks.hit)
