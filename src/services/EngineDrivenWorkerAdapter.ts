@@ -60,7 +60,7 @@ import { appendEvent, causeText, heartbeatTimes, makeHeartbeat, pingFailureReaso
 import { newInstanceId } from "./InstanceIdGen.ts"
 import { makeMqClient, type MqClientShape, type RequestError } from "./MqClient.ts"
 import {
-  MIN_SERVER_REAP_TIMEOUT_MS,
+  warnIfHeartbeatTooSlow,
   type RegistrationReason,
   UNREGISTER_TIMEOUT_MS,
   type WorkerAdapterEvent
@@ -202,14 +202,7 @@ export const makeEngineDrivenWorkerAdapterWith = (
     if ("error" in layout) return yield* new InvalidArgument({ message: `engine-driven worker adapter: ${layout.error}` })
     const { chunkBytes } = layout
     yield* Effect.logInfo(`mpcache engine-driven worker adapter created with instance_id=${idText}`)
-    if (3 * heartbeatIntervalMs > MIN_SERVER_REAP_TIMEOUT_MS) {
-      const neededSeconds = Math.ceil((3 * heartbeatIntervalMs) / 1000)
-      yield* Effect.logWarning(
-        `heartbeat interval ${heartbeatIntervalMs / 1000} s: 3 × interval = ${(3 * heartbeatIntervalMs) / 1000} s exceeds ` +
-          `the server's minimum reap timeout (${MIN_SERVER_REAP_TIMEOUT_MS / 1000} s); run the server with ` +
-          `--worker-reap-timeout-seconds of at least ${neededSeconds} or this live worker may be reaped`
-      )
-    }
+    yield* warnIfHeartbeatTooSlow(heartbeatIntervalMs)
 
     const scope = yield* Effect.scope
     const label = `mpcache server ${client.endpoint} (instance_id=${idText})`

@@ -52,6 +52,20 @@ import { makeMqClient, type MqClientShape, type RequestError } from "./MqClient.
 /** The server's smallest non-zero `--worker-reap-timeout-seconds`, in ms (DESIGN §5). */
 export const MIN_SERVER_REAP_TIMEOUT_MS = 30_000
 
+/**
+ * Warns at construction when 3 × the heartbeat interval exceeds the server's
+ * minimum reap timeout (DESIGN §6; upstream's adapter warning): a worker that
+ * misses a couple of pings could then be reaped while alive.
+ */
+export const warnIfHeartbeatTooSlow = (heartbeatIntervalMs: number): Effect.Effect<void> =>
+  3 * heartbeatIntervalMs > MIN_SERVER_REAP_TIMEOUT_MS
+    ? Effect.logWarning(
+      `heartbeat interval ${heartbeatIntervalMs / 1000} s: 3 × interval = ${(3 * heartbeatIntervalMs) / 1000} s exceeds ` +
+        `the server's minimum reap timeout (${MIN_SERVER_REAP_TIMEOUT_MS / 1000} s); run the server with ` +
+        `--worker-reap-timeout-seconds of at least ${Math.ceil((3 * heartbeatIntervalMs) / 1000)} or this live worker may be reaped`
+    )
+    : Effect.void
+
 /** How long shutdown waits for the UNREGISTER reply, ms; a timeout only logs (upstream `shutdown()`). */
 export const UNREGISTER_TIMEOUT_MS = 5_000
 
@@ -195,14 +209,7 @@ export const makeWorkerAdapterWith = (
     const idText = formatInstanceId(instanceId)
     const chunkSizeTokens = yield* client.request(GetChunkSize, [], { timeoutMs: requestTimeoutMs })
     yield* Effect.logInfo(`mpcache worker adapter created with instance_id=${idText}`)
-    if (3 * heartbeatIntervalMs > MIN_SERVER_REAP_TIMEOUT_MS) {
-      const neededSeconds = Math.ceil((3 * heartbeatIntervalMs) / 1000)
-      yield* Effect.logWarning(
-        `heartbeat interval ${heartbeatIntervalMs / 1000} s: 3 × interval = ${(3 * heartbeatIntervalMs) / 1000} s exceeds ` +
-          `the server's minimum reap timeout (${MIN_SERVER_REAP_TIMEOUT_MS / 1000} s); run the server with ` +
-          `--worker-reap-timeout-seconds of at least ${neededSeconds} or this live worker may be reaped`
-      )
-    }
+    yield* warnIfHeartbeatTooSlow(heartbeatIntervalMs)
 
     const scope = yield* Effect.scope
     const label = `mpcache server ${client.endpoint} (instance_id=${idText})`

@@ -7,35 +7,17 @@
  * SIGKILLed between PREPARE_STORE and COMMIT_STORE is reaped on disconnect
  * with nothing of its pending store published.
  */
-import { spawn } from "node:child_process"
 import { randomUUID } from "node:crypto"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { type CliProcess, startCli, startScript } from "../support/Cli.ts"
+import { type CliProcess, startCli, startScript, runJsonScript } from "../support/Cli.ts"
 
 const WORKER = fileURLToPath(new URL("../support/engine-driven-worker-main.ts", import.meta.url))
 
-const runWorker = (args: Record<string, unknown>) =>
-  Effect.callback<{ readonly code: number | null; readonly result: Record<string, unknown>; readonly stderr: string }>((resume) => {
-    const child = spawn(process.execPath, [WORKER, JSON.stringify(args)], { stdio: ["ignore", "pipe", "pipe"] })
-    let out = ""
-    let err = ""
-    child.stdout.on("data", (d: Buffer) => (out += d.toString()))
-    child.stderr.on("data", (d: Buffer) => (err += d.toString()))
-    child.on("close", (code) => {
-      let result: Record<string, unknown> = {}
-      try {
-        result = JSON.parse(out.trim().split("\n").pop() ?? "{}") as Record<string, unknown>
-      } catch {
-        result = { unparsable: out }
-      }
-      resume(Effect.succeed({ code, result, stderr: err }))
-    })
-    return Effect.sync(() => child.kill("SIGKILL"))
-  })
+const runWorker = (args: Record<string, unknown>) => runJsonScript(WORKER, args)
 
 const startServer = (extra: ReadonlyArray<string>) =>
   Effect.gen(function*() {

@@ -6,7 +6,6 @@
  * leave no mapping of those segments in the server's /proc/<pid>/maps and
  * the open-mappings counter at 0.
  */
-import { spawn } from "node:child_process"
 import { randomUUID } from "node:crypto"
 import { readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
@@ -14,28 +13,11 @@ import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { startCli } from "../support/Cli.ts"
+import { startCli, runJsonScript } from "../support/Cli.ts"
 
 const WORKER = fileURLToPath(new URL("../support/worker-main.ts", import.meta.url))
 
-const runWorker = (args: Record<string, unknown>) =>
-  Effect.callback<{ readonly code: number | null; readonly result: Record<string, unknown>; readonly stderr: string }>((resume) => {
-    const child = spawn(process.execPath, [WORKER, JSON.stringify(args)], { stdio: ["ignore", "pipe", "pipe"] })
-    let out = ""
-    let err = ""
-    child.stdout.on("data", (d: Buffer) => (out += d.toString()))
-    child.stderr.on("data", (d: Buffer) => (err += d.toString()))
-    child.on("close", (code) => {
-      let result: Record<string, unknown> = {}
-      try {
-        result = JSON.parse(out.trim().split("\n").pop() ?? "{}") as Record<string, unknown>
-      } catch {
-        result = { unparsable: out }
-      }
-      resume(Effect.succeed({ code, result, stderr: err }))
-    })
-    return Effect.sync(() => child.kill("SIGKILL"))
-  })
+const runWorker = (args: Record<string, unknown>) => runJsonScript(WORKER, args)
 
 const startServer = Effect.gen(function*() {
   const endpoint = `ipc://${join(tmpdir(), `mpcache-e2e-${randomUUID()}.sock`)}`

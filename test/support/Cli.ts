@@ -110,3 +110,23 @@ export const startScript = (script: string, args: ReadonlyArray<string>): Effect
         })
       )
   )
+
+/** Runs `script` (Node 24) with its JSON argument; its last stdout line is a JSON result. */
+export const runJsonScript = (script: string, args: Record<string, unknown>) =>
+  Effect.callback<{ readonly code: number | null; readonly result: Record<string, unknown>; readonly stderr: string }>((resume) => {
+    const child = spawn(process.execPath, [script, JSON.stringify(args)], { stdio: ["ignore", "pipe", "pipe"] })
+    let out = ""
+    let err = ""
+    child.stdout.on("data", (d: Buffer) => (out += d.toString()))
+    child.stderr.on("data", (d: Buffer) => (err += d.toString()))
+    child.on("close", (code) => {
+      let result: Record<string, unknown> = {}
+      try {
+        result = JSON.parse(out.trim().split("\n").pop() ?? "{}") as Record<string, unknown>
+      } catch {
+        result = { unparsable: out }
+      }
+      resume(Effect.succeed({ code, result, stderr: err }))
+    })
+    return Effect.sync(() => child.kill("SIGKILL"))
+  })
