@@ -46,6 +46,43 @@ const seed = modelSeed(settings.modelName)
 /** Mismatching chunk indices, ascending. */
 const sortedMismatches = (mismatched: Set<number>) => [...mismatched].sort((a, b) => a - b)
 
+/** What one request did, as the driver reads it. Chunk counts from token counts; times in ms. */
+const doneMessage = (
+  r: RunRequest,
+  o: {
+    readonly chunk: number
+    readonly chunkBytes: number
+    readonly hit: number
+    readonly fullTokens: number
+    readonly retrieveOk: boolean
+    readonly storeOk: boolean
+    readonly mismatched: Set<number>
+    readonly times: readonly [number, number, number, number]
+    readonly reregistrations: number
+    readonly healthy: boolean
+  }
+): Done => {
+  const retrievedChunks = o.retrieveOk ? o.hit / o.chunk : 0
+  const storedChunks = o.fullTokens > o.hit && o.storeOk ? (o.fullTokens - o.hit) / o.chunk : 0
+  const [t0, t1, t2, t3] = o.times
+  return {
+    _tag: "Done",
+    index: r.index,
+    retrieveOk: o.retrieveOk,
+    storeOk: o.storeOk,
+    retrievedChunks,
+    storedChunks,
+    retrievedBytes: retrievedChunks * o.chunkBytes,
+    storedBytes: storedChunks * o.chunkBytes,
+    mismatchedChunks: sortedMismatches(o.mismatched),
+    retrieveMs: t1 - t0,
+    computeMs: t2 - t1,
+    storeMs: t3 - t2,
+    reregistrations: o.reregistrations,
+    healthy: o.healthy
+  }
+}
+
 /** LMCache-driven: a paged KV cache in shared memory, registered with the server. */
 const lmcacheDriven = Effect.gen(function*() {
   const geometry = {
@@ -124,25 +161,18 @@ const lmcacheDriven = Effect.gen(function*() {
         storeOk = yield* worker.store({ requestId: r.requestId, tokenIds, start: hit, end: fullTokens, blockIds: blockIds.slice(hit / bs) })
       }
       const t3 = performance.now()
-      const retrievedChunks = retrieveOk ? hit / chunk : 0
-      const storedChunks = fullTokens > hit && storeOk ? (fullTokens - hit) / chunk : 0
-      const done: Done = {
-        _tag: "Done",
-        index: r.index,
+      return doneMessage(r, {
+        chunk,
+        chunkBytes,
+        hit,
+        fullTokens,
         retrieveOk,
         storeOk,
-        retrievedChunks,
-        storedChunks,
-        retrievedBytes: retrievedChunks * chunkBytes,
-        storedBytes: storedChunks * chunkBytes,
-        mismatchedChunks: sortedMismatches(mismatched),
-        retrieveMs: t1 - t0,
-        computeMs: t2 - t1,
-        storeMs: t3 - t2,
+        mismatched,
+        times: [t0, t1, t2, t3],
         reregistrations: yield* worker.reregistrations,
         healthy: yield* worker.isHealthy
-      }
-      return done
+      })
     })
 
   return { instanceId: worker.instanceId.toString(), chunkSizeTokens: chunk, run } satisfies Runner
@@ -214,24 +244,18 @@ const engineDriven = Effect.gen(function*() {
         )
       }
       const t3 = performance.now()
-      const retrievedChunks = retrieveOk ? hit / chunk : 0
-      const storedChunks = fullTokens > hit && storeOk ? (fullTokens - hit) / chunk : 0
-      return {
-        _tag: "Done",
-        index: r.index,
+      return doneMessage(r, {
+        chunk,
+        chunkBytes,
+        hit,
+        fullTokens,
         retrieveOk,
         storeOk,
-        retrievedChunks,
-        storedChunks,
-        retrievedBytes: retrievedChunks * chunkBytes,
-        storedBytes: storedChunks * chunkBytes,
-        mismatchedChunks: sortedMismatches(mismatched),
-        retrieveMs: t1 - t0,
-        computeMs: t2 - t1,
-        storeMs: t3 - t2,
+        mismatched,
+        times: [t0, t1, t2, t3],
         reregistrations: yield* worker.reregistrations,
         healthy: yield* worker.isHealthy
-      } satisfies Done
+      })
     })
 
   return { instanceId: worker.instanceId.toString(), chunkSizeTokens: chunk, run } satisfies Runner
