@@ -16,9 +16,8 @@ import { rmSync } from "node:fs"
 import os from "node:os"
 import path from "node:path"
 import { parseArgs } from "node:util"
-import { Packr } from "msgpackr"
-import { Dealer } from "zeromq"
 import { DOC, writeDocSection } from "./docs.ts"
+import { pingLoop, type PingRun } from "./pingClient.ts"
 
 const ROOT = path.resolve(import.meta.dirname, "..")
 const HEADING = "## PING round trips (bench:ping)"
@@ -113,42 +112,7 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
 
 // ------------------------------------------------------------------ client
 
-const packr = new Packr({ useRecords: false, int64AsType: "bigint" })
-const OP_PING = 22
-const OP_FRAME = packr.pack(OP_PING)
-const NIL_FRAME = packr.pack(null)
-
-interface Run {
-  measuring: boolean
-  stopped: boolean
-  readonly latenciesUs: number[]
-}
-
-/**
- * One client: a DEALER with exactly one PING in flight. Records the latency
- * of every reply that arrives while `run.measuring`; stops after the reply
- * in flight once `run.stopped`. `expected` is the decoded third reply frame
- * (`true` from mpcache, the echoed `null` from the echo server).
- */
-const client = async (endpoint: string, run: Run, expected: unknown): Promise<void> => {
-  const dealer = new Dealer({ linger: 0, sendTimeout: 5_000, receiveTimeout: 5_000 })
-  try {
-    dealer.connect(endpoint)
-    for (let uid = 0; !run.stopped; uid++) {
-      const start = process.hrtime.bigint()
-      await dealer.send([packr.pack(uid), OP_FRAME, NIL_FRAME])
-      const reply = await dealer.receive()
-      const end = process.hrtime.bigint()
-      const [rUid, rOp, rResponse] = reply.map((frame): unknown => packr.unpack(frame))
-      if (reply.length !== 3 || rUid !== uid || rOp !== OP_PING || rResponse !== expected) {
-        throw new Error(`unexpected reply to PING ${uid}: ${JSON.stringify([rUid, rOp, rResponse])}`)
-      }
-      if (run.measuring) run.latenciesUs.push(Number(end - start) / 1000)
-    }
-  } finally {
-    dealer.close()
-  }
-}
+type Run = PingRun
 
 interface Result {
   readonly rps: number
@@ -163,7 +127,7 @@ const sleep = (s: number): Promise<void> => new Promise((resolve) => setTimeout(
 
 const measure = async (server: Server, clients: number, expected: unknown): Promise<Result> => {
   const run: Run = { measuring: false, stopped: false, latenciesUs: [] }
-  const all = Promise.all(Array.from({ length: clients }, () => client(server.endpoint, run, expected))).catch(
+  const all = Promise.all(Array.from({ length: clients }, () => pingLoop(server.endpoint, run, expected))).catch(
     (error: unknown) => {
       const { exitCode, signalCode } = server.child
       const state = isRunning(server.child) ? "running" : `exited (code ${exitCode}, signal ${signalCode})`

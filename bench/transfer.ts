@@ -47,8 +47,6 @@ import path from "node:path"
 import { monitorEventLoopDelay } from "node:perf_hooks"
 import { parseArgs } from "node:util"
 import { Effect, Exit, Layer, ManagedRuntime, References, Scope } from "effect"
-import { Packr } from "msgpackr"
-import { Dealer } from "zeromq"
 import { loggerLayer } from "../src/layers/Logging.ts"
 import { NativeMemoryLive } from "../src/layers/NativeMemory.ts"
 import { loadNativeAddon, NativeMemory } from "../src/native/Native.ts"
@@ -58,6 +56,7 @@ import { makePagedKvCache, type PagedKvCache } from "../src/services/PagedKvCach
 import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/services/SchedulerAdapter.ts"
 import { makeWorkerAdapter, type TransferRequest, type WorkerAdapterShape } from "../src/services/WorkerAdapter.ts"
 import { DOC, writeDocSection } from "./docs.ts"
+import { pingLoop, type PingRun } from "./pingClient.ts"
 
 const ROOT = path.resolve(import.meta.dirname, "..")
 const HEADING = "## STORE and RETRIEVE throughput (bench:transfer)"
@@ -334,38 +333,6 @@ const serverMemoryGiB = (pid: number): { rss: number; peak: number } => {
 
 // -------------------------------------------------------------------- ping
 
-const packr = new Packr({ useRecords: false, int64AsType: "bigint" })
-const OP_PING = 22
-const OP_FRAME = packr.pack(OP_PING)
-const NIL_FRAME = packr.pack(null)
-
-interface PingRun {
-  measuring: boolean
-  stopped: boolean
-  readonly latenciesUs: Array<number>
-}
-
-/** One DEALER with exactly one PING [nil] in flight until `run.stopped`; records latencies while `run.measuring`. */
-const pingLoop = async (run: PingRun): Promise<void> => {
-  const dealer = new Dealer({ linger: 0, sendTimeout: 5_000, receiveTimeout: 5_000 })
-  try {
-    dealer.connect(endpoint)
-    for (let uid = 0; !run.stopped; uid++) {
-      const start = process.hrtime.bigint()
-      await dealer.send([packr.pack(uid), OP_FRAME, NIL_FRAME])
-      const reply = await dealer.receive()
-      const end = process.hrtime.bigint()
-      const [rUid, rOp, rResponse] = reply.map((frame): unknown => packr.unpack(frame))
-      if (reply.length !== 3 || rUid !== uid || rOp !== OP_PING || rResponse !== true) {
-        throw new Error(`unexpected reply to PING ${uid}: ${JSON.stringify([rUid, rOp, rResponse])}`)
-      }
-      if (run.measuring) run.latenciesUs.push(Number(end - start) / 1000)
-    }
-  } finally {
-    dealer.close()
-  }
-}
-
 interface PingResult {
   readonly samples: number
   readonly p50Us: number
@@ -542,7 +509,7 @@ const measure = async (
 
 const idle = async (s: Server): Promise<Window> => {
   const ping: PingRun = { measuring: false, stopped: false, latenciesUs: [] }
-  const pings = pingLoop(ping)
+  const pings = pingLoop(endpoint, ping)
   const failed = Promise.race([pings.then(() => new Promise<never>(() => {})), s.exited])
   let ok = false
   try {
@@ -600,7 +567,7 @@ const phase = async (
     }
   }))
   const ping: PingRun = { measuring: false, stopped: false, latenciesUs: [] }
-  const pings = pingLoop(ping)
+  const pings = pingLoop(endpoint, ping)
   // A failing stream or PING client, or the server's exit, ends the phase at once.
   const failed = Promise.race([Promise.all([loops, pings]).then(() => new Promise<never>(() => {})), s.exited])
   let ok = false
