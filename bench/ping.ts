@@ -1,12 +1,15 @@
 /**
- * `npm run bench:ping [-- --quick | --duration S]`
+ * `npm run bench:ping [-- --quick | --full] [-- --duration S --rounds R] [-- --summary FILE]`
  *
  * PING round trips per second and p50/p99 latency with 1, 4 and 16
  * concurrent clients, against (a) the real mpcache server and (b) a bare
  * zeromq.js ROUTER that echoes every message (bench/echo-router.ts), both in
  * child processes, in the same run. The same raw DEALER client code drives
- * both, so the only difference is the server. Prints a table and writes the
- * section "## PING round trips (bench:ping)" of docs/benchmarks.md.
+ * both, so the only difference is the server. The two servers alternate
+ * round by round, so a change in the machine's load hits both alike. Prints
+ * a table and writes the section "## PING round trips (bench:ping)" of
+ * docs/benchmarks.md; `--summary FILE` also writes the target rows as JSON
+ * for bench/suite.ts.
  *
  * A benchmark, never a test: exits 0 on success, 1 on failure, and always
  * stops its child processes and removes its ipc socket files.
@@ -18,6 +21,7 @@ import path from "node:path"
 import { parseArgs } from "node:util"
 import { DOC, writeDocSection } from "./docs.ts"
 import { pingLoop, type PingRun } from "./pingClient.ts"
+import { writeSummary, type SummaryRow } from "./summary.ts"
 
 const ROOT = path.resolve(import.meta.dirname, "..")
 const HEADING = "## PING round trips (bench:ping)"
@@ -29,11 +33,27 @@ const STOP_TIMEOUT_MS = 5_000
 // ---------------------------------------------------------------- arguments
 
 const { values: args } = parseArgs({
-  options: { quick: { type: "boolean", default: false }, duration: { type: "string" } }
+  options: {
+    quick: { type: "boolean", default: false },
+    full: { type: "boolean", default: false },
+    duration: { type: "string" },
+    rounds: { type: "string" },
+    summary: { type: "string" }
+  }
 })
-const durationS = args.duration !== undefined ? Number(args.duration) : args.quick ? 1 : 3
+if (args.quick && args.full) {
+  process.stderr.write("--quick and --full exclude each other\n")
+  process.exit(2)
+}
+/** Seconds measured per server and configuration, over all rounds. */
+const durationS = args.duration !== undefined ? Number(args.duration) : args.full ? 12 : 4
+const rounds = args.rounds !== undefined ? Number(args.rounds) : args.full ? 6 : 4
 if (!Number.isFinite(durationS) || durationS <= 0) {
   process.stderr.write(`--duration must be a positive number of seconds, got ${args.duration}\n`)
+  process.exit(2)
+}
+if (!Number.isInteger(rounds) || rounds < 1) {
+  process.stderr.write(`--rounds must be a positive integer, got ${args.rounds}\n`)
   process.exit(2)
 }
 
@@ -125,8 +145,20 @@ const percentile = (sorted: readonly number[], p: number): number =>
 
 const sleep = (s: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, s * 1000))
 
-const measure = async (server: Server, clients: number, expected: unknown): Promise<Result> => {
-  const run: Run = { measuring: false, stopped: false, latenciesUs: [] }
+/** Samples and seconds of the rounds so far of one server and configuration. */
+interface Pooled {
+  readonly latenciesUs: Array<number>
+  seconds: number
+}
+
+const result = (p: Pooled): Result => {
+  const sorted = p.latenciesUs.sort((a, b) => a - b)
+  return { rps: sorted.length / p.seconds, p50Us: percentile(sorted, 50), p99Us: percentile(sorted, 99) }
+}
+
+/** One round: `clients` clients for WARMUP_S, then `seconds` measured into `into`. */
+const measure = async (server: Server, clients: number, expected: unknown, seconds: number, into: Pooled): Promise<void> => {
+  const run: Run = { measuring: false, stopped: false, latenciesUs: into.latenciesUs }
   const all = Promise.all(Array.from({ length: clients }, () => pingLoop(server.endpoint, run, expected))).catch(
     (error: unknown) => {
       const { exitCode, signalCode } = server.child
@@ -141,7 +173,7 @@ const measure = async (server: Server, clients: number, expected: unknown): Prom
     await sleep(WARMUP_S)
     run.measuring = true
     const t0 = process.hrtime.bigint()
-    await sleep(durationS)
+    await sleep(seconds)
     run.measuring = false
     return Number(process.hrtime.bigint() - t0) / 1e9
   }
@@ -152,8 +184,7 @@ const measure = async (server: Server, clients: number, expected: unknown): Prom
     run.stopped = true
   }
   await all
-  const sorted = run.latenciesUs.sort((a, b) => a - b)
-  return { rps: sorted.length / elapsedS, p50Us: percentile(sorted, 50), p99Us: percentile(sorted, 99) }
+  into.seconds += elapsedS
 }
 
 // ------------------------------------------------------------------ report
@@ -186,7 +217,8 @@ const section = (rows: readonly Row[]): string => {
     "",
     `Measured ${new Date().toISOString().slice(0, 10)} · Node ${process.version} · ` +
     `${cpus[0]?.model.trim() ?? "unknown CPU"} (${cpus.length} cores) · transport ipc · ` +
-    `${WARMUP_S} s warm-up then ${durationS} s per configuration.`,
+    `${durationS} s measured per server and configuration, in ${rounds} rounds that alternate the two servers ` +
+    `(each round after a ${WARMUP_S} s warm-up); percentiles over all the rounds' round trips.`,
     "",
     "Each client is a raw zeromq.js DEALER keeping exactly one PING (op 22, nil instance id) in flight.",
     "*mpcache* is `mpcache serve` with default pools; *echo* is a bare zeromq.js ROUTER that",
@@ -198,9 +230,42 @@ const section = (rows: readonly Row[]): string => {
     "",
     table(rows),
     "",
-    "Reproduce: `npm run bench:ping` (`npm run bench:ping -- --quick` for 1 s runs, `-- --duration S` for S seconds).",
+    "Reproduce: `npm run bench:ping` (`-- --full` for 12 s in 6 rounds; `-- --duration S --rounds R` for S seconds in R rounds).",
     ""
   ].join("\n")
+}
+
+/** The issue's two PING targets: req/s at 16 clients ≥ 0.6 × the echo, p99 at 1 client ≤ 2 × the echo. */
+const summaryRows = (rows: ReadonlyArray<Row>): Array<SummaryRow> => {
+  const int = (n: number): string => Math.round(n).toLocaleString("en-US")
+  const out: Array<SummaryRow> = []
+  const at16 = rows.find((r) => r.clients === 16)
+  if (at16 !== undefined) {
+    const ratio = at16.mpcache.rps / at16.echo.rps
+    out.push({
+      bench: "ping",
+      figure: "PING round trips/s, 16 clients",
+      measured: `${int(at16.mpcache.rps)} /s`,
+      reference: `echo ${int(at16.echo.rps)} /s`,
+      ratio,
+      target: "≥ 0.6 × echo",
+      met: ratio >= 0.6
+    })
+  }
+  const at1 = rows.find((r) => r.clients === 1)
+  if (at1 !== undefined) {
+    const ratio = at1.mpcache.p99Us / at1.echo.p99Us
+    out.push({
+      bench: "ping",
+      figure: "PING p99, 1 client",
+      measured: `${int(at1.mpcache.p99Us)} µs`,
+      reference: `echo ${int(at1.echo.p99Us)} µs`,
+      ratio,
+      target: "≤ 2 × echo",
+      met: ratio <= 2
+    })
+  }
+  return out
 }
 
 /** Replaces this bench's section of docs/benchmarks.md, keeping the others. */
@@ -224,12 +289,19 @@ const main = async (): Promise<void> => {
 
   const rows: Row[] = []
   for (const clients of CONCURRENCY) {
-    // Alternate the servers so that a drift in machine load hits both alike.
-    const echoResult = await measure(echo, clients, null)
-    const mpcacheResult = await measure(mpcache, clients, true)
-    rows.push({ clients, mpcache: mpcacheResult, echo: echoResult })
+    // Alternate the servers round by round (and which goes first) so that a drift in machine load hits both alike.
+    const pooledMpcache: Pooled = { latenciesUs: [], seconds: 0 }
+    const pooledEcho: Pooled = { latenciesUs: [], seconds: 0 }
+    for (let r = 0; r < rounds; r++) {
+      const echoRound = () => measure(echo, clients, null, durationS / rounds, pooledEcho)
+      const mpcacheRound = () => measure(mpcache, clients, true, durationS / rounds, pooledMpcache)
+      if (r % 2 === 0) await echoRound().then(mpcacheRound)
+      else await mpcacheRound().then(echoRound)
+    }
+    rows.push({ clients, mpcache: result(pooledMpcache), echo: result(pooledEcho) })
     process.stderr.write(`  ${clients} client(s) done\n`)
   }
+  writeSummary(args.summary, summaryRows(rows))
 
   const body = section(rows)
   process.stdout.write(`\n${body}\n`)

@@ -56,7 +56,7 @@ import { makePagedKvCache, type PagedKvCache } from "../src/services/PagedKvCach
 import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/services/SchedulerAdapter.ts"
 import { makeWorkerAdapter, type TransferRequest, type WorkerAdapterShape } from "../src/services/WorkerAdapter.ts"
 import { DOC, writeDocSection } from "./docs.ts"
-import { pingLoop, type PingRun } from "./pingClient.ts"
+import { startPingChild, type PingChild } from "./pingChild.ts"
 
 const ROOT = path.resolve(import.meta.dirname, "..")
 const HEADING = "## STORE and RETRIEVE throughput (bench:transfer)"
@@ -103,6 +103,7 @@ const READY_TIMEOUT_MS = 30_000
 const STOP_TIMEOUT_MS = 10_000
 const REQUEST_TIMEOUT_MS = 30_000
 const PROBE_TIMEOUT_MS = 5_000
+const PREFAULT_TIMEOUT_MS = 300_000
 /** Linux USER_HZ, the unit of /proc CPU times. */
 const CLK_TCK = 100
 const CORES = os.cpus().length
@@ -278,6 +279,27 @@ const stopServer = (): Promise<void> =>
     })
     child.kill("SIGTERM")
   })
+
+/**
+ * Waits until the server's background prefault has touched all of L1 (its
+ * `/api/status` l1.prefaulted_bytes), so the STORE window measures copies
+ * into warm memory as a long-running server does, not the first touch of
+ * fresh pages (seconds per GiB under some hypervisors). Returns the seconds
+ * it waited.
+ */
+const awaitL1Prefault = async (s: Server): Promise<number> => {
+  const t0 = performance.now()
+  for (;;) {
+    const status = (await (await fetch(`${s.httpUrl}/api/status`)).json()) as {
+      readonly l1: { readonly capacity_bytes: number; readonly prefaulted_bytes: number }
+    }
+    if (status.l1.prefaulted_bytes >= status.l1.capacity_bytes) return (performance.now() - t0) / 1000
+    if (performance.now() - t0 > PREFAULT_TIMEOUT_MS) {
+      throw new Error(`L1 prefault not done after ${PREFAULT_TIMEOUT_MS / 1000} s (${status.l1.prefaulted_bytes} of ${status.l1.capacity_bytes} bytes)`)
+    }
+    await sleep(0.2)
+  }
+}
 
 /** Un-labelled Prometheus samples of the server; a counter never updated yet is absent and reads 0. */
 const metrics = async (s: Server, names: ReadonlyArray<string>): Promise<Record<string, number>> => {
@@ -467,7 +489,7 @@ const readBenchLoopDelay = (): LoopDelay => {
  */
 const measure = async (
   s: Server,
-  ping: PingRun,
+  ping: PingChild,
   seconds: number,
   onStart: () => void,
   onEnd: () => void,
@@ -481,11 +503,11 @@ const measure = async (
   const machine0 = machineJiffies()
   const t0 = process.hrtime.bigint()
   onStart()
-  ping.measuring = true
+  ping.measure()
   await sleep(seconds)
   while (!enough() && Number(process.hrtime.bigint() - t0) / 1e9 < seconds * MAX_STRETCH) await sleep(0.02)
   onEnd()
-  ping.measuring = false
+  const latenciesUs = await ping.collect()
   const elapsed = Number(process.hrtime.bigint() - t0) / 1e9
   const cpu1 = serverCpu(s.pid)
   const bench1 = process.cpuUsage(bench0)
@@ -495,7 +517,7 @@ const measure = async (
   const counters1 = await metrics(s, COUNTERS)
   return {
     seconds: elapsed,
-    ping: summarize(ping.latenciesUs),
+    ping: summarize(latenciesUs),
     serverLoop,
     benchLoop,
     serverJsCores: (cpu1.js - cpu0.js) / elapsed,
@@ -508,18 +530,13 @@ const measure = async (
 }
 
 const idle = async (s: Server): Promise<Window> => {
-  const ping: PingRun = { measuring: false, stopped: false, latenciesUs: [] }
-  const pings = pingLoop(endpoint, ping)
-  const failed = Promise.race([pings.then(() => new Promise<never>(() => {})), s.exited])
-  let ok = false
+  const ping = startPingChild(endpoint)
+  const failed = Promise.race([ping.failed, s.exited])
   try {
     await Promise.race([sleep(0.5), failed])
-    const w = await Promise.race([measure(s, ping, idleS, () => {}, () => {}), failed])
-    ok = true
-    return w
+    return await Promise.race([measure(s, ping, idleS, () => {}, () => {}), failed])
   } finally {
-    ping.stopped = true
-    if (ok) await pings
+    await ping.stop()
   }
 }
 
@@ -566,10 +583,9 @@ const phase = async (
       for (const [k, v] of Object.entries(stages)) stagesMs[k] = (stagesMs[k] ?? 0) + v
     }
   }))
-  const ping: PingRun = { measuring: false, stopped: false, latenciesUs: [] }
-  const pings = pingLoop(endpoint, ping)
+  const ping = startPingChild(endpoint)
   // A failing stream or PING client, or the server's exit, ends the phase at once.
-  const failed = Promise.race([Promise.all([loops, pings]).then(() => new Promise<never>(() => {})), s.exited])
+  const failed = Promise.race([loops.then(() => new Promise<never>(() => {})), ping.failed, s.exited])
   let ok = false
   try {
     await Promise.race([sleep(WARMUP_S), failed])
@@ -587,10 +603,10 @@ const phase = async (
     return result
   } finally {
     state.stop = true
-    ping.stopped = true
+    await ping.stop()
     // On success the streams end after their requests in flight; on failure
     // closing the worker fails whatever still waits.
-    if (ok) await Promise.all([loops, pings])
+    if (ok) await loops
   }
 }
 
@@ -745,10 +761,14 @@ const checkRoom = (): void => {
   if (availableGiB < neededGiB) throw new Error(`${f1(availableGiB)} GiB of memory available; the bench needs about ${f1(neededGiB)} GiB`)
 }
 
+let prefaultSeconds = Number.NaN
+
 const main = async (): Promise<void> => {
   checkRoom()
   const s = await startServer()
   log(`server up (${endpoint}, ${s.httpUrl}, pid ${s.pid}); ${durationS} s per phase`)
+  prefaultSeconds = await Promise.race([awaitL1Prefault(s), s.exited])
+  log(`L1 prefaulted (waited ${f1(prefaultSeconds)} s)`)
   const w = await Promise.race([startWorker(), s.exited])
   log(`worker registered: ${NUM_LAYERS} segments of ${f2(LAYER_BYTES / 2 ** 20)} MiB, filled`)
 

@@ -186,8 +186,8 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
         Effect.flatMap(resolve("gather", mapping), (t) => calls.copy("gather", t.native, ranges, dest)),
       scatter: (mapping, ranges, src) =>
         Effect.flatMap(resolve("scatter", mapping), (t) => calls.copy("scatter", t.native, ranges, src)),
-      prefault: (mapping, offset, length) =>
-        Effect.flatMap(resolve("prefault", mapping), (t) => calls.prefault(t.native, offset, length)),
+      prefault: (mapping, offset, length, options) =>
+        Effect.flatMap(resolve("prefault", mapping), (t) => calls.prefault(t.native, offset, length, options?.touch === true)),
       view: (mapping) => Effect.flatMap(resolve("view", mapping), (t) => calls.view(t.native)),
       stats: calls.stats
     }

@@ -124,6 +124,7 @@ const StatusBlocksLive = Layer.effect(
           l1: {
             pool: l1.pool?.shmName ?? null,
             capacity_bytes: s.capacityBytes,
+            prefaulted_bytes: l1.pool?.prefaultedBytes() ?? 0,
             used_bytes: s.usedBytes,
             objects: s.objects,
             reserved_objects: s.reservedObjects,

@@ -37,6 +37,14 @@ export const unpack = (frame: Uint8Array): { readonly value: unknown } | undefin
 
 /** Reads a non-negative MessagePack int (uid or op); undefined when the frame is anything else. */
 export const decodeHeaderInt = (frame: Uint8Array): number | undefined => {
+  // Every request carries two of these: the common encodings are read in place (no allocation);
+  // anything else (signed int formats, malformed frames) goes through msgpackr.
+  const n = frame.length
+  const b0 = frame[0]
+  if (n === 1 && b0 !== undefined && b0 <= 0x7f) return b0
+  if (n === 2 && b0 === 0xcc) return frame[1]
+  if (n === 3 && b0 === 0xcd) return (frame[1]! << 8) | frame[2]!
+  if (n === 5 && b0 === 0xce) return ((frame[1]! << 24) >>> 0) + ((frame[2]! << 16) | (frame[3]! << 8) | frame[4]!)
   const u = unpack(frame)
   if (u === undefined) return undefined
   const v = u.value
@@ -168,9 +176,19 @@ export const encodeReply = <O extends Op>(
   response: ResponseOf<O>
 ): Exit.Exit<Array<Uint8Array>, BadRequest> => {
   if (op.response === undefined) return Exit.succeed([uidFrame, opFrame])
+  // A primitive response (PING's true, NOOP's "OK", GET_CHUNK_SIZE's int) encodes the same every time:
+  // reuse the frame of the last one (frames are never written to after encoding).
+  const primitive = response === null || typeof response !== "object"
+  const memo = primitive ? lastPrimitiveReply.get(op.id) : undefined
+  if (memo !== undefined && memo.value === response) return Exit.succeed([uidFrame, opFrame, memo.frame])
   const f = encodeFrame(op.response, response, `${op.name}: response`)
-  return Exit.isFailure(f) ? f as Exit.Exit<never, BadRequest> : Exit.succeed([uidFrame, opFrame, f.value])
+  if (Exit.isFailure(f)) return f as Exit.Exit<never, BadRequest>
+  if (primitive) lastPrimitiveReply.set(op.id, { value: response, frame: f.value })
+  return Exit.succeed([uidFrame, opFrame, f.value])
 }
+
+/** The last primitive response encoded per op id, and its frame. */
+const lastPrimitiveReply = new Map<number, { readonly value: unknown; readonly frame: Buffer }>()
 
 /** Encodes an error reply `[uid, op, "MPCACHE_ERR", {code, message}]`. */
 export const encodeErrorReply = (

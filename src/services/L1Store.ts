@@ -75,6 +75,8 @@ export interface L1Stats {
 export interface L1Pool {
   readonly shmName: string
   readonly sizeBytes: number
+  /** Bytes of the pool prefaulted so far by the background prefault (`sizeBytes` once done; 0 with `--no-l1-prefault`). */
+  readonly prefaultedBytes: () => number
 }
 
 /** The L1 pool cannot be created (no room in /dev/shm, …). */
@@ -189,17 +191,20 @@ const makePooled = Effect.gen(function*() {
     Effect.mapError((e: InvalidArgument | NativeError) => new L1PoolError({ message: `cannot map the L1 pool: ${e.message}` }))
   )
   const view = yield* native.view(mapping).pipe(Effect.mapError((e) => new L1PoolError({ message: e.message })))
+  let prefaultedBytes = 0
   if (config.l1Prefault) {
     const started = Date.now()
     yield* Effect.gen(function*() {
       for (let off = 0; off < capacityBytes; off += PREFAULT_STEP_BYTES) {
-        yield* native.prefault(mapping, off, Math.min(PREFAULT_STEP_BYTES, capacityBytes - off))
+        const length = Math.min(PREFAULT_STEP_BYTES, capacityBytes - off)
+        yield* native.prefault(mapping, off, length, { touch: true })
+        prefaultedBytes += length
       }
       yield* Effect.logInfo(`L1 pool ${shmName}: ${capacityBytes} bytes prefaulted in ${Duration.format(Duration.millis(Date.now() - started))}`)
     }).pipe(Effect.catch((e) => Effect.logWarning(`L1 prefault stopped: ${e.message}`)), Effect.forkScoped)
   }
   yield* Effect.logInfo(`L1 pool ${shmName}: ${capacityBytes} bytes in /dev/shm`)
-  return makeL1(Buffer.from(view, 0, capacityBytes), { shmName, sizeBytes: capacityBytes })
+  return makeL1(Buffer.from(view, 0, capacityBytes), { shmName, sizeBytes: capacityBytes, prefaultedBytes: () => prefaultedBytes })
 })
 
 const makeL1 = (memory: Buffer, pool: L1Pool | undefined): L1Store["Service"] => {

@@ -15,7 +15,7 @@
  * Shutdown (closing the layer's scope): stop receiving, let queued and
  * running requests finish (bounded), flush the replies, close the socket.
  */
-import { Cause, Context, Duration, Effect, Exit, Fiber, Layer, Metric, Queue } from "effect"
+import { Cause, Context, Duration, Effect, Exit, Layer, Metric } from "effect"
 import { decodeHeaderInt, decodePayload, encodeErrorReply, encodeReply } from "../schema/Frame.ts"
 import { formatInstanceId, type InstanceId } from "../schema/InstanceId.ts"
 import { opById, type Op } from "../schema/Op.ts"
@@ -111,35 +111,30 @@ const make = (options: MqServerOptions) =>
     let droppedMessages = 0
     let undeliverableReplies = 0
 
-    // One send path: every reply goes through this queue to one sender fiber.
-    const outbox = yield* Queue.unbounded<Array<Uint8Array>, Cause.Done>()
-    const sendOne = (message: Array<Uint8Array>) =>
-      Effect.tryPromise({
-        try: () => router.send(message),
-        catch: (cause) => new ZmqError({ op: "send", endpoint, cause })
-      }).pipe(
-        Effect.catch((e) => {
+    // One send path (zeromq.js allows one send in flight per socket): replies queue in a plain array and one
+    // promise chain sends them in order. No fiber, Queue or Effect per reply: this is the PING hot path.
+    const services = yield* Effect.context<never>()
+    const outbox: Array<Array<Uint8Array>> = []
+    let pumping: Promise<void> | undefined
+    const pump = async (): Promise<void> => {
+      for (let message = outbox.shift(); message !== undefined; message = outbox.shift()) {
+        try {
+          await router.send(message)
+        } catch {
+          // The peer is gone (ROUTER_MANDATORY) or the socket is closing: the reply cannot be delivered.
           undeliverableReplies++
-          return Metric.update(M.undeliverableRepliesTotal, 1).pipe(
-            Effect.andThen(Effect.logDebug("reply not delivered", e.message))
-          )
-        })
-      )
-    const sender = yield* Queue.takeAll(outbox).pipe(
-      Effect.flatMap((batch) => Effect.forEach(batch, sendOne, { discard: true })),
-      Effect.forever,
-      Effect.catch(() => Effect.void),
-      Effect.forkScoped
-    )
-    yield* Effect.addFinalizer(() =>
-      Queue.end(outbox).pipe(
-        Effect.andThen(Effect.timeout(Effect.asVoid(Fiber.await(sender)), "5 seconds")),
-        Effect.ignore
-      )
-    )
-    const reply = (routingId: Uint8Array, frames: Array<Uint8Array>): void => {
-      Queue.offerUnsafe(outbox, [routingId, ...frames])
+          M.undeliverableRepliesTotal.updateUnsafe(1, services)
+        }
+      }
+      pumping = undefined
     }
+    const reply = (routingId: Uint8Array, frames: Array<Uint8Array>): void => {
+      outbox.push([routingId, ...frames])
+      pumping ??= pump()
+    }
+    yield* Effect.addFinalizer(() =>
+      Effect.promise(() => pumping ?? Promise.resolve()).pipe(Effect.timeout("5 seconds"), Effect.ignore)
+    )
 
     const dispatcher = yield* makeDispatcher({
       normalWorkers: options.normalWorkers,
@@ -226,15 +221,17 @@ const make = (options: MqServerOptions) =>
           })
         )
       const m = opMetrics.get(row.op.id)!
+      const finish = () => {
+        m.requests.updateUnsafe(1, services)
+        m.latency.updateUnsafe((Date.now() - receivedAtMs) / 1000, services)
+        barrier.exit(seq)
+      }
       return run.pipe(
-        Effect.andThen(Metric.update(m.requests, 1)),
-        Effect.andThen(Effect.sync(() => (Date.now() - receivedAtMs) / 1000)),
-        Effect.flatMap((seconds) => Metric.update(m.latency, seconds)),
         Effect.annotateLogs(
           instanceId === undefined ? { op: row.op.name, peer } : { op: row.op.name, peer, instance_id: formatInstanceId(instanceId) }
         ),
         Effect.catchCause((cause) => Effect.logError("request job failed", cause)),
-        Effect.ensuring(Effect.sync(() => barrier.exit(seq)))
+        Effect.ensuring(Effect.sync(finish))
       )
     }
 

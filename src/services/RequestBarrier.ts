@@ -40,7 +40,8 @@ export class RequestBarrier extends Context.Service<RequestBarrier, {
       },
       exit: (seq) => {
         unfinished.delete(seq)
-        settle()
+        // Per request: the scan over the unfinished set is only worth it when a scan waits.
+        if (waiters.length > 0) settle()
       },
       awaitReceived: (timeout) =>
         Effect.gen(function*() {

@@ -26,6 +26,11 @@ describe("view and prefault", () => {
       assert.deepStrictEqual([...out], [5, 6])
       yield* native.prefault(mapping, 0, size)
       assert.deepStrictEqual([...new Uint8Array(view, 4096, 3)], [7, 8, 9])
+      // touch writes every page once (the first byte of each: 4096 holds 7), atomically and unchanged.
+      const before = Buffer.from(new Uint8Array(view)).fill(3, 8192, 12288)
+      new Uint8Array(view, 8192, 4096).fill(3)
+      yield* native.prefault(mapping, 0, size, { touch: true })
+      assert.isTrue(Buffer.from(new Uint8Array(view)).equals(before), "touch leaves every byte as it was")
       const bad = yield* Effect.flip(native.prefault(mapping, size, 1))
       assert.strictEqual(bad._tag, "InvalidArgument")
       yield* Scope.close(scope, Exit.void)

@@ -1,5 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Arbitrary, Exit, Schema } from "effect"
+import fc from "fast-check"
 import { CacheKey, CacheKeyFields } from "../../src/schema/CacheKey.ts"
 import {
   decodeHeaderInt,
@@ -10,7 +11,8 @@ import {
   encodeReply,
   encodeRequest,
   ERROR_MARKER,
-  pack
+  pack,
+  unpack
 } from "../../src/schema/Frame.ts"
 import { makeInstanceId, MAX_INSTANCE_ID } from "../../src/schema/InstanceId.ts"
 import { OPS, Ping, Store, type Op } from "../../src/schema/Op.ts"
@@ -101,9 +103,39 @@ describe("request frames", () => {
     assert.strictEqual(decodeHeaderInt(Buffer.from([0x01, 0x02])), undefined)
     assert.strictEqual(decodeHeaderInt(Buffer.alloc(0)), undefined)
   })
+
+  it("header ints: the in-place reading of uint 8/16/32 agrees with MessagePack for every width", () => {
+    const cases: ReadonlyArray<readonly [Array<number>, number | undefined]> = [
+      [[0x7f], 127],
+      [[0x80], undefined], // fixmap, not an int
+      [[0xcc, 0xff], 255],
+      [[0xcd, 0x12, 0x34], 0x1234],
+      [[0xce, 0xff, 0xff, 0xff, 0xff], 2 ** 32 - 1],
+      [[0xce, 0x80, 0x00, 0x00, 0x01], 2 ** 31 + 1],
+      [[0xd0, 0x05], 5], // int 8 holding a non-negative value
+      [[0xd0, 0xff], undefined], // int 8 -1
+      [[0xcc, 0x05, 0x00], undefined], // trailing byte: not exactly one value
+      [[0xcd, 0x01], undefined] // truncated
+    ]
+    for (const [bytes, expected] of cases) assert.strictEqual(decodeHeaderInt(Buffer.from(bytes)), expected, `${bytes}`)
+    fc.assert(fc.property(fc.integer({ min: 0, max: 2 ** 32 - 1 }), (n) => decodeHeaderInt(pack(n)) === n))
+  })
 })
 
 describe("reply frames", () => {
+  it("a primitive response reuses its frame only for the same value", () => {
+    const first = encodeReply(Ping, pack(1), pack(Ping.id), true)
+    const second = encodeReply(Ping, pack(2), pack(Ping.id), true)
+    assert.isTrue(Exit.isSuccess(first) && Exit.isSuccess(second))
+    if (Exit.isSuccess(first) && Exit.isSuccess(second)) {
+      assert.strictEqual(second.value[2], first.value[2])
+      assert.deepStrictEqual(unpack(second.value[0]!)?.value, 2)
+      assert.deepStrictEqual(unpack(second.value[2]!)?.value, true)
+    }
+    const wrong = encodeReply(Ping, pack(3), pack(Ping.id), false as never)
+    assert.isTrue(Exit.isFailure(wrong), "a response outside the op's schema is refused even after a memoized one")
+  })
+
   for (const op of OPS) {
     if (op.response === undefined) {
       it(`${op.name} (${op.id}) replies [uid, op] with no response frame`, () => {

@@ -1,0 +1,88 @@
+/**
+ * A PING client in a process of its own, for benches whose own event loop is
+ * busy (bench:transfer runs the worker in the bench process): the round trips
+ * it times then include the server and the kernel, not the bench's other work.
+ *
+ * Parent side: `startPingChild(endpoint)` forks this file with an IPC channel;
+ * the child keeps one PING [nil] in flight (bench/pingClient.ts) from the
+ * start; `measure()` starts recording, `collect()` stops recording and returns
+ * the round trips (µs) recorded since, `stop()` ends the child.
+ */
+import { fork, type ChildProcess } from "node:child_process"
+import { pingLoop, type PingRun } from "./pingClient.ts"
+
+type ToChild = { readonly type: "measure" } | { readonly type: "collect" } | { readonly type: "stop" }
+type FromChild = { readonly type: "latencies"; readonly us: ReadonlyArray<number> } | { readonly type: "failed"; readonly why: string }
+
+/** The parent's handle on one PING child. */
+export interface PingChild {
+  readonly measure: () => void
+  readonly collect: () => Promise<Array<number>>
+  readonly stop: () => Promise<void>
+  /** Rejects when the child fails or exits before `stop()`. */
+  readonly failed: Promise<never>
+}
+
+/** Forks a PING child against `endpoint`. */
+export const startPingChild = (endpoint: string): PingChild => {
+  const child: ChildProcess = fork(import.meta.filename, [endpoint], { stdio: ["ignore", "inherit", "inherit", "ipc"] })
+  let stopping = false
+  const waiters: Array<(us: Array<number>) => void> = []
+  const failed = new Promise<never>((_, reject) => {
+    child.on("message", (m: FromChild) => {
+      if (m.type === "latencies") waiters.shift()?.([...m.us])
+      else reject(new Error(`PING client failed: ${m.why}`))
+    })
+    child.once("exit", (code, signal) => {
+      if (!stopping) reject(new Error(`PING client exited (code ${code}, signal ${signal})`))
+    })
+  })
+  failed.catch(() => {}) // observed where it is raced
+  const send = (m: ToChild): void => {
+    child.send(m)
+  }
+  return {
+    measure: () => send({ type: "measure" }),
+    collect: () => new Promise((resolve) => {
+      waiters.push(resolve)
+      send({ type: "collect" })
+    }),
+    stop: () =>
+      new Promise((resolve) => {
+        stopping = true
+        if (child.exitCode !== null || child.signalCode !== null) return resolve()
+        child.once("exit", () => resolve())
+        send({ type: "stop" })
+      }),
+    failed
+  }
+}
+
+// ------------------------------------------------------------- child side
+
+if (process.send !== undefined && process.argv[1] === import.meta.filename) {
+  const endpoint = process.argv[2]!
+  const run: PingRun = { measuring: false, stopped: false, latenciesUs: [] }
+  const reply = (m: FromChild): void => {
+    process.send!(m)
+  }
+  process.on("message", (m: ToChild) => {
+    if (m.type === "measure") {
+      run.latenciesUs.length = 0
+      run.measuring = true
+    } else if (m.type === "collect") {
+      run.measuring = false
+      reply({ type: "latencies", us: run.latenciesUs.splice(0) })
+    } else {
+      run.stopped = true
+    }
+  })
+  pingLoop(endpoint, run).then(
+    () => process.disconnect(),
+    (error: unknown) => {
+      reply({ type: "failed", why: error instanceof Error ? error.message : String(error) })
+      process.disconnect()
+      process.exitCode = 1
+    }
+  )
+}
