@@ -15,6 +15,7 @@
 import { Effect, Layer } from "effect"
 import {
   type AddonMapping,
+  type CopyPart,
   type CudaAllocation,
   type CudaBackendInfo,
   loadNativeAddon,
@@ -117,6 +118,21 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
         : Effect.succeed(tracked)
     }
 
+    const copyAll = (
+      direction: "gather" | "scatter",
+      parts: ReadonlyArray<CopyPart>,
+      buffer: Uint8Array
+    ): Effect.Effect<void, InvalidArgument | NativeError> =>
+      Effect.suspend(() => {
+        const natives: Array<AddonMapping> = []
+        for (const part of parts) {
+          const tracked = byHandle.get(part.mapping)
+          if (tracked === undefined) return resolve(direction, part.mapping).pipe(Effect.asVoid)
+          natives.push(tracked.native)
+        }
+        return calls.copyBatch(direction, natives, parts.map((p) => p.ranges), buffer)
+      })
+
     /** Scoped: opens with `open` (unless shut down), tracks, releases with the scope. */
     const acquire = (
       call: string,
@@ -186,6 +202,8 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
         Effect.flatMap(resolve("gather", mapping), (t) => calls.copy("gather", t.native, ranges, dest)),
       scatter: (mapping, ranges, src) =>
         Effect.flatMap(resolve("scatter", mapping), (t) => calls.copy("scatter", t.native, ranges, src)),
+      gatherAll: (parts, dest) => copyAll("gather", parts, dest),
+      scatterAll: (parts, src) => copyAll("scatter", parts, src),
       prefault: (mapping, offset, length, options) =>
         Effect.flatMap(resolve("prefault", mapping), (t) => calls.prefault(t.native, offset, length, options?.touch === true)),
       view: (mapping) => Effect.flatMap(resolve("view", mapping), (t) => calls.view(t.native)),

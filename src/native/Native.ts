@@ -67,6 +67,17 @@ export interface ShmMapping {
 }
 
 /**
+ * One mapping's share of a batched copy (`gatherAll` / `scatterAll`):
+ * (mappingOffset, bufferOffset, length) triples, bytes.
+ *
+ * @category models
+ */
+export interface CopyPart {
+  readonly mapping: ShmMapping
+  readonly ranges: Float64Array
+}
+
+/**
  * A CUDA allocation of this process (worker side), handed out by
  * {@link NativeMemoryShape.allocateCuda}: a mapping like any other for
  * gather/scatter, plus what a `cuda_ipc` descriptor needs to name it.
@@ -194,6 +205,23 @@ export interface NativeMemoryShape {
     src: Uint8Array
   ) => Effect.Effect<void, InvalidArgument | NativeError>
   /**
+   * `gather` of several mappings into one `dest` as ONE job on the libuv
+   * pool (the layers of one chunk: one pool round trip per chunk instead of
+   * one per layer, which kept the copy thread waiting on the JS thread). The
+   * parts run in order; every part is checked before anything is copied; a
+   * mapping closing or closed fails the whole call with NativeError ECLOSED;
+   * the first failing part (CUDA) stops the job. Same guarantees as `gather`.
+   */
+  readonly gatherAll: (
+    parts: ReadonlyArray<CopyPart>,
+    dest: Uint8Array
+  ) => Effect.Effect<void, InvalidArgument | NativeError>
+  /** `scatter` of one `src` into several mappings as one job; as `gatherAll`. */
+  readonly scatterAll: (
+    parts: ReadonlyArray<CopyPart>,
+    src: Uint8Array
+  ) => Effect.Effect<void, InvalidArgument | NativeError>
+  /**
    * Populates the page tables of bytes [offset, offset + length) of the
    * mapping on the libuv pool (contents unchanged), so later copies into it
    * do not pay first-touch page faults. `touch: true` (memory this process
@@ -278,6 +306,13 @@ export interface NativeAddon {
   /** Loads libcudart once per process; `libraryPath` (else MPCACHE_CUDART from the C environment) counts on the first call only. */
   cudaProbe(libraryPath?: string): Promise<CudaBackendInfo>
   cudaMemGetInfo(deviceUuid: string): Promise<{ readonly free: number; readonly total: number }>
+  /** mappings[i] copies with ranges[i] to or from `buffer`, all in one job; checks as gather/scatter, ECLOSED if any mapping is closed. */
+  copyBatch(
+    direction: "gather" | "scatter",
+    mappings: ReadonlyArray<AddonMapping>,
+    ranges: ReadonlyArray<Float64Array>,
+    buffer: Uint8Array
+  ): Promise<void>
   /** Every backend's mappings. */
   stats(): { readonly openMappings: number; readonly mappedBytes: number }
 }
@@ -448,6 +483,16 @@ export const makeNativeCalls = (addon: NativeAddon) => ({
         try: () => (direction === "gather" ? mapping.gather(ranges, buffer) : mapping.scatter(ranges, buffer)),
         catch: (e) => toCopyError(e, direction)
       })
+    ),
+  /** One job over several mappings (see NativeAddon.copyBatch); uninterruptible like `copy`. */
+  copyBatch: (
+    direction: "gather" | "scatter",
+    mappings: ReadonlyArray<AddonMapping>,
+    ranges: ReadonlyArray<Float64Array>,
+    buffer: Uint8Array
+  ): Effect.Effect<void, InvalidArgument | NativeError> =>
+    Effect.uninterruptible(
+      Effect.tryPromise({ try: () => addon.copyBatch(direction, mappings, ranges, buffer), catch: (e) => toCopyError(e, direction) })
     ),
   prefault: (
     mapping: AddonMapping,

@@ -15,7 +15,7 @@
  */
 import { Clock, Context, Effect, Exit, Layer, Metric, Scope } from "effect"
 import { ServerConfig } from "../layers/ServerConfig.ts"
-import { NativeMemory, type ShmMapping } from "../native/Native.ts"
+import { type CopyPart, NativeMemory, type ShmMapping } from "../native/Native.ts"
 import type { CacheKey } from "../schema/CacheKey.ts"
 import { formatInstanceId, type InstanceId } from "../schema/InstanceId.ts"
 import { RegisterKvCache, Retrieve, Store, UnregisterKvCache } from "../schema/Op.ts"
@@ -210,6 +210,10 @@ const make = Effect.gen(function*() {
       ? Effect.fail(new InvalidArgument({ message: `${op}: key.worker_id is nil; a ${op} names the kv rank it moves` }))
       : Effect.succeed({ first: key.start / chunk, count: Math.floor((key.end - key.start) / chunk), rank: key.worker_id })
 
+  /** A chunk's copy ranges per segment as the parts of one batched copy. */
+  const copyParts = (entry: ContextEntry, ranges: Map<string, Float64Array>): Array<CopyPart> =>
+    Array.from(ranges, ([name, r]) => ({ mapping: entry.mappings.get(name)!, ranges: r }))
+
   /** The chunk's block ids, or a reason to fail closed. */
   const blocksFor = (entry: ContextEntry, blockIds: ReadonlyArray<ReadonlyArray<number>>, count: number) => {
     const perChunk = chunk / entry.geometry.blockSizeTokens
@@ -251,12 +255,13 @@ const make = Effect.gen(function*() {
         }
         if (r._tag === "Reserved") reserved.push({ reservation: r.reservation, chunkBlocks })
       }
-      const copied = yield* Effect.exit(Effect.forEach(reserved, ({ reservation, chunkBlocks }) =>
-        Effect.forEach(
-          chunkRanges(g, entry.layers, chunk, chunkBlocks),
-          ([name, ranges]) => native.gather(entry.mappings.get(name)!, ranges, reservation.bytes),
-          { concurrency: "unbounded", discard: true }
-        ), { concurrency: "unbounded", discard: true }))
+      // One copy job per chunk (every layer of it), the chunks in parallel on the libuv pool.
+      const copied = yield* Effect.exit(Effect.forEach(
+        reserved,
+        ({ reservation, chunkBlocks }) =>
+          native.gatherAll(copyParts(entry, chunkRanges(g, entry.layers, chunk, chunkBlocks)), reservation.bytes),
+        { concurrency: "unbounded", discard: true }
+      ))
       if (Exit.isFailure(copied)) {
         yield* Effect.forEach(reserved, ({ reservation }) => l1.abort(reservation), { discard: true })
         yield* Effect.logWarning("store: copy failed; nothing published", copied.cause)
@@ -299,16 +304,18 @@ const make = Effect.gen(function*() {
           handles.push(h)
         }
         yield* Effect.forEach(handles, (h, i) =>
-          Effect.forEach(
-            chunkRanges(
-              entry.geometry,
-              entry.layers,
-              chunk,
-              blocks.list.slice(i * blocks.perChunk, (i + 1) * blocks.perChunk),
-              Math.max(0, Math.min(chunk, skipFirstNTokens - i * chunk))
+          native.scatterAll(
+            copyParts(
+              entry,
+              chunkRanges(
+                entry.geometry,
+                entry.layers,
+                chunk,
+                blocks.list.slice(i * blocks.perChunk, (i + 1) * blocks.perChunk),
+                Math.max(0, Math.min(chunk, skipFirstNTokens - i * chunk))
+              )
             ),
-            ([name, ranges]) => native.scatter(entry.mappings.get(name)!, ranges, h.bytes),
-            { concurrency: "unbounded", discard: true }
+            h.bytes
           ), { concurrency: "unbounded", discard: true }).pipe(
             Effect.catch((e): Effect.Effect<never, WireError> =>
               Effect.flatMap(registry.get(id), (t): Effect.Effect<never, WireError> =>

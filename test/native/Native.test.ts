@@ -11,6 +11,7 @@ import { spawnSync } from "node:child_process"
 import { randomUUID } from "node:crypto"
 import { readFileSync } from "node:fs"
 import { Context, Effect, Exit, Fiber, Layer, Scope } from "effect"
+import fc from "fast-check"
 import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
 import { addonPath, loadNativeAddon, NativeError, NativeMemory } from "../../src/native/Native.ts"
 import { InvalidArgument } from "../../src/schema/WireError.ts"
@@ -311,6 +312,119 @@ describe("NativeMemory", () => {
       yield* Fiber.joinAll(copies)
       dests.forEach((dest, i) => assert.isTrue(sameBytes(dest, src.subarray(i * chunk, (i + 1) * chunk))))
     }).pipe(Effect.provide(NativeMemoryLive)))
+})
+
+describe("batched copies (gatherAll / scatterAll)", () => {
+  it.effect("several mappings into one buffer and back, byte for byte, in one job", () =>
+    Effect.gen(function*() {
+      const mem = yield* NativeMemory
+      const [a, b] = [yield* withSegment(64 * 1024), yield* withSegment(64 * 1024)]
+      const ma = yield* mem.map(a, 64 * 1024)
+      const mb = yield* mem.map(b, 64 * 1024)
+      const src = pattern(96 * 1024, 9)
+      // a takes [0, 32K) and [64K, 80K) of the buffer; b takes [32K, 64K) and [80K, 96K); b appears twice.
+      yield* mem.scatterAll([
+        { mapping: ma, ranges: Float64Array.of(0, 0, 32768, 40960, 65536, 16384) },
+        { mapping: mb, ranges: Float64Array.of(4096, 32768, 32768) },
+        { mapping: mb, ranges: Float64Array.of(49152, 81920, 16384) }
+      ], src)
+      const one = new Uint8Array(32768)
+      yield* mem.gather(mb, Float64Array.of(4096, 0, 32768), one)
+      assert.isTrue(sameBytes(one, src.subarray(32768, 65536)))
+      const back = new Uint8Array(96 * 1024)
+      yield* mem.gatherAll([
+        { mapping: mb, ranges: Float64Array.of(49152, 81920, 16384, 4096, 32768, 32768) },
+        { mapping: ma, ranges: Float64Array.of(40960, 65536, 16384, 0, 0, 32768) }
+      ], back)
+      assert.isTrue(sameBytes(back, src))
+    }).pipe(Effect.scoped, Effect.provide(NativeMemoryLive)))
+
+  it.effect("any offsets and lengths (streaming stores from 4 KiB on, unaligned heads and tails) copy byte for byte", () =>
+    Effect.gen(function*() {
+      const mem = yield* NativeMemory
+      const size = 256 * 1024
+      const name = yield* withSegment(size)
+      const mapping = yield* mem.map(name, size)
+      const src = pattern(size, 77)
+      yield* mem.scatter(mapping, Float64Array.of(0, 0, size), src)
+      const samples = fc.sample(
+        fc.tuple(fc.integer({ min: 0, max: size - 1 }), fc.integer({ min: 0, max: 1023 }), fc.integer({ min: 0, max: 20_000 })),
+        { numRuns: 200, seed: 7 }
+      )
+      for (const [mappingOffset, bufferOffset, wanted] of samples) {
+        const length = Math.min(wanted, size - mappingOffset)
+        const dest = new Uint8Array(bufferOffset + length + 64).fill(0xee)
+        yield* mem.gatherAll([{ mapping, ranges: Float64Array.of(mappingOffset, bufferOffset, length) }], dest)
+        const expected = new Uint8Array(dest.length).fill(0xee)
+        expected.set(src.subarray(mappingOffset, mappingOffset + length), bufferOffset)
+        assert.isTrue(sameBytes(dest, expected), `gather (${mappingOffset}, ${bufferOffset}, ${length})`)
+        // And back: scatter the same bytes at a shifted place, read them with a plain gather.
+        const back = (mappingOffset + 1) % (size - length + 1)
+        yield* mem.scatterAll([{ mapping, ranges: Float64Array.of(back, bufferOffset, length) }], dest)
+        const check = new Uint8Array(length)
+        yield* mem.gather(mapping, Float64Array.of(back, 0, length), check)
+        assert.isTrue(sameBytes(check, dest.subarray(bufferOffset, bufferOffset + length)), `scatter (${back}, ${bufferOffset}, ${length})`)
+        yield* mem.scatter(mapping, Float64Array.of(0, 0, size), src)
+      }
+    }).pipe(Effect.scoped, Effect.provide(NativeMemoryLive)))
+
+  it.effect("a bad part or a closed mapping fails the whole batch before anything is copied", () =>
+    Effect.gen(function*() {
+      const mem = yield* NativeMemory
+      const [a, b] = [yield* withSegment(4096), yield* withSegment(4096)]
+      const ma = yield* mem.map(a, 4096)
+      const scope = yield* Scope.make()
+      const mb = yield* mem.map(b, 4096).pipe(Scope.provide(scope))
+      const dest = new Uint8Array(8).fill(0xee)
+      const outside = yield* Effect.flip(mem.gatherAll([
+        { mapping: ma, ranges: Float64Array.of(0, 0, 4) },
+        { mapping: mb, ranges: Float64Array.of(4094, 4, 4) }
+      ], dest))
+      assert.instanceOf(outside, InvalidArgument)
+      assert.include(outside.message, `gather on segment ${b}: range #0`)
+      assert.deepStrictEqual([...dest], new Array(8).fill(0xee), "nothing copied")
+      yield* Scope.close(scope, Exit.void)
+      const closed = yield* Effect.flip(mem.gatherAll([
+        { mapping: ma, ranges: Float64Array.of(0, 0, 4) },
+        { mapping: mb, ranges: Float64Array.of(0, 4, 4) }
+      ], dest))
+      assert.strictEqual(closed._tag === "NativeError" ? `${closed.errno} ${closed.message}` : closed._tag, `ECLOSED mapping ${b} is closed`)
+      assert.deepStrictEqual([...dest], new Array(8).fill(0xee), "nothing copied")
+      assert.deepStrictEqual(mem.stats(), { openMappings: 1, mappedBytes: 4096 }, "the open mapping's copy count is back to 0")
+    }).pipe(Effect.scoped, Effect.provide(NativeMemoryLive)))
+
+  it.live("the addon refuses what is not a batch: a direction, one range list per Mapping", () =>
+    Effect.gen(function*() {
+      const addon = loadNativeAddon()
+      const name = segmentName()
+      addon.shmCreate(name, 4096)
+      yield* Effect.addFinalizer(() => Effect.sync(() => addon.shmUnlink(name)))
+      const m = addon.openMapping(name, 4096)
+      yield* Effect.addFinalizer(() => Effect.promise(() => m.close()))
+      const r = Float64Array.of(0, 0, 1)
+      const b = new Uint8Array(1)
+      const thrown = (f: () => unknown): string => {
+        try {
+          f()
+          return "no error"
+        } catch (e) {
+          return `${(e as { code?: string }).code}: ${(e as Error).message}`
+        }
+      }
+      assert.strictEqual(thrown(() => addon.copyBatch("copy" as never, [m], [r], b)), 'EINVAL: copyBatch: direction must be "gather" or "scatter"')
+      assert.strictEqual(thrown(() => addon.copyBatch("gather", [m, m], [r], b)), "EINVAL: gather: 2 mappings but 1 range lists; expected one range list per mapping")
+      assert.strictEqual(thrown(() => addon.copyBatch("scatter", [{} as never], [r], b)), "EINVAL: scatter: mappings[0] is not a Mapping")
+      assert.strictEqual(
+        thrown(() => addon.copyBatch("gather", [m], [new Uint32Array(3) as never], b)),
+        "EINVAL: gather: ranges[0] must be a Float64Array of (mappingOffset, bufferOffset, length) triples"
+      )
+      // A close waits for a batch queued before it, however many parts name the mapping.
+      const events: Array<string> = []
+      const copy = addon.copyBatch("gather", [m, m, m], [r, r, r], b).then(() => events.push("batch"))
+      const close = m.close().then(() => events.push("close"))
+      yield* Effect.promise(() => Promise.all([copy, close]))
+      assert.deepStrictEqual(events, ["batch", "close"])
+    }))
 })
 
 describe("addon Mapping.close", () => {

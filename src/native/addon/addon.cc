@@ -7,6 +7,7 @@
 //   cudaAllocate(deviceUuid, nbytes) -> Promise<Mapping>                     (worker side: cudaMalloc + IPC handle)
 //   cudaProbe(libraryPath?) -> Promise<{ available, reason, library, tried, devices: [{ ordinal, uuid }] }>
 //   cudaMemGetInfo(deviceUuid) -> Promise<{ free, total }>
+//   copyBatch(direction, mappings[], ranges[], buffer) -> Promise<void>   (one copy job over many mappings)
 //   stats() -> { openMappings, mappedBytes }   (every backend)
 // Names are POSIX shared-memory names without their leading slash. Errors are
 // JS Errors with string `code` and `call` properties (see common.h).
@@ -29,6 +30,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("openMapping", Napi::Function::New<Mapping::Open>(env, "openMapping"));
   exports.Set("openCudaIpcMapping", Napi::Function::New<Mapping::OpenCudaIpc>(env, "openCudaIpcMapping"));
   exports.Set("cudaAllocate", Napi::Function::New<Mapping::CudaAllocate>(env, "cudaAllocate"));
+  exports.Set("copyBatch", Napi::Function::New<Mapping::CopyBatch>(env, "copyBatch"));
   exports.Set("cudaProbe", Napi::Function::New<CudaProbe>(env, "cudaProbe"));
   exports.Set("cudaMemGetInfo", Napi::Function::New<CudaMemGetInfo>(env, "cudaMemGetInfo"));
   exports.Set("stats", Napi::Function::New<Stats>(env, "stats"));

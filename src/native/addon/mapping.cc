@@ -7,6 +7,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -38,6 +42,44 @@ void LowerCopyThreadPriority() {
   if (lowered) return;
   lowered = true;
   setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+}
+
+// KV blocks are copied once and not read again by this thread: ranges of 4 KiB and more go with
+// non-temporal (streaming) stores, which skip the read-for-ownership of every destination cache line and
+// do not evict the caches (what glibc's memcpy does only above a multi-MiB threshold, so 32 KiB blocks
+// never got it). Call StreamCopyFence() once after the last StreamCopy of a job.
+constexpr size_t kStreamMinBytes = 4096;
+
+void StreamCopy(uint8_t* dst, const uint8_t* src, size_t n) {
+#if defined(__SSE2__)
+  if (n >= kStreamMinBytes) {
+    const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+    std::memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    const size_t body = n & ~static_cast<size_t>(63);
+    for (size_t i = 0; i < body; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    }
+    std::memcpy(dst + body, src + body, n - body);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
+}
+
+void StreamCopyFence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
 }
 
 // Copies and checks every (mappingOffset, bufferOffset, length) triple before
@@ -93,70 +135,37 @@ NativeFailure CudaFailure(const std::string& what, const char* call, int err) {
   return NativeFailure{"ECUDA", call, what + ": " + CudaRuntime::Get().Describe(call, err)};
 }
 
-// One gather or scatter: validated ranges copied on the libuv pool. Holds the
-// mapping object and the buffer strongly until it completes on the JS thread.
-// shm: memcpy. CUDA: cudaMemcpyAsync of every range on the mapping's stream,
-// then cudaStreamSynchronize (also after a failed enqueue), so the buffer is
-// never touched by the device once the promise settles.
+// One gather or scatter job: the validated ranges of one or more mappings (copyBatch: every layer of a
+// chunk in one job, so the JS thread hears back once per chunk, not once per layer), copied in order on
+// one libuv pool thread. Holds each mapping object and the buffer strongly until it completes on the JS
+// thread. shm: memcpy. CUDA: cudaMemcpyAsync of every range on the mapping's stream, then
+// cudaStreamSynchronize (also after a failed enqueue), so the buffer is never touched by the device once
+// the promise settles. The first failing segment stops the job.
 class CopyWorker : public Napi::AsyncWorker {
  public:
-  CopyWorker(Napi::Env env, CopyDirection direction, Mapping* mapping, Napi::Object mappingObject, uint8_t* base,
-             Napi::Uint8Array buffer, std::vector<CopyRange> ranges, Backend backend, int device, void* stream,
-             std::string name)
+  CopyWorker(Napi::Env env, CopyDirection direction, Napi::Uint8Array buffer, std::vector<CopySegment> segments)
       : Napi::AsyncWorker(env, direction == CopyDirection::kGather ? "mpcache.gather" : "mpcache.scatter"),
         deferred_(Napi::Promise::Deferred::New(env)),
         direction_(direction),
-        mapping_(mapping),
-        mappingRef_(Napi::Persistent(mappingObject)),
         bufferRef_(Napi::Persistent(buffer.As<Napi::Object>())),
-        base_(base),
         buffer_(buffer.Data()),
-        ranges_(std::move(ranges)),
-        backend_(backend),
-        device_(device),
-        stream_(stream),
-        name_(std::move(name)) {}
+        segments_(std::move(segments)) {}
 
   Napi::Promise Promise() const { return deferred_.Promise(); }
 
   void Execute() override {
     LowerCopyThreadPriority();
-    if (backend_ == Backend::kShm) {
-      // Plain memcpy between two live mappings of this process.
-      for (const CopyRange& r : ranges_) {
-        if (r.length == 0) continue;
-        if (direction_ == CopyDirection::kGather) {
-          std::memcpy(buffer_ + r.bufferOffset, base_ + r.mappingOffset, r.length);
-        } else {
-          std::memcpy(base_ + r.mappingOffset, buffer_ + r.bufferOffset, r.length);
-        }
-      }
-      return;
-    }
-    const CudaApi& api = CudaRuntime::Get().api();
-    const std::string what =
-        std::string(direction_ == CopyDirection::kGather ? "gather" : "scatter") + " on " + name_;
-    if (const int err = api.SetDevice(device_); err != 0) {
-      failure_ = CudaFailure(what, "cudaSetDevice", err);
-      return;
-    }
-    for (const CopyRange& r : ranges_) {
-      if (r.length == 0) continue;
-      const int err = direction_ == CopyDirection::kGather
-                          ? api.MemcpyAsync(buffer_ + r.bufferOffset, base_ + r.mappingOffset, r.length,
-                                            kCudaMemcpyDeviceToHost, stream_)
-                          : api.MemcpyAsync(base_ + r.mappingOffset, buffer_ + r.bufferOffset, r.length,
-                                            kCudaMemcpyHostToDevice, stream_);
-      if (err != 0) {
-        failure_ = CudaFailure(what, "cudaMemcpyAsync", err);
+    for (const CopySegment& segment : segments_) {
+      if (segment.backend == Backend::kShm) {
+        CopyShm(segment);
+      } else if (!CopyCuda(segment)) {
         break;
       }
     }
-    const int err = api.StreamSynchronize(stream_);
-    if (err != 0 && !failure_.failed()) failure_ = CudaFailure(what, "cudaStreamSynchronize", err);
+    StreamCopyFence();
   }
 
-  // JS thread: settle this copy first, then let the mapping finish a pending close.
+  // JS thread: settle this copy first, then let each mapping finish a pending close.
   void OnOK() override {
     Napi::Env env = Env();
     if (failure_.failed()) {
@@ -164,27 +173,62 @@ class CopyWorker : public Napi::AsyncWorker {
     } else {
       deferred_.Resolve(env.Undefined());
     }
-    mapping_->CopyFinished();
+    Finished();
   }
 
   void OnError(const Napi::Error& error) override {
     deferred_.Reject(error.Value());
-    mapping_->CopyFinished();
+    Finished();
   }
 
  private:
+  // Copies between two live mappings of this process (StreamCopy; the fence in Execute orders them).
+  void CopyShm(const CopySegment& segment) {
+    for (const CopyRange& r : segment.ranges) {
+      if (r.length == 0) continue;
+      if (direction_ == CopyDirection::kGather) {
+        StreamCopy(buffer_ + r.bufferOffset, segment.base + r.mappingOffset, r.length);
+      } else {
+        StreamCopy(segment.base + r.mappingOffset, buffer_ + r.bufferOffset, r.length);
+      }
+    }
+  }
+
+  // False (failure_ set) when a CUDA call failed.
+  bool CopyCuda(const CopySegment& segment) {
+    const CudaApi& api = CudaRuntime::Get().api();
+    const std::string what =
+        std::string(direction_ == CopyDirection::kGather ? "gather" : "scatter") + " on " + segment.name;
+    if (const int err = api.SetDevice(segment.device); err != 0) {
+      failure_ = CudaFailure(what, "cudaSetDevice", err);
+      return false;
+    }
+    for (const CopyRange& r : segment.ranges) {
+      if (r.length == 0) continue;
+      const int err = direction_ == CopyDirection::kGather
+                          ? api.MemcpyAsync(buffer_ + r.bufferOffset, segment.base + r.mappingOffset, r.length,
+                                            kCudaMemcpyDeviceToHost, segment.stream)
+                          : api.MemcpyAsync(segment.base + r.mappingOffset, buffer_ + r.bufferOffset, r.length,
+                                            kCudaMemcpyHostToDevice, segment.stream);
+      if (err != 0) {
+        failure_ = CudaFailure(what, "cudaMemcpyAsync", err);
+        break;
+      }
+    }
+    const int err = api.StreamSynchronize(segment.stream);
+    if (err != 0 && !failure_.failed()) failure_ = CudaFailure(what, "cudaStreamSynchronize", err);
+    return !failure_.failed();
+  }
+
+  void Finished() {
+    for (CopySegment& segment : segments_) segment.mapping->CopyFinished();
+  }
+
   Napi::Promise::Deferred deferred_;
   CopyDirection direction_;
-  Mapping* mapping_;
-  Napi::ObjectReference mappingRef_;
   Napi::ObjectReference bufferRef_;
-  uint8_t* base_;
   uint8_t* buffer_;
-  std::vector<CopyRange> ranges_;
-  Backend backend_;
-  int device_;
-  void* stream_;
-  std::string name_;
+  std::vector<CopySegment> segments_;
   NativeFailure failure_;
 };
 
@@ -809,18 +853,32 @@ Napi::Value Mapping::Copy(const Napi::CallbackInfo& info, CopyDirection directio
   if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) {
     throw MakeError(env, "EINVAL", fn, std::string(fn) + ": the buffer must be a Uint8Array");
   }
-  if (state_ != State::kOpen) {
+  Napi::Uint8Array buffer = info[1].As<Napi::Uint8Array>();
+  std::vector<CopySegment> segments;
+  // A detached buffer reports byteLength 0, so any non-empty range is refused.
+  if (!PrepareCopy(env, fn, info[0].As<Napi::Float64Array>(), buffer.ByteLength(), &segments)) {
     Napi::Promise::Deferred rejected = Napi::Promise::Deferred::New(env);
     rejected.Reject(MakeError(env, "ECLOSED", fn, "mapping " + name_ + " is closed").Value());
     return rejected.Promise();
   }
-  Napi::Uint8Array buffer = info[1].As<Napi::Uint8Array>();
-  // A detached buffer reports byteLength 0, so any non-empty range is refused below.
-  std::vector<CopyRange> ranges =
-      ValidateRanges(env, fn, name_, info[0].As<Napi::Float64Array>(), size_, buffer.ByteLength());
+  return QueueCopy(env, direction, buffer, std::move(segments));
+}
 
-  CopyWorker* worker = new CopyWorker(env, direction, this, Value(), base_, buffer, std::move(ranges), backend_,
-                                      device_, stream_, name_);
+bool Mapping::PrepareCopy(Napi::Env env, const char* fn, const Napi::Float64Array& ranges, size_t bufferLength,
+                          std::vector<CopySegment>* out) {
+  if (state_ != State::kOpen) return false;
+  std::vector<CopyRange> validated = ValidateRanges(env, fn, name_, ranges, size_, bufferLength);
+  out->push_back(CopySegment{this, Napi::Persistent(Value()), base_, std::move(validated), backend_, device_, stream_,
+                             name_});
+  return true;
+}
+
+Napi::Promise Mapping::QueueCopy(Napi::Env env, CopyDirection direction, Napi::Uint8Array buffer,
+                                 std::vector<CopySegment> segments) {
+  std::vector<Mapping*> mappings;
+  mappings.reserve(segments.size());
+  for (const CopySegment& segment : segments) mappings.push_back(segment.mapping);
+  CopyWorker* worker = new CopyWorker(env, direction, buffer, std::move(segments));
   Napi::Promise promise = worker->Promise();
   try {
     worker->Queue();
@@ -828,8 +886,58 @@ Napi::Value Mapping::Copy(const Napi::CallbackInfo& info, CopyDirection directio
     delete worker;
     throw;
   }
-  ++inflight_;
+  // Counted once per segment (a mapping may appear more than once); CopyFinished undoes each.
+  for (Mapping* mapping : mappings) ++mapping->inflight_;
   return promise;
+}
+
+// copyBatch(direction, mappings, ranges, buffer): mappings[i] copies with ranges[i] (triples as for
+// gather/scatter) to or from the one buffer, all in one job. Everything is checked before anything is
+// queued: a bad argument or range throws; a closing or closed mapping rejects the whole batch (ECLOSED).
+Napi::Value Mapping::CopyBatch(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const std::string direction = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "";
+  if (direction != "gather" && direction != "scatter") {
+    throw MakeError(env, "EINVAL", "copyBatch", "copyBatch: direction must be \"gather\" or \"scatter\"");
+  }
+  const char* fn = direction == "gather" ? "gather" : "scatter";
+  if (info.Length() < 4 || !info[1].IsArray() || !info[2].IsArray()) {
+    throw MakeError(env, "EINVAL", fn, std::string(fn) + ": expected (direction, mappings[], ranges[], buffer)");
+  }
+  const Napi::Array mappings = info[1].As<Napi::Array>();
+  const Napi::Array ranges = info[2].As<Napi::Array>();
+  if (mappings.Length() != ranges.Length()) {
+    throw MakeError(env, "EINVAL", fn,
+                    std::string(fn) + ": " + std::to_string(mappings.Length()) + " mappings but " +
+                        std::to_string(ranges.Length()) + " range lists; expected one range list per mapping");
+  }
+  if (!info[3].IsTypedArray() || info[3].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) {
+    throw MakeError(env, "EINVAL", fn, std::string(fn) + ": the buffer must be a Uint8Array");
+  }
+  Napi::Uint8Array buffer = info[3].As<Napi::Uint8Array>();
+  const Napi::Function constructor = AddonData::Of(env).mappingConstructor.Value();
+  std::vector<CopySegment> segments;
+  segments.reserve(mappings.Length());
+  for (uint32_t i = 0; i < mappings.Length(); ++i) {
+    const Napi::Value m = mappings.Get(i);
+    const Napi::Value r = ranges.Get(i);
+    if (!m.IsObject() || !m.As<Napi::Object>().InstanceOf(constructor)) {
+      throw MakeError(env, "EINVAL", fn, std::string(fn) + ": mappings[" + std::to_string(i) + "] is not a Mapping");
+    }
+    if (!r.IsTypedArray() || r.As<Napi::TypedArray>().TypedArrayType() != napi_float64_array) {
+      throw MakeError(env, "EINVAL", fn,
+                      std::string(fn) + ": ranges[" + std::to_string(i) +
+                          "] must be a Float64Array of (mappingOffset, bufferOffset, length) triples");
+    }
+    Mapping* mapping = Mapping::Unwrap(m.As<Napi::Object>());
+    if (!mapping->PrepareCopy(env, fn, r.As<Napi::Float64Array>(), buffer.ByteLength(), &segments)) {
+      Napi::Promise::Deferred rejected = Napi::Promise::Deferred::New(env);
+      rejected.Reject(MakeError(env, "ECLOSED", fn, "mapping " + mapping->name_ + " is closed").Value());
+      return rejected.Promise();
+    }
+  }
+  return QueueCopy(env, direction == "gather" ? CopyDirection::kGather : CopyDirection::kScatter, buffer,
+                   std::move(segments));
 }
 
 // prefault(offset, length, touch?): shm only; on CUDA memory (always resident) it resolves at once.

@@ -56,6 +56,21 @@ enum class CopyDirection { kGather, kScatter };
 
 enum class Backend { kShm, kCudaIpc, kCudaAlloc };
 
+class Mapping;
+
+// One mapping's part of a copy: its validated ranges, and what the copy thread needs of it.
+// Holds the mapping object strongly until the copy completes on the JS thread.
+struct CopySegment {
+  Mapping* mapping;
+  Napi::ObjectReference mappingRef;
+  uint8_t* base;
+  std::vector<CopyRange> ranges;
+  Backend backend;
+  int device;
+  void* stream;
+  std::string name;
+};
+
 // What a constructor of a Mapping takes over (through a Napi::External).
 struct MappingInit {
   std::string name;
@@ -86,6 +101,8 @@ class Mapping : public Napi::ObjectWrap<Mapping> {
   static Napi::Value OpenCudaIpc(const Napi::CallbackInfo& info);
   // cudaAllocate(deviceUuid, nbytes) -> Promise<Mapping> (see mapping.cc).
   static Napi::Value CudaAllocate(const Napi::CallbackInfo& info);
+  // copyBatch(direction, mappings[], ranges[], buffer) -> Promise<void>: one copy job over many mappings.
+  static Napi::Value CopyBatch(const Napi::CallbackInfo& info);
 
   explicit Mapping(const Napi::CallbackInfo& info);
   ~Mapping() override;
@@ -111,6 +128,13 @@ class Mapping : public Napi::ObjectWrap<Mapping> {
   Napi::Value IpcHandle(const Napi::CallbackInfo& info);
 
   Napi::Value Copy(const Napi::CallbackInfo& info, CopyDirection direction);
+  // Validates `ranges` against this mapping and `bufferLength` into a segment (throws EINVAL_RANGE);
+  // false when the mapping is closing or closed.
+  bool PrepareCopy(Napi::Env env, const char* fn, const Napi::Float64Array& ranges, size_t bufferLength,
+                   std::vector<CopySegment>* out);
+  // Queues one copy job over `segments` (each already counted by PrepareCopy's caller below).
+  static Napi::Promise QueueCopy(Napi::Env env, CopyDirection direction, Napi::Uint8Array buffer,
+                                 std::vector<CopySegment> segments);
   // Unmaps and updates the counters; returns 0 or the errno of munmap.
   int Unmap();
   // CUDA, synchronously (the GC finalizer only): close or free, destroy the stream.
