@@ -12,14 +12,20 @@ const HEADER =
 
 /**
  * Replaces the section that starts with the line `heading` (up to the next
- * "## " heading) with `body`, or appends it; every other section is kept.
+ * "## " heading) with `body`, or adds it: at the end, or with `first` right
+ * after the header (the suite's summary); every other section is kept.
  */
-export const writeDocSection = (heading: string, body: string): void => {
+export const writeDocSection = (heading: string, body: string, options: { readonly first?: boolean } = {}): void => {
   const current = existsSync(DOC) ? readFileSync(DOC, "utf8") : HEADER
   const lines = current.split("\n")
   const start = lines.findIndex((line) => line.trim() === heading)
   let next: string
-  if (start === -1) {
+  if (start === -1 && options.first === true) {
+    const firstSection = lines.findIndex((line) => line.startsWith("## "))
+    next = firstSection === -1
+      ? `${current.trimEnd()}\n\n${body}`
+      : `${lines.slice(0, firstSection).join("\n").trimEnd()}\n\n${body.trimEnd()}\n\n${lines.slice(firstSection).join("\n")}`
+  } else if (start === -1) {
     next = `${current.trimEnd()}\n\n${body}`
   } else {
     const after = lines.findIndex((line, i) => i > start && line.startsWith("## "))

@@ -1,5 +1,7 @@
 /**
- * `npm run bench:liveness [-- --quick | --full]` (`--quick` is the default)
+ * `npm run bench:liveness [-- --quick | --full] [-- --parts 1,2,3,4] [-- --summary FILE]`
+ * (`--quick` is the default; `--summary FILE` also writes the target rows as
+ * JSON for bench/suite.ts)
  *
  * Worker liveness (DESIGN §5) under load, each figure beside a reference
  * measured in the same run where one exists:
@@ -42,6 +44,7 @@ import { Packr } from "msgpackr"
 import { Dealer } from "zeromq"
 import type { ScanRow } from "./liveness-scan.ts"
 import { DOC, writeDocSection } from "./docs.ts"
+import { writeSummary } from "./summary.ts"
 
 const ROOT = path.resolve(import.meta.dirname, "..")
 const HEADING = "## Liveness (bench:liveness)"
@@ -55,7 +58,8 @@ const { values: args } = parseArgs({
   options: {
     quick: { type: "boolean", default: false },
     full: { type: "boolean", default: false },
-    parts: { type: "string", default: "1,2,3,4" }
+    parts: { type: "string", default: "1,2,3,4" },
+    summary: { type: "string" }
   }
 })
 if (args.quick && args.full) {
@@ -908,6 +912,15 @@ const main = async (): Promise<void> => {
   } else {
     process.stdout.write(`only part(s) ${[...parts].sort().join(", ")} ran: ${path.relative(ROOT, DOC)} left as it was\n`)
   }
+  writeSummary(args.summary, targets(report).map((t) => ({
+    bench: "liveness",
+    figure: t.check,
+    measured: t.measured,
+    reference: t.reference,
+    ratio: Number.parseFloat(t.ratio),
+    target: t.target,
+    met: t.ok
+  })))
   const missed = targets(report).filter((t) => !t.ok)
   if (missed.length > 0) {
     process.stdout.write(`targets missed: ${missed.map((t) => `${t.check} (${t.measured}, target ${t.target})`).join("; ")}\n`)

@@ -1,5 +1,5 @@
 /**
- * `npm run bench:transfer [-- --quick | --duration S] [-- --server-prof DIR]`
+ * `npm run bench:transfer [-- --quick | --full | --duration S] [-- --server-prof DIR] [-- --summary FILE]`
  *
  * STORE and RETRIEVE throughput of the LMCache-driven data path (DESIGN §4)
  * for 256-token chunks of a 32-layer, 8 heads × 128 head size, float16 model
@@ -29,7 +29,9 @@
  *   thread, warmed up, as many copies as the phase moved chunks, right after
  *   each phase.
  * - PING: a raw zeromq DEALER (as in bench/ping.ts) with one PING [nil] in
- *   flight, idle first and then through each measured transfer window.
+ *   flight, in a child process of its own (bench/pingChild.ts), idle first
+ *   and then through each measured transfer window.
+ * - Measuring starts once the server's background L1 prefault is done.
  * - Beside each window: the server's event-loop delay, its JS-thread and
  *   other-thread CPU and how long its JS thread waited for a CPU (/proc), and
  *   the whole machine's load, so a slow figure can be told from a busy box.
@@ -57,6 +59,7 @@ import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/service
 import { makeWorkerAdapter, type TransferRequest, type WorkerAdapterShape } from "../src/services/WorkerAdapter.ts"
 import { DOC, writeDocSection } from "./docs.ts"
 import { startPingChild, type PingChild } from "./pingChild.ts"
+import { writeSummary, type SummaryRow } from "./summary.ts"
 
 const ROOT = path.resolve(import.meta.dirname, "..")
 const HEADING = "## STORE and RETRIEVE throughput (bench:transfer)"
@@ -93,6 +96,7 @@ const L1_SIZE_GB = 4
 // Timing.
 const QUICK_PHASE_S = 4
 const QUICK_IDLE_S = 3
+const FULL_PHASE_S = 12
 const WARMUP_S = 1
 /** A transfer window runs on past its duration until this many requests completed in it… */
 const MIN_REQUESTS = 8
@@ -113,16 +117,22 @@ const CORES = os.cpus().length
 const { values: args } = parseArgs({
   options: {
     quick: { type: "boolean", default: false },
+    full: { type: "boolean", default: false },
     duration: { type: "string" },
-    "server-prof": { type: "string" }
+    "server-prof": { type: "string" },
+    summary: { type: "string" }
   }
 })
-const durationS = args.duration !== undefined ? Number(args.duration) : QUICK_PHASE_S
+if (args.quick && args.full) {
+  process.stderr.write("--quick and --full exclude each other\n")
+  process.exit(2)
+}
+const durationS = args.duration !== undefined ? Number(args.duration) : args.full ? FULL_PHASE_S : QUICK_PHASE_S
 if (!Number.isFinite(durationS) || durationS <= 0) {
   process.stderr.write(`--duration must be a positive number of seconds, got ${args.duration}\n`)
   process.exit(2)
 }
-const idleS = args.duration !== undefined ? durationS : QUICK_IDLE_S
+const idleS = args.duration !== undefined ? durationS : args.full ? FULL_PHASE_S : QUICK_IDLE_S
 const serverProfDir = args["server-prof"] === undefined ? undefined : path.resolve(args["server-prof"])
 
 const log = (line: string): void => {
@@ -721,9 +731,11 @@ const section = (r: Report): string => {
     "*memcpy*: `Uint8Array.prototype.set` of a 32 MiB buffer into another (both already faulted in), one thread,",
     `in the bench process, ${MEMCPY_WARMUP_COPIES} copies of warm-up, then as many copies as the phase moved chunks, right after`,
     "the phase (so that both see about the same machine load).",
-    "*PING*: a raw zeromq DEALER with one PING [nil] in flight (as in bench:ping), idle before the transfers and",
-    "through each measured window; it shares the bench process's event loop with the worker, hence the bench's own",
-    "event-loop delay beside the server's (both: lateness of a 2 ms timer, `monitorEventLoopDelay`).",
+    "*PING*: a raw zeromq DEALER with one PING [nil] in flight (as in bench:ping), in a process of its own",
+    "(`bench/pingChild.ts`), idle before the transfers and through each measured window. Event-loop delay: lateness",
+    "of a 2 ms timer (`monitorEventLoopDelay`) in the server and in the bench process (which runs the worker).",
+    `The bench starts measuring once the server's background L1 prefault is done (waited ${f1(prefaultSeconds)} s here),`,
+    "as a long-running server's L1 is: the first write of a fresh page costs seconds per GiB under some hypervisors.",
     "CPU from /proc: JS thread = the server's main thread; other = its libuv pool (the copies), V8 and ZeroMQ threads;",
     "*waiting for a CPU* = the share of the window its JS thread sat runnable on a run queue (schedstat): high means",
     "CPU starvation, low with a large event-loop delay means the JS thread itself was busy or blocked. The whole",
@@ -738,10 +750,40 @@ const section = (r: Report): string => {
     `Server memory at the end: RSS ${f2(r.serverMemory.rss)} GiB, peak ${f2(r.serverMemory.peak)} GiB ` +
     `(L1 capacity ${L1_SIZE_GB} GiB). Server WARN/ERROR log lines: ${r.serverWarnings}.`,
     "",
-    "Reproduce: `npm run bench:transfer` (`-- --duration S` for S seconds per phase and idle; `-- --server-prof DIR`",
-    "also writes the server's V8 CPU profile to DIR).",
+    "Reproduce: `npm run bench:transfer` (`-- --full` for 12 s windows, `-- --duration S` for S seconds per phase and",
+    "idle; `-- --server-prof DIR` also writes the server's V8 CPU profile to DIR).",
     ""
   ].join("\n")
+}
+
+/** The issue's transfer targets: GB/s ≥ 0.5 × memcpy; PING p99 under transfers ≤ 3 × idle and under 5 ms. */
+const summaryRows = (r: Report): Array<SummaryRow> => {
+  const rows: Array<SummaryRow> = []
+  for (const [name, m] of [["STORE", r.store], ["RETRIEVE", r.retrieve]] as const) {
+    const ratio = m.gbps / m.memcpyGbps
+    rows.push({
+      bench: "transfer",
+      figure: `${name} GB/s, 256-token chunks, 32 layers × 8 × 128, float16`,
+      measured: `${f2(m.gbps)} GB/s`,
+      reference: `memcpy ${f2(m.memcpyGbps)} GB/s`,
+      ratio,
+      target: "≥ 0.5 × memcpy",
+      met: ratio >= 0.5
+    })
+  }
+  for (const [name, m] of [["STORE", r.store], ["RETRIEVE", r.retrieve]] as const) {
+    const ratio = m.ping.p99Us / r.idle.ping.p99Us
+    rows.push({
+      bench: "transfer",
+      figure: `PING p99 while ${name} runs flat out`,
+      measured: `${int(m.ping.p99Us)} µs`,
+      reference: `idle ${int(r.idle.ping.p99Us)} µs`,
+      ratio,
+      target: "≤ 3 × idle and < 5 ms",
+      met: ratio <= 3 && m.ping.p99Us < 5_000
+    })
+  }
+  return rows
 }
 
 /** Replaces this bench's section of docs/benchmarks.md, keeping the others. */
@@ -830,6 +872,7 @@ const main = async (): Promise<void> => {
   const body = section(report)
   process.stdout.write(`\n${body}\n`)
   writeDoc(body)
+  writeSummary(args.summary, summaryRows(report))
   process.stdout.write(`wrote ${path.relative(ROOT, DOC)}\n`)
 }
 

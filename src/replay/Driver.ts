@@ -80,7 +80,11 @@ export interface ReplaySummary {
   readonly gb_retrieved: number
   readonly duration_seconds: number
   readonly requests_per_second: number
-  readonly latency_ms: Record<"lookup" | "retrieve" | "compute" | "store" | "request", { readonly p50: number; readonly p99: number }>
+  /** Per stage of a request (ms): median, 99th percentile and mean (the means tell where a request's time goes). */
+  readonly latency_ms: Record<
+    "lookup" | "retrieve" | "compute" | "store" | "request",
+    { readonly p50: number; readonly p99: number; readonly mean: number }
+  >
   readonly churn: { readonly killed: number; readonly paused: number; readonly replaced: number }
   readonly reaped: Record<string, number>
   readonly leaked_contexts: number
@@ -385,7 +389,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     if (o.progress) onProgress(yield* progressLine.pipe(Effect.orElseSucceed(() => "")), true)
 
     const lru = perfectLru(requests, chunk, capacityChunks)
-    const q = (s: Samples) => ({ p50: round(s.quantile(0.5)), p99: round(s.quantile(0.99)) })
+    const q = (s: Samples) => ({ p50: round(s.quantile(0.5)), p99: round(s.quantile(0.99)), mean: round(s.mean()) })
     const summary: ReplaySummary = {
       trace: o.tracePath,
       requests: requests.length,

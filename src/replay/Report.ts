@@ -22,6 +22,7 @@ export const formatSummary = (s: ReplaySummary): string => {
     `  hit ratio         ${pct(s.hit_ratio)} (a perfect LRU of the same capacity: ${pct(s.perfect_lru_hit_ratio)})`,
     `  moved             ${s.gb_stored} GB stored · ${s.gb_retrieved} GB retrieved`,
     `  latency ms p50/p99 lookup ${l.lookup.p50}/${l.lookup.p99} · retrieve ${l.retrieve.p50}/${l.retrieve.p99} · store ${l.store.p50}/${l.store.p99} · compute ${l.compute.p50}/${l.compute.p99} · request ${l.request.p50}/${l.request.p99}`,
+    `  mean ms           lookup ${l.lookup.mean} · retrieve ${l.retrieve.mean} · store ${l.store.mean} · compute ${l.compute.mean} · request ${l.request.mean}`,
     `  reaped            timeout ${s.reaped["timeout"] ?? 0} · grace ${s.reaped["grace"] ?? 0} · disconnect ${s.reaped["disconnect"] ?? 0}`,
     `  leaked contexts   ${ok(s.leaked_contexts)}`,
     `  open mappings     ${ok(s.open_mappings_after_shutdown)} (after the last worker unregistered)`,

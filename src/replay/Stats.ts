@@ -8,6 +8,10 @@ export class Samples {
   get count(): number {
     return this.values.length
   }
+  /** The arithmetic mean; 0 when empty. */
+  mean(): number {
+    return this.values.length === 0 ? 0 : this.values.reduce((a, b) => a + b, 0) / this.values.length
+  }
   /** The q-quantile (0…1) by nearest rank; 0 when empty. */
   quantile(q: number): number {
     if (this.values.length === 0) return 0
