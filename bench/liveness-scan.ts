@@ -9,6 +9,17 @@
  *
  * - `registry.popStale(rule)` popping nothing (every entry fresh), and
  *   popping 1 % (re-aged before each run, outside the timing);
+ *
+ *   Re-aging is what production can reach by waiting: the entry is popped
+ *   (as UNREGISTER does) and inserted again with a last-seen 2 h before now,
+ *   i.e. registered 2 h ago and silent since. It never lowers the last-seen
+ *   of an entry the registry holds, which production never does and which
+ *   the registry's stale index (src/services/StaleIndex.ts) relies on: a
+ *   scan looks only at entries whose index key is due, and an insert keys
+ *   the entry by the time it is given. So the fresh runs measure a scan
+ *   with nothing due (the index makes it O(1)), the stale runs one with the
+ *   1 % due. The plain Map reference lowers its records' last-seen in place:
+ *   it has no index, and judges every record either way;
  * - the reference: the same records in a plain `Map<bigint, Tracked>`,
  *   judged with the same `judge` and deleted from the Map — the floor for
  *   one pass over N entries in this process;

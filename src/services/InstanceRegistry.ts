@@ -12,11 +12,19 @@
  * has been silent strictly longer than its window. An instance that lost
  * every connection (`suspects`) is also stale once it has been silent
  * longer than the disconnect grace since it became suspect.
+ *
+ * A scan does not walk every entry: a non-transactional index of lower
+ * bounds on when each entry can become stale (StaleIndex.ts) hands it the
+ * few that might be, and the suspects are judged directly. The results are
+ * those of judging every entry with {@link judge}. The index is updated
+ * after each transaction commits, so the operations here must not be
+ * composed into a caller's own `Effect.tx`.
  */
-import { Effect, HashMap, Option, TxHashMap } from "effect"
+import { Effect, HashMap, Option, Semaphore, TxHashMap } from "effect"
 import type { InstanceId } from "../schema/InstanceId.ts"
+import { makeStaleIndex, timeRuleOf, type Slot, type StaleIndexStats, type Verdict } from "./StaleIndex.ts"
 
-/** Entries judged between two yields to the event loop during a scan. */
+/** Heap nodes popped between two yields to the event loop during a scan. */
 const SCAN_SLICE = 1_024
 
 /** One turn of the event loop (setImmediate): received messages get handled before the scan goes on. */
@@ -94,58 +102,85 @@ export interface InstanceRegistry<R> {
   readonly popAll: () => Effect.Effect<ReadonlyArray<Tracked<R>>>
   readonly size: () => Effect.Effect<number>
   readonly snapshot: () => Effect.Effect<ReadonlyArray<Tracked<R>>>
+  /**
+   * Counters of the stale index, for tests and benches: heap nodes (garbage
+   * included), ids in the index, and how many nodes the last `popStale`
+   * took off the heap (an upper bound on the entries it judged, suspects aside).
+   */
+  readonly indexStats: () => StaleIndexStats
 }
 
 /** An empty registry. */
 export const makeInstanceRegistry = <R>(): Effect.Effect<InstanceRegistry<R>> =>
   Effect.gen(function*() {
     const map = yield* TxHashMap.empty<bigint, Tracked<R>>()
+    const index = makeStaleIndex<Tracked<R>>()
+    // One scan at a time: the index hands each due node to exactly one scan.
+    const scanLock = yield* Semaphore.make(1)
 
+    // The last committed state of the map, read synchronously: the index is updated in the same
+    // synchronous step, so no other fiber can commit in between (a transaction commits synchronously).
+    const committed = (): HashMap.HashMap<bigint, Tracked<R>> => map.ref.value
+    const current = (id: bigint): Tracked<R> | undefined => Option.getOrUndefined(HashMap.get(committed(), id))
+    // By the slot's cached hash: hashing a bigint key (its decimal string) is most of a lookup's cost.
+    const currentOf = (slot: Slot): Tracked<R> | undefined => Option.getOrUndefined(HashMap.getHash(committed(), slot.id, slot.hash))
+    const heldSlot = (slot: Slot): boolean => HashMap.hasHash(committed(), slot.id, slot.hash)
+
+    /** Refresh, PING or transfer: one transaction, then (committed) the index mirrors the new value. */
     const update = (id: InstanceId, f: (t: Tracked<R>) => Tracked<R>) =>
-      Effect.tx(Effect.gen(function*() {
-        const current = yield* TxHashMap.get(map, id)
-        if (Option.isNone(current)) return undefined
-        const next = f(current.value)
-        yield* TxHashMap.set(map, id, next)
-        return next
-      }))
-
-    return {
-      insert: (id, resource, nowMs) =>
-        Effect.tx(Effect.gen(function*() {
-          if (yield* TxHashMap.has(map, id)) return false
-          yield* TxHashMap.set(map, id, { id, resource, lastSeenMs: nowMs, hasLivenessSignal: false, hasTransferActivity: false })
-          return true
-        })),
-      refresh: (id, nowMs) => update(id, (t) => ({ ...t, lastSeenMs: Math.max(t.lastSeenMs, nowMs) })),
-      touch: (id, nowMs) =>
-        Effect.map(
-          update(id, (t) => ({ ...t, lastSeenMs: Math.max(t.lastSeenMs, nowMs), hasLivenessSignal: true })),
-          (t) => t !== undefined
-        ),
-      resolveForTransfer: (id, nowMs) =>
-        update(id, (t) => ({ ...t, lastSeenMs: Math.max(t.lastSeenMs, nowMs), hasTransferActivity: true })),
-      get: (id) => Effect.map(TxHashMap.get(map, id), Option.getOrUndefined),
-      pop: (id) =>
+      Effect.map(
         Effect.tx(Effect.gen(function*() {
           const current = yield* TxHashMap.get(map, id)
           if (Option.isNone(current)) return undefined
-          yield* TxHashMap.remove(map, id)
-          return current.value
+          const next = f(current.value)
+          yield* TxHashMap.set(map, id, next)
+          return { before: current.value, after: next }
         })),
-      popStale: (rule) =>
-        Effect.gen(function*() {
-          // Judge an immutable snapshot in slices, letting the event loop in between (a PING must not wait
-          // behind a scan of 100k entries), then pop the candidates in one transaction that judges each
-          // again: an entry touched meanwhile stays.
-          const snapshot = yield* TxHashMap.snapshot(map)
-          const candidates: Array<bigint> = []
-          let seen = 0
-          for (const t of HashMap.values(snapshot)) {
-            if (judge(t, rule) !== undefined) candidates.push(t.id)
-            if (++seen % SCAN_SLICE === 0) yield* yieldToEventLoop
+        (changed) => {
+          if (changed === undefined) return undefined
+          index.updated(id, changed.before, changed.after, currentOf)
+          return changed.after
+        }
+      )
+
+    const popStale = (rule: StaleRule) =>
+      Effect.gen(function*() {
+        index.beginScan()
+        const time = timeRuleOf(rule)
+        const candidates = new Set<bigint>()
+        // Slots the index handed over (candidates): they have no node until settled, which always
+        // happens, even on interruption.
+        const taken: Array<Slot> = []
+        const settle = Effect.sync(() => {
+          index.endScan()
+          for (const slot of taken) index.settle(slot, currentOf(slot))
+        })
+        // A due entry is a candidate when stale by its time window (judge's rule; the suspects are judged below).
+        const visit = (slot: Slot, t: Tracked<R> | undefined): Verdict => {
+          if (t === undefined) return "gone"
+          const windowMs = t.hasLivenessSignal && t.hasTransferActivity ? rule.reapTimeoutMs : rule.registrationGraceMs
+          if (!(rule.nowMs - t.lastSeenMs > windowMs)) return index.keyOf(t)
+          candidates.add(slot.id)
+          taken.push(slot)
+          return "taken"
+        }
+        const collect = Effect.gen(function*() {
+          if (time !== undefined) {
+            index.adopt(time.gaps, () => HashMap.values(committed()))
+            // Slices of heap pops, letting the event loop in between (a PING must not wait behind a
+            // first scan that finds 100k entries due).
+            const slice = Effect.sync(() => index.drain(rule.nowMs, time, SCAN_SLICE, visit))
+            while (yield* slice) yield* yieldToEventLoop
           }
-          if (candidates.length === 0) return []
+          // Disconnect staleness does not depend on last_seen alone: the suspects (a handful) are judged directly.
+          if (rule.disconnectGraceMs > 0) {
+            for (const id of rule.suspects.keys()) {
+              const t = current(id)
+              if (t !== undefined && judge(t, rule) !== undefined) candidates.add(id)
+            }
+          }
+          if (candidates.size === 0) return []
+          // Pop the candidates in one transaction that judges each again: an entry touched meanwhile stays.
           return yield* Effect.tx(Effect.gen(function*() {
             const stale: Array<Reaped<R>> = []
             for (const id of candidates) {
@@ -157,14 +192,68 @@ export const makeInstanceRegistry = <R>(): Effect.Effect<InstanceRegistry<R>> =>
             if (stale.length > 0) yield* TxHashMap.removeMany(map, stale.map((r) => r.tracked.id))
             return stale
           }))
-        }),
+        })
+        return yield* collect.pipe(Effect.ensuring(settle))
+      })
+
+    return {
+      insert: (id, resource, nowMs) =>
+        Effect.map(
+          Effect.tx(Effect.gen(function*() {
+            if (yield* TxHashMap.has(map, id)) return false
+            yield* TxHashMap.set(map, id, { id, resource, lastSeenMs: nowMs, hasLivenessSignal: false, hasTransferActivity: false })
+            return true
+          })),
+          (inserted) => {
+            // After the commit (a transaction body may run more than once), in the same synchronous step as
+            // the read of the committed state.
+            if (inserted) {
+              const t = current(id)
+              if (t !== undefined) index.track(id, t)
+              index.compact(heldSlot, HashMap.size(committed()))
+            }
+            return inserted
+          }
+        ),
+      refresh: (id, nowMs) => update(id, (t) => ({ ...t, lastSeenMs: Math.max(t.lastSeenMs, nowMs) })),
+      touch: (id, nowMs) =>
+        Effect.map(
+          update(id, (t) => ({ ...t, lastSeenMs: Math.max(t.lastSeenMs, nowMs), hasLivenessSignal: true })),
+          (t) => t !== undefined
+        ),
+      resolveForTransfer: (id, nowMs) =>
+        update(id, (t) => ({ ...t, lastSeenMs: Math.max(t.lastSeenMs, nowMs), hasTransferActivity: true })),
+      get: (id) => Effect.map(TxHashMap.get(map, id), Option.getOrUndefined),
+      // The entry's node stays (dropped when it surfaces); the index lets go of the entry's value.
+      pop: (id) =>
+        Effect.map(
+          Effect.tx(Effect.gen(function*() {
+            const current = yield* TxHashMap.get(map, id)
+            if (Option.isNone(current)) return undefined
+            yield* TxHashMap.remove(map, id)
+            return current.value
+          })),
+          (popped) => {
+            if (popped !== undefined) index.removed(id, heldSlot)
+            return popped
+          }
+        ),
+      popStale: (rule) => scanLock.withPermits(1)(popStale(rule)),
       popAll: () =>
-        Effect.tx(Effect.gen(function*() {
-          const all = yield* TxHashMap.values(map)
-          yield* TxHashMap.clear(map)
-          return all
-        })),
+        Effect.map(
+          Effect.tx(Effect.gen(function*() {
+            const all = yield* TxHashMap.values(map)
+            yield* TxHashMap.clear(map)
+            return all
+          })),
+          (all) => {
+            // Keeps only the nodes of entries inserted since (none, unless one raced the shutdown).
+            index.compact(heldSlot, HashMap.size(committed()), true)
+            return all
+          }
+        ),
       size: () => TxHashMap.size(map),
-      snapshot: () => TxHashMap.values(map)
+      snapshot: () => TxHashMap.values(map),
+      indexStats: () => index.stats()
     }
   })
