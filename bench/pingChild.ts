@@ -3,13 +3,14 @@
  * busy (bench:transfer runs the worker in the bench process): the round trips
  * it times then include the server and the kernel, not the bench's other work.
  *
- * Parent side: `startPingChild(endpoint)` forks this file with an IPC channel;
- * the child keeps one PING [nil] in flight (bench/pingClient.ts) from the
- * start; `measure()` starts recording, `collect()` stops recording and returns
- * the round trips (µs) recorded since, `stop()` ends the child.
+ * Parent side: `startPingChild(endpoint, intervalMs)` forks this file with an
+ * IPC channel; the child sends one PING [nil] every `intervalMs`, whatever the
+ * replies do (`pacedPingLoop` in bench/pingClient.ts), from the start;
+ * `measure()` starts recording, `collect()` stops recording and returns the
+ * round trips (µs) of the PINGs sent since, `stop()` ends the child.
  */
 import { fork, type ChildProcess } from "node:child_process"
-import { pingLoop, type PingRun } from "./pingClient.ts"
+import { pacedPingLoop, type PingRun } from "./pingClient.ts"
 
 type ToChild = { readonly type: "measure" } | { readonly type: "collect" } | { readonly type: "stop" }
 type FromChild = { readonly type: "latencies"; readonly us: ReadonlyArray<number> } | { readonly type: "failed"; readonly why: string }
@@ -23,9 +24,9 @@ export interface PingChild {
   readonly failed: Promise<never>
 }
 
-/** Forks a PING child against `endpoint`. */
-export const startPingChild = (endpoint: string): PingChild => {
-  const child: ChildProcess = fork(import.meta.filename, [endpoint], { stdio: ["ignore", "inherit", "inherit", "ipc"] })
+/** Forks a PING child against `endpoint`, sending one PING every `intervalMs`. */
+export const startPingChild = (endpoint: string, intervalMs: number): PingChild => {
+  const child: ChildProcess = fork(import.meta.filename, [endpoint, String(intervalMs)], { stdio: ["ignore", "inherit", "inherit", "ipc"] })
   let stopping = false
   const waiters: Array<(us: Array<number>) => void> = []
   const failed = new Promise<never>((_, reject) => {
@@ -62,6 +63,7 @@ export const startPingChild = (endpoint: string): PingChild => {
 
 if (process.send !== undefined && process.argv[1] === import.meta.filename) {
   const endpoint = process.argv[2]!
+  const intervalMs = Number(process.argv[3])
   const run: PingRun = { measuring: false, stopped: false, latenciesUs: [] }
   const reply = (m: FromChild): void => {
     process.send!(m)
@@ -71,13 +73,18 @@ if (process.send !== undefined && process.argv[1] === import.meta.filename) {
       run.latenciesUs.length = 0
       run.measuring = true
     } else if (m.type === "collect") {
+      // The PINGs sent in the window count however late their replies come (the slow ones matter most).
       run.measuring = false
-      reply({ type: "latencies", us: run.latenciesUs.splice(0) })
+      const deliver = (): void => {
+        if ((run.outstanding?.() ?? 0) > 0) setTimeout(deliver, 1)
+        else reply({ type: "latencies", us: run.latenciesUs.splice(0) })
+      }
+      deliver()
     } else {
       run.stopped = true
     }
   })
-  pingLoop(endpoint, run).then(
+  pacedPingLoop(endpoint, run, intervalMs).then(
     () => process.disconnect(),
     (error: unknown) => {
       reply({ type: "failed", why: error instanceof Error ? error.message : String(error) })

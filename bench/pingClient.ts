@@ -13,6 +13,8 @@ export interface PingRun {
   stopped: boolean
   /** Round trips in microseconds, recorded while `measuring`. */
   readonly latenciesUs: Array<number>
+  /** Paced clients: PINGs sent while measuring whose replies are not in yet (set by `pacedPingLoop`). */
+  outstanding?: () => number
 }
 
 /**
@@ -35,6 +37,59 @@ export const pingLoop = async (endpoint: string, run: PingRun, expected: unknown
       }
       if (run.measuring) run.latenciesUs.push(Number(end - start) / 1000)
     }
+  } finally {
+    dealer.close()
+  }
+}
+
+/**
+ * A paced client: one PING [nil] every `intervalMs` whatever the replies do
+ * (several may be in flight; replies are matched by uid), as the heartbeats of
+ * many workers would arrive. Unlike `pingLoop` it adds a fixed, light load, so
+ * the probe does not compete for the CPU with what it measures. Each round
+ * trip is timed from its own send. Ends when `run.stopped` and every reply is in.
+ */
+export const pacedPingLoop = async (endpoint: string, run: PingRun, intervalMs: number, expected: unknown = true): Promise<void> => {
+  const dealer = new Dealer({ linger: 0, sendTimeout: 5_000, receiveTimeout: 5_000 })
+  const sentAt = new Map<number, bigint>()
+  const measured = new Set<number>()
+  run.outstanding = () => measured.size
+  let failure: Error | undefined
+  try {
+    dealer.connect(endpoint)
+    let uid = 0
+    let sending = false
+    const timer = setInterval(() => {
+      if (run.stopped || sending) return
+      const id = uid++
+      sending = true
+      sentAt.set(id, process.hrtime.bigint())
+      if (run.measuring) measured.add(id)
+      dealer.send([packr.pack(id), OP_FRAME, NIL_FRAME]).then(
+        () => {
+          sending = false
+        },
+        (error: unknown) => {
+          failure ??= error instanceof Error ? error : new Error(String(error))
+        }
+      )
+    }, intervalMs)
+    try {
+      while (failure === undefined && !(run.stopped && sentAt.size === 0)) {
+        const reply = await dealer.receive()
+        const end = process.hrtime.bigint()
+        const [rUid, rOp, rResponse] = reply.map((frame): unknown => packr.unpack(frame))
+        const start = typeof rUid === "number" ? sentAt.get(rUid) : undefined
+        if (reply.length !== 3 || start === undefined || rOp !== OP_PING || rResponse !== expected) {
+          throw new Error(`unexpected reply to a PING: ${JSON.stringify([rUid, rOp, rResponse])}`)
+        }
+        sentAt.delete(rUid as number)
+        if (measured.delete(rUid as number)) run.latenciesUs.push(Number(end - start) / 1000)
+      }
+    } finally {
+      clearInterval(timer)
+    }
+    if (failure !== undefined) throw failure
   } finally {
     dealer.close()
   }

@@ -108,6 +108,8 @@ const STOP_TIMEOUT_MS = 10_000
 const REQUEST_TIMEOUT_MS = 30_000
 const PROBE_TIMEOUT_MS = 5_000
 const PREFAULT_TIMEOUT_MS = 300_000
+/** The PING probe's pace: 500 PINGs/s, a light fixed load beside what it measures. */
+const PING_INTERVAL_MS = 2
 /** Linux USER_HZ, the unit of /proc CPU times. */
 const CLK_TCK = 100
 const CORES = os.cpus().length
@@ -540,7 +542,7 @@ const measure = async (
 }
 
 const idle = async (s: Server): Promise<Window> => {
-  const ping = startPingChild(endpoint)
+  const ping = startPingChild(endpoint, PING_INTERVAL_MS)
   const failed = Promise.race([ping.failed, s.exited])
   try {
     await Promise.race([sleep(0.5), failed])
@@ -593,7 +595,7 @@ const phase = async (
       for (const [k, v] of Object.entries(stages)) stagesMs[k] = (stagesMs[k] ?? 0) + v
     }
   }))
-  const ping = startPingChild(endpoint)
+  const ping = startPingChild(endpoint, PING_INTERVAL_MS)
   // A failing stream or PING client, or the server's exit, ends the phase at once.
   const failed = Promise.race([loops.then(() => new Promise<never>(() => {})), ping.failed, s.exited])
   let ok = false

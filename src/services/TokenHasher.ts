@@ -11,10 +11,22 @@
  * A trailing partial chunk has no hash and is never stored. Each hash is
  * 32 bytes and stands for the whole prefix up to the end of its chunk.
  */
-import { blake3 } from "@noble/hashes/blake3.js"
+import { createBLAKE3 } from "hash-wasm"
 
 /** Bytes per chunk hash. */
 export const HASH_BYTES = 32
+
+// One BLAKE3 state (hash-wasm, WebAssembly), reused synchronously by every call: every STORE, RETRIEVE and
+// LOOKUP hashes its chunks, and the pure-JS BLAKE3 measured ~10× slower here and allocated ~1 MB per request
+// (boxed 32-bit words), which fed the GC pauses that delayed PING under transfers (docs/benchmarks.md).
+const hasher = await createBLAKE3()
+
+/** BLAKE3-256 of `bytes`. */
+const blake3 = (bytes: Uint8Array): Uint8Array => {
+  hasher.init()
+  hasher.update(bytes)
+  return hasher.digest("binary")
+}
 
 /** The seed of every chain: BLAKE3 of 12 zero bytes. */
 export const NONE_HASH: Uint8Array = blake3(new Uint8Array(12))
