@@ -24,9 +24,15 @@ export interface PingChild {
   readonly failed: Promise<never>
 }
 
-/** Forks a PING child against `endpoint`, sending one PING every `intervalMs`. */
-export const startPingChild = (endpoint: string, intervalMs: number): PingChild => {
-  const child: ChildProcess = fork(import.meta.filename, [endpoint, String(intervalMs)], { stdio: ["ignore", "inherit", "inherit", "ipc"] })
+/**
+ * Forks a PING child against `endpoint`, sending one PING every `intervalMs`;
+ * `echo`: the endpoint is bench/echo-router.ts, which answers with the
+ * request's own nil frame instead of `true`.
+ */
+export const startPingChild = (endpoint: string, intervalMs: number, echo = false): PingChild => {
+  const child: ChildProcess = fork(import.meta.filename, [endpoint, String(intervalMs), echo ? "echo" : "mpcache"], {
+    stdio: ["ignore", "inherit", "inherit", "ipc"]
+  })
   let stopping = false
   const waiters: Array<(us: Array<number>) => void> = []
   const failed = new Promise<never>((_, reject) => {
@@ -84,7 +90,7 @@ if (process.send !== undefined && process.argv[1] === import.meta.filename) {
       run.stopped = true
     }
   })
-  pacedPingLoop(endpoint, run, intervalMs).then(
+  pacedPingLoop(endpoint, run, intervalMs, process.argv[4] === "echo" ? null : true).then(
     () => process.disconnect(),
     (error: unknown) => {
       reply({ type: "failed", why: error instanceof Error ? error.message : String(error) })

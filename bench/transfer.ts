@@ -108,8 +108,8 @@ const STOP_TIMEOUT_MS = 10_000
 const REQUEST_TIMEOUT_MS = 30_000
 const PROBE_TIMEOUT_MS = 5_000
 const PREFAULT_TIMEOUT_MS = 300_000
-/** The PING probe's pace: 500 PINGs/s, a light fixed load beside what it measures. */
-const PING_INTERVAL_MS = 2
+/** The PING probes' pace: 200 PINGs/s each, a light fixed load beside what they measure. */
+const PING_INTERVAL_MS = 5
 /** Linux USER_HZ, the unit of /proc CPU times. */
 const CLK_TCK = 100
 const CORES = os.cpus().length
@@ -146,6 +146,9 @@ const log = (line: string): void => {
 const tag = `mpcache-bench-${process.pid}-${Date.now().toString(36)}`
 const socketFile = path.join(os.tmpdir(), `${tag}.sock`)
 const endpoint = `ipc://${socketFile}`
+const echoSocketFile = path.join(os.tmpdir(), `${tag}-echo.sock`)
+const echoEndpoint = `ipc://${echoSocketFile}`
+let echoChild: ChildProcess | undefined
 const segmentNames = Array.from({ length: NUM_LAYERS }, (_, l) => `${tag}-L${l}`)
 let serverChild: ChildProcess | undefined
 
@@ -154,7 +157,9 @@ const isRunning = (child: ChildProcess): boolean => child.exitCode === null && c
 /** Synchronous last resort (also on exit and signals): kill the server, remove the socket, unlink our segments. */
 const cleanupSync = (): void => {
   if (serverChild !== undefined && isRunning(serverChild)) serverChild.kill("SIGKILL")
+  if (echoChild !== undefined && isRunning(echoChild)) echoChild.kill("SIGKILL")
   rmSync(socketFile, { force: true })
+  rmSync(echoSocketFile, { force: true })
   for (const name of segmentNames) {
     if (!existsSync(`/dev/shm/${name}`)) continue
     try {
@@ -277,6 +282,26 @@ const startServer = (): Promise<Server> =>
     child.stderr?.on("data", onData)
     child.once("error", (error) => fail(`failed to start: ${error.message}`))
     child.once("exit", (code, signal) => fail(`exited early (code ${code}, signal ${signal})`))
+  })
+
+/** Starts bench/echo-router.ts on `echoEndpoint`; resolves once it listens. */
+const startEcho = (): Promise<void> =>
+  new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ["bench/echo-router.ts", echoEndpoint], { cwd: ROOT, stdio: ["ignore", "ignore", "pipe"] })
+    echoChild = child
+    let output = ""
+    const timer = setTimeout(() => reject(new Error(`echo router not ready after ${READY_TIMEOUT_MS} ms: ${output}`)), READY_TIMEOUT_MS)
+    child.stderr?.on("data", (chunk: Buffer) => {
+      output += chunk.toString()
+      if (output.includes("echo router listening on")) {
+        clearTimeout(timer)
+        resolve()
+      }
+    })
+    child.once("exit", (code, signal) => {
+      clearTimeout(timer)
+      reject(new Error(`echo router exited (code ${code}, signal ${signal}): ${output}`))
+    })
   })
 
 /** SIGTERM (graceful: the server unmaps and writes its CPU profile), SIGKILL if it hangs. */
@@ -474,6 +499,8 @@ const COUNTERS = ["mpcache_stored_bytes_total", "mpcache_retrieved_bytes_total",
 interface Window {
   readonly seconds: number
   readonly ping: PingResult
+  /** The same probe against the echo router, in the same window. */
+  readonly echoPing: PingResult
   readonly serverLoop: LoopDelay
   readonly benchLoop: LoopDelay
   /** CPU in cores (1.0 = one core busy all the window). */
@@ -501,7 +528,7 @@ const readBenchLoopDelay = (): LoopDelay => {
  */
 const measure = async (
   s: Server,
-  ping: PingChild,
+  ping: Probes,
   seconds: number,
   onStart: () => void,
   onEnd: () => void,
@@ -515,11 +542,12 @@ const measure = async (
   const machine0 = machineJiffies()
   const t0 = process.hrtime.bigint()
   onStart()
-  ping.measure()
+  ping.server.measure()
+  ping.echo.measure()
   await sleep(seconds)
   while (!enough() && Number(process.hrtime.bigint() - t0) / 1e9 < seconds * MAX_STRETCH) await sleep(0.02)
   onEnd()
-  const latenciesUs = await ping.collect()
+  const [latenciesUs, echoLatenciesUs] = await Promise.all([ping.server.collect(), ping.echo.collect()])
   const elapsed = Number(process.hrtime.bigint() - t0) / 1e9
   const cpu1 = serverCpu(s.pid)
   const bench1 = process.cpuUsage(bench0)
@@ -530,6 +558,7 @@ const measure = async (
   return {
     seconds: elapsed,
     ping: summarize(latenciesUs),
+    echoPing: summarize(echoLatenciesUs),
     serverLoop,
     benchLoop,
     serverJsCores: (cpu1.js - cpu0.js) / elapsed,
@@ -541,8 +570,28 @@ const measure = async (
   }
 }
 
+/**
+ * The two PING probes of a window, each a process of its own at the same pace: one against the server, one
+ * against a bare zeromq.js echo (bench/echo-router.ts) on the same machine under the same load — what any
+ * ZeroMQ responder gets from this machine at that moment, the reference for the server's PING under load.
+ */
+interface Probes {
+  readonly server: PingChild
+  readonly echo: PingChild
+  readonly failed: Promise<never>
+  readonly stop: () => Promise<void>
+}
+
+const startProbes = (): Probes => {
+  const server = startPingChild(endpoint, PING_INTERVAL_MS)
+  const echo = startPingChild(echoEndpoint, PING_INTERVAL_MS, true)
+  const failed = Promise.race([server.failed, echo.failed])
+  failed.catch(() => {}) // observed where it is raced
+  return { server, echo, failed, stop: async () => void (await Promise.all([server.stop(), echo.stop()])) }
+}
+
 const idle = async (s: Server): Promise<Window> => {
-  const ping = startPingChild(endpoint, PING_INTERVAL_MS)
+  const ping = startProbes()
   const failed = Promise.race([ping.failed, s.exited])
   try {
     await Promise.race([sleep(0.5), failed])
@@ -595,7 +644,7 @@ const phase = async (
       for (const [k, v] of Object.entries(stages)) stagesMs[k] = (stagesMs[k] ?? 0) + v
     }
   }))
-  const ping = startPingChild(endpoint, PING_INTERVAL_MS)
+  const ping = startProbes()
   // A failing stream or PING client, or the server's exit, ends the phase at once.
   const failed = Promise.race([loops.then(() => new Promise<never>(() => {})), ping.failed, s.exited])
   let ok = false
@@ -692,12 +741,13 @@ const table = (r: Report): string => {
     `| ${name} | ${m === undefined ? "—" : f2(m.gbps)} | ${m === undefined ? "—" : f2(m.memcpyGbps)} | ` +
     `${m === undefined ? "—" : `**${f2(m.gbps / m.memcpyGbps)}**`} | ` +
     `${int(w.ping.p50Us)} | ${int(w.ping.p99Us)} | **${f2(w.ping.p99Us / r.idle.ping.p99Us)}** | ` +
+    `${int(w.echoPing.p99Us)} | ${f2(w.ping.p99Us / w.echoPing.p99Us)} | ` +
         `${f1(w.serverLoop.p99)} / ${f1(w.serverLoop.max)} | ${f1(w.benchLoop.p99)} | ${f2(w.serverJsCores)} / ${f2(w.serverOtherCores)} | ` +
         `${int(w.serverJsRunqueueShare * 100)} % | ` +
         `${f2(w.benchCores)} / ${f2(w.machineCores)} |`
   return [
-    "| measurement | GB/s | memcpy GB/s (same bytes, right after) | GB/s ÷ memcpy | PING p50 µs | PING p99 µs | PING p99 ÷ idle | server event-loop delay p99 / max, ms | bench event-loop delay p99, ms | server CPU: JS thread / other threads (cores) | server JS thread waiting for a CPU | CPU: bench process / whole machine (cores) |",
-    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    "| measurement | GB/s | memcpy GB/s (same bytes, right after) | GB/s ÷ memcpy | PING p50 µs | PING p99 µs | PING p99 ÷ idle | echo PING p99 µs (same window) | PING p99 ÷ echo p99 | server event-loop delay p99 / max, ms | bench event-loop delay p99, ms | server CPU: JS thread / other threads (cores) | server JS thread waiting for a CPU | CPU: bench process / whole machine (cores) |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     row("idle (PING only)", r.idle),
     row("STORE", r.store, r.store),
     row("RETRIEVE (with LOOKUP, END_SESSION)", r.retrieve, r.retrieve)
@@ -733,8 +783,10 @@ const section = (r: Report): string => {
     "*memcpy*: `Uint8Array.prototype.set` of a 32 MiB buffer into another (both already faulted in), one thread,",
     `in the bench process, ${MEMCPY_WARMUP_COPIES} copies of warm-up, then as many copies as the phase moved chunks, right after`,
     "the phase (so that both see about the same machine load).",
-    "*PING*: a raw zeromq DEALER with one PING [nil] in flight (as in bench:ping), in a process of its own",
-    "(`bench/pingChild.ts`), idle before the transfers and through each measured window. Event-loop delay: lateness",
+    `*PING*: a raw zeromq DEALER sending one PING [nil] every ${PING_INTERVAL_MS} ms whatever the replies do (several may be in`,
+    "flight; each timed from its own send), in a process of its own (`bench/pingChild.ts`), idle before the transfers",
+    "and through each measured window. Beside it, the same probe against a bare zeromq.js echo (`bench/echo-router.ts`,",
+    "its own process) in the same windows: what any ZeroMQ responder gets from this machine under that load. Event-loop delay: lateness",
     "of a 2 ms timer (`monitorEventLoopDelay`) in the server and in the bench process (which runs the worker).",
     `The bench starts measuring once the server's background L1 prefault is done (waited ${f1(prefaultSeconds)} s here),`,
     "as a long-running server's L1 is: the first write of a fresh page costs seconds per GiB under some hypervisors.",
@@ -779,7 +831,7 @@ const summaryRows = (r: Report): Array<SummaryRow> => {
       bench: "transfer",
       figure: `PING p99 while ${name} runs flat out`,
       measured: `${int(m.ping.p99Us)} µs`,
-      reference: `idle ${int(r.idle.ping.p99Us)} µs`,
+      reference: `idle ${int(r.idle.ping.p99Us)} µs (a bare echo in the same window: ${int(m.echoPing.p99Us)} µs)`,
       ratio,
       target: "≤ 3 × idle and < 5 ms",
       met: ratio <= 3 && m.ping.p99Us < 5_000
@@ -809,6 +861,7 @@ let prefaultSeconds = Number.NaN
 
 const main = async (): Promise<void> => {
   checkRoom()
+  await startEcho()
   const s = await startServer()
   log(`server up (${endpoint}, ${s.httpUrl}, pid ${s.pid}); ${durationS} s per phase`)
   prefaultSeconds = await Promise.race([awaitL1Prefault(s), s.exited])
