@@ -3,7 +3,7 @@
  * processes with real shared memory and heartbeats, real signals.
  */
 import { randomUUID } from "node:crypto"
-import { readFileSync } from "node:fs"
+import { readdirSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -24,6 +24,13 @@ const startServer = (endpoint: string, flags: ReadonlyArray<string>) =>
 const startWorker = (endpoint: string, heartbeatIntervalMs: number, storeEveryMs: number) =>
   Effect.gen(function*() {
     const namePrefix = `mpcache-e2e-live-${randomUUID()}`
+    // Added first, so it runs last: after the worker is gone. A SIGKILLed worker cannot unlink its own
+    // segments (nor may the server), so the test does.
+    yield* Effect.addFinalizer(() =>
+      Effect.sync(() => {
+        for (const name of readdirSync("/dev/shm")) if (name.startsWith(namePrefix)) rmSync(`/dev/shm/${name}`, { force: true })
+      })
+    )
     const worker = yield* startScript(DAEMON, [JSON.stringify({ endpoint, namePrefix, heartbeatIntervalMs, storeEveryMs })])
     const [, instanceId] = yield* worker.waitForStdout(/"event":"registered","instanceId":"(\d+)"/, 20_000)
     yield* worker.waitForStdout(/"event":"store","n":1,"ok":true/, 20_000)
