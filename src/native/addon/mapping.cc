@@ -44,6 +44,17 @@ void LowerCopyThreadPriority() {
   setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
 }
 
+// A copy or prefault asked of a mapping that is closing or closed: a promise rejected with ECLOSED.
+Napi::Promise ClosedRejection(Napi::Env env, const char* fn, const std::string& name) {
+  Napi::Promise::Deferred rejected = Napi::Promise::Deferred::New(env);
+  rejected.Reject(MakeError(env, "ECLOSED", fn, "mapping " + name + " is closed").Value());
+  return rejected.Promise();
+}
+
+bool IsTypedArrayOf(const Napi::Value& value, napi_typedarray_type type) {
+  return value.IsTypedArray() && value.As<Napi::TypedArray>().TypedArrayType() == type;
+}
+
 // KV blocks are copied once and not read again by this thread: ranges of 4 KiB and more go with
 // non-temporal (streaming) stores, which skip the read-for-ownership of every destination cache line and
 // do not evict the caches (what glibc's memcpy does only above a multi-MiB threshold, so 32 KiB blocks
@@ -673,8 +684,7 @@ Napi::Value Mapping::Open(const Napi::CallbackInfo& info) {
 Napi::Value Mapping::OpenCudaIpc(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   const char* fn = "openCudaIpcMapping";
-  if (info.Length() < 1 || !info[0].IsTypedArray() ||
-      info[0].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) {
+  if (info.Length() < 1 || !IsTypedArrayOf(info[0], napi_uint8_array)) {
     throw MakeError(env, "EINVAL", fn, std::string(fn) + ": the IPC handle must be a Uint8Array of 64 bytes");
   }
   Napi::Uint8Array bytes = info[0].As<Napi::Uint8Array>();
@@ -845,21 +855,18 @@ Napi::Value Mapping::Scatter(const Napi::CallbackInfo& info) { return Copy(info,
 Napi::Value Mapping::Copy(const Napi::CallbackInfo& info, CopyDirection direction) {
   Napi::Env env = info.Env();
   const char* fn = direction == CopyDirection::kGather ? "gather" : "scatter";
-  if (info.Length() < 2 || !info[0].IsTypedArray() ||
-      info[0].As<Napi::TypedArray>().TypedArrayType() != napi_float64_array) {
+  if (info.Length() < 2 || !IsTypedArrayOf(info[0], napi_float64_array)) {
     throw MakeError(env, "EINVAL", fn,
                     std::string(fn) + ": ranges must be a Float64Array of (mappingOffset, bufferOffset, length) triples");
   }
-  if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) {
+  if (!IsTypedArrayOf(info[1], napi_uint8_array)) {
     throw MakeError(env, "EINVAL", fn, std::string(fn) + ": the buffer must be a Uint8Array");
   }
   Napi::Uint8Array buffer = info[1].As<Napi::Uint8Array>();
   std::vector<CopySegment> segments;
   // A detached buffer reports byteLength 0, so any non-empty range is refused.
   if (!PrepareCopy(env, fn, info[0].As<Napi::Float64Array>(), buffer.ByteLength(), &segments)) {
-    Napi::Promise::Deferred rejected = Napi::Promise::Deferred::New(env);
-    rejected.Reject(MakeError(env, "ECLOSED", fn, "mapping " + name_ + " is closed").Value());
-    return rejected.Promise();
+    return ClosedRejection(env, fn, name_);
   }
   return QueueCopy(env, direction, buffer, std::move(segments));
 }
@@ -911,7 +918,7 @@ Napi::Value Mapping::CopyBatch(const Napi::CallbackInfo& info) {
                     std::string(fn) + ": " + std::to_string(mappings.Length()) + " mappings but " +
                         std::to_string(ranges.Length()) + " range lists; expected one range list per mapping");
   }
-  if (!info[3].IsTypedArray() || info[3].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) {
+  if (!IsTypedArrayOf(info[3], napi_uint8_array)) {
     throw MakeError(env, "EINVAL", fn, std::string(fn) + ": the buffer must be a Uint8Array");
   }
   Napi::Uint8Array buffer = info[3].As<Napi::Uint8Array>();
@@ -924,16 +931,14 @@ Napi::Value Mapping::CopyBatch(const Napi::CallbackInfo& info) {
     if (!m.IsObject() || !m.As<Napi::Object>().InstanceOf(constructor)) {
       throw MakeError(env, "EINVAL", fn, std::string(fn) + ": mappings[" + std::to_string(i) + "] is not a Mapping");
     }
-    if (!r.IsTypedArray() || r.As<Napi::TypedArray>().TypedArrayType() != napi_float64_array) {
+    if (!IsTypedArrayOf(r, napi_float64_array)) {
       throw MakeError(env, "EINVAL", fn,
                       std::string(fn) + ": ranges[" + std::to_string(i) +
                           "] must be a Float64Array of (mappingOffset, bufferOffset, length) triples");
     }
     Mapping* mapping = Mapping::Unwrap(m.As<Napi::Object>());
     if (!mapping->PrepareCopy(env, fn, r.As<Napi::Float64Array>(), buffer.ByteLength(), &segments)) {
-      Napi::Promise::Deferred rejected = Napi::Promise::Deferred::New(env);
-      rejected.Reject(MakeError(env, "ECLOSED", fn, "mapping " + mapping->name_ + " is closed").Value());
-      return rejected.Promise();
+      return ClosedRejection(env, fn, mapping->name_);
     }
   }
   return QueueCopy(env, direction == "gather" ? CopyDirection::kGather : CopyDirection::kScatter, buffer,
@@ -952,9 +957,7 @@ Napi::Value Mapping::Prefault(const Napi::CallbackInfo& info) {
                         ") exceeds the mapping of " + std::to_string(size_) + " bytes");
   }
   if (state_ != State::kOpen) {
-    Napi::Promise::Deferred rejected = Napi::Promise::Deferred::New(env);
-    rejected.Reject(MakeError(env, "ECLOSED", "prefault", "mapping " + name_ + " is closed").Value());
-    return rejected.Promise();
+    return ClosedRejection(env, "prefault", name_);
   }
   if (IsCuda()) {
     Napi::Promise::Deferred done = Napi::Promise::Deferred::New(env);
