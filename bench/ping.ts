@@ -14,13 +14,14 @@
  * A benchmark, never a test: exits 0 on success, 1 on failure, and always
  * stops its child processes and removes its ipc socket files.
  */
-import { spawn, type ChildProcess } from "node:child_process"
+import type { ChildProcess } from "node:child_process"
 import { rmSync } from "node:fs"
 import os from "node:os"
 import path from "node:path"
 import { parseArgs } from "node:util"
 import { DOC, writeDocSection } from "./docs.ts"
 import { pingLoop, type PingRun } from "./pingClient.ts"
+import { spawnReady } from "./spawnReady.ts"
 import { writeSummary, type SummaryRow } from "./summary.ts"
 
 const ROOT = path.resolve(import.meta.dirname, "..")
@@ -76,29 +77,11 @@ const ipcEndpoint = (name: string): string => {
 }
 
 /** Spawns `node ...argv` and resolves once its stdout or stderr shows `ready`. */
-const startServer = (name: string, endpoint: string, argv: readonly string[], ready: string): Promise<Server> =>
-  new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, argv, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] })
-    children.push(child)
-    let output = ""
-    const timer = setTimeout(() => fail(`not ready after ${READY_TIMEOUT_MS} ms`), READY_TIMEOUT_MS)
-    const fail = (why: string): void => {
-      clearTimeout(timer)
-      reject(new Error(`${name} server ${why}; output:\n${output.slice(-4000)}`))
-    }
-    const onData = (chunk: Buffer): void => {
-      if (output.includes(ready)) return // already up: just drain the pipe
-      output += chunk.toString()
-      if (output.includes(ready)) {
-        clearTimeout(timer)
-        resolve({ name, endpoint, child })
-      }
-    }
-    child.stdout?.on("data", onData)
-    child.stderr?.on("data", onData)
-    child.once("error", (error) => fail(`failed to start: ${error.message}`))
-    child.once("exit", (code, signal) => fail(`exited early (code ${code}, signal ${signal})`))
-  })
+const startServer = async (name: string, endpoint: string, argv: readonly string[], ready: string): Promise<Server> => ({
+  name,
+  endpoint,
+  child: await spawnReady(`${name} server`, argv, ready, READY_TIMEOUT_MS, (child) => children.push(child))
+})
 
 const isRunning = (child: ChildProcess): boolean => child.exitCode === null && child.signalCode === null
 

@@ -59,6 +59,7 @@ import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/service
 import { makeWorkerAdapter, type TransferRequest, type WorkerAdapterShape } from "../src/services/WorkerAdapter.ts"
 import { DOC, writeDocSection } from "./docs.ts"
 import { startPingChild, type PingChild } from "./pingChild.ts"
+import { spawnReady } from "./spawnReady.ts"
 import { writeSummary, type SummaryRow } from "./summary.ts"
 
 const ROOT = path.resolve(import.meta.dirname, "..")
@@ -285,24 +286,11 @@ const startServer = (): Promise<Server> =>
   })
 
 /** Starts bench/echo-router.ts on `echoEndpoint`; resolves once it listens. */
-const startEcho = (): Promise<void> =>
-  new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ["bench/echo-router.ts", echoEndpoint], { cwd: ROOT, stdio: ["ignore", "ignore", "pipe"] })
+const startEcho = async (): Promise<void> => {
+  await spawnReady("echo router", ["bench/echo-router.ts", echoEndpoint], "echo router listening on", READY_TIMEOUT_MS, (child) => {
     echoChild = child
-    let output = ""
-    const timer = setTimeout(() => reject(new Error(`echo router not ready after ${READY_TIMEOUT_MS} ms: ${output}`)), READY_TIMEOUT_MS)
-    child.stderr?.on("data", (chunk: Buffer) => {
-      output += chunk.toString()
-      if (output.includes("echo router listening on")) {
-        clearTimeout(timer)
-        resolve()
-      }
-    })
-    child.once("exit", (code, signal) => {
-      clearTimeout(timer)
-      reject(new Error(`echo router exited (code ${code}, signal ${signal}): ${output}`))
-    })
   })
+}
 
 /** SIGTERM (graceful: the server unmaps and writes its CPU profile), SIGKILL if it hangs. */
 const stopServer = (): Promise<void> =>
