@@ -9,14 +9,14 @@
  */
 import { randomBytes } from "node:crypto"
 import { Clock, Effect, Exit, Layer, Scope } from "effect"
-import { ServerConfig, type ServerConfigInput } from "../src/layers/ServerConfig.ts"
+import { ServerConfig, type ServerConfigInput } from "../src/services/server/ServerConfig.ts"
 import { formatInstanceId, makeInstanceId, type InstanceId } from "../src/schema/InstanceId.ts"
-import { CacheControl } from "../src/services/CacheControl.ts"
-import { Connections } from "../src/services/Connections.ts"
-import { makeInstanceRegistry, type InstanceRegistry, type StaleRule, type Tracked } from "../src/services/InstanceRegistry.ts"
-import { LivenessTargets, type LivenessTarget } from "../src/services/LivenessTarget.ts"
-import { Management } from "../src/services/Management.ts"
-import { RequestBarrier } from "../src/services/RequestBarrier.ts"
+import { CacheControl } from "../src/services/server/CacheControl.ts"
+import { Connections } from "../src/services/liveness/Connections.ts"
+import { makeInstanceRegistry, type InstanceRegistry, type StaleRule, type Tracked } from "../src/services/liveness/InstanceRegistry.ts"
+import { LivenessTargets, type LivenessTarget } from "../src/services/liveness/LivenessTarget.ts"
+import { Management } from "../src/services/server/Management.ts"
+import { RequestBarrier } from "../src/services/liveness/RequestBarrier.ts"
 
 /**
  * Windows of every in-process scan of this bench (seconds). Long on purpose:

@@ -29,8 +29,8 @@ import { randomUUID } from "node:crypto"
 import { parseArgs } from "node:util"
 import { Effect, Scope } from "effect"
 import type { TensorDescriptor } from "../src/schema/TensorDescriptor.ts"
-import { makeInstanceRegistry, type Tracked } from "../src/services/InstanceRegistry.ts"
-import { validateKvCaches } from "../src/services/KvCacheLayout.ts"
+import { makeInstanceRegistry, type Tracked } from "../src/services/liveness/InstanceRegistry.ts"
+import { validateKvCaches } from "../src/services/kv/KvCacheLayout.ts"
 import { randomIds } from "./liveness-common.ts"
 
 const { values: args } = parseArgs({

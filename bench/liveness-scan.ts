@@ -34,8 +34,8 @@ import { parseArgs } from "node:util"
 import { Context, Effect, Exit, Layer, Scope } from "effect"
 import { loggerLayer } from "../src/layers/Logging.ts"
 import type { InstanceId } from "../src/schema/InstanceId.ts"
-import { judge, type Reaped, type StaleRule, type Tracked } from "../src/services/InstanceRegistry.ts"
-import { Management } from "../src/services/Management.ts"
+import { judge, type Reaped, type StaleRule, type Tracked } from "../src/services/liveness/InstanceRegistry.ts"
+import { Management } from "../src/services/server/Management.ts"
 import { fillRegistry, managementLayer, median, registryTarget, ruleAt, STALE_AGE_MS, timed, type DummyContext } from "./liveness-common.ts"
 
 const { values: args } = parseArgs({

@@ -23,20 +23,21 @@
  * long (bench/liveness-common.ts WINDOWS), so the management module's own
  * reaper never scans during a run and every entry stays fresh.
  */
+import { ZmqSocketsLive } from "../src/layers/Zmq.ts"
 import { createInterface } from "node:readline"
 import { parseArgs } from "node:util"
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect, Layer } from "effect"
 import { loggerLayer } from "../src/layers/Logging.ts"
-import { ServerConfig } from "../src/layers/ServerConfig.ts"
+import { ServerConfig } from "../src/services/server/ServerConfig.ts"
 import { formatInstanceId } from "../src/schema/InstanceId.ts"
-import { CacheControl } from "../src/services/CacheControl.ts"
-import { Connections } from "../src/services/Connections.ts"
-import { makeTable } from "../src/services/Handler.ts"
-import { LivenessTargets } from "../src/services/LivenessTarget.ts"
-import { Management } from "../src/services/Management.ts"
-import { Handlers, MqServer } from "../src/services/MqServer.ts"
-import { RequestBarrier } from "../src/services/RequestBarrier.ts"
+import { CacheControl } from "../src/services/server/CacheControl.ts"
+import { Connections } from "../src/services/liveness/Connections.ts"
+import { makeTable } from "../src/services/server/Handler.ts"
+import { LivenessTargets } from "../src/services/liveness/LivenessTarget.ts"
+import { Management } from "../src/services/server/Management.ts"
+import { Handlers, MqServer } from "../src/services/server/MqServer.ts"
+import { RequestBarrier } from "../src/services/liveness/RequestBarrier.ts"
 import { fillRegistry, nextTurn, registryTarget, WINDOWS } from "./liveness-common.ts"
 
 const { values: args } = parseArgs({
@@ -95,7 +96,8 @@ const program = Effect.gen(function*() {
     Layer.provideMerge(Management.layer),
     Layer.provideMerge(Connections.layer),
     Layer.provideMerge(Layer.mergeAll(LivenessTargets.layer([target]), CacheControl.layerEmpty, RequestBarrier.layer)),
-    Layer.provideMerge(ServerConfig.layerTest({ endpoint, ...WINDOWS }))
+    Layer.provideMerge(ServerConfig.layerTest({ endpoint, ...WINDOWS })),
+    Layer.provideMerge(ZmqSocketsLive)
   )
 
   yield* Effect.gen(function*() {

@@ -50,13 +50,14 @@ import { monitorEventLoopDelay } from "node:perf_hooks"
 import { parseArgs } from "node:util"
 import { Effect, Exit, Layer, ManagedRuntime, References, Scope } from "effect"
 import { loggerLayer } from "../src/layers/Logging.ts"
-import { NativeMemoryLive } from "../src/layers/NativeMemory.ts"
+import { ClientLive } from "../src/layers/Client.ts"
 import { loadNativeAddon, NativeMemory } from "../src/native/Native.ts"
+import type { ZmqSockets } from "../src/services/zmq/Sockets.ts"
 import { Clear } from "../src/schema/Op.ts"
-import { makeMqClient } from "../src/services/MqClient.ts"
-import { makePagedKvCache, type PagedKvCache } from "../src/services/PagedKvCache.ts"
-import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/services/SchedulerAdapter.ts"
-import { makeWorkerAdapter, type TransferRequest, type WorkerAdapterShape } from "../src/services/WorkerAdapter.ts"
+import { makeMqClient } from "../src/services/client/MqClient.ts"
+import { makePagedKvCache, type PagedKvCache } from "../src/services/client/PagedKvCache.ts"
+import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/services/client/SchedulerAdapter.ts"
+import { makeWorkerAdapter, type TransferRequest, type WorkerAdapterShape } from "../src/services/client/WorkerAdapter.ts"
 import { DOC, writeDocSection } from "./docs.ts"
 import { startPingChild, type PingChild } from "./pingChild.ts"
 import { spawnReady } from "./spawnReady.ts"
@@ -432,12 +433,12 @@ interface Worker {
 }
 
 const runtime = ManagedRuntime.make(
-  Layer.mergeAll(NativeMemoryLive, loggerLayer("pretty"), Layer.succeed(References.MinimumLogLevel, "Warn"))
+  Layer.mergeAll(ClientLive, loggerLayer("pretty"), Layer.succeed(References.MinimumLogLevel, "Warn"))
 )
 let workerScope: Scope.Closeable | undefined
 
 /** Runs `effect` in the worker's scope: its sockets and segments live until `stopWorker`. */
-const run = <A, E>(effect: Effect.Effect<A, E, NativeMemory | Scope.Scope>): Promise<A> =>
+const run = <A, E>(effect: Effect.Effect<A, E, NativeMemory | ZmqSockets | Scope.Scope>): Promise<A> =>
   workerScope === undefined
     ? Promise.reject(new Error("the worker is not started"))
     : runtime.runPromise(Scope.provide(workerScope)(effect))

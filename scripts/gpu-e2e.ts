@@ -33,12 +33,12 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { Cause, Effect, Exit, Schedule } from "effect"
-import { NativeMemoryLive } from "../src/layers/NativeMemory.ts"
-import { makeCudaPagedKvCache } from "../src/native/CudaExport.ts"
+import { ClientLive } from "../src/layers/Client.ts"
+import { makeCudaPagedKvCache } from "../src/services/client/CudaPagedKvCache.ts"
 import { NativeMemory } from "../src/native/Native.ts"
-import type { PagedKvCache } from "../src/services/PagedKvCache.ts"
-import { makeSchedulerAdapter } from "../src/services/SchedulerAdapter.ts"
-import { makeWorkerAdapter } from "../src/services/WorkerAdapter.ts"
+import type { PagedKvCache } from "../src/services/client/PagedKvCache.ts"
+import { makeSchedulerAdapter } from "../src/services/client/SchedulerAdapter.ts"
+import { makeWorkerAdapter } from "../src/services/client/WorkerAdapter.ts"
 
 const SELF = fileURLToPath(import.meta.url)
 const CLI = fileURLToPath(new URL("../src/cli/main.ts", import.meta.url))
@@ -273,7 +273,7 @@ const program = role === "exporter"
   })
   : orchestrate
 
-Effect.runPromiseExit(program.pipe(Effect.scoped, Effect.provide(NativeMemoryLive))).then((exit) => {
+Effect.runPromiseExit(program.pipe(Effect.scoped, Effect.provide(ClientLive))).then((exit) => {
   if (Exit.isSuccess(exit)) return process.exit(0)
   const error = Cause.squash(exit.cause)
   const why = error instanceof CheckFailed ? error.message : Cause.pretty(exit.cause)

@@ -10,6 +10,7 @@ import { VERSION } from "../version.ts"
 import { clear, endSession, getChunkSize, noop, ping, status } from "./commands/client.ts"
 import { replay } from "./commands/replay.ts"
 import { serve } from "./commands/serve.ts"
+import { ZmqSocketsLive } from "../layers/Zmq.ts"
 import { teardown } from "./exitCodes.ts"
 
 const mpcache = Command.make("mpcache").pipe(
@@ -18,6 +19,6 @@ const mpcache = Command.make("mpcache").pipe(
 )
 
 Command.run(mpcache, { version: VERSION }).pipe(
-  Effect.provide(NodeServices.layer),
+  Effect.provide([NodeServices.layer, ZmqSocketsLive]),
   NodeRuntime.runMain({ teardown })
 )

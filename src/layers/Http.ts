@@ -11,9 +11,9 @@ import { NodeHttpServer } from "@effect/platform-node"
 import { Clock, Context, Effect, Layer } from "effect"
 import { HttpRouter, HttpServer, HttpServerResponse } from "effect/http"
 import { PrometheusMetrics } from "effect/observability"
-import { MqServer } from "../services/MqServer.ts"
+import { MqServer } from "../services/server/MqServer.ts"
 import { PROTOCOL_VERSION, VERSION } from "../version.ts"
-import { ServerConfig } from "./ServerConfig.ts"
+import { ServerConfig } from "../services/server/ServerConfig.ts"
 
 /** Extra blocks merged into `/api/status` by modules (liveness, native memory, instances …). */
 export class StatusBlocks extends Context.Service<StatusBlocks, ReadonlyArray<Effect.Effect<Record<string, unknown>>>>()(

@@ -4,7 +4,7 @@
  * instance_id) come from the code that logs.
  */
 import { Layer, Logger } from "effect"
-import type { LogFormat } from "./ServerConfig.ts"
+import type { LogFormat } from "../services/server/ServerConfig.ts"
 
 /** The logger for `format`: one JSON object per line, or human-readable lines. */
 export const loggerLayer = (format: LogFormat): Layer.Layer<never> =>

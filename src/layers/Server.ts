@@ -10,21 +10,22 @@
  */
 import { Context, Effect, Layer } from "effect"
 import { NativeMemory } from "../native/Native.ts"
-import { Blend } from "../services/Blend.ts"
-import { EngineDrivenTransfer } from "../services/EngineDrivenTransfer.ts"
-import { makeTable, type ServerModule } from "../services/Handler.ts"
-import { L1Store } from "../services/L1Store.ts"
-import { LayoutRegistry } from "../services/LayoutRegistry.ts"
-import { LivenessTargets } from "../services/LivenessTarget.ts"
-import { LmcacheDrivenTransfer } from "../services/LmcacheDrivenTransfer.ts"
-import { Lookup } from "../services/Lookup.ts"
-import { Management } from "../services/Management.ts"
-import { Handlers, MqServer } from "../services/MqServer.ts"
-import { Connections } from "../services/Connections.ts"
-import { RequestBarrier } from "../services/RequestBarrier.ts"
+import { Blend } from "../services/server/Blend.ts"
+import { EngineDrivenTransfer } from "../services/server/EngineDrivenTransfer.ts"
+import { makeTable, type ServerModule } from "../services/server/Handler.ts"
+import { L1Store } from "../services/server/L1Store.ts"
+import { LayoutRegistry } from "../services/server/LayoutRegistry.ts"
+import { LivenessTargets } from "../services/liveness/LivenessTarget.ts"
+import { LmcacheDrivenTransfer } from "../services/server/LmcacheDrivenTransfer.ts"
+import { Lookup } from "../services/server/Lookup.ts"
+import { Management } from "../services/server/Management.ts"
+import { Handlers, MqServer } from "../services/server/MqServer.ts"
+import { Connections } from "../services/liveness/Connections.ts"
+import { RequestBarrier } from "../services/liveness/RequestBarrier.ts"
 import { HttpLive, StartedAt, StatusBlocks } from "./Http.ts"
 import { NativeMemoryLive } from "./NativeMemory.ts"
-import { ServerConfig, type ServerConfigShape } from "./ServerConfig.ts"
+import { ZmqSocketsLive } from "./Zmq.ts"
+import { ServerConfig, type ServerConfigShape } from "../services/server/ServerConfig.ts"
 
 /**
  * Out-of-tree server modules (upstream: runtime plugins), joined after the
@@ -94,7 +95,8 @@ const MqServerLive = Layer.unwrap(
  */
 export const MqSideLive = MqServerLive.pipe(
   Layer.provideMerge(HandlersLive),
-  Layer.provideMerge(ModulesLive)
+  Layer.provideMerge(ModulesLive),
+  Layer.provideMerge(ZmqSocketsLive)
 )
 
 /** `/api/status` blocks of the modules: registered instances, native mappings, L1, lookup sessions. */

@@ -4,20 +4,9 @@
  * else; see shared/zeromq-notes.md for the measured behaviour behind each.
  */
 import { rmSync } from "node:fs"
-import { Effect, Schema, Scope } from "effect"
+import { Effect, Layer, Scope } from "effect"
 import * as zmq from "zeromq"
-
-/** A ZeroMQ call failed. `op` names the call (bind, connect, send, receive). */
-export class ZmqError extends Schema.TaggedError<ZmqError>()("ZmqError", {
-  op: Schema.String,
-  endpoint: Schema.String,
-  cause: Schema.Defect()
-}) {
-  override get message(): string {
-    const c = this.cause
-    return `zeromq ${this.op} on ${this.endpoint} failed: ${c instanceof Error ? c.message : String(c)}`
-  }
-}
+import { type DealerOptions, type RouterOptions, ZmqError, ZmqSockets } from "../services/zmq/Sockets.ts"
 
 /** libzmq's ZMQ_ROUTER_NOTIFY (draft option 97): 1 = connect, 2 = disconnect. */
 const ZMQ_ROUTER_NOTIFY = 97
@@ -25,14 +14,6 @@ const ZMQ_ROUTER_NOTIFY = 97
 /** Turns on connect/disconnect notifications; zeromq.js keeps the setter protected, so one narrow cast here. */
 const setRouterNotify = (router: zmq.Router): void => {
   ;(router as unknown as { setInt32Option(option: number, value: number): void }).setInt32Option(ZMQ_ROUTER_NOTIFY, 3)
-}
-
-/** Options of the server's ROUTER. */
-export interface RouterOptions {
-  /** Messages queued per peer before replies to it are dropped (and counted). */
-  readonly sendHighWaterMark: number
-  /** Milliseconds close() waits to flush the last replies at shutdown. */
-  readonly lingerMs: number
 }
 
 /**
@@ -76,18 +57,6 @@ export const bindRouter = (
       })
   )
 
-/** Options of a client DEALER. */
-export interface DealerOptions {
-  /** Milliseconds to wait for a TCP connect before retrying (LMCache #4670: never the OS SYN timeout). */
-  readonly connectTimeoutMs: number
-  /** First reconnect delay in milliseconds. */
-  readonly reconnectIntervalMs: number
-  /** Reconnect delay cap in milliseconds. */
-  readonly reconnectMaxIntervalMs: number
-  /** Milliseconds close() may wait to flush unsent requests, so a process with an unreachable server still exits. */
-  readonly lingerMs: number
-}
-
 /**
  * Connects a DEALER to `endpoint` for the life of the current Scope. The
  * ROUTER assigns the routing id (zeromq-notes: never set it ourselves).
@@ -121,3 +90,6 @@ export const connectDealer = (
     }),
     (dealer) => Effect.sync(() => dealer.close())
   )
+
+/** The `ZmqSockets` service over the two acquirers above. */
+export const ZmqSocketsLive: Layer.Layer<ZmqSockets> = Layer.succeed(ZmqSockets, ZmqSockets.of({ bindRouter, connectDealer }))

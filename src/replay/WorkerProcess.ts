@@ -20,12 +20,12 @@
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Deferred, Effect, Queue } from "effect"
-import { NativeMemoryLive } from "../layers/NativeMemory.ts"
+import { ClientLive } from "../layers/Client.ts"
 import { dtypeBytes } from "../schema/Dtype.ts"
-import { makeEngineDrivenWorkerAdapter } from "../services/EngineDrivenWorkerAdapter.ts"
-import { makeCudaPagedKvCache } from "../native/CudaExport.ts"
-import { makePagedKvCache } from "../services/PagedKvCache.ts"
-import { makeWorkerAdapter } from "../services/WorkerAdapter.ts"
+import { makeEngineDrivenWorkerAdapter } from "../services/client/EngineDrivenWorkerAdapter.ts"
+import { makeCudaPagedKvCache } from "../services/client/CudaPagedKvCache.ts"
+import { makePagedKvCache } from "../services/client/PagedKvCache.ts"
+import { makeWorkerAdapter } from "../services/client/WorkerAdapter.ts"
 import type { Done, DriverMessage, RunRequest, WorkerMessage, WorkerSettings } from "./Messages.ts"
 import { fillKv, modelSeed, tokensFor } from "./Synth.ts"
 
@@ -285,7 +285,7 @@ const program = Effect.gen(function*() {
   yield* Effect.raceFirst(loop, Deferred.await(closed))
 })
 
-NodeRuntime.runMain(program.pipe(Effect.scoped, Effect.provide(NativeMemoryLive)), {
+NodeRuntime.runMain(program.pipe(Effect.scoped, Effect.provide(ClientLive)), {
   teardown: (exit, onExit) => {
     const code = exit._tag === "Success" || exit.cause.reasons.every((r) => r._tag === "Interrupt") ? 0 : 1
     if (process.connected) process.disconnect()

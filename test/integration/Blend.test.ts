@@ -23,10 +23,10 @@ import {
   Store
 } from "../../src/schema/Op.ts"
 import { InvalidArgument, NotRegistered } from "../../src/schema/WireError.ts"
-import { Blend } from "../../src/services/Blend.ts"
-import { MqClient } from "../../src/services/MqClient.ts"
-import { makePagedKvCache, type PagedKvCache } from "../../src/services/PagedKvCache.ts"
-import { chunkHashes } from "../../src/services/TokenHasher.ts"
+import { Blend } from "../../src/services/server/Blend.ts"
+import { MqClient } from "../../src/services/client/MqClient.ts"
+import { makePagedKvCache, type PagedKvCache } from "../../src/services/client/PagedKvCache.ts"
+import { chunkHashes } from "../../src/services/kv/TokenHasher.ts"
 import {
   encodeAll,
   gaussian,

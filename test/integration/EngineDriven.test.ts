@@ -18,12 +18,12 @@ import {
   UnregisterKvCacheEngineDrivenContext
 } from "../../src/schema/Op.ts"
 import { BadRequest, InvalidArgument, NotRegistered } from "../../src/schema/WireError.ts"
-import { EngineDrivenTransfer } from "../../src/services/EngineDrivenTransfer.ts"
-import { makeEngineDrivenWorkerAdapter, type EngineDrivenWorkerAdapterOptions } from "../../src/services/EngineDrivenWorkerAdapter.ts"
-import { L1Store } from "../../src/services/L1Store.ts"
-import { MqClient } from "../../src/services/MqClient.ts"
-import { MqServer } from "../../src/services/MqServer.ts"
-import { makeSchedulerAdapter } from "../../src/services/SchedulerAdapter.ts"
+import { EngineDrivenTransfer } from "../../src/services/server/EngineDrivenTransfer.ts"
+import { makeEngineDrivenWorkerAdapter, type EngineDrivenWorkerAdapterOptions } from "../../src/services/client/EngineDrivenWorkerAdapter.ts"
+import { L1Store } from "../../src/services/server/L1Store.ts"
+import { MqClient } from "../../src/services/client/MqClient.ts"
+import { MqServer } from "../../src/services/server/MqServer.ts"
+import { makeSchedulerAdapter } from "../../src/services/client/SchedulerAdapter.ts"
 import { rawDealer } from "../support/RawDealer.ts"
 import { testServer } from "../support/TestServer.ts"
 

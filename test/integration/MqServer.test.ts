@@ -8,11 +8,12 @@ import { decodeReplyHeader, pack } from "../../src/schema/Frame.ts"
 import { makeInstanceId, MAX_INSTANCE_ID } from "../../src/schema/InstanceId.ts"
 import { Clear, GetChunkSize, Noop, Ping, PrepareStore, QueryPrefetchStatus, Store } from "../../src/schema/Op.ts"
 import { BadRequest, InvalidArgument, UnknownOp } from "../../src/schema/WireError.ts"
-import { row, type ServerModule } from "../../src/services/Handler.ts"
-import { makeMqClient, MqClient, RequestTimeout } from "../../src/services/MqClient.ts"
-import { MqServer } from "../../src/services/MqServer.ts"
+import { row, type ServerModule } from "../../src/services/server/Handler.ts"
+import { makeMqClient, MqClient, RequestTimeout } from "../../src/services/client/MqClient.ts"
+import { MqServer } from "../../src/services/server/MqServer.ts"
 import { rawDealer } from "../support/RawDealer.ts"
 import { bareServer, testServer } from "../support/TestServer.ts"
+import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
 
 /** A test module: QUERY_PREFETCH_STATUS answers the request id as a number after a random delay. */
 const echoModule: ServerModule = {
@@ -192,7 +193,7 @@ describe("client", () => {
         "noop to tcp://127.0.0.1:1: no reply within 200 ms (is the server running?)"
       )
       assert.strictEqual(client.pendingCount(), 0)
-    })))
+    }).pipe(Effect.provide(ZmqSocketsLive))))
 
   it.live("a server restarted on the same endpoint is reachable again within seconds", () =>
     Effect.gen(function*() {
@@ -209,7 +210,7 @@ describe("client", () => {
         Effect.retry({ times: 10, while: (e) => e._tag === "RequestTimeout" })
       )
       assert.strictEqual(up, "OK")
-    }))
+    }).pipe(Effect.provide(ZmqSocketsLive)))
 
   it.live("a payload of the wrong length fails before sending, saying the versions differ", () =>
     Effect.gen(function*() {

@@ -5,7 +5,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { OPS } from "../../src/schema/Op.ts"
-import { MqServer } from "../../src/services/MqServer.ts"
+import { MqServer } from "../../src/services/server/MqServer.ts"
 import { testServer } from "../support/TestServer.ts"
 
 /** DESIGN §3.1: id, op, pool. */

@@ -17,7 +17,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Context, Effect, Exit, Fiber, Layer, Scope } from "effect"
 import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
 import { NativeError, NativeMemory } from "../../src/native/Native.ts"
-import { cudaSegmentKey } from "../../src/services/KvCacheLayout.ts"
+import { cudaSegmentKey } from "../../src/services/kv/KvCacheLayout.ts"
 import { InvalidArgument } from "../../src/schema/WireError.ts"
 import {
   decodeFakeHandle,

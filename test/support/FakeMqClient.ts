@@ -9,8 +9,8 @@
  */
 import { Cause, Clock, Duration, Effect, Logger } from "effect"
 import type { Op, PayloadOf, ResponseOf } from "../../src/schema/Op.ts"
-import type { MqClientShape, RequestError, RequestOptions } from "../../src/services/MqClient.ts"
-import { RequestTimeout } from "../../src/services/MqClient.ts"
+import type { MqClientShape, RequestError, RequestOptions } from "../../src/services/client/MqClient.ts"
+import { RequestTimeout } from "../../src/services/client/MqClient.ts"
 
 /** How the fake answers one request. */
 export type Reply =

@@ -4,7 +4,7 @@
  * checked against what the writer computed.
  */
 import { Effect } from "effect"
-import type { PagedKvCache } from "../../src/services/PagedKvCache.ts"
+import type { PagedKvCache } from "../../src/services/client/PagedKvCache.ts"
 
 /** Bytes of tokens [t0, t0 + block_size) of one layer's K or V. */
 export const blockContent = (cache: PagedKvCache, seed: number, layer: number, kv: 0 | 1, t0: number): Buffer => {

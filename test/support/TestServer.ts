@@ -5,15 +5,16 @@
  */
 import { Effect, Layer } from "effect"
 import { MqSideLive, PluginModules } from "../../src/layers/Server.ts"
-import { ServerConfig, type ServerConfigInput } from "../../src/layers/ServerConfig.ts"
-import { CacheControl } from "../../src/services/CacheControl.ts"
-import { makeTable, type ServerModule } from "../../src/services/Handler.ts"
-import { LivenessTargets } from "../../src/services/LivenessTarget.ts"
-import { Management } from "../../src/services/Management.ts"
-import { MqClient } from "../../src/services/MqClient.ts"
-import { Handlers, MqServer } from "../../src/services/MqServer.ts"
-import { Connections } from "../../src/services/Connections.ts"
-import { RequestBarrier } from "../../src/services/RequestBarrier.ts"
+import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
+import { ServerConfig, type ServerConfigInput } from "../../src/services/server/ServerConfig.ts"
+import { CacheControl } from "../../src/services/server/CacheControl.ts"
+import { makeTable, type ServerModule } from "../../src/services/server/Handler.ts"
+import { LivenessTargets } from "../../src/services/liveness/LivenessTarget.ts"
+import { Management } from "../../src/services/server/Management.ts"
+import { MqClient } from "../../src/services/client/MqClient.ts"
+import { Handlers, MqServer } from "../../src/services/server/MqServer.ts"
+import { Connections } from "../../src/services/liveness/Connections.ts"
+import { RequestBarrier } from "../../src/services/liveness/RequestBarrier.ts"
 
 export interface TestServerOptions {
   readonly config?: Partial<ServerConfigInput>
@@ -61,7 +62,8 @@ export const bareServer = (options: { readonly modules: ReadonlyArray<ServerModu
     Layer.provideMerge(Management.layer),
     Layer.provideMerge(Connections.layer),
     Layer.provideMerge(Layer.mergeAll(LivenessTargets.layerEmpty, CacheControl.layerEmpty, RequestBarrier.layer)),
-    Layer.provideMerge(ServerConfig.layerTest({ endpoint: "tcp://127.0.0.1:*", ...options.config }))
+    Layer.provideMerge(ServerConfig.layerTest({ endpoint: "tcp://127.0.0.1:*", ...options.config })),
+    Layer.provideMerge(ZmqSocketsLive)
   )
   const client = Layer.unwrap(
     Effect.gen(function*() {

@@ -12,7 +12,7 @@ import { NativeMemory } from "../../src/native/Native.ts"
 import { makeInstanceId } from "../../src/schema/InstanceId.ts"
 import { RegisterKvCache } from "../../src/schema/Op.ts"
 import type { TensorDescriptor } from "../../src/schema/TensorDescriptor.ts"
-import { MqClient } from "../../src/services/MqClient.ts"
+import { MqClient } from "../../src/services/client/MqClient.ts"
 import { testServer } from "./TestServer.ts"
 
 const DEVICE = "GPU-facec0da-0000-4000-8000-000000000000"

@@ -11,13 +11,13 @@
  *   node test/support/engine-driven-worker-main.ts '{"endpoint":…,"mode":…,…}'
  */
 import { Effect } from "effect"
-import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
+import { ClientLive } from "../../src/layers/Client.ts"
 import { NativeMemory } from "../../src/native/Native.ts"
 import { makeInstanceId } from "../../src/schema/InstanceId.ts"
 import { PrepareStore, RegisterKvCacheEngineDrivenContext } from "../../src/schema/Op.ts"
-import { makeEngineDrivenWorkerAdapter } from "../../src/services/EngineDrivenWorkerAdapter.ts"
-import { makeMqClient } from "../../src/services/MqClient.ts"
-import { makeSchedulerAdapter } from "../../src/services/SchedulerAdapter.ts"
+import { makeEngineDrivenWorkerAdapter } from "../../src/services/client/EngineDrivenWorkerAdapter.ts"
+import { makeMqClient } from "../../src/services/client/MqClient.ts"
+import { makeSchedulerAdapter } from "../../src/services/client/SchedulerAdapter.ts"
 
 interface Args {
   readonly endpoint: string
@@ -99,7 +99,7 @@ const program = Effect.gen(function*() {
   return { ok: got.ok, chunks: got.chunks.length, hitTokens, mismatches, transport, instanceId: worker.instanceId.toString(), pid: process.pid }
 })
 
-Effect.runPromise(program.pipe(Effect.scoped, Effect.provide(NativeMemoryLive))).then(
+Effect.runPromise(program.pipe(Effect.scoped, Effect.provide(ClientLive))).then(
   (result) => process.stdout.write(`${JSON.stringify(result)}\n`),
   (error: unknown) => {
     process.stderr.write(`worker failed: ${String(error)}\n`)

@@ -9,9 +9,9 @@
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect, Schedule } from "effect"
-import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
-import { makePagedKvCache } from "../../src/services/PagedKvCache.ts"
-import { makeWorkerAdapter } from "../../src/services/WorkerAdapter.ts"
+import { ClientLive } from "../../src/layers/Client.ts"
+import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
+import { makeWorkerAdapter } from "../../src/services/client/WorkerAdapter.ts"
 import { writeTokens } from "./KvData.ts"
 
 interface Args {
@@ -57,6 +57,6 @@ const program = Effect.gen(function*() {
   }).pipe(Effect.repeat(Schedule.spaced(`${args.storeEveryMs} millis`)))
 })
 
-NodeRuntime.runMain(program.pipe(Effect.scoped, Effect.provide(NativeMemoryLive)), {
+NodeRuntime.runMain(program.pipe(Effect.scoped, Effect.provide(ClientLive)), {
   teardown: (exit, onExit) => onExit(exit._tag === "Success" || exit.cause.reasons.every((r) => r._tag === "Interrupt") ? 0 : 1)
 })

@@ -7,10 +7,10 @@
  *   node test/support/worker-main.ts '{"endpoint":…,"mode":"store"|"retrieve",…}'
  */
 import { Effect } from "effect"
-import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
-import { makePagedKvCache } from "../../src/services/PagedKvCache.ts"
-import { makeSchedulerAdapter } from "../../src/services/SchedulerAdapter.ts"
-import { makeWorkerAdapter } from "../../src/services/WorkerAdapter.ts"
+import { ClientLive } from "../../src/layers/Client.ts"
+import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
+import { makeSchedulerAdapter } from "../../src/services/client/SchedulerAdapter.ts"
+import { makeWorkerAdapter } from "../../src/services/client/WorkerAdapter.ts"
 import { verifyTokens, writeTokens } from "./KvData.ts"
 
 interface Args {
@@ -46,7 +46,7 @@ const program = Effect.gen(function*() {
   return { ok, hitTokens, mismatches, instanceId: worker.instanceId.toString(), pid: process.pid }
 })
 
-Effect.runPromise(program.pipe(Effect.scoped, Effect.provide(NativeMemoryLive))).then(
+Effect.runPromise(program.pipe(Effect.scoped, Effect.provide(ClientLive))).then(
   (result) => process.stdout.write(`${JSON.stringify(result)}\n`),
   (error: unknown) => {
     process.stderr.write(`worker failed: ${String(error)}\n`)

@@ -12,7 +12,7 @@ import { FetchHttpClient } from "effect/http"
 import { loggerLayer } from "../../layers/Logging.ts"
 import { makeInstanceId } from "../../schema/InstanceId.ts"
 import { Clear, EndSession, GetChunkSize, Noop, Ping } from "../../schema/Op.ts"
-import { makeMqClient, type MqClientShape } from "../../services/MqClient.ts"
+import { makeMqClient, type MqClientShape } from "../../services/client/MqClient.ts"
 import { CommandFailed } from "../CommandFailed.ts"
 import * as F from "./flags.ts"
 

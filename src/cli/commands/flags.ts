@@ -5,7 +5,7 @@
  */
 import { Option } from "effect"
 import { Flag } from "effect/cli"
-import { defaults, rules, type LogFormat } from "../../layers/ServerConfig.ts"
+import { defaults, rules, type LogFormat } from "../../services/server/ServerConfig.ts"
 
 const checked = <A>(flag: Flag.Flag<A>, rule: (a: A) => string | undefined): Flag.Flag<A> =>
   flag.pipe(Flag.filter((a) => rule(a) === undefined, (a) => rule(a) ?? ""))

@@ -16,7 +16,7 @@ import {
   rules,
   validate,
   type ServerConfigInput
-} from "../../layers/ServerConfig.ts"
+} from "../../services/server/ServerConfig.ts"
 import { VERSION } from "../../version.ts"
 import * as F from "./flags.ts"
 

@@ -1,0 +1,466 @@
+/**
+ * The engine-driven worker adapter (client side; DESIGN §4 "Engine-driven",
+ * §6; reference §4): what an engine worker that copies its own KV bytes uses
+ * to talk to the server. It registers an engine-driven context
+ * (REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT), maps the server's L1 pool when
+ * the server answers one (`pool_size > 0`: the shm transport), and moves
+ * chunks through PREPARE/COMMIT:
+ *
+ * - `store(request, chunkBytes)`: PREPARE_STORE names the chunks the server
+ *   wants (those not already cached); for each, `chunkBytes(i)` supplies the
+ *   chunk's L1 object (`[2, num_layers, chunk_size, hidden]`, or
+ *   `[num_layers, chunk_size, hidden]` with MLA, `chunkBytes` bytes), which
+ *   is copied into its slot of the mapped pool (native scatter, off the JS
+ *   thread) and published by COMMIT_STORE with empty `cpu_data` — or, inline,
+ *   sent concatenated in COMMIT_STORE's `cpu_data`.
+ * - `retrieve(request)`: PREPARE_RETRIEVE read-locks the chunks (those
+ *   LOOKUP's prefetch locked for the request); they are copied out of their
+ *   slots (native gather) — or taken from the inline `data` — and
+ *   COMMIT_RETRIEVE releases the locks. A retrieve whose locks were gone by
+ *   its commit (`false`: the server released the context meanwhile) is
+ *   reported failed, since the bytes may have changed under the copy.
+ *
+ * Chunk indices are within the request's range: 0 is the chunk at `start`.
+ *
+ * Liveness is the LMCache-driven adapter's (src/services/WorkerAdapter.ts):
+ * a 63-bit random id logged at construction; a heartbeat (Heartbeat.ts)
+ * started after a successful registration (and defensively on the first
+ * transfer) sending PING_REGISTERED (id, ["engine_driven"]), falling back
+ * to PING [id] for a server that predates it; re-registration with the same
+ * id at once when the server reports the kind missing, on a `not_registered`
+ * transfer, and on the unhealthy→healthy edge; degraded mode while
+ * unhealthy (stores are not sent and answer false, retrieves are not sent
+ * and answer not ok). A re-registration answered with another pool (the
+ * server restarted) maps the new pool and unmaps the old one, waiting for
+ * copies in flight on it.
+ *
+ * Shutdown (the Scope closing): stop the heartbeat, UNREGISTER the context
+ * (a failure only logs a WARNING), then unmap the pool.
+ */
+import { Clock, Effect, Exit, Ref, Scope, Semaphore } from "effect"
+import { NativeMemory, type NativeError, type ShmMapping } from "../../native/Native.ts"
+import type { CacheKey } from "../../schema/CacheKey.ts"
+import type { Dtype } from "../../schema/Dtype.ts"
+import type { EngineDrivenPool, RegisterEngineDrivenContext, Slot } from "../../schema/EngineDriven.ts"
+import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
+import {
+  CommitRetrieve,
+  CommitStore,
+  GetChunkSize,
+  Ping,
+  PingRegistered,
+  PrepareRetrieve,
+  PrepareStore,
+  RegisterKvCacheEngineDrivenContext,
+  UnregisterKvCacheEngineDrivenContext
+} from "../../schema/Op.ts"
+import { InvalidArgument } from "../../schema/WireError.ts"
+import { type EngineDrivenLayout, validateLayout } from "../kv/EngineDrivenLayout.ts"
+import { appendEvent, causeText, heartbeatTimes, makeHeartbeat, pingFailureReason, PingResult, type RecoverTrigger } from "./Heartbeat.ts"
+import { newInstanceId } from "./InstanceIdGen.ts"
+import { makeMqClient, type MqClientShape, type RequestError } from "./MqClient.ts"
+import type { ZmqSockets } from "../zmq/Sockets.ts"
+import {
+  warnIfHeartbeatTooSlow,
+  type RegistrationReason,
+  UNREGISTER_TIMEOUT_MS,
+  type WorkerAdapterEvent
+} from "./WorkerAdapter.ts"
+
+/** Adapter settings that do not depend on how the client is made. Times in ms. */
+export interface EngineDrivenWorkerAdapterSettings {
+  /** Model name in every key and in REGISTER. */
+  readonly modelName: string
+  /** KV world size: how many shards a chunk is split into. */
+  readonly worldSize: number
+  /** The shard (kv rank) this worker owns. */
+  readonly kvRank: number
+  /** Tokens per engine block; must divide the server's chunk size. */
+  readonly blockSizeTokens: number
+  readonly numLayers: number
+  /** num_heads × head_size (MLA: the latent width). */
+  readonly hiddenDimSize: number
+  readonly dtype: Dtype
+  /** MLA layout `[num_layers, chunk, hidden]` instead of `[2, num_layers, chunk, hidden]`. Default false. */
+  readonly useMla?: boolean
+  /** Per-request timeout in ms for REGISTER and transfers. Default 30,000. */
+  readonly requestTimeoutMs?: number
+  /** Fixed instance id (tests, replay); default a fresh random one. */
+  readonly instanceId?: InstanceId
+  /** Salt for per-tenant isolation of every key. Default "". */
+  readonly cacheSalt?: string
+  /** Time between heartbeat pings, ms (DESIGN §6). Default 10,000. Must be > 0. */
+  readonly heartbeatIntervalMs?: number
+  /** How long one heartbeat ping may take before it counts as failed, ms. Default = the interval. */
+  readonly heartbeatTimeoutMs?: number
+}
+
+/** Settings plus the server endpoint, for {@link makeEngineDrivenWorkerAdapter}. */
+export interface EngineDrivenWorkerAdapterOptions extends EngineDrivenWorkerAdapterSettings {
+  /** Server endpoint, e.g. `tcp://127.0.0.1:5555`. */
+  readonly endpoint: string
+}
+
+/** A token range of one request. */
+export interface EngineDrivenRequest {
+  readonly requestId: string
+  /** The request's full token prefix. */
+  readonly tokenIds: ReadonlyArray<number>
+  /** Chunk-aligned start of the range, tokens. */
+  readonly start: number
+  /** End of the range, tokens (a trailing partial chunk is ignored). */
+  readonly end: number
+}
+
+/** What a retrieve got: `chunks[i]` is the L1 object of chunk i of the range (when `ok`). */
+export interface EngineDrivenRetrieveResult {
+  readonly ok: boolean
+  readonly chunks: ReadonlyArray<Uint8Array>
+}
+
+/** Everything a transfer can fail with: the request's errors, a local mapping or copy failure. */
+export type EngineDrivenTransferError = RequestError | NativeError
+
+/** The adapter's interface; built by `makeEngineDrivenWorkerAdapter(With)`. */
+export interface EngineDrivenWorkerAdapterShape {
+  /** This worker's 63-bit id, sent with every REGISTER, PING and transfer. */
+  readonly instanceId: InstanceId
+  /** The server's chunk size in tokens (asked at construction). */
+  readonly chunkSizeTokens: number
+  /** The L1 object of one chunk: shape, dtype and bytes (`chunkBytes`). */
+  readonly layout: EngineDrivenLayout
+  /**
+   * REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, maps the answered pool (shm),
+   * then starts the heartbeat. Fails as the server answers or when the pool
+   * cannot be mapped; a failure starts no heartbeat. Returns the answer.
+   */
+  readonly register: Effect.Effect<EngineDrivenPool, EngineDrivenTransferError>
+  /** "shm" once registered with a pool, "inline" without; undefined before registration. */
+  readonly transport: Effect.Effect<"shm" | "inline" | undefined>
+  /**
+   * Stores the request's chunks the server does not hold yet; `chunkBytes(i)`
+   * gives chunk i of the range (called only for those). True when every
+   * wanted chunk was published (or none was wanted); false at once, nothing
+   * sent, in degraded mode. Fails with InvalidArgument when a chunk has the
+   * wrong length or the server's slots do not fit this layout.
+   */
+  readonly store: (
+    request: EngineDrivenRequest,
+    chunkBytes: (chunkIndex: number) => Uint8Array
+  ) => Effect.Effect<boolean, EngineDrivenTransferError>
+  /** Retrieves every complete chunk of the range; not ok (nothing sent) in degraded mode. */
+  readonly retrieve: (request: EngineDrivenRequest) => Effect.Effect<EngineDrivenRetrieveResult, EngineDrivenTransferError>
+  /** False in degraded mode. */
+  readonly isHealthy: Effect.Effect<boolean>
+  /** True while the heartbeat fiber runs. */
+  readonly heartbeatRunning: Effect.Effect<boolean>
+  /** The event log, oldest first. */
+  readonly events: Effect.Effect<ReadonlyArray<WorkerAdapterEvent>>
+  /** REGISTERs that succeeded after the initial one. */
+  readonly reregistrations: Effect.Effect<number>
+}
+
+/** The mapped server pool. */
+interface MappedPool {
+  readonly name: string
+  readonly sizeBytes: number
+  readonly mapping: ShmMapping
+  readonly scope: Scope.Closeable
+}
+
+const NOTHING: EngineDrivenRetrieveResult = { ok: false, chunks: [] }
+
+/**
+ * Builds an adapter on `client` in the current Scope: asks the chunk size,
+ * checks the layout against it (InvalidArgument naming the field, e.g. a
+ * block size that does not divide the chunk size), logs the instance id at
+ * INFO, warns when 3 × the heartbeat interval exceeds the server's 30 s
+ * minimum reap timeout. Closing the Scope stops the heartbeat, sends
+ * UNREGISTER and unmaps the pool; closing `client` is its owner's business.
+ */
+export const makeEngineDrivenWorkerAdapterWith = (
+  client: MqClientShape,
+  options: EngineDrivenWorkerAdapterSettings
+): Effect.Effect<EngineDrivenWorkerAdapterShape, RequestError, Scope.Scope | NativeMemory> =>
+  Effect.gen(function*() {
+    const native = yield* NativeMemory
+    const [heartbeatIntervalMs, heartbeatTimeoutMs] = yield* heartbeatTimes(options)
+    const requestTimeoutMs = options.requestTimeoutMs ?? 30_000
+    const instanceId = options.instanceId ?? (yield* newInstanceId)
+    const idText = formatInstanceId(instanceId)
+    const chunkSizeTokens = yield* client.request(GetChunkSize, [], { timeoutMs: requestTimeoutMs })
+    const registration: RegisterEngineDrivenContext = {
+      instance_id: instanceId,
+      model_name: options.modelName,
+      world_size: options.worldSize,
+      block_size: options.blockSizeTokens,
+      num_layers: options.numLayers,
+      hidden_dim_size: options.hiddenDimSize,
+      dtype_str: options.dtype,
+      use_mla: options.useMla ?? false
+    }
+    const layout = validateLayout(registration, chunkSizeTokens)
+    if ("error" in layout) return yield* new InvalidArgument({ message: `engine-driven worker adapter: ${layout.error}` })
+    const { chunkBytes } = layout
+    yield* Effect.logInfo(`mpcache engine-driven worker adapter created with instance_id=${idText}`)
+    yield* warnIfHeartbeatTooSlow(heartbeatIntervalMs)
+
+    const scope = yield* Effect.scope
+    const label = `mpcache server ${client.endpoint} (instance_id=${idText})`
+    let registered = false
+    let closing = false
+    let legacyPing = false
+    let pool: MappedPool | undefined
+    let transport: "shm" | "inline" | undefined
+    const registerLock = yield* Semaphore.make(1)
+    const eventLog = yield* Ref.make<ReadonlyArray<WorkerAdapterEvent>>([])
+    const reregistrations = yield* Ref.make(0)
+    const record = (event: WorkerAdapterEvent) => Ref.update(eventLog, (log) => appendEvent(log, event))
+    const now = Clock.currentTimeMillis
+
+    /** Maps the answered pool (unless it is the one mapped already) and unmaps the old one; none for inline. */
+    const adoptPool = (answer: EngineDrivenPool): Effect.Effect<void, EngineDrivenTransferError> =>
+      Effect.gen(function*() {
+        const shm = answer.pool_size > 0 && answer.shm_name !== ""
+        if (shm && pool !== undefined && pool.name === answer.shm_name && pool.sizeBytes === answer.pool_size) {
+          transport = "shm"
+          return
+        }
+        const old = pool
+        if (shm) {
+          const child = yield* Scope.fork(scope)
+          const mapping = yield* native.map(answer.shm_name, answer.pool_size).pipe(
+            Scope.provide(child),
+            Effect.onError(() => Scope.close(child, Exit.void))
+          )
+          pool = { name: answer.shm_name, sizeBytes: answer.pool_size, mapping, scope: child }
+          yield* Effect.logInfo(`${label}: mapped the server's L1 pool ${answer.shm_name} (${answer.pool_size} bytes)`)
+        } else pool = undefined
+        transport = shm ? "shm" : "inline"
+        if (old !== undefined) yield* Scope.close(old.scope, Exit.void)
+      })
+
+    const sendRegister = Effect.flatMap(
+      client.request(RegisterKvCacheEngineDrivenContext, [registration], { timeoutMs: requestTimeoutMs }),
+      (answer) => Effect.as(adoptPool(answer), answer)
+    )
+
+    /** Re-sends REGISTER with the same id: true when done (or nothing to do); false during shutdown or on any error. */
+    const reregister = (reason: Exclude<RegistrationReason, "initial">): Effect.Effect<boolean> =>
+      registerLock.withPermits(1)(Effect.gen(function*() {
+        if (closing) return false
+        if (!registered) return true
+        const result = yield* Effect.exit(sendRegister)
+        if (Exit.isSuccess(result)) {
+          yield* Ref.update(reregistrations, (n) => n + 1)
+          yield* record({ _tag: "Registered", atMs: yield* now, reason })
+          yield* Effect.logWarning(`re-registered engine-driven instance_id=${idText} with ${client.endpoint} (${reason})`)
+          return true
+        }
+        const message = causeText(result.cause)
+        yield* record({ _tag: "RegisterFailed", atMs: yield* now, reason, message })
+        yield* Effect.logWarning(`re-registration of engine-driven instance_id=${idText} with ${client.endpoint} (${reason}) failed: ${message}`)
+        return false
+      }))
+
+    const recover = (trigger: RecoverTrigger) =>
+      Effect.suspend(() => {
+        if (trigger === "edge") legacyPing = false
+        return reregister(trigger === "edge" ? "recover" : "missing")
+      })
+
+    const ping: Effect.Effect<PingResult> = Effect.gen(function*() {
+      if (registered && !legacyPing) {
+        const answer = yield* Effect.result(
+          client.request(PingRegistered, [instanceId, ["engine_driven"]], { timeoutMs: heartbeatTimeoutMs })
+        )
+        if (answer._tag === "Success") {
+          return answer.success.length === 0
+            ? PingResult.alive
+            : PingResult.lost(
+              `the server does not hold ${answer.success.join(", ")} for instance_id=${idText} ` +
+                `(it restarted, or reaped this worker while it was paused)`
+            )
+        }
+        if (answer.failure._tag !== "UnknownOp") return PingResult.failed(pingFailureReason("ping_registered", answer.failure))
+        legacyPing = true
+        yield* Effect.logWarning(`${label} answered ping_registered with unknown_op: it predates it; falling back to plain ping`)
+      }
+      const answer = yield* Effect.result(client.request(Ping, [instanceId], { timeoutMs: heartbeatTimeoutMs }))
+      return answer._tag === "Success" ? PingResult.alive : PingResult.failed(pingFailureReason("ping", answer.failure))
+    })
+
+    const heartbeat = yield* makeHeartbeat({
+      label,
+      intervalMs: heartbeatIntervalMs,
+      timeoutMs: heartbeatTimeoutMs,
+      ping,
+      recover,
+      onEvent: record
+    })
+
+    const register = Effect.gen(function*() {
+      const answer = yield* registerLock.withPermits(1)(sendRegister)
+      registered = true
+      yield* record({ _tag: "Registered", atMs: yield* now, reason: "initial" })
+      yield* heartbeat.start
+      return answer
+    })
+
+    const keyOf = (r: EngineDrivenRequest): CacheKey => ({
+      model_name: options.modelName,
+      world_size: options.worldSize,
+      worker_id: options.kvRank,
+      token_ids: r.tokenIds,
+      start: r.start,
+      end: r.end,
+      request_id: r.requestId,
+      cache_salt: options.cacheSalt ?? ""
+    })
+
+    /** A `not_registered` reply means the server lost this worker: re-register (DESIGN §6), then fail as before. */
+    const reregisterOnNotRegistered = <A>(transfer: Effect.Effect<A, RequestError>) =>
+      transfer.pipe(Effect.tapError((e) => (e._tag === "NotRegistered" ? Effect.asVoid(reregister("not_registered")) : Effect.void)))
+
+    const request = <A>(send: Effect.Effect<A, RequestError>) => reregisterOnNotRegistered(send)
+
+    /** Defensive start, then the health check. */
+    const beforeTransfer = Effect.andThen(heartbeat.start, heartbeat.isHealthy)
+
+    const badSlots = (op: string, slots: ReadonlyArray<Slot>, indices: ReadonlyArray<number>, count: number) => {
+      if (slots.length !== indices.length) return `${op}: ${slots.length} slot(s) for ${indices.length} chunk index(es)`
+      for (let j = 0; j < slots.length; j++) {
+        const s = slots[j]!
+        if (s.length !== chunkBytes) {
+          return `${op}: slot ${j} holds ${s.length} bytes; this worker's chunk objects [${layout.objectShape.join(", ")}] ${layout.dtype} take ${chunkBytes}`
+        }
+        if (!(indices[j]! < count)) return `${op}: chunk index ${indices[j]} is outside the request's ${count} chunk(s)`
+      }
+      return undefined
+    }
+
+    /** The pool for a slot copy; InvalidArgument when the server answered slots but no pool is mapped. */
+    const mappedPool = (op: string) =>
+      pool === undefined
+        ? Effect.fail(new InvalidArgument({ message: `${op}: the server answered slots but this worker has no pool mapped (inline transport)` }))
+        : Effect.succeed(pool)
+
+    const chunkCount = (r: EngineDrivenRequest) => Math.max(0, Math.floor((r.end - r.start) / chunkSizeTokens))
+
+    const store = (r: EngineDrivenRequest, chunkOf: (chunkIndex: number) => Uint8Array) =>
+      Effect.gen(function*() {
+        if (!(yield* beforeTransfer)) return false
+        const key = keyOf(r)
+        const prepared = yield* request(client.request(PrepareStore, [key, instanceId], { timeoutMs: requestTimeoutMs }))
+        const { slots, chunk_indices: indices } = prepared.context
+        if (indices.length === 0) return true
+        const bad = badSlots("prepare_store", slots, indices, chunkCount(r))
+        if (bad !== undefined) return yield* new InvalidArgument({ message: bad })
+        const chunks = indices.map((i) => chunkOf(i))
+        const wrong = chunks.findIndex((c) => c.length !== chunkBytes)
+        if (wrong >= 0) {
+          return yield* new InvalidArgument({
+            message: `store: chunk ${indices[wrong]} has ${chunks[wrong]!.length} bytes; the layout [${layout.objectShape.join(", ")}] ${layout.dtype} takes ${chunkBytes}`
+          })
+        }
+        if (transport === "shm") {
+          const p = yield* mappedPool("store")
+          yield* Effect.forEach(
+            chunks,
+            (c, j) => native.scatter(p.mapping, Float64Array.of(slots[j]!.offset, 0, chunkBytes), c),
+            { concurrency: "unbounded", discard: true }
+          )
+          return yield* request(client.request(CommitStore, [key, instanceId, new Uint8Array(0)], { timeoutMs: requestTimeoutMs }))
+        }
+        const data = Buffer.allocUnsafeSlow(chunks.length * chunkBytes)
+        chunks.forEach((c, j) => data.set(c, j * chunkBytes))
+        return yield* request(client.request(CommitStore, [key, instanceId, data], { timeoutMs: requestTimeoutMs }))
+      })
+
+    const retrieve = (r: EngineDrivenRequest) =>
+      Effect.gen(function*() {
+        if (!(yield* beforeTransfer)) return NOTHING
+        const key = keyOf(r)
+        const count = chunkCount(r)
+        const prepared = yield* request(client.request(PrepareRetrieve, [key, instanceId], { timeoutMs: requestTimeoutMs }))
+        if (!prepared.success) return NOTHING
+        const commit = request(client.request(CommitRetrieve, [key, instanceId], { timeoutMs: requestTimeoutMs }))
+        if (prepared.data.length > 0 || transport === "inline") {
+          const released = yield* commit
+          if (prepared.data.length !== count * chunkBytes) {
+            return yield* new InvalidArgument({
+              message: `prepare_retrieve: data has ${prepared.data.length} bytes; ${count} chunk(s) of ${chunkBytes} bytes need ${count * chunkBytes}`
+            })
+          }
+          if (!released) return NOTHING
+          return { ok: true, chunks: Array.from({ length: count }, (_, i) => prepared.data.slice(i * chunkBytes, (i + 1) * chunkBytes)) }
+        }
+        const slots = prepared.context.slots ?? []
+        const indices = prepared.context.chunk_indices ?? []
+        const copied = yield* Effect.exit(Effect.gen(function*() {
+          const bad = badSlots("prepare_retrieve", slots, indices, count) ??
+            (slots.length === count ? undefined : `prepare_retrieve: ${slots.length} slot(s) for the request's ${count} chunk(s)`)
+          if (bad !== undefined) return yield* new InvalidArgument({ message: bad })
+          const p = yield* mappedPool("retrieve")
+          const chunks = slots.map(() => new Uint8Array(chunkBytes))
+          yield* Effect.forEach(
+            slots,
+            (s, j) => native.gather(p.mapping, Float64Array.of(s.offset, 0, chunkBytes), chunks[indices[j]!]!),
+            { concurrency: "unbounded", discard: true }
+          )
+          return chunks
+        }))
+        // The locks are released whatever the copy did.
+        const released = yield* commit
+        if (Exit.isFailure(copied)) return yield* Effect.failCause(copied.cause)
+        return released ? { ok: true, chunks: copied.value } : NOTHING
+      })
+
+    yield* Effect.addFinalizer(() =>
+      Effect.gen(function*() {
+        closing = true
+        yield* heartbeat.stop
+        if (registered) {
+          const result = yield* Effect.exit(
+            registerLock.withPermits(1)(
+              client.request(UnregisterKvCacheEngineDrivenContext, [instanceId], { timeoutMs: UNREGISTER_TIMEOUT_MS })
+            )
+          )
+          yield* record({ _tag: "Unregistered", atMs: yield* now, ok: Exit.isSuccess(result) })
+          if (Exit.isFailure(result)) {
+            yield* Effect.logWarning(`unregister of engine-driven instance_id=${idText} failed: ${causeText(result.cause)}`)
+          }
+        }
+        if (pool !== undefined) yield* Scope.close(pool.scope, Exit.void)
+        pool = undefined
+      })
+    )
+
+    return {
+      instanceId,
+      chunkSizeTokens,
+      layout,
+      register,
+      transport: Effect.sync(() => transport),
+      store,
+      retrieve,
+      isHealthy: heartbeat.isHealthy,
+      heartbeatRunning: heartbeat.isRunning,
+      events: Ref.get(eventLog),
+      reregistrations: Ref.get(reregistrations)
+    } satisfies EngineDrivenWorkerAdapterShape
+  })
+
+/**
+ * Builds an adapter with its own MQ client in the current Scope: connects,
+ * then {@link makeEngineDrivenWorkerAdapterWith}. On close the adapter's
+ * finalizer (heartbeat stop, UNREGISTER, unmap) runs before the socket
+ * closes with its bounded linger.
+ */
+export const makeEngineDrivenWorkerAdapter = (
+  options: EngineDrivenWorkerAdapterOptions
+): Effect.Effect<EngineDrivenWorkerAdapterShape, RequestError, Scope.Scope | NativeMemory | ZmqSockets> =>
+  Effect.gen(function*() {
+    const client = yield* makeMqClient({ endpoint: options.endpoint, requestTimeoutMs: options.requestTimeoutMs ?? 30_000 })
+    return yield* makeEngineDrivenWorkerAdapterWith(client, options)
+  })

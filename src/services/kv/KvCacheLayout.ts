@@ -1,0 +1,151 @@
+/**
+ * Validation of REGISTER_KV_CACHE descriptors against the LMCache-driven KV
+ * layout (DESIGN §3.2, §4): one descriptor per layer, each the contiguous
+ * view `[2, num_blocks, block_size, num_heads, head_size]` (K and V on dim
+ * 0) at `storage_offset` inside a POSIX shared-memory segment (`cpu_shm`) or
+ * a CUDA allocation (`cuda_ipc`, named by its 64-byte IPC handle and device
+ * UUID) of `nbytes`; every layer alike. A violation is an `invalid_argument`
+ * naming the field. The segment's existence and real size are checked when
+ * it is mapped.
+ */
+import { dtypeBytes, type Dtype } from "../../schema/Dtype.ts"
+import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
+
+/** The paged KV geometry shared by every layer of one registration. */
+export interface PagedKvGeometry {
+  readonly numLayers: number
+  readonly numBlocks: number
+  /** Tokens per engine block. */
+  readonly blockSizeTokens: number
+  readonly numHeads: number
+  readonly headSize: number
+  readonly dtype: Dtype
+  readonly elementBytes: number
+  /** num_heads × head_size. */
+  readonly hiddenDim: number
+  /** Bytes of one block of one of K or V: block_size × hidden × element. */
+  readonly blockBytes: number
+}
+
+/** Where one layer lives: its segment and the byte offset of its element [0,0,0,0,0]. */
+export interface LayerPlacement {
+  /** The segment's key: the shm name (cpu_shm), or {@link cudaSegmentKey} (cuda_ipc). */
+  readonly shmName: string
+  readonly segmentBytes: number
+  readonly baseOffsetBytes: number
+}
+
+export interface ValidatedKvCaches {
+  readonly geometry: PagedKvGeometry
+  readonly layers: ReadonlyArray<LayerPlacement>
+  /** Distinct segments (by key) and the size each claims. */
+  readonly segments: ReadonlyMap<string, number>
+  /** The cuda_ipc ones among `segments`, by key: what mapping them takes. */
+  readonly cudaIpc: ReadonlyMap<string, { readonly ipcHandle: Uint8Array; readonly deviceUuid: string }>
+}
+
+/** Whether this host can map cuda_ipc descriptors, and why not. */
+export interface CudaIpcSupport {
+  readonly available: boolean
+  readonly reason: string
+}
+
+/** `cuda:<device_uuid>:<hex of the 64-byte handle>`: descriptors sharing one handle share one segment. */
+export const cudaSegmentKey = (deviceUuid: string, ipcHandle: Uint8Array): string =>
+  `cuda:${deviceUuid}:${Buffer.from(ipcHandle.buffer, ipcHandle.byteOffset, ipcHandle.byteLength).toString("hex")}`
+
+const fmt = (a: ReadonlyArray<number>) => `[${a.join(", ")}]`
+
+/**
+ * Checks `kvCaches` for a server whose chunk size is `chunkSizeTokens`.
+ * Returns the geometry, or the message of the first violation (it names
+ * the field: `kv_caches[i].stride`, …).
+ */
+export const validateKvCaches = (
+  kvCaches: ReadonlyArray<TensorDescriptor>,
+  chunkSizeTokens: number,
+  cuda: CudaIpcSupport = { available: false, reason: "" }
+): ValidatedKvCaches | { readonly error: string } => {
+  if (kvCaches.length === 0) return { error: "kv_caches: expected one descriptor per layer, got none" }
+  const first = kvCaches[0]!
+  const layers: Array<LayerPlacement> = []
+  const segments = new Map<string, number>()
+  const cudaIpc = new Map<string, { readonly ipcHandle: Uint8Array; readonly deviceUuid: string }>()
+  for (let i = 0; i < kvCaches.length; i++) {
+    const d = kvCaches[i]!
+    const at = `kv_caches[${i}]`
+    let key: string
+    if (d.kind === "cuda_ipc") {
+      if (!cuda.available) {
+        return { error: `${at}.kind: cuda_ipc: CUDA IPC backend not available on this host${cuda.reason === "" ? "" : ` (${cuda.reason})`}` }
+      }
+      if (d.ipc_handle === undefined) return { error: `${at}.ipc_handle: required for a cuda_ipc descriptor (the 64-byte cudaIpcMemHandle_t)` }
+      if (d.ipc_handle.length !== 64) return { error: `${at}.ipc_handle: expected the 64-byte cudaIpcMemHandle_t, got ${d.ipc_handle.length} bytes` }
+      if (d.device_uuid.length === 0 || d.device_uuid === "cpu") {
+        return { error: `${at}.device_uuid: expected the GPU's UUID ("GPU-…") for a cuda_ipc descriptor, got "${d.device_uuid}"` }
+      }
+      key = cudaSegmentKey(d.device_uuid, d.ipc_handle)
+      cudaIpc.set(key, { ipcHandle: d.ipc_handle, deviceUuid: d.device_uuid })
+    } else {
+      if (d.shm_name === undefined || d.shm_name.length === 0) return { error: `${at}.shm_name: required for a cpu_shm descriptor` }
+      if (d.shm_name.includes("/")) return { error: `${at}.shm_name: expected a POSIX name without slashes (as listed in /dev/shm), got "${d.shm_name}"` }
+      key = d.shm_name
+    }
+    if (d.shape.length !== 5 || d.shape[0] !== 2 || d.shape.some((n) => n < 1)) {
+      return { error: `${at}.shape: expected [2, num_blocks, block_size, num_heads, head_size] with every size ≥ 1, got ${fmt(d.shape)}` }
+    }
+    if (i > 0 && fmt(d.shape) !== fmt(first.shape)) {
+      return { error: `${at}.shape: every layer must have the same shape; layer 0 has ${fmt(first.shape)}, this one ${fmt(d.shape)}` }
+    }
+    if (d.dtype !== first.dtype) return { error: `${at}.dtype: every layer must have the same dtype; layer 0 is ${first.dtype}, this one ${d.dtype}` }
+    const [, nb, bs, nh, hs] = d.shape as [number, number, number, number, number]
+    const contiguous = [nb * bs * nh * hs, bs * nh * hs, nh * hs, hs, 1]
+    if (fmt(d.stride) !== fmt(contiguous)) {
+      return { error: `${at}.stride: expected the contiguous strides ${fmt(contiguous)} (elements), got ${fmt(d.stride)}` }
+    }
+    const elt = dtypeBytes(d.dtype)
+    const extentBytes = (d.storage_offset + 2 * nb * bs * nh * hs) * elt
+    if (extentBytes > d.nbytes) {
+      return {
+        error: `${at}.nbytes: the view ends at byte ${extentBytes} (storage_offset ${d.storage_offset} + ${2 * nb * bs * nh * hs} elements of ${elt} bytes) but the segment is ${d.nbytes} bytes`
+      }
+    }
+    const claimed = segments.get(key)
+    if (claimed !== undefined && claimed !== d.nbytes) {
+      return { error: `${at}.nbytes: segment ${key} is claimed as ${claimed} bytes by another layer and ${d.nbytes} by this one` }
+    }
+    segments.set(key, d.nbytes)
+    layers.push({ shmName: key, segmentBytes: d.nbytes, baseOffsetBytes: d.storage_offset * elt })
+  }
+  const [, numBlocks, blockSizeTokens, numHeads, headSize] = first.shape as [number, number, number, number, number]
+  if (chunkSizeTokens % blockSizeTokens !== 0) {
+    return { error: `kv_caches[0].shape[2]: the block size (${blockSizeTokens} tokens) must divide the server's chunk size (${chunkSizeTokens} tokens)` }
+  }
+  const elementBytes = dtypeBytes(first.dtype)
+  return {
+    geometry: {
+      numLayers: kvCaches.length,
+      numBlocks,
+      blockSizeTokens,
+      numHeads,
+      headSize,
+      dtype: first.dtype,
+      elementBytes,
+      hiddenDim: numHeads * headSize,
+      blockBytes: blockSizeTokens * numHeads * headSize * elementBytes
+    },
+    layers,
+    segments,
+    cudaIpc
+  }
+}
+
+/** Same memory: equal descriptors in the same order (REGISTER of a held id is a no-op refresh only then). */
+export const sameDescriptors = (a: ReadonlyArray<TensorDescriptor>, b: ReadonlyArray<TensorDescriptor>): boolean =>
+  a.length === b.length && a.every((d, i) => {
+    const e = b[i]!
+    return d.kind === e.kind && d.shm_name === e.shm_name && d.device_uuid === e.device_uuid && d.nbytes === e.nbytes &&
+      d.dtype === e.dtype && fmt(d.shape) === fmt(e.shape) && fmt(d.stride) === fmt(e.stride) &&
+      d.storage_offset === e.storage_offset &&
+      (d.ipc_handle === undefined ? e.ipc_handle === undefined : e.ipc_handle !== undefined && Buffer.from(d.ipc_handle).equals(Buffer.from(e.ipc_handle)))
+  })

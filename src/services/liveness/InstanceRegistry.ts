@@ -1,0 +1,259 @@
+/**
+ * Per-instance liveness state of one module (DESIGN §5; upstream
+ * `ContextEntry.last_seen` / `has_liveness_signal` and #4732's
+ * `has_transfer_activity`), held in transactional state: scan-and-pop,
+ * insert, pop and the transfer lookup are each one transaction, so a reap
+ * and a re-register of the same id, or a reap and a transfer, never
+ * interleave inside one of them. Side effects (closing an entry's Scope,
+ * logging) happen outside, after the pop.
+ *
+ * The rule (DESIGN §5): an entry's window is the reap timeout when both
+ * flags are latched, the registration grace otherwise; it is stale when it
+ * has been silent strictly longer than its window. An instance that lost
+ * every connection (`suspects`) is also stale once it has been silent
+ * longer than the disconnect grace since it became suspect.
+ *
+ * A scan does not walk every entry: a non-transactional index of lower
+ * bounds on when each entry can become stale (StaleIndex.ts) hands it the
+ * few that might be, and the suspects are judged directly. The results are
+ * those of judging every entry with {@link judge}. The index is updated
+ * after each transaction commits, so the operations here must not be
+ * composed into a caller's own `Effect.tx`.
+ */
+import { Effect, HashMap, Option, Semaphore, TxHashMap } from "effect"
+import type { InstanceId } from "../../schema/InstanceId.ts"
+import { makeStaleIndex, timeRuleOf, type Slot, type StaleIndexStats, type Verdict } from "./internal/StaleIndex.ts"
+
+/** Heap nodes popped between two yields to the event loop during a scan. */
+const SCAN_SLICE = 1_024
+
+/** One turn of the event loop (setImmediate): received messages get handled before the scan goes on. */
+const yieldToEventLoop = Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
+
+/** One tracked instance and the resource it owns (a context entry, an entry + strategy pair …). */
+export interface Tracked<R> {
+  readonly id: InstanceId
+  readonly resource: R
+  /** Clock millis of the last REGISTER, PING or transfer naming the id. */
+  readonly lastSeenMs: number
+  /** Latched by PING / PING_REGISTERED naming the id. */
+  readonly hasLivenessSignal: boolean
+  /** Latched by a real transfer through the entry. */
+  readonly hasTransferActivity: boolean
+}
+
+/** Why an instance was reaped. */
+export type ReapReason = "timeout" | "grace" | "disconnect"
+
+/** What one scan judges by. Times in Clock millis. */
+export interface StaleRule {
+  /** The time the scan judges at (already net of the server's own stalls). */
+  readonly nowMs: number
+  /** Reap timeout; 0 disables the two heartbeat windows. */
+  readonly reapTimeoutMs: number
+  readonly registrationGraceMs: number
+  /** Instances with no connected routing id left, and since when. */
+  readonly suspects: ReadonlyMap<bigint, number>
+  /** 0 disables disconnect reaping. */
+  readonly disconnectGraceMs: number
+}
+
+/** One popped stale instance, for the reaper's WARNING. */
+export interface Reaped<R> {
+  readonly tracked: Tracked<R>
+  readonly reason: ReapReason
+  /** How long it had been silent (for disconnect: since it became suspect), ms. */
+  readonly silentMs: number
+  /** The window it outlived, ms. */
+  readonly windowMs: number
+}
+
+/** Judges one entry; undefined when it is not stale. */
+export const judge = <R>(t: Tracked<R>, rule: StaleRule): Reaped<R> | undefined => {
+  const silentMs = rule.nowMs - t.lastSeenMs
+  const suspectSince = rule.suspects.get(t.id)
+  if (rule.disconnectGraceMs > 0 && suspectSince !== undefined) {
+    const since = Math.max(suspectSince, t.lastSeenMs)
+    if (rule.nowMs - since > rule.disconnectGraceMs) {
+      return { tracked: t, reason: "disconnect", silentMs: rule.nowMs - since, windowMs: rule.disconnectGraceMs }
+    }
+  }
+  if (rule.reapTimeoutMs <= 0) return undefined
+  const proven = t.hasLivenessSignal && t.hasTransferActivity
+  const windowMs = proven ? rule.reapTimeoutMs : rule.registrationGraceMs
+  return silentMs > windowMs ? { tracked: t, reason: proven ? "timeout" : "grace", silentMs, windowMs } : undefined
+}
+
+export interface InstanceRegistry<R> {
+  /** Inserts a new entry (both flags clear) unless the id is held; false when it was. */
+  readonly insert: (id: InstanceId, resource: R, nowMs: number) => Effect.Effect<boolean>
+  /** REGISTER of a held id (no-op path): refreshes last_seen only. */
+  readonly refresh: (id: InstanceId, nowMs: number) => Effect.Effect<Tracked<R> | undefined>
+  /** PING naming the id: refreshes last_seen and latches the liveness signal. Never inserts. */
+  readonly touch: (id: InstanceId, nowMs: number) => Effect.Effect<boolean>
+  /** A transfer through the entry: refreshes last_seen and latches transfer activity. */
+  readonly resolveForTransfer: (id: InstanceId, nowMs: number) => Effect.Effect<Tracked<R> | undefined>
+  readonly get: (id: InstanceId) => Effect.Effect<Tracked<R> | undefined>
+  /** Removes and returns the entry (UNREGISTER). */
+  readonly pop: (id: InstanceId) => Effect.Effect<Tracked<R> | undefined>
+  /** Removes every stale entry in one transaction and returns them with their reasons. */
+  readonly popStale: (rule: StaleRule) => Effect.Effect<ReadonlyArray<Reaped<R>>>
+  /** Removes and returns every entry (shutdown). */
+  readonly popAll: () => Effect.Effect<ReadonlyArray<Tracked<R>>>
+  readonly size: () => Effect.Effect<number>
+  readonly snapshot: () => Effect.Effect<ReadonlyArray<Tracked<R>>>
+  /**
+   * Counters of the stale index, for tests and benches: heap nodes (garbage
+   * included), ids in the index, and how many nodes the last `popStale`
+   * took off the heap (an upper bound on the entries it judged, suspects aside).
+   */
+  readonly indexStats: () => StaleIndexStats
+}
+
+/** An empty registry. */
+export const makeInstanceRegistry = <R>(): Effect.Effect<InstanceRegistry<R>> =>
+  Effect.gen(function*() {
+    const map = yield* TxHashMap.empty<bigint, Tracked<R>>()
+    const index = makeStaleIndex<Tracked<R>>()
+    // One scan at a time: the index hands each due node to exactly one scan.
+    const scanLock = yield* Semaphore.make(1)
+
+    // The last committed state of the map, read synchronously: the index is updated in the same
+    // synchronous step, so no other fiber can commit in between (a transaction commits synchronously).
+    const committed = (): HashMap.HashMap<bigint, Tracked<R>> => map.ref.value
+    const current = (id: bigint): Tracked<R> | undefined => Option.getOrUndefined(HashMap.get(committed(), id))
+    // By the slot's cached hash: hashing a bigint key (its decimal string) is most of a lookup's cost.
+    const currentOf = (slot: Slot): Tracked<R> | undefined => Option.getOrUndefined(HashMap.getHash(committed(), slot.id, slot.hash))
+    const heldSlot = (slot: Slot): boolean => HashMap.hasHash(committed(), slot.id, slot.hash)
+
+    /** Refresh, PING or transfer: one transaction, then (committed) the index mirrors the new value. */
+    const update = (id: InstanceId, f: (t: Tracked<R>) => Tracked<R>) =>
+      Effect.map(
+        Effect.tx(Effect.gen(function*() {
+          const current = yield* TxHashMap.get(map, id)
+          if (Option.isNone(current)) return undefined
+          const next = f(current.value)
+          yield* TxHashMap.set(map, id, next)
+          return { before: current.value, after: next }
+        })),
+        (changed) => {
+          if (changed === undefined) return undefined
+          index.updated(id, changed.before, changed.after, currentOf)
+          return changed.after
+        }
+      )
+
+    const popStale = (rule: StaleRule) =>
+      Effect.gen(function*() {
+        index.beginScan()
+        const time = timeRuleOf(rule)
+        const candidates = new Set<bigint>()
+        // Slots the index handed over (candidates): they have no node until settled, which always
+        // happens, even on interruption.
+        const taken: Array<Slot> = []
+        const settle = Effect.sync(() => {
+          index.endScan()
+          for (const slot of taken) index.settle(slot, currentOf(slot))
+        })
+        // A due entry is a candidate when stale by its time window (judge's rule; the suspects are judged below).
+        const visit = (slot: Slot, t: Tracked<R> | undefined): Verdict => {
+          if (t === undefined) return "gone"
+          const windowMs = t.hasLivenessSignal && t.hasTransferActivity ? rule.reapTimeoutMs : rule.registrationGraceMs
+          if (!(rule.nowMs - t.lastSeenMs > windowMs)) return index.keyOf(t)
+          candidates.add(slot.id)
+          taken.push(slot)
+          return "taken"
+        }
+        const collect = Effect.gen(function*() {
+          if (time !== undefined) {
+            index.adopt(time.gaps, () => HashMap.values(committed()))
+            // Slices of heap pops, letting the event loop in between (a PING must not wait behind a
+            // first scan that finds 100k entries due).
+            const slice = Effect.sync(() => index.drain(rule.nowMs, time, SCAN_SLICE, visit))
+            while (yield* slice) yield* yieldToEventLoop
+          }
+          // Disconnect staleness does not depend on last_seen alone: the suspects (a handful) are judged directly.
+          if (rule.disconnectGraceMs > 0) {
+            for (const id of rule.suspects.keys()) {
+              const t = current(id)
+              if (t !== undefined && judge(t, rule) !== undefined) candidates.add(id)
+            }
+          }
+          if (candidates.size === 0) return []
+          // Pop the candidates in one transaction that judges each again: an entry touched meanwhile stays.
+          return yield* Effect.tx(Effect.gen(function*() {
+            const stale: Array<Reaped<R>> = []
+            for (const id of candidates) {
+              const current = yield* TxHashMap.get(map, id)
+              if (Option.isNone(current)) continue
+              const verdict = judge(current.value, rule)
+              if (verdict !== undefined) stale.push(verdict)
+            }
+            if (stale.length > 0) yield* TxHashMap.removeMany(map, stale.map((r) => r.tracked.id))
+            return stale
+          }))
+        })
+        return yield* collect.pipe(Effect.ensuring(settle))
+      })
+
+    return {
+      insert: (id, resource, nowMs) =>
+        Effect.map(
+          Effect.tx(Effect.gen(function*() {
+            if (yield* TxHashMap.has(map, id)) return false
+            yield* TxHashMap.set(map, id, { id, resource, lastSeenMs: nowMs, hasLivenessSignal: false, hasTransferActivity: false })
+            return true
+          })),
+          (inserted) => {
+            // After the commit (a transaction body may run more than once), in the same synchronous step as
+            // the read of the committed state.
+            if (inserted) {
+              const t = current(id)
+              if (t !== undefined) index.track(id, t)
+              index.compact(heldSlot, HashMap.size(committed()))
+            }
+            return inserted
+          }
+        ),
+      refresh: (id, nowMs) => update(id, (t) => ({ ...t, lastSeenMs: Math.max(t.lastSeenMs, nowMs) })),
+      touch: (id, nowMs) =>
+        Effect.map(
+          update(id, (t) => ({ ...t, lastSeenMs: Math.max(t.lastSeenMs, nowMs), hasLivenessSignal: true })),
+          (t) => t !== undefined
+        ),
+      resolveForTransfer: (id, nowMs) =>
+        update(id, (t) => ({ ...t, lastSeenMs: Math.max(t.lastSeenMs, nowMs), hasTransferActivity: true })),
+      get: (id) => Effect.map(TxHashMap.get(map, id), Option.getOrUndefined),
+      // The entry's node stays (dropped when it surfaces); the index lets go of the entry's value.
+      pop: (id) =>
+        Effect.map(
+          Effect.tx(Effect.gen(function*() {
+            const current = yield* TxHashMap.get(map, id)
+            if (Option.isNone(current)) return undefined
+            yield* TxHashMap.remove(map, id)
+            return current.value
+          })),
+          (popped) => {
+            if (popped !== undefined) index.removed(id, heldSlot)
+            return popped
+          }
+        ),
+      popStale: (rule) => scanLock.withPermits(1)(popStale(rule)),
+      popAll: () =>
+        Effect.map(
+          Effect.tx(Effect.gen(function*() {
+            const all = yield* TxHashMap.values(map)
+            yield* TxHashMap.clear(map)
+            return all
+          })),
+          (all) => {
+            // Keeps only the nodes of entries inserted since (none, unless one raced the shutdown).
+            index.compact(heldSlot, HashMap.size(committed()), true)
+            return all
+          }
+        ),
+      size: () => TxHashMap.size(map),
+      snapshot: () => TxHashMap.values(map),
+      indexStats: () => index.stats()
+    }
+  })

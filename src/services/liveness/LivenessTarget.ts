@@ -1,0 +1,113 @@
+/**
+ * The liveness interface (DESIGN §5; upstream `InstanceLivenessTarget`):
+ * every module that owns per-instance state implements it, each method a
+ * no-op by default (`noopTarget`), and only the management module drives
+ * the targets: PING touches them, PING_REGISTERED asks which kinds they
+ * hold, the reaper pops their stale entries and then tells every target to
+ * drop what it mirrors for each reaped id.
+ *
+ * Where mpcache differs from upstream's signature: `reapStaleInstances`
+ * takes the whole rule of one scan (its judging time, both windows, and the
+ * instances that lost their connections) and returns why each id was
+ * reaped, so the reaper can log one WARNING with the seconds silent, the
+ * window and the reason.
+ */
+import { Clock, Context, Effect, Layer } from "effect"
+import type { InstanceId } from "../../schema/InstanceId.ts"
+import type { RegistrationKind } from "../../schema/Registration.ts"
+import type { InstanceRegistry, ReapReason, StaleRule, Tracked } from "./InstanceRegistry.ts"
+
+/** One instance a target reaped. Times in ms. */
+export interface ReapedInstance {
+  readonly id: InstanceId
+  readonly reason: ReapReason
+  readonly silentMs: number
+  readonly windowMs: number
+}
+
+/** One tracked instance as `/api/status` lists it (DESIGN §5). */
+export interface InstanceSummary {
+  readonly instance_id: string
+  readonly kind: RegistrationKind
+  readonly last_seen_age_seconds: number
+  readonly has_liveness_signal: boolean
+  readonly has_transfer_activity: boolean
+  /** Module-specific details (model, world size, layout …). */
+  readonly details: Record<string, unknown>
+}
+
+/** A module holding per-instance state. */
+export interface LivenessTarget {
+  /** Module name, for logs. */
+  readonly name: string
+  /** The registration kind it answers for in PING_REGISTERED; undefined for state mirrors. */
+  readonly kind: RegistrationKind | undefined
+  /** PING naming `id`: refresh last_seen and latch the liveness signal. An unknown id never inserts. */
+  readonly touchInstance: (id: InstanceId) => Effect.Effect<void>
+  /** Whether it holds state for `id`. */
+  readonly holdsInstance: (id: InstanceId) => Effect.Effect<boolean>
+  /** Pops the entries stale under `rule`, releases each through the UNREGISTER finalizer, returns them. */
+  readonly reapStaleInstances: (rule: StaleRule) => Effect.Effect<ReadonlyArray<ReapedInstance>>
+  /** Entries this module tracks. */
+  readonly trackedInstanceCount: () => Effect.Effect<number>
+  /** Another module reaped `id`: drop whatever this module mirrors for it. */
+  readonly dropInstanceState: (id: InstanceId) => Effect.Effect<void>
+  /** Its tracked instances, for status. */
+  readonly instances: () => Effect.Effect<ReadonlyArray<InstanceSummary>>
+}
+
+/** A target that does nothing: the default of every method (upstream's protocol defaults). */
+export const noopTarget = (name: string): LivenessTarget => ({
+  name,
+  kind: undefined,
+  touchInstance: () => Effect.void,
+  holdsInstance: () => Effect.succeed(false),
+  reapStaleInstances: () => Effect.succeed([]),
+  trackedInstanceCount: () => Effect.succeed(0),
+  dropInstanceState: () => Effect.void,
+  instances: () => Effect.succeed([])
+})
+
+/** Every liveness target of the server, collected by the server assembly. */
+export class LivenessTargets extends Context.Service<LivenessTargets, ReadonlyArray<LivenessTarget>>()(
+  "mpcache/services/LivenessTargets"
+) {
+  static readonly layer = (targets: ReadonlyArray<LivenessTarget>) => Layer.succeed(this, targets)
+  /** No module tracks instances. */
+  static readonly layerEmpty = Layer.succeed(this, [])
+}
+
+/**
+ * The liveness target of a module whose per-instance state is an
+ * InstanceRegistry: PING touches the registry; a reap pops the stale entries
+ * in one transaction and releases each through `release` (the module's one
+ * finalizer, shared with UNREGISTER and shutdown).
+ */
+export const registryTarget = <R>(options: {
+  readonly name: string
+  readonly kind: RegistrationKind
+  readonly registry: InstanceRegistry<R>
+  readonly release: (resource: R) => Effect.Effect<void>
+  readonly summary: (tracked: Tracked<R>, nowMs: number) => InstanceSummary
+}): LivenessTarget => {
+  const { registry, release } = options
+  return {
+    name: options.name,
+    kind: options.kind,
+    touchInstance: (id) => Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.asVoid(registry.touch(id, now))),
+    holdsInstance: (id) => Effect.map(registry.get(id), (t) => t !== undefined),
+    reapStaleInstances: (rule) =>
+      Effect.gen(function*() {
+        const stale = yield* registry.popStale(rule)
+        yield* Effect.forEach(stale, (r) => release(r.tracked.resource), { discard: true })
+        return stale.map((r) => ({ id: r.tracked.id, reason: r.reason, silentMs: r.silentMs, windowMs: r.windowMs }))
+      }),
+    trackedInstanceCount: () => registry.size(),
+    dropInstanceState: () => Effect.void,
+    instances: () =>
+      Effect.gen(function*() {
+        const now = yield* Clock.currentTimeMillis
+        return (yield* registry.snapshot()).map((t) => options.summary(t, now))
+      })
+  }
+}

@@ -1,0 +1,26 @@
+/**
+ * Connection events of the server's ROUTER (DESIGN §5 "Connection loss"):
+ * with ZMQ_ROUTER_NOTIFY on, the ROUTER reports each client connection
+ * (routing id) when it connects and again when it disconnects; and after
+ * every successful request that names an instance id, the MQ server says
+ * which routing id it came from. The connection tracker listens.
+ */
+import { Context, Effect, Layer } from "effect"
+import type { InstanceId } from "../../schema/InstanceId.ts"
+
+/** Listener for the MQ server's connection events. Called on the receive loop or a pool: keep it quick. */
+export class PeerEvents extends Context.Service<PeerEvents, {
+  /** A peer (routing id, hex) connected. */
+  readonly connected: (peer: string) => Effect.Effect<void>
+  /** A peer's connection is gone (closed socket or dead process on loopback/ipc). */
+  readonly disconnected: (peer: string) => Effect.Effect<void>
+  /** A request from `peer` naming instance `id` succeeded (an error reply binds nothing). */
+  readonly instanceMessage: (peer: string, id: InstanceId) => Effect.Effect<void>
+}>()("mpcache/services/PeerEvents") {
+  /** Nobody listens. */
+  static readonly layerNoop = Layer.succeed(this, {
+    connected: () => Effect.void,
+    disconnected: () => Effect.void,
+    instanceMessage: () => Effect.void
+  })
+}

@@ -1,0 +1,604 @@
+/**
+ * The blend module (CacheBlend, "CB"; DESIGN §3.1 ops 25–27, §4 "Blend", §5;
+ * reference §5 and §6.2): per-instance RoPE state, and the retrieve that
+ * places cached chunks at new positions of a request, re-rotating K.
+ *
+ * **RoPE state.** CB_REGISTER_ROPE (SYNC) attaches cos/sin tables to an
+ * instance that holds an LMCache-driven kv_cache context (else
+ * `not_registered`). Tables are `cpu_shm` descriptors of vLLM's
+ * `cos_sin_cache`: float32 `[max_position, rotary_dim]`, contiguous, row p =
+ * `cos(p·θ)` (first rotary_dim/2 columns) then `sin(p·θ)` (the rest); the
+ * full rules are `validateRope` in `Rope.ts` (a violation is
+ * `invalid_argument` naming the field; `cuda_ipc` is "CUDA IPC backend not
+ * available on this host"). `head_size` must equal the registered KV cache's
+ * head size, whose dtype must be float16, bfloat16 or float32. The tables'
+ * segments are mapped into a Scope owned by the state (a child of this
+ * module's scope, like a transfer context's), and rows are read from them
+ * at retrieve time: the server keeps no copy.
+ *
+ * - Re-registering an id with identical arguments (same descriptors,
+ *   head size, style and group maps) is a no-op: nothing is remapped. With
+ *   different arguments it **replaces** the state (upstream assigns
+ *   `_cb_rope_state[id]`): the new tables are validated and mapped first —
+ *   a failure leaves the old state in place — then swapped in, then the old
+ *   state is released.
+ * - CB_UNREGISTER_ROPE drops only the RoPE state; the KV context stays. An
+ *   id without state logs a WARNING and succeeds (like UNREGISTER_KV_CACHE).
+ * - Liveness: this module is a state mirror (upstream BlendModule). It
+ *   answers `cb_rope` in PING_REGISTERED (`holdsInstance` = has RoPE state),
+ *   tracks no liveness of its own (`touchInstance` no-op,
+ *   `reapStaleInstances` → [], `trackedInstanceCount` 0 — the KV context it
+ *   mirrors is what is tracked), and `dropInstanceState(id)` drops the state
+ *   of a reaped instance ("dropped CB rope state for reaped instance <id>").
+ * - Release: a state's one finalizer is closing its Scope (unmapping its
+ *   tables, waiting for row reads in flight); unregister, replace, reap and
+ *   shutdown each pop the state first, so the tables are unmapped exactly
+ *   once.
+ * - A REGISTER racing a reap: the state is inserted, then the KV context is
+ *   checked again; if the reap popped it meanwhile the new state is popped
+ *   and released and the request fails `not_registered`. (A reap after that
+ *   check reaches `dropInstanceState`, which drops it.) A clean
+ *   UNREGISTER_KV_CACHE does not drop RoPE state (upstream: only a reap
+ *   does); the worker sends CB_UNREGISTER_ROPE, or shutdown releases it.
+ *
+ * **CB_RETRIEVE_PRE_COMPUTED** (AFFINITY) `[key, matches, block_ids,
+ * instance_id, event_handle] → [event_handle, ok]`. Token mapping, per match
+ * `{old_st, old_ed, cur_st, cur_ed, hash}`:
+ * - The L1 object is looked up by ObjectKey `{hash, key.model_name, kv rank
+ *   = key.worker_id, key.cache_salt}` (the 32-byte chunk hash of
+ *   `TokenHasher.ts`). It holds one chunk `[2, num_layers, chunk_size,
+ *   num_heads·head_size]` (K = 0, V = 1): tokens `[c·chunk, (c+1)·chunk)` of
+ *   the request it was stored from.
+ * - `old_st`/`old_ed` are positions in that original request, and
+ *   `[old_st, old_ed)` must lie inside one chunk: c = ⌊old_st / chunk⌋ and
+ *   `old_ed ≤ (c+1)·chunk`. Token `old_st + t` is token
+ *   `(old_st mod chunk) + t` of the object.
+ * - `cur_st`/`cur_ed` are positions in the current request; position p
+ *   lives in block `block_ids[0][⌊p / block_size⌋]` at slot `p mod
+ *   block_size` (block_ids covers the request from position 0, like vLLM's
+ *   block table; only KV group 0 is used).
+ * - `old_ed − old_st = cur_ed − cur_st`; an empty match is a no-op. Ranges of
+ *   different matches must not overlap at the current positions.
+ * - Every layer's V is copied byte for byte. K is rotated by
+ *   Δ = cur_st − old_st with the state's table row |Δ| (group 0's table and
+ *   rotary slice; see `Rope.ts`); Δ = 0 copies K byte for byte too.
+ *   |Δ| must be below the table's max_position.
+ * - A violation of these rules (or a key with worker_id nil, a block id
+ *   outside the registered blocks, a cached object of another size) is
+ *   `invalid_argument`; nothing is written. A chunk not in L1 answers
+ *   `ok = false` and nothing is written for the request (fail closed).
+ *   Everything is checked, looked up and computed before the first byte is
+ *   scattered.
+ * - Like RETRIEVE it takes the read locks of `key.request_id`'s prefetch
+ *   session when it holds them (else fresh locks) and releases them.
+ * - The CB retrieve counts as transfer activity of the KV context (DESIGN
+ *   §5): it refreshes last_seen and latches the flag.
+ *
+ * Cost: the rotation runs in TypeScript on the JS thread, ~25–35 ns per
+ * pair of K elements once warm: a full 256-token chunk of 32 layers × 8
+ * heads × 128 dims is ~4 M pairs, ~0.1 s of CPU (V is a native copy). It
+ * yields to the event loop every 2¹⁸ pairs (~8 ms), so PING and the other
+ * lanes keep being served while a CB retrieve computes; a native kernel (or
+ * a worker thread) is the next step if blend traffic grows.
+ */
+import { Context, Effect, Exit, Layer, Metric, Scope } from "effect"
+import { ServerConfig } from "./ServerConfig.ts"
+import { type NativeError, NativeMemory, type ShmMapping } from "../../native/Native.ts"
+import type { CacheKey } from "../../schema/CacheKey.ts"
+import type { CbMatch } from "../../schema/CbMatch.ts"
+import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
+import { CbRegisterRope, CbRetrievePreComputed, CbUnregisterRope } from "../../schema/Op.ts"
+import type { GroupRot } from "../../schema/Registration.ts"
+import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
+import { InvalidArgument, NotRegistered, type WireError } from "../../schema/WireError.ts"
+import { row, type ServerModule } from "./Handler.ts"
+import { sameDescriptors, type PagedKvGeometry } from "../kv/KvCacheLayout.ts"
+import type { ReadHandle } from "./L1Store.ts"
+import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
+import { LmcacheDrivenTransfer } from "./LmcacheDrivenTransfer.ts"
+import { Lookup } from "./Lookup.ts"
+import {
+  isRotatableDtype,
+  rotateTokens,
+  type RotatableDtype,
+  type RotationSpec,
+  shiftCosSin,
+  validateRope,
+  type ValidatedRope
+} from "./internal/Rope.ts"
+import { HASH_BYTES, hashHex } from "../kv/TokenHasher.ts"
+
+// ---------------------------------------------------------------------------
+// models
+// ---------------------------------------------------------------------------
+
+/** One instance's RoPE state (upstream `_CBRopeState`). */
+interface RopeState {
+  readonly descriptors: ReadonlyArray<TensorDescriptor>
+  readonly headSize: number
+  readonly isNeoxStyle: boolean
+  readonly groupToCache: ReadonlyArray<number>
+  readonly groupRot: ReadonlyArray<GroupRot>
+  readonly rope: ValidatedRope
+  /** Segment name → mapping, owned by `scope`. */
+  readonly mappings: ReadonlyMap<string, ShmMapping>
+  /** Owns the table mappings; closed exactly once. */
+  readonly scope: Scope.Closeable
+}
+
+/** One non-empty match, checked and resolved to object and block coordinates. */
+export interface PlannedMatch {
+  /** Its index in `matches`, for messages. */
+  readonly index: number
+  readonly hash: Uint8Array
+  readonly hashHex: string
+  /** Token offset of `old_st` inside the cached chunk: `old_st mod chunk`. */
+  readonly objectTokenOffset: number
+  /** First current position written. */
+  readonly curSt: number
+  readonly numTokens: number
+  /** cur_st − old_st: the rotation applied to K. */
+  readonly delta: number
+}
+
+/** What a match plan is checked against. */
+export interface MatchLimits {
+  readonly chunkSizeTokens: number
+  readonly blockSizeTokens: number
+  /** Blocks of the registered KV cache: every block id must be below it. */
+  readonly numBlocks: number
+  /** Rows of the cos/sin table: |Δ| must be below it. */
+  readonly maxPosition: number
+}
+
+/**
+ * Checks `matches` against the rules of the module header and resolves each
+ * non-empty one. Returns the message of the first violation (naming
+ * `matches[j]` or `block_ids`) instead.
+ */
+export const planMatches = (
+  matches: ReadonlyArray<CbMatch>,
+  blockList: ReadonlyArray<number>,
+  limits: MatchLimits
+): { readonly matches: ReadonlyArray<PlannedMatch> } | { readonly error: string } => {
+  const { chunkSizeTokens: chunk, blockSizeTokens: bs, numBlocks, maxPosition } = limits
+  const planned: Array<PlannedMatch> = []
+  for (let j = 0; j < matches.length; j++) {
+    const m = matches[j]!
+    const at = `matches[${j}]`
+    if (m.hash.length !== HASH_BYTES) return { error: `${at}.hash: expected ${HASH_BYTES} bytes (a chunk hash), got ${m.hash.length}` }
+    if (m.old_ed < m.old_st) return { error: `${at}: old_ed (${m.old_ed}) is below old_st (${m.old_st})` }
+    if (m.cur_ed < m.cur_st) return { error: `${at}: cur_ed (${m.cur_ed}) is below cur_st (${m.cur_st})` }
+    const n = m.old_ed - m.old_st
+    if (m.cur_ed - m.cur_st !== n) {
+      return {
+        error: `${at}: the old range [${m.old_st}, ${m.old_ed}) has ${n} tokens but the current range [${m.cur_st}, ${m.cur_ed}) has ${m.cur_ed - m.cur_st}; they must be equal`
+      }
+    }
+    if (n === 0) continue
+    const c = Math.floor(m.old_st / chunk)
+    if (m.old_ed > (c + 1) * chunk) {
+      return {
+        error: `${at}: the old range [${m.old_st}, ${m.old_ed}) crosses the end of chunk ${c} (tokens [${c * chunk}, ${(c + 1) * chunk}), chunk size ${chunk}); a match covers tokens of one cached chunk`
+      }
+    }
+    const lastBlock = Math.floor((m.cur_ed - 1) / bs)
+    if (lastBlock >= blockList.length) {
+      return {
+        error: `${at}: the current range [${m.cur_st}, ${m.cur_ed}) ends in block ${lastBlock} (block size ${bs}) but block_ids[0] has ${blockList.length} ids`
+      }
+    }
+    for (let b = Math.floor(m.cur_st / bs); b <= lastBlock; b++) {
+      if (blockList[b]! >= numBlocks) {
+        return { error: `block_ids[0][${b}] = ${blockList[b]} (used by ${at}) is outside the registered ${numBlocks} blocks` }
+      }
+    }
+    const delta = m.cur_st - m.old_st
+    if (Math.abs(delta) >= maxPosition) {
+      return {
+        error: `${at}: the shift ${delta} (cur_st − old_st) needs cos/sin row ${Math.abs(delta)}, but the table has ${maxPosition} rows (max_position)`
+      }
+    }
+    planned.push({ index: j, hash: m.hash, hashHex: hashHex(m.hash), objectTokenOffset: m.old_st - c * chunk, curSt: m.cur_st, numTokens: n, delta })
+  }
+  const byStart = [...planned].sort((a, b) => a.curSt - b.curSt)
+  for (let k = 1; k < byStart.length; k++) {
+    const prev = byStart[k - 1]!
+    const next = byStart[k]!
+    if (next.curSt < prev.curSt + prev.numTokens) {
+      return {
+        error: `matches[${prev.index}] and matches[${next.index}] both write current position ${next.curSt}; the current ranges must not overlap`
+      }
+    }
+  }
+  return { matches: planned }
+}
+
+/** The KV dtype when a context can be re-rotated with heads of `headSize`, else why not. */
+const kvCompatibility = (headSize: number, g: PagedKvGeometry): { readonly dtype: RotatableDtype } | { readonly error: string } => {
+  if (g.headSize !== headSize) {
+    return { error: `head_size: ${headSize} does not match the head size (${g.headSize}) of the instance's registered KV cache` }
+  }
+  const dtype = g.dtype
+  return isRotatableDtype(dtype)
+    ? { dtype }
+    : { error: `the instance's registered KV cache has dtype ${dtype}, which blend cannot re-rotate (float16, bfloat16 or float32)` }
+}
+
+const sameList = <A>(a: ReadonlyArray<A>, b: ReadonlyArray<A>) => JSON.stringify(a) === JSON.stringify(b)
+
+/** Pairs of K elements rotated between two yields to the event loop. */
+const PAIRS_PER_SLICE = 1 << 18
+
+/** Lets I/O callbacks (the ROUTER's receive, PING) run before continuing. */
+const yieldToEventLoop = Effect.callback<void>((resume) => {
+  const handle = setImmediate(() => resume(Effect.void))
+  return Effect.sync(() => clearImmediate(handle))
+})
+
+const cbMatchesTotal = Metric.counter("mpcache_cb_retrieved_matches_total", {
+  description: "CBMatch ranges written by CB_RETRIEVE_PRE_COMPUTED",
+  incremental: true
+})
+const cbTokensTotal = Metric.counter("mpcache_cb_retrieved_tokens_total", {
+  description: "Tokens (all layers, K and V) written by CB_RETRIEVE_PRE_COMPUTED",
+  incremental: true
+})
+
+// ---------------------------------------------------------------------------
+// service
+// ---------------------------------------------------------------------------
+
+export class Blend extends Context.Service<Blend, {
+  /** CB_REGISTER_ROPE. NotRegistered without a KV context; InvalidArgument naming the bad field. */
+  readonly registerRope: (
+    id: InstanceId,
+    cosSinCaches: ReadonlyArray<TensorDescriptor>,
+    headSize: number,
+    isNeoxStyle: boolean,
+    groupToCache: ReadonlyArray<number>,
+    groupRot: ReadonlyArray<GroupRot>
+  ) => Effect.Effect<void, InvalidArgument | NotRegistered>
+  /** CB_UNREGISTER_ROPE: drops the RoPE state only. An id without one logs a WARNING and succeeds. */
+  readonly unregisterRope: (id: InstanceId) => Effect.Effect<void>
+  /** CB_RETRIEVE_PRE_COMPUTED → ok. NotRegistered (no KV context or no RoPE state) / InvalidArgument. */
+  readonly retrievePreComputed: (
+    key: CacheKey,
+    matches: ReadonlyArray<CbMatch>,
+    blockIds: ReadonlyArray<ReadonlyArray<number>>,
+    id: InstanceId
+  ) => Effect.Effect<boolean, WireError>
+  /** Whether `id` has RoPE state. */
+  readonly hasRope: (id: InstanceId) => Effect.Effect<boolean>
+  /** Ids holding RoPE state, ascending. */
+  readonly ropeInstances: () => ReadonlyArray<InstanceId>
+  /** The `blend` block of `/api/status`: `{rope_instances: [decimal id …]}`. */
+  readonly status: () => Effect.Effect<Record<string, unknown>>
+  /** This module as a liveness target: a state mirror of kind `cb_rope`. */
+  readonly target: LivenessTarget
+  /** Rows: CB_REGISTER_ROPE / CB_UNREGISTER_ROPE SYNC, CB_RETRIEVE_PRE_COMPUTED AFFINITY. */
+  readonly module: ServerModule
+}>()("mpcache/services/Blend") {
+  /** Needs the LMCache-driven transfer module, lookup, native memory and the config. */
+  static readonly layer = Layer.effect(this, Effect.suspend(() => make))
+}
+
+const make = Effect.gen(function*() {
+  const config = yield* ServerConfig
+  const native = yield* NativeMemory
+  const transfer = yield* LmcacheDrivenTransfer
+  const lookup = yield* Lookup
+  const moduleScope = yield* Effect.scope
+  const chunk = config.chunkSizeTokens
+  /** RoPE state by instance id. Every read and write is synchronous, hence atomic. */
+  const states = new Map<bigint, RopeState>()
+
+  /** The one finalizer of a state: unregister, replace, reap and shutdown all come here (after a pop). */
+  const release = (state: RopeState) => Scope.close(state.scope, Exit.void)
+
+  const pop = (id: InstanceId) =>
+    Effect.sync(() => {
+      const state = states.get(id)
+      states.delete(id)
+      return state
+    })
+
+  const noKvContext = (op: string, id: InstanceId) =>
+    new NotRegistered({
+      message: `${op}: instance ${formatInstanceId(id)} holds no LMCache-driven kv_cache context (never registered, unregistered or reaped); register_kv_cache first`
+    })
+
+  const registerRope = (
+    id: InstanceId,
+    caches: ReadonlyArray<TensorDescriptor>,
+    headSize: number,
+    isNeoxStyle: boolean,
+    groupToCache: ReadonlyArray<number>,
+    groupRot: ReadonlyArray<GroupRot>
+  ) =>
+    Effect.gen(function*() {
+      const op = "cb_register_rope"
+      const entry = yield* transfer.contextOf(id)
+      if (entry === undefined) return yield* noKvContext(op, id)
+      const existing = states.get(id)
+      if (
+        existing !== undefined && sameDescriptors(existing.descriptors, caches) && existing.headSize === headSize &&
+        existing.isNeoxStyle === isNeoxStyle && sameList(existing.groupToCache, groupToCache) &&
+        sameList(existing.groupRot, groupRot)
+      ) {
+        return yield* Effect.logInfo(`instance ${formatInstanceId(id)} already has this CB RoPE state; unchanged`)
+      }
+      const rope = validateRope(caches, headSize, groupToCache, groupRot)
+      if ("error" in rope) return yield* new InvalidArgument({ message: `${op}: ${rope.error}` })
+      const compatible = kvCompatibility(headSize, entry.geometry)
+      if ("error" in compatible) return yield* new InvalidArgument({ message: `${op}: ${compatible.error}` })
+      const scope = yield* Scope.fork(moduleScope)
+      const mappings = yield* Effect.gen(function*() {
+        const out = new Map<string, ShmMapping>()
+        for (const [name, nbytes] of rope.segments) {
+          const field = `cos_sin_caches[${caches.findIndex((d) => d.shm_name === name)}]`
+          out.set(
+            name,
+            yield* native.map(name, nbytes).pipe(
+              Scope.provide(scope),
+              Effect.mapError((e) =>
+                new InvalidArgument({
+                  message: e._tag === "InvalidArgument"
+                    ? `${op}: ${field}: ${e.message}`
+                    : `${op}: ${field}: mapping the cos/sin table failed: ${e.message}`
+                })
+              )
+            )
+          )
+        }
+        return out
+      }).pipe(Effect.onError(() => Scope.close(scope, Exit.void)))
+      const state: RopeState = { descriptors: caches, headSize, isNeoxStyle, groupToCache, groupRot, rope, mappings, scope }
+      const previous = yield* Effect.sync(() => {
+        const before = states.get(id)
+        states.set(id, state)
+        return before
+      })
+      if (previous !== undefined) yield* release(previous)
+      // A reap may have popped the KV context while the tables were mapped: see the module header.
+      if ((yield* transfer.contextOf(id)) === undefined) {
+        yield* Effect.sync(() => {
+          if (states.get(id) === state) states.delete(id)
+        })
+        yield* release(state)
+        return yield* noKvContext(op, id)
+      }
+      const shapes = rope.tables.map((t) => `[${t.maxPosition}, ${t.rotaryDim}]`).join(", ")
+      yield* Effect.logInfo(
+        `${previous === undefined ? "registered" : "replaced"} CB RoPE state for instance ${formatInstanceId(id)}: ` +
+          `cos/sin table(s) ${shapes} float32, head size ${headSize}, ${isNeoxStyle ? "neox" : "GPT-J"} style, ${rope.groups.length} KV group(s)`
+      )
+    })
+
+  const unregisterRope = (id: InstanceId) =>
+    Effect.gen(function*() {
+      const state = yield* pop(id)
+      if (state === undefined) {
+        return yield* Effect.logWarning(`cb_unregister_rope: no CB RoPE state found for instance ${formatInstanceId(id)}`)
+      }
+      yield* release(state)
+      yield* Effect.logInfo(`unregistered CB RoPE state of instance ${formatInstanceId(id)}`)
+    })
+
+  /** cos/sin rows |Δ| of `state`'s table `cacheIndex`, read from its mapping: |Δ| → `rotary_dim` float32 values. */
+  const readRows = (state: RopeState, cacheIndex: number, shifts: ReadonlyArray<number>) =>
+    Effect.gen(function*() {
+      const table = state.rope.tables[cacheIndex]!
+      const rowBytes = table.rotaryDim * 4
+      const ranges = new Float64Array(3 * shifts.length)
+      shifts.forEach((s, k) => ranges.set([table.baseOffsetBytes + s * rowBytes, k * rowBytes, rowBytes], 3 * k))
+      const dest = new Uint8Array(shifts.length * rowBytes)
+      yield* native.gather(state.mappings.get(table.shmName)!, ranges, dest)
+      const all = new Float32Array(dest.buffer)
+      return new Map(shifts.map((s, k) => [s, all.subarray(k * table.rotaryDim, (k + 1) * table.rotaryDim)]))
+    })
+
+  const retrievePreComputed = (
+    key: CacheKey,
+    matches: ReadonlyArray<CbMatch>,
+    blockIds: ReadonlyArray<ReadonlyArray<number>>,
+    id: InstanceId
+  ) =>
+    Effect.gen(function*() {
+      const op = "cb_retrieve_pre_computed"
+      const entry = yield* transfer.resolveContext(op, id)
+      const state = states.get(id)
+      if (state === undefined) {
+        return yield* new NotRegistered({
+          message: `${op}: instance ${formatInstanceId(id)} has no CB RoPE state (never registered, unregistered or reaped); send cb_register_rope`
+        })
+      }
+      const rank = key.worker_id
+      if (rank === null) return yield* new InvalidArgument({ message: `${op}: key.worker_id is nil; a ${op} names the kv rank it moves` })
+      const g = entry.geometry
+      // The KV context may have been re-registered with another layout since the RoPE state was.
+      const compatible = kvCompatibility(state.headSize, g)
+      if ("error" in compatible) return yield* new InvalidArgument({ message: `${op}: ${compatible.error}` })
+      const group = state.rope.groups[0]!
+      const table = state.rope.tables[group.cacheIndex]!
+      const planned = planMatches(matches, blockIds[0] ?? [], {
+        chunkSizeTokens: chunk,
+        blockSizeTokens: g.blockSizeTokens,
+        numBlocks: g.numBlocks,
+        maxPosition: table.maxPosition
+      })
+      if ("error" in planned) return yield* new InvalidArgument({ message: `${op}: ${planned.error}` })
+      const plan = planned.matches
+      if (plan.length === 0) return true
+      const blockList = blockIds[0]!
+      const tokenBytes = g.hiddenDim * g.elementBytes
+      const objectBytes = 2 * g.numLayers * chunk * tokenBytes
+      const handles = new Map<string, ReadHandle>()
+      return yield* Effect.gen(function*() {
+        // 1. The cached chunks: all of them, or nothing is written.
+        for (const m of plan) {
+          if (handles.has(m.hashHex)) continue
+          const h = yield* lookup.acquireForRetrieve(key.request_id, {
+            hash: m.hash,
+            modelName: key.model_name,
+            kvRank: rank,
+            cacheSalt: key.cache_salt
+          })
+          if (h === undefined) {
+            yield* Effect.logWarning(
+              `${op}: chunk ${m.hashHex} (matches[${m.index}]) of request ${key.request_id} is not in L1; nothing written`
+            )
+            return false
+          }
+          handles.set(m.hashHex, h)
+          if (h.bytes.length !== objectBytes) {
+            return yield* new InvalidArgument({
+              message: `${op}: cached chunk ${m.hashHex} (matches[${m.index}]) is ${h.bytes.length} bytes, but one chunk of the instance's KV layout is ${objectBytes}`
+            })
+          }
+        }
+        // 2. The cos/sin rows of every non-zero shift.
+        const shifts = [...new Set(plan.filter((m) => m.delta !== 0).map((m) => Math.abs(m.delta)))]
+        const read: Effect.Effect<ReadonlyMap<number, Float32Array>, InvalidArgument | NativeError> = shifts.length === 0
+          ? Effect.succeed(new Map())
+          : readRows(state, group.cacheIndex, shifts)
+        const rows = yield* read.pipe(
+          // The table's mapping closes when the state is unregistered, replaced or dropped on another lane meanwhile.
+          Effect.catch((e): Effect.Effect<undefined, WireError> => {
+            const current = states.get(id)
+            return current === undefined
+              ? Effect.fail(new NotRegistered({ message: `${op}: the CB RoPE state of instance ${formatInstanceId(id)} was released during the retrieve` }))
+              : current !== state
+              ? Effect.as(Effect.logWarning(`${op}: the CB RoPE state was replaced during the retrieve; nothing written`), undefined)
+              : Effect.fail(new InvalidArgument({ message: `${op}: reading cos_sin_caches[${group.cacheIndex}] failed: ${e.message}` }))
+          })
+        )
+        if (rows === undefined) return false
+        // 3. Rotate K into a staging buffer and plan the copies: segment → source buffer → ranges.
+        const spec: RotationSpec = {
+          dtype: compatible.dtype,
+          numHeads: g.numHeads,
+          headSize: g.headSize,
+          rotaryOffset: group.rotaryOffset,
+          rotaryDim: group.rotaryDim,
+          isNeoxStyle: state.isNeoxStyle
+        }
+        const stagedTokens = plan.reduce((n, m) => n + (m.delta === 0 ? 0 : m.numTokens), 0)
+        const staging = new Uint8Array(stagedTokens * g.numLayers * tokenBytes)
+        let stagingCursor = 0
+        let pairsSinceYield = 0
+        const copies = new Map<string, Map<Uint8Array, Array<number>>>()
+        const push = (segment: string, src: Uint8Array, segmentOffset: number, srcOffset: number, length: number) => {
+          let bySrc = copies.get(segment)
+          if (bySrc === undefined) copies.set(segment, bySrc = new Map())
+          let list = bySrc.get(src)
+          if (list === undefined) bySrc.set(src, list = [])
+          const n = list.length
+          if (n >= 3 && list[n - 3]! + list[n - 1]! === segmentOffset && list[n - 2]! + list[n - 1]! === srcOffset) {
+            list[n - 1] = list[n - 1]! + length
+          } else {
+            list.push(segmentOffset, srcOffset, length)
+          }
+        }
+        const bs = g.blockSizeTokens
+        for (const m of plan) {
+          const object = handles.get(m.hashHex)!.bytes
+          const row = m.delta === 0 ? undefined : rows.get(Math.abs(m.delta))!
+          const { cos, sin } = row === undefined ? { cos: undefined, sin: undefined } : shiftCosSin(row, m.delta)
+          for (let l = 0; l < g.numLayers; l++) {
+            const layer = entry.layers[l]!
+            for (const kv of [0, 1] as const) {
+              const objectOffset = ((kv * g.numLayers + l) * chunk + m.objectTokenOffset) * tokenBytes
+              let src: Uint8Array = object
+              let srcOffset = objectOffset
+              if (kv === 0 && cos !== undefined && sin !== undefined) {
+                rotateTokens(spec, cos, sin, object, objectOffset, staging, stagingCursor, m.numTokens)
+                src = staging
+                srcOffset = stagingCursor
+                stagingCursor += m.numTokens * tokenBytes
+                pairsSinceYield += m.numTokens * g.numHeads * (spec.rotaryDim / 2)
+                if (pairsSinceYield >= PAIRS_PER_SLICE) {
+                  pairsSinceYield = 0
+                  yield* yieldToEventLoop
+                }
+              }
+              for (let t = 0; t < m.numTokens;) {
+                const p = m.curSt + t
+                const slot = p % bs
+                const piece = Math.min(bs - slot, m.numTokens - t)
+                const segmentOffset = layer.baseOffsetBytes + ((kv * g.numBlocks + blockList[Math.floor(p / bs)]!) * bs + slot) * tokenBytes
+                push(layer.shmName, src, segmentOffset, srcOffset + t * tokenBytes, piece * tokenBytes)
+                t += piece
+              }
+            }
+          }
+        }
+        // 4. Scatter into the worker's blocks.
+        const jobs = [...copies].flatMap(([segment, bySrc]) => [...bySrc].map(([src, list]) => ({ segment, src, ranges: Float64Array.from(list) })))
+        yield* Effect.forEach(jobs, (j) => native.scatter(entry.mappings.get(j.segment)!, j.ranges, j.src), {
+          concurrency: "unbounded",
+          discard: true
+        }).pipe(
+          Effect.catch((e): Effect.Effect<never, WireError> =>
+            Effect.flatMap(transfer.isRegistered(id), (held): Effect.Effect<never, WireError> =>
+              held
+                ? Effect.fail(new InvalidArgument({ message: `${op}: ${e.message}` }))
+                : Effect.fail(noKvContext(op, id)))
+          )
+        )
+        yield* Metric.update(cbMatchesTotal, plan.length)
+        yield* Metric.update(cbTokensTotal, plan.reduce((n, m) => n + m.numTokens, 0))
+        return true
+      }).pipe(Effect.ensuring(Effect.sync(() => handles.forEach((h) => lookup.release(h)))))
+    })
+
+  const ropeInstances = () => [...states.keys()].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0)) as Array<InstanceId>
+
+  const target: LivenessTarget = {
+    name: "blend",
+    kind: "cb_rope",
+    touchInstance: () => Effect.void,
+    holdsInstance: (id) => Effect.sync(() => states.has(id)),
+    reapStaleInstances: () => Effect.succeed([]),
+    trackedInstanceCount: () => Effect.succeed(0),
+    dropInstanceState: (id) =>
+      Effect.gen(function*() {
+        const state = yield* pop(id)
+        if (state === undefined) return
+        yield* release(state)
+        yield* Effect.logInfo(`dropped CB rope state for reaped instance ${formatInstanceId(id)}`)
+      }),
+    instances: () => Effect.succeed([])
+  }
+
+  // Server shutdown: release every state through the same finalizer.
+  yield* Effect.addFinalizer(() =>
+    Effect.suspend(() => {
+      const all = [...states.values()]
+      states.clear()
+      return Effect.forEach(all, release, { discard: true })
+    })
+  )
+
+  const module: ServerModule = {
+    name: "blend",
+    rows: [
+      row(CbRegisterRope, "SYNC", ([id, caches, headSize, isNeoxStyle, groupToCache, groupRot]) =>
+        registerRope(id, caches, headSize, isNeoxStyle, groupToCache, groupRot)),
+      row(CbUnregisterRope, "SYNC", ([id]) => unregisterRope(id)),
+      row(CbRetrievePreComputed, "AFFINITY", ([key, matches, blockIds, id, eventHandle]) =>
+        retrievePreComputed(key, matches, blockIds, id).pipe(Effect.map((ok) => [eventHandle, ok] as const)))
+    ]
+  }
+
+  return {
+    registerRope,
+    unregisterRope,
+    retrievePreComputed,
+    hasRope: (id: InstanceId) => Effect.sync(() => states.has(id)),
+    ropeInstances,
+    status: () => Effect.sync(() => ({ blend: { rope_instances: ropeInstances().map(formatInstanceId) } })),
+    target,
+    module
+  }
+})

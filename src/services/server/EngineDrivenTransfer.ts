@@ -1,0 +1,669 @@
+/**
+ * The engine-driven transfer module (DESIGN §3.1 ops 14–19, §3.2
+ * RegisterEngineDrivenContext, §4 "Engine-driven", §5; reference §4): the
+ * worker copies its KV bytes itself, and the server only hands out places
+ * in L1 (PREPARE_*) and publishes or releases them (COMMIT_*). For engines
+ * that cannot share their KV memory with the server (no CUDA IPC, non-CUDA
+ * devices), or that choose to.
+ *
+ * **Registration.** REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT (SYNC) validates
+ * the layout (`validateLayout`: block_size must divide the chunk size, one
+ * chunk object must fit in L1, a model already registered with another
+ * layout is refused — each an `invalid_argument` naming the field), builds
+ * the per-instance pair (context entry, transfer strategy) and answers
+ * `{shm_name, pool_size}` of the L1 pool. The L1 object of one chunk of one
+ * rank is `[2, num_layers, chunk_size, hidden_dim_size]` (K = 0, V = 1) of
+ * `dtype_str`, or with `use_mla` `[num_layers, chunk_size, hidden_dim_size]`
+ * (upstream's MLA layout: one latent per token, no separate K and V). The
+ * layout is registered in the LayoutRegistry (so LOOKUP answers for the
+ * model) and released by the entry's finalizer. An id already held with the
+ * same payload only refreshes last_seen; a different payload is refused
+ * (`invalid_argument`: a process never inherits another's context).
+ *
+ * **The pair.** One InstanceRegistry entry holds the context *and* its
+ * strategy, so they are inserted and removed in one transaction (upstream
+ * inserts and pops `_contexts[id]` and `_strategies[id]` under one lock): a
+ * reap racing a re-register can never leave a context without its strategy.
+ * The entry owns a child Scope of the module's scope; UNREGISTER, a reap and
+ * server shutdown all release it by closing that Scope — one finalizer, run
+ * once — which closes the strategy (aborting its pending write reservations,
+ * so partial data is never published, and releasing its pending read locks)
+ * and drops the layout reference.
+ *
+ * **Strategy selection** (the server's `--engine-driven-transport`, upstream
+ * `ShmTransferStrategy` when `shm_name` is set and `pool_size > 0`, else
+ * `PickleTransferStrategy`): every context of a server gets the same kind.
+ * - `shm` (default): REGISTER answers the pool's name and size; the worker
+ *   maps the pool. PREPARE_STORE's slots are byte offsets into it; the worker
+ *   copies its chunks there and COMMIT_STORE with empty `cpu_data`
+ *   publishes. PREPARE_RETRIEVE answers slots of the read-locked objects;
+ *   the worker copies out, and COMMIT_RETRIEVE releases the locks. Like
+ *   upstream, a COMMIT_STORE with non-empty `cpu_data` is also accepted
+ *   (inline bytes).
+ * - `inline`: REGISTER answers `{shm_name: "", pool_size: 0}`. PREPARE_STORE
+ *   still reserves and answers the slots (for their length, shape and dtype;
+ *   the offsets mean nothing to a worker without the pool), and COMMIT_STORE
+ *   must carry the bytes. PREPARE_RETRIEVE answers the chunks' bytes in
+ *   `data` and releases the locks at once; COMMIT_RETRIEVE answers true.
+ * - Inline bytes are the reserved (or retrieved) chunks' L1 objects
+ *   concatenated in `chunk_indices` order (DESIGN §3.2), each exactly
+ *   `chunk_bytes` long; any other length fails closed (`false`, the pending
+ *   reservations dropped, nothing published).
+ * - An L1 without a shared pool (an in-process test store) forces `inline`.
+ *
+ * **Pending writes and reads** live in the instance's strategy, keyed by
+ * (request_id, worker_id, start, end) of the key — the request and its
+ * range (upstream keys by `(instance_id, key)` without request_id; keying by
+ * the request keeps two requests of the same tokens apart). A second PREPARE
+ * of the same pending key replaces the first (its reservations are dropped,
+ * its locks released). Nothing expires on its own: an entry's pending state
+ * goes with the entry (unregister, reap, shutdown).
+ *
+ * **Transfers** (AFFINITY): a key is moved chunk by chunk over the complete
+ * chunks of `[start, end)`; `start` must be chunk-aligned, `worker_id` must
+ * name a rank below the context's world size and `model_name` must be the
+ * context's (else `invalid_argument`; nothing reserved or locked). An id the
+ * server does not hold answers `not_registered`. Every PREPARE/COMMIT
+ * refreshes last_seen and latches transfer activity of this context only.
+ * - PREPARE_STORE reserves L1 objects for the chunks not already cached (or
+ *   being written by someone else) and answers `{context: {slots,
+ *   chunk_indices}}`: one slot `{offset, length, shape, dtype}` per reserved
+ *   chunk in chunk order, `chunk_indices` their indices within the key's
+ *   range (0 = the chunk at `start`). Empty slots: everything is cached.
+ *   When L1 is full of locked or reserved objects the reservation stops at
+ *   the first chunk that does not fit (a WARNING), and the slots cover the
+ *   chunks before it.
+ * - COMMIT_STORE publishes the pending write → true; false when there is
+ *   none (never prepared, already committed, replaced) or when a reservation
+ *   was dropped meanwhile (CLEAR force).
+ * - PREPARE_RETRIEVE takes the read locks LOOKUP's prefetch holds for
+ *   `request_id` (or fresh ones) for every chunk; a chunk not in L1 answers
+ *   `{success: false, data: empty, context: {}}` with nothing locked.
+ * - COMMIT_RETRIEVE releases them → true; false when none are pending.
+ */
+import { Clock, Context, Effect, Exit, Layer, Metric, Scope } from "effect"
+import { type EngineDrivenTransport, ServerConfig } from "./ServerConfig.ts"
+import type { CacheKey } from "../../schema/CacheKey.ts"
+import { dtypeBytes } from "../../schema/Dtype.ts"
+import type {
+  EngineDrivenPool,
+  PrepareRetrieveResponse,
+  PrepareStoreResponse,
+  RegisterEngineDrivenContext,
+  Slot
+} from "../../schema/EngineDriven.ts"
+import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
+import {
+  CommitRetrieve,
+  CommitStore,
+  PrepareRetrieve,
+  PrepareStore,
+  RegisterKvCacheEngineDrivenContext,
+  UnregisterKvCacheEngineDrivenContext
+} from "../../schema/Op.ts"
+import { InvalidArgument, NotRegistered, type WireError } from "../../schema/WireError.ts"
+import { type EngineDrivenLayout, validateLayout } from "../kv/EngineDrivenLayout.ts"
+import { row, type ServerModule } from "./Handler.ts"
+import { makeInstanceRegistry, type Tracked } from "../liveness/InstanceRegistry.ts"
+import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
+import { type KvLayout, LayoutRegistry } from "./LayoutRegistry.ts"
+import { registryTarget, type InstanceSummary, type LivenessTarget } from "../liveness/LivenessTarget.ts"
+import { Lookup, objectKeysOf } from "./Lookup.ts"
+import type { ObjectKey } from "./ObjectKey.ts"
+import { chunkHashes } from "../kv/TokenHasher.ts"
+
+// ---------------------------------------------------------------------------
+// models
+// ---------------------------------------------------------------------------
+
+/** Whether two registrations describe the same context (every field equal). */
+const sameRegistration = (a: RegisterEngineDrivenContext, b: RegisterEngineDrivenContext): boolean =>
+  a.instance_id === b.instance_id && a.model_name === b.model_name && a.world_size === b.world_size &&
+  a.block_size === b.block_size && a.num_layers === b.num_layers && a.hidden_dim_size === b.hidden_dim_size &&
+  a.dtype_str === b.dtype_str && a.use_mla === b.use_mla
+
+/** A PREPARE_STORE waiting for its COMMIT_STORE: reservations in chunk order. */
+interface PendingWrite {
+  readonly reservations: ReadonlyArray<Reservation>
+}
+
+/** A PREPARE_RETRIEVE (shm) waiting for its COMMIT_RETRIEVE: read locks in chunk order. */
+interface PendingRead {
+  readonly handles: ReadonlyArray<ReadHandle>
+}
+
+/**
+ * The key of a pending transfer within one instance: the request and its
+ * range (request_id, worker_id, start, end).
+ */
+export const pendingKeyOf = (key: CacheKey): string => `${key.request_id}\u0000${key.worker_id}\u0000${key.start}\u0000${key.end}`
+
+/**
+ * One context's transfer strategy (upstream `TransferStrategy`): how bytes
+ * move (`transport`) and the pending writes and reads of PREPARE/COMMIT.
+ * Every method that adds pending state refuses once the strategy is closed
+ * (its entry released), so nothing is left behind by a transfer racing a
+ * reap; the caller then answers `not_registered`.
+ */
+export interface TransferStrategy {
+  readonly transport: EngineDrivenTransport
+  /** PREPARE_STORE of the object keys of a key's chunks (in range order); undefined when closed. */
+  readonly prepareStore: (pendingKey: string, objectKeys: ReadonlyArray<ObjectKey>) => Effect.Effect<PrepareStoreResponse | undefined>
+  /** COMMIT_STORE; undefined when closed. */
+  readonly commitStore: (pendingKey: string, cpuData: Uint8Array) => Effect.Effect<boolean | undefined>
+  /** PREPARE_RETRIEVE of a key's chunks for `requestId`; undefined when closed. Fails on an object of another size. */
+  readonly prepareRetrieve: (
+    pendingKey: string,
+    requestId: string,
+    objectKeys: ReadonlyArray<ObjectKey>
+  ) => Effect.Effect<PrepareRetrieveResponse | undefined, InvalidArgument>
+  /** COMMIT_RETRIEVE; undefined when closed. */
+  readonly commitRetrieve: (pendingKey: string) => Effect.Effect<boolean | undefined>
+  /** Closes the strategy: aborts its pending writes, releases its pending reads. Idempotent. */
+  readonly release: Effect.Effect<void>
+  readonly isOpen: () => boolean
+  /** Pending PREPARE_STOREs and the reservations they hold. */
+  readonly pendingStores: () => { readonly requests: number; readonly chunks: number }
+  /** Pending PREPARE_RETRIEVEs and the read locks they hold. */
+  readonly pendingRetrieves: () => { readonly requests: number; readonly chunks: number }
+}
+
+const chunksTotal = Metric.counter("mpcache_engine_driven_chunks_total", {
+  description: "Chunks published by COMMIT_STORE / handed out by PREPARE_RETRIEVE (engine-driven), by direction",
+  incremental: true
+})
+const bytesTotal = Metric.counter("mpcache_engine_driven_bytes_total", {
+  description: "Bytes published by COMMIT_STORE / handed out by PREPARE_RETRIEVE (engine-driven), by direction",
+  incremental: true
+})
+const stored = { chunks: Metric.withAttributes(chunksTotal, { direction: "store" }), bytes: Metric.withAttributes(bytesTotal, { direction: "store" }) }
+const retrieved = {
+  chunks: Metric.withAttributes(chunksTotal, { direction: "retrieve" }),
+  bytes: Metric.withAttributes(bytesTotal, { direction: "retrieve" })
+}
+
+const EMPTY = new Uint8Array(0)
+
+/**
+ * A context's strategy over `l1` and `lookup` for objects of `layout`.
+ * `label` names the instance in logs.
+ */
+export const makeTransferStrategy = (
+  transport: EngineDrivenTransport,
+  layout: EngineDrivenLayout,
+  l1: L1Store["Service"],
+  lookup: Lookup["Service"],
+  label: string
+): TransferStrategy => {
+  const writes = new Map<string, PendingWrite>()
+  const reads = new Map<string, PendingRead>()
+  let open = true
+  const { chunkBytes } = layout
+
+  const slotOf = (offset: number): Slot => ({ offset, length: chunkBytes, shape: layout.objectShape, dtype: layout.dtype })
+  const abortAll = (w: PendingWrite) => Effect.forEach(w.reservations, (r) => l1.abort(r), { discard: true })
+  const unlockAll = (r: PendingRead) => Effect.sync(() => r.handles.forEach((h) => lookup.release(h)))
+  const describe = (pendingKey: string) => {
+    const [requestId, rank, start, end] = pendingKey.split("\u0000")
+    return `request ${requestId} (rank ${rank}, tokens [${start}, ${end}))`
+  }
+
+  const prepareStore = (pendingKey: string, objectKeys: ReadonlyArray<ObjectKey>) =>
+    Effect.gen(function*() {
+      const replaced = writes.get(pendingKey)
+      if (replaced !== undefined) {
+        writes.delete(pendingKey)
+        yield* abortAll(replaced)
+        yield* Effect.logWarning(`prepare_store: ${label}: ${describe(pendingKey)} was prepared again before its commit; the first reservation is dropped`)
+      }
+      const reservations: Array<Reservation> = []
+      const indices: Array<number> = []
+      for (let i = 0; i < objectKeys.length; i++) {
+        const r = yield* l1.reserveWrite(objectKeys[i]!, chunkBytes)
+        if (r._tag === "Full") {
+          yield* Effect.logWarning(
+            `prepare_store: ${label}: L1 is full of locked or reserved objects; ${describe(pendingKey)} gets ${reservations.length} slot(s) for chunks before chunk ${i} of ${objectKeys.length}`
+          )
+          break
+        }
+        if (r._tag === "Reserved") {
+          reservations.push(r.reservation)
+          indices.push(i)
+        }
+      }
+      // Inserted in the same synchronous step as the open check: a release either ran before (abort here) or sees it.
+      const inserted = yield* Effect.sync(() => {
+        if (!open) return { accepted: false, displaced: undefined }
+        const displaced = writes.get(pendingKey)
+        if (reservations.length > 0) writes.set(pendingKey, { reservations })
+        else writes.delete(pendingKey)
+        return { accepted: true, displaced }
+      })
+      if (inserted.displaced !== undefined) yield* abortAll(inserted.displaced)
+      if (!inserted.accepted) {
+        yield* abortAll({ reservations })
+        return undefined
+      }
+      return { context: { slots: reservations.map((r) => slotOf(r.offset)), chunk_indices: indices } }
+    })
+
+  const commitStore = (pendingKey: string, cpuData: Uint8Array) =>
+    Effect.gen(function*() {
+      if (!open) return undefined
+      const w = writes.get(pendingKey)
+      if (w === undefined) {
+        yield* Effect.logWarning(`commit_store: ${label}: no pending store for ${describe(pendingKey)}; nothing published`)
+        return false
+      }
+      writes.delete(pendingKey)
+      if (cpuData.length === 0 && transport === "inline") {
+        yield* abortAll(w)
+        yield* Effect.logWarning(
+          `commit_store: ${label}: ${describe(pendingKey)} carries no bytes, but this server's engine-driven transport is inline; nothing published`
+        )
+        return false
+      }
+      if (cpuData.length > 0) {
+        const expected = w.reservations.length * chunkBytes
+        if (cpuData.length !== expected) {
+          yield* abortAll(w)
+          yield* Effect.logWarning(
+            `commit_store: ${label}: cpu_data of ${describe(pendingKey)} has ${cpuData.length} bytes; its ${w.reservations.length} reserved chunk(s) of ${chunkBytes} bytes need ${expected}; nothing published`
+          )
+          return false
+        }
+        // Write only into reservations still pending, in the same synchronous step as the check (CLEAR force may
+        // have dropped one and handed its extent to another object meanwhile).
+        w.reservations.forEach((r, j) => {
+          if (l1.isPending(r)) r.bytes.set(cpuData.subarray(j * chunkBytes, (j + 1) * chunkBytes))
+        })
+      }
+      let committed = 0
+      for (const r of w.reservations) if (yield* l1.commit(r)) committed++
+      yield* Metric.update(stored.chunks, committed)
+      yield* Metric.update(stored.bytes, committed * chunkBytes)
+      if (committed < w.reservations.length) {
+        yield* Effect.logWarning(
+          `commit_store: ${label}: ${w.reservations.length - committed} of ${w.reservations.length} reservation(s) of ${describe(pendingKey)} were dropped meanwhile (CLEAR force); published ${committed}`
+        )
+      }
+      return committed === w.reservations.length
+    })
+
+  const prepareRetrieve = (pendingKey: string, requestId: string, objectKeys: ReadonlyArray<ObjectKey>) =>
+    Effect.gen(function*() {
+      const handles: Array<ReadHandle> = []
+      const releaseTaken = Effect.sync(() => handles.forEach((h) => lookup.release(h)))
+      for (let i = 0; i < objectKeys.length; i++) {
+        const h = yield* lookup.acquireForRetrieve(requestId, objectKeys[i]!)
+        if (h === undefined) {
+          yield* releaseTaken
+          yield* Effect.logWarning(`prepare_retrieve: ${label}: chunk ${i} of ${describe(pendingKey)} is not in L1; nothing locked`)
+          return { success: false, data: EMPTY, context: {} } satisfies PrepareRetrieveResponse
+        }
+        handles.push(h)
+        if (h.bytes.length !== chunkBytes) {
+          yield* releaseTaken
+          return yield* new InvalidArgument({
+            message: `prepare_retrieve: chunk ${i} of ${describe(pendingKey)} is cached as an object of ${h.bytes.length} bytes, but this context's layout [${layout.objectShape.join(", ")}] ${layout.dtype} needs ${chunkBytes}`
+          })
+        }
+      }
+      yield* Metric.update(retrieved.chunks, handles.length)
+      yield* Metric.update(retrieved.bytes, handles.length * chunkBytes)
+      const chunkIndices = handles.map((_, i) => i)
+      if (transport === "inline") {
+        // Copied while locked, then released: nothing stays pending.
+        const data = Buffer.allocUnsafeSlow(handles.length * chunkBytes)
+        handles.forEach((h, i) => data.set(h.bytes, i * chunkBytes))
+        yield* releaseTaken
+        return { success: true, data, context: { slots: [], chunk_indices: chunkIndices } } satisfies PrepareRetrieveResponse
+      }
+      // Recorded in the same synchronous step as the open check (see prepareStore).
+      const recorded = yield* Effect.sync(() => {
+        if (!open) return { accepted: false, replaced: undefined }
+        const replaced = reads.get(pendingKey)
+        reads.set(pendingKey, { handles })
+        return { accepted: true, replaced }
+      })
+      if (!recorded.accepted) {
+        yield* releaseTaken
+        return undefined
+      }
+      if (recorded.replaced !== undefined) {
+        yield* unlockAll(recorded.replaced)
+        yield* Effect.logWarning(`prepare_retrieve: ${label}: ${describe(pendingKey)} was prepared again before its commit; the first locks are released`)
+      }
+      return {
+        success: true,
+        data: EMPTY,
+        context: { slots: handles.map((h) => slotOf(h.offset)), chunk_indices: chunkIndices }
+      } satisfies PrepareRetrieveResponse
+    })
+
+  const commitRetrieve = (pendingKey: string) =>
+    Effect.gen(function*() {
+      if (!open) return undefined
+      if (transport === "inline") return true
+      const r = reads.get(pendingKey)
+      if (r === undefined) {
+        yield* Effect.logWarning(`commit_retrieve: ${label}: no pending retrieve for ${describe(pendingKey)}`)
+        return false
+      }
+      reads.delete(pendingKey)
+      yield* unlockAll(r)
+      return true
+    })
+
+  const release = Effect.suspend(() => {
+    open = false
+    const w = [...writes.values()]
+    const r = [...reads.values()]
+    writes.clear()
+    reads.clear()
+    return Effect.forEach(w, abortAll, { discard: true }).pipe(
+      Effect.andThen(Effect.forEach(r, unlockAll, { discard: true })),
+      Effect.andThen(
+        w.length + r.length === 0
+          ? Effect.void
+          : Effect.logInfo(`${label}: released ${w.length} pending store(s) (nothing published) and ${r.length} pending retrieve(s)`)
+      )
+    )
+  })
+
+  const count = <T>(m: Map<string, T>, size: (t: T) => number) => {
+    let chunks = 0
+    for (const t of m.values()) chunks += size(t)
+    return { requests: m.size, chunks }
+  }
+
+  return {
+    transport,
+    prepareStore,
+    commitStore,
+    prepareRetrieve,
+    commitRetrieve,
+    release,
+    isOpen: () => open,
+    pendingStores: () => count(writes, (w) => w.reservations.length),
+    pendingRetrieves: () => count(reads, (r) => r.handles.length)
+  }
+}
+
+/** One registered engine-driven context and its strategy: the pair of DESIGN §4, one registry entry. */
+export interface EngineDrivenContext {
+  readonly registration: RegisterEngineDrivenContext
+  readonly layout: EngineDrivenLayout
+  readonly strategy: TransferStrategy
+  /** Owns the strategy's release and the layout reference; closed exactly once. */
+  readonly scope: Scope.Closeable
+}
+
+// ---------------------------------------------------------------------------
+// service
+// ---------------------------------------------------------------------------
+
+const REGISTER = RegisterKvCacheEngineDrivenContext.name
+
+export class EngineDrivenTransfer extends Context.Service<EngineDrivenTransfer, {
+  /**
+   * REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT → the pool to map (`shm_name ""`,
+   * `pool_size 0` with the inline transport). Fails with InvalidArgument
+   * naming the bad field, a layout other than the model's registered one, or
+   * a held id with a different payload.
+   */
+  readonly register: (registration: RegisterEngineDrivenContext) => Effect.Effect<EngineDrivenPool, InvalidArgument>
+  /** UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT. An unknown id logs a WARNING and succeeds. */
+  readonly unregister: (id: InstanceId) => Effect.Effect<void>
+  /** PREPARE_STORE. Fails with NotRegistered / InvalidArgument. */
+  readonly prepareStore: (key: CacheKey, id: InstanceId) => Effect.Effect<PrepareStoreResponse, WireError>
+  /** COMMIT_STORE → published. Fails with NotRegistered / InvalidArgument. */
+  readonly commitStore: (key: CacheKey, id: InstanceId, cpuData: Uint8Array) => Effect.Effect<boolean, WireError>
+  /** PREPARE_RETRIEVE. Fails with NotRegistered / InvalidArgument. */
+  readonly prepareRetrieve: (key: CacheKey, id: InstanceId) => Effect.Effect<PrepareRetrieveResponse, WireError>
+  /** COMMIT_RETRIEVE → released. Fails with NotRegistered / InvalidArgument. */
+  readonly commitRetrieve: (key: CacheKey, id: InstanceId) => Effect.Effect<boolean, WireError>
+  /** The context of `id` without touching its liveness; undefined when none. */
+  readonly contextOf: (id: InstanceId) => Effect.Effect<EngineDrivenContext | undefined>
+  /** The transport of this server's contexts. */
+  readonly transport: EngineDrivenTransport
+  /** This module as a liveness target of kind `engine_driven` (DESIGN §5). */
+  readonly target: LivenessTarget
+  /** The `engine_driven` block of `/api/status`. */
+  readonly status: () => Effect.Effect<Record<string, unknown>>
+  /** Rows: REGISTER and UNREGISTER on SYNC; the PREPARE and COMMIT ops on AFFINITY. */
+  readonly module: ServerModule
+}>()("mpcache/services/EngineDrivenTransfer") {
+  /** Needs the config, L1, lookup and the layout registry; releases every context at shutdown. */
+  static readonly layer = Layer.effect(this, Effect.suspend(() => make))
+}
+
+const make = Effect.gen(function*() {
+  const config = yield* ServerConfig
+  const l1 = yield* L1Store
+  const lookup = yield* Lookup
+  const layouts = yield* LayoutRegistry
+  const moduleScope = yield* Effect.scope
+  const chunk = config.chunkSizeTokens
+  const registry = yield* makeInstanceRegistry<EngineDrivenContext>()
+  const pool = l1.pool
+  const transport: EngineDrivenTransport = pool === undefined ? "inline" : config.engineDrivenTransport
+  if (pool === undefined && config.engineDrivenTransport === "shm") {
+    yield* Effect.logWarning("engine-driven transport: L1 has no shared pool; contexts use inline bytes")
+  }
+  const poolAnswer: EngineDrivenPool = transport === "shm" && pool !== undefined
+    ? { shm_name: pool.shmName, pool_size: pool.sizeBytes }
+    : { shm_name: "", pool_size: 0 }
+
+  const notRegistered = (op: string, id: InstanceId) =>
+    new NotRegistered({
+      message: `${op}: instance ${formatInstanceId(id)} has no engine-driven context (never registered, unregistered or reaped); register it again`
+    })
+
+  /** The one finalizer of a context: UNREGISTER, reap and shutdown all come here. */
+  const release = (entry: EngineDrivenContext) => Scope.close(entry.scope, Exit.void)
+
+  const register = (p: RegisterEngineDrivenContext) =>
+    Effect.gen(function*() {
+      const id = p.instance_id
+      const idText = formatInstanceId(id)
+      const now = yield* Clock.currentTimeMillis
+      const existing = yield* registry.get(id)
+      if (existing !== undefined) {
+        if (!sameRegistration(existing.resource.registration, p)) {
+          return yield* new InvalidArgument({
+            message: `${REGISTER}: instance ${idText} is already registered with a different context (model, world size or layout); unregister it first (a process never inherits another's context)`
+          })
+        }
+        if ((yield* registry.refresh(id, now)) !== undefined) {
+          yield* Effect.logInfo(`engine-driven instance ${idText} already registered; refreshing liveness`)
+          return poolAnswer
+        }
+        // Reaped between the look-up and the refresh: register it anew.
+      }
+      const layout = validateLayout(p, chunk, l1.stats().capacityBytes)
+      if ("error" in layout) return yield* new InvalidArgument({ message: `${REGISTER}: ${layout.error}` })
+      const kvLayout: KvLayout = {
+        numLayers: layout.numLayers,
+        hiddenDim: layout.hiddenDim,
+        elementBytes: dtypeBytes(layout.dtype),
+        chunkBytes: layout.chunkBytes
+      }
+      const known = yield* layouts.get(p.model_name, p.world_size)
+      if (known !== undefined && (known.chunkBytes !== kvLayout.chunkBytes || known.numLayers !== kvLayout.numLayers ||
+        known.hiddenDim !== kvLayout.hiddenDim || known.elementBytes !== kvLayout.elementBytes))
+      {
+        return yield* new InvalidArgument({
+          message: `${REGISTER}: num_layers, hidden_dim_size, dtype_str, use_mla: model ${p.model_name} (world size ${p.world_size}) is registered with ${known.numLayers} layers × ${known.hiddenDim} of ${known.elementBytes}-byte elements (${known.chunkBytes}-byte chunks); this context describes ${kvLayout.numLayers} × ${kvLayout.hiddenDim} of ${kvLayout.elementBytes} bytes (${kvLayout.chunkBytes}-byte chunks)`
+        })
+      }
+      const scope = yield* Scope.fork(moduleScope)
+      yield* layouts.register(p.model_name, p.world_size, kvLayout)
+      yield* Scope.addFinalizer(scope, layouts.unregister(p.model_name, p.world_size))
+      const strategy = makeTransferStrategy(transport, layout, l1, lookup, `engine-driven instance ${idText}`)
+      yield* Scope.addFinalizer(scope, strategy.release)
+      const inserted = yield* registry.insert(id, { registration: p, layout, strategy, scope }, now)
+      if (!inserted) {
+        yield* Scope.close(scope, Exit.void)
+        return yield* new InvalidArgument({ message: `${REGISTER}: instance ${idText} was registered concurrently` })
+      }
+      yield* Effect.logInfo(
+        `registered engine-driven instance ${idText}: model ${p.model_name}, world size ${p.world_size}, chunk object [${layout.objectShape.join(", ")}] ${layout.dtype} (${layout.chunkBytes} bytes), block size ${layout.blockSizeTokens}, transport ${transport}`
+      )
+      return poolAnswer
+    })
+
+  const unregister = (id: InstanceId) =>
+    Effect.gen(function*() {
+      const tracked = yield* registry.pop(id)
+      if (tracked === undefined) {
+        return yield* Effect.logWarning(`unregister: no engine-driven context found for instance ${formatInstanceId(id)}`)
+      }
+      yield* release(tracked.resource)
+      yield* Effect.logInfo(`unregistered engine-driven instance ${formatInstanceId(id)}`)
+    })
+
+  /** The context for a transfer: refreshes last_seen and latches transfer activity; NotRegistered when none. */
+  const resolveForTransfer = (op: string, id: InstanceId) =>
+    Effect.gen(function*() {
+      const tracked = yield* registry.resolveForTransfer(id, yield* Clock.currentTimeMillis)
+      if (tracked === undefined) return yield* notRegistered(op, id)
+      return tracked.resource
+    })
+
+  /** The object keys of the key's complete chunks, after the key's checks (fail closed, nothing touched). */
+  const objectKeysFor = (op: string, entry: EngineDrivenContext, key: CacheKey) =>
+    Effect.gen(function*() {
+      const r = entry.registration
+      const fail = (message: string) => Effect.fail(new InvalidArgument({ message: `${op}: ${message}` }))
+      if (key.model_name !== r.model_name) {
+        return yield* fail(`key.model_name (${key.model_name}) is not the model of instance ${formatInstanceId(r.instance_id)}'s context (${r.model_name})`)
+      }
+      if (key.world_size !== r.world_size) {
+        return yield* fail(`key.world_size (${key.world_size}) is not the world size of the context (${r.world_size})`)
+      }
+      if (key.worker_id === null) return yield* fail(`key.worker_id is nil; a ${op} names the kv rank it moves`)
+      if (key.worker_id >= r.world_size) {
+        return yield* fail(`key.worker_id (${key.worker_id}) must be below the world size (${r.world_size})`)
+      }
+      if (key.start % chunk !== 0) return yield* fail(`key.start (${key.start}) must be a multiple of the chunk size (${chunk})`)
+      const first = key.start / chunk
+      const count = Math.floor((key.end - key.start) / chunk)
+      const hashes = count === 0 ? [] : chunkHashes(key.token_ids, chunk, first + count).slice(first)
+      return objectKeysOf(key, hashes, key.worker_id)
+    })
+
+  const prepareStore = (key: CacheKey, id: InstanceId) =>
+    Effect.gen(function*() {
+      const entry = yield* resolveForTransfer(PrepareStore.name, id)
+      const objectKeys = yield* objectKeysFor(PrepareStore.name, entry, key)
+      const answer = yield* entry.strategy.prepareStore(pendingKeyOf(key), objectKeys)
+      if (answer === undefined) return yield* notRegistered(PrepareStore.name, id)
+      return answer
+    })
+
+  const commitStore = (key: CacheKey, id: InstanceId, cpuData: Uint8Array) =>
+    Effect.gen(function*() {
+      const entry = yield* resolveForTransfer(CommitStore.name, id)
+      const ok = yield* entry.strategy.commitStore(pendingKeyOf(key), cpuData)
+      if (ok === undefined) return yield* notRegistered(CommitStore.name, id)
+      return ok
+    })
+
+  const prepareRetrieve = (key: CacheKey, id: InstanceId) =>
+    Effect.gen(function*() {
+      const entry = yield* resolveForTransfer(PrepareRetrieve.name, id)
+      const objectKeys = yield* objectKeysFor(PrepareRetrieve.name, entry, key)
+      const answer = yield* entry.strategy.prepareRetrieve(pendingKeyOf(key), key.request_id, objectKeys)
+      if (answer === undefined) return yield* notRegistered(PrepareRetrieve.name, id)
+      return answer
+    })
+
+  const commitRetrieve = (key: CacheKey, id: InstanceId) =>
+    Effect.gen(function*() {
+      const entry = yield* resolveForTransfer(CommitRetrieve.name, id)
+      const ok = yield* entry.strategy.commitRetrieve(pendingKeyOf(key))
+      if (ok === undefined) return yield* notRegistered(CommitRetrieve.name, id)
+      return ok
+    })
+
+  const summary = (t: Tracked<EngineDrivenContext>, now: number): InstanceSummary => {
+    const { layout, registration: r, strategy } = t.resource
+    return {
+      instance_id: formatInstanceId(t.id),
+      kind: "engine_driven",
+      last_seen_age_seconds: Math.max(0, (now - t.lastSeenMs) / 1000),
+      has_liveness_signal: t.hasLivenessSignal,
+      has_transfer_activity: t.hasTransferActivity,
+      details: {
+        model_name: r.model_name,
+        world_size: r.world_size,
+        transport: strategy.transport,
+        layout: {
+          num_layers: layout.numLayers,
+          hidden_dim_size: layout.hiddenDim,
+          block_size: layout.blockSizeTokens,
+          dtype: layout.dtype,
+          use_mla: layout.useMla,
+          object_shape: layout.objectShape,
+          chunk_bytes: layout.chunkBytes
+        },
+        pending_stores: strategy.pendingStores().requests,
+        pending_retrieves: strategy.pendingRetrieves().requests
+      }
+    }
+  }
+
+  const target = registryTarget({ name: "engine_driven_transfer", kind: "engine_driven", registry, release, summary })
+
+
+  const status = () =>
+    Effect.gen(function*() {
+      let stores = 0
+      let retrieves = 0
+      for (const t of yield* registry.snapshot()) {
+        stores += t.resource.strategy.pendingStores().requests
+        retrieves += t.resource.strategy.pendingRetrieves().requests
+      }
+      return {
+        engine_driven: {
+          transport,
+          pool: poolAnswer.shm_name === "" ? null : poolAnswer.shm_name,
+          contexts: yield* registry.size(),
+          pending_stores: stores,
+          pending_retrieves: retrieves
+        }
+      }
+    })
+
+  // Server shutdown: release every context through the same finalizer.
+  yield* Effect.addFinalizer(() =>
+    Effect.flatMap(registry.popAll(), (all) => Effect.forEach(all, (t) => release(t.resource), { discard: true }))
+  )
+
+  const module: ServerModule = {
+    name: "engine_driven_transfer",
+    rows: [
+      row(RegisterKvCacheEngineDrivenContext, "SYNC", ([registration]) => register(registration)),
+      row(UnregisterKvCacheEngineDrivenContext, "SYNC", ([id]) => unregister(id)),
+      row(PrepareStore, "AFFINITY", ([key, id]) => prepareStore(key, id)),
+      row(CommitStore, "AFFINITY", ([key, id, cpuData]) => commitStore(key, id, cpuData)),
+      row(PrepareRetrieve, "AFFINITY", ([key, id]) => prepareRetrieve(key, id)),
+      row(CommitRetrieve, "AFFINITY", ([key, id]) => commitRetrieve(key, id))
+    ]
+  }
+
+  return {
+    register,
+    unregister,
+    prepareStore,
+    commitStore,
+    prepareRetrieve,
+    commitRetrieve,
+    contextOf: (id: InstanceId) => Effect.map(registry.get(id), (t) => t?.resource),
+    transport,
+    target,
+    status,
+    module
+  }
+})

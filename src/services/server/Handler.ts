@@ -1,0 +1,101 @@
+/**
+ * Handler rows: how a server module declares the ops it serves (STYLE §3,
+ * upstream `HandlerSpec(request_type, handler, pool)`). The wire shape of an
+ * op lives in `src/schema/Op.ts`; the pool and the handler live in the
+ * module's rows; the server assembly joins every module's rows into one
+ * table and refuses a duplicate op.
+ */
+import { Effect, Schema } from "effect"
+import type { Op, PayloadOf, ResponseOf } from "../../schema/Op.ts"
+import type { WireError } from "../../schema/WireError.ts"
+
+/**
+ * Where a handler runs (DESIGN §3.1):
+ * - `SYNC`: one lane, one at a time, in arrival order;
+ * - `NORMAL`: a FIFO pool of `--max-cpu-workers` concurrent handlers;
+ * - `AFFINITY`: `--max-gpu-workers` lanes, each peer pinned to one lane.
+ */
+export type Pool = "SYNC" | "NORMAL" | "AFFINITY"
+
+/** What a handler knows about the request besides its payload. */
+export interface RequestContext {
+  /** The ROUTER routing id of the sending peer (a DEALER socket). */
+  readonly routingId: Uint8Array
+  /** The routing id as hex, for logs and maps. */
+  readonly peer: string
+}
+
+/** A handler with its types erased, as the dispatcher stores it. */
+export interface HandlerRow {
+  readonly op: Op
+  readonly pool: Pool
+  readonly handle: (payload: ReadonlyArray<unknown>, ctx: RequestContext) => Effect.Effect<unknown, WireError>
+}
+
+/**
+ * Declares that `op` is served by `handle` on `pool`. The handler's argument
+ * and result types come from the op's Schemas; it fails only with wire
+ * errors (a defect becomes an `internal` error reply).
+ */
+export const row = <O extends Op>(
+  op: O,
+  pool: Pool,
+  handle: (payload: PayloadOf<O>, ctx: RequestContext) => Effect.Effect<ResponseOf<O>, WireError>
+): HandlerRow => ({
+  op,
+  pool,
+  handle: handle as unknown as HandlerRow["handle"]
+})
+
+/** A server module's contribution to the handler table. */
+export interface ServerModule {
+  /** Module name, for the merged table and logs. */
+  readonly name: string
+  readonly rows: ReadonlyArray<HandlerRow>
+}
+
+/** Two modules claimed the same op. */
+export class DuplicateOp extends Schema.TaggedError<DuplicateOp>()("DuplicateOp", {
+  opName: Schema.String,
+  modules: Schema.Tuple([Schema.String, Schema.String])
+}) {
+  override get message(): string {
+    return `op ${this.opName} is claimed by both ${this.modules[0]} and ${this.modules[1]}`
+  }
+}
+
+/** One row of the merged table, as printed by tests and `mpcache status`. */
+export interface TableRow {
+  readonly id: number
+  readonly name: string
+  readonly pool: Pool
+  readonly module: string
+}
+
+/** The merged handler table: op id → row, plus the module that owns it. */
+export interface HandlerTable {
+  readonly byId: ReadonlyMap<number, HandlerRow>
+  readonly rows: ReadonlyArray<TableRow>
+}
+
+/**
+ * Joins modules' rows into one table. Fails (as a defect at start-up: a
+ * programming error) with `DuplicateOp` when two rows name the same op.
+ */
+export const makeTable = (modules: ReadonlyArray<ServerModule>): Effect.Effect<HandlerTable> =>
+  Effect.sync(() => {
+    const byId = new Map<number, HandlerRow>()
+    const owner = new Map<number, string>()
+    for (const m of modules) {
+      for (const r of m.rows) {
+        const prev = owner.get(r.op.id)
+        if (prev !== undefined) throw new DuplicateOp({ opName: r.op.name, modules: [prev, m.name] })
+        byId.set(r.op.id, r)
+        owner.set(r.op.id, m.name)
+      }
+    }
+    const rows = [...byId.values()]
+      .sort((a, b) => a.op.id - b.op.id)
+      .map((r) => ({ id: r.op.id, name: r.op.name, pool: r.pool, module: owner.get(r.op.id)! }))
+    return { byId, rows }
+  })

@@ -1,0 +1,335 @@
+/**
+ * The L1 store (DESIGN §4; upstream L1 storage manager): host memory of
+ * `--l1-size-gb`, least recently used first out. Its memory is one POSIX
+ * shared-memory segment created by the server (the L1 pool; upstream's L1 is
+ * a shared segment too), so the engine-driven transfer can hand out slots in
+ * it; each object (one chunk of one kv rank, `[2, num_layers, chunk_size,
+ * num_heads × head_size]`) is an extent of the pool, and its `bytes` a view.
+ * The pool is mapped once and reused, and its pages are prefaulted in the
+ * background at start, so copies never pay first-touch faults.
+ *
+ * - Write reservations (`reserveWrite`) are invisible to lookups and reads
+ *   until `commit`; `abort` drops them (a failed copy never publishes).
+ * - Read locks (`lockRead`, taken by LOOKUP's prefetch or a RETRIEVE) pin an
+ *   object until `unlockRead`.
+ * - Eviction takes committed, unlocked objects in LRU order and never touches
+ *   a locked or reserved one; when nothing more can be evicted the
+ *   reservation is refused — capacity is never exceeded.
+ *
+ * Every operation is synchronous on the JS thread, so each is atomic with
+ * respect to the others without a transaction.
+ *
+ * The pool belongs to the server (DESIGN §5): it is unlinked at shutdown, and
+ * at start a pool left by a crashed run (its process gone) is unlinked.
+ */
+import { readdirSync, existsSync, statfsSync } from "node:fs"
+import { Context, Duration, Effect, Layer, Metric, Schema } from "effect"
+import { ServerConfig } from "./ServerConfig.ts"
+import { NativeMemory, type NativeError } from "../../native/Native.ts"
+import type { InvalidArgument } from "../../schema/WireError.ts"
+import { CacheControl } from "./CacheControl.ts"
+import { makeExtentAllocator } from "./internal/ExtentAllocator.ts"
+import { objectKeyString, type ObjectKey } from "./ObjectKey.ts"
+
+interface L1Object {
+  readonly key: ObjectKey
+  readonly keyString: string
+  /** Byte offset of the object in the pool. */
+  readonly offset: number
+  readonly bytes: Buffer
+  committed: boolean
+  readLocks: number
+}
+
+/** A reserved, not yet visible object; fill `bytes` (pool bytes at `offset`), then commit or abort. */
+export interface Reservation {
+  readonly keyString: string
+  readonly offset: number
+  readonly bytes: Buffer
+}
+
+/** A read-locked object; its bytes stay valid until unlocked. */
+export interface ReadHandle {
+  readonly keyString: string
+  readonly offset: number
+  readonly bytes: Buffer
+}
+
+/** Outcome of reserving one key: reserved, already cached (nothing to write), or no room. */
+export type ReserveResult =
+  | { readonly _tag: "Reserved"; readonly reservation: Reservation }
+  | { readonly _tag: "Exists" }
+  | { readonly _tag: "Full" }
+
+/** Sizes and counters, for status and metrics. */
+export interface L1Stats {
+  readonly capacityBytes: number
+  readonly usedBytes: number
+  readonly objects: number
+  readonly reservedObjects: number
+  readonly lockedObjects: number
+  readonly evictions: number
+}
+
+/** The shared-memory segment holding L1 (absent for an in-process test store). */
+export interface L1Pool {
+  readonly shmName: string
+  readonly sizeBytes: number
+  /** Bytes of the pool prefaulted so far by the background prefault (`sizeBytes` once done; 0 with `--no-l1-prefault`). */
+  readonly prefaultedBytes: () => number
+}
+
+/** The L1 pool cannot be created (no room in /dev/shm, …). */
+export class L1PoolError extends Schema.TaggedError<L1PoolError>()("L1PoolError", { message: Schema.String }) {}
+
+const usedBytesGauge = Metric.gauge("mpcache_l1_used_bytes", { description: "Bytes held by L1 objects (committed and reserved)" })
+const evictionsTotal = Metric.counter("mpcache_l1_evictions_total", { description: "L1 objects evicted (LRU)", incremental: true })
+
+/** Bytes prefaulted per background step (each step is one job on the libuv pool). */
+const PREFAULT_STEP_BYTES = 64 * 2 ** 20
+
+/** The L1 store. */
+export class L1Store extends Context.Service<L1Store, {
+  /** Reserves a `sizeBytes` object for `key` (mode "new": an existing key is not rewritten). */
+  readonly reserveWrite: (key: ObjectKey, sizeBytes: number) => Effect.Effect<ReserveResult>
+  /** Makes a reservation visible. False when it was dropped meanwhile (CLEAR force). */
+  readonly commit: (reservation: Reservation) => Effect.Effect<boolean>
+  /** Drops a reservation (a failed or abandoned write). */
+  readonly abort: (reservation: Reservation) => Effect.Effect<void>
+  /**
+   * Whether `reservation` is still pending (not committed, aborted, or dropped
+   * by CLEAR force), i.e. its bytes are still its own to write. Check it in
+   * the same synchronous step as a write made long after the reservation.
+   */
+  readonly isPending: (reservation: Reservation) => boolean
+  /** Whether `key` is committed. */
+  readonly contains: (key: ObjectKey) => boolean
+  /** Read-locks a committed object and marks it used; undefined when absent or not committed. */
+  readonly lockRead: (key: ObjectKey) => ReadHandle | undefined
+  /** Releases one read lock. */
+  readonly unlockRead: (handle: ReadHandle) => void
+  /** Marks keys most recently used (END_SESSION). */
+  readonly touch: (keys: ReadonlyArray<ObjectKey>) => void
+  /** Drops committed, unlocked objects (force: also locked and reserved ones). Returns how many. */
+  readonly clear: (force: boolean) => Effect.Effect<number>
+  readonly stats: () => L1Stats
+  /** The shared pool, when L1 lives in one. */
+  readonly pool: L1Pool | undefined
+}>()("mpcache/services/L1Store") {
+  /** An in-process L1 of `capacityBytes` over a plain Buffer (unit tests). */
+  static readonly make = (capacityBytes: number) => Effect.sync(() => makeL1(Buffer.allocUnsafeSlow(capacityBytes), undefined))
+  /**
+   * The server's L1: a shared-memory pool of `--l1-size-gb` GiB, mapped for
+   * the life of the layer. Fails with L1PoolError when /dev/shm cannot hold
+   * it, or the segment cannot be created or mapped.
+   */
+  static readonly layer = Layer.effect(this, Effect.suspend(() => makePooled))
+  /** CLEAR acts on this L1. */
+  static readonly layerCacheControl = Layer.effect(
+    CacheControl,
+    Effect.gen(function*() {
+      const l1 = yield* L1Store
+      return { clear: l1.clear }
+    })
+  )
+}
+
+const fnv = (s: string): string => {
+  let h = 2166136261
+  for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 16777619)
+  return (h >>> 0).toString(16).padStart(8, "0")
+}
+
+/**
+ * Unlinks L1 pools left by crashed servers: `mpcache-l1-<endpoint hash>-<pid>` whose process is gone
+ * (this endpoint's first, then any other's — a crashed server's pool is nobody's, and tmpfs pages are RAM).
+ */
+const cleanStalePools = (unlink: (name: string) => Effect.Effect<void, NativeError>) =>
+  Effect.gen(function*() {
+    let names: Array<string> = []
+    try {
+      names = readdirSync("/dev/shm").filter((n) => n.startsWith(POOL_PREFIX))
+    } catch {
+      return
+    }
+    for (const name of names) {
+      const pid = Number(name.slice(name.lastIndexOf("-") + 1))
+      if (Number.isInteger(pid) && pid > 0 && pid !== process.pid && !existsSync(`/proc/${pid}`)) {
+        yield* unlink(name).pipe(
+          Effect.andThen(Effect.logWarning(`removed the L1 pool ${name} left by a crashed server (pid ${pid})`)),
+          Effect.ignore
+        )
+      }
+    }
+  })
+
+const POOL_PREFIX = "mpcache-l1-"
+
+const makePooled = Effect.gen(function*() {
+  const config = yield* ServerConfig
+  const native = yield* NativeMemory
+  const capacityBytes = Math.floor(config.l1SizeGb * 2 ** 30)
+  const shmName = `${POOL_PREFIX}${fnv(config.endpoint)}-${process.pid}`
+  yield* cleanStalePools(native.unlinkSegment)
+  const freeBytes = yield* Effect.try({
+    try: () => {
+      const s = statfsSync("/dev/shm")
+      return s.bavail * s.bsize
+    },
+    catch: () => new L1PoolError({ message: "cannot read the free space of /dev/shm" })
+  })
+  if (freeBytes < capacityBytes) {
+    return yield* new L1PoolError({
+      message: `--l1-size-gb ${config.l1SizeGb}: the L1 pool needs ${capacityBytes} bytes of /dev/shm but only ${freeBytes} are free; lower --l1-size-gb or enlarge /dev/shm`
+    })
+  }
+  yield* Effect.acquireRelease(
+    native.createSegment(shmName, capacityBytes),
+    () => Effect.ignore(native.unlinkSegment(shmName))
+  ).pipe(Effect.mapError((e) => new L1PoolError({ message: `cannot create the L1 pool: ${e.message}` })))
+  const mapping = yield* native.map(shmName, capacityBytes).pipe(
+    Effect.mapError((e: InvalidArgument | NativeError) => new L1PoolError({ message: `cannot map the L1 pool: ${e.message}` }))
+  )
+  const view = yield* native.view(mapping).pipe(Effect.mapError((e) => new L1PoolError({ message: e.message })))
+  let prefaultedBytes = 0
+  if (config.l1Prefault) {
+    const started = Date.now()
+    yield* Effect.gen(function*() {
+      for (let off = 0; off < capacityBytes; off += PREFAULT_STEP_BYTES) {
+        const length = Math.min(PREFAULT_STEP_BYTES, capacityBytes - off)
+        yield* native.prefault(mapping, off, length, { touch: true })
+        prefaultedBytes += length
+      }
+      yield* Effect.logInfo(`L1 pool ${shmName}: ${capacityBytes} bytes prefaulted in ${Duration.format(Duration.millis(Date.now() - started))}`)
+    }).pipe(Effect.catch((e) => Effect.logWarning(`L1 prefault stopped: ${e.message}`)), Effect.forkScoped)
+  }
+  yield* Effect.logInfo(`L1 pool ${shmName}: ${capacityBytes} bytes in /dev/shm`)
+  return makeL1(Buffer.from(view, 0, capacityBytes), { shmName, sizeBytes: capacityBytes, prefaultedBytes: () => prefaultedBytes })
+})
+
+const makeL1 = (memory: Buffer, pool: L1Pool | undefined): L1Store["Service"] => {
+  const capacityBytes = memory.length
+  const extents = makeExtentAllocator(capacityBytes)
+  // Map iteration order is insertion order: re-inserting on use keeps it LRU-first.
+  const objects = new Map<string, L1Object>()
+  let usedBytes = 0
+  let evictions = 0
+
+  const markUsed = (o: L1Object) => {
+    objects.delete(o.keyString)
+    objects.set(o.keyString, o)
+  }
+
+  const drop = (o: L1Object) => {
+    objects.delete(o.keyString)
+    extents.release(o.offset, o.bytes.length)
+    usedBytes -= o.bytes.length
+  }
+
+  /** An extent of `needed` bytes, evicting LRU committed unlocked objects as needed; undefined when impossible. */
+  const place = (needed: number): number | undefined => {
+    const direct = extents.allocate(needed)
+    if (direct !== undefined) return direct
+    let evictable = 0
+    for (const o of objects.values()) if (o.committed && o.readLocks === 0) evictable += o.bytes.length
+    if (extents.freeBytes() + evictable < needed) return undefined
+    for (const o of [...objects.values()]) {
+      if (!o.committed || o.readLocks > 0) continue
+      drop(o)
+      evictions++
+      const offset = extents.allocate(needed)
+      if (offset !== undefined) return offset
+    }
+    return undefined
+  }
+
+  const reserveWrite = (key: ObjectKey, sizeBytes: number) =>
+    Effect.suspend(() => {
+      const keyString = objectKeyString(key)
+      if (objects.has(keyString)) return Effect.succeed<ReserveResult>({ _tag: "Exists" })
+      const before = evictions
+      const offset = sizeBytes > capacityBytes ? undefined : place(sizeBytes)
+      if (offset === undefined) return Effect.succeed<ReserveResult>({ _tag: "Full" })
+      const o: L1Object = { key, keyString, offset, bytes: memory.subarray(offset, offset + sizeBytes), committed: false, readLocks: 0 }
+      objects.set(keyString, o)
+      usedBytes += sizeBytes
+      return Metric.update(usedBytesGauge, usedBytes).pipe(
+        Effect.andThen(evictions > before ? Metric.update(evictionsTotal, evictions - before) : Effect.void),
+        Effect.as<ReserveResult>({ _tag: "Reserved", reservation: { keyString, offset, bytes: o.bytes } })
+      )
+    })
+
+  const owns = (o: L1Object | undefined, ref: { readonly offset: number; readonly bytes: Buffer }): o is L1Object =>
+    o !== undefined && o.offset === ref.offset && o.bytes.length === ref.bytes.length
+
+  const commit = (r: Reservation) =>
+    Effect.sync(() => {
+      const o = objects.get(r.keyString)
+      if (!owns(o, r) || o.committed) return false
+      o.committed = true
+      markUsed(o)
+      return true
+    })
+
+  const abort = (r: Reservation) =>
+    Effect.suspend(() => {
+      const o = objects.get(r.keyString)
+      if (owns(o, r) && !o.committed) drop(o)
+      return Metric.update(usedBytesGauge, usedBytes)
+    })
+
+  const lockRead = (key: ObjectKey): ReadHandle | undefined => {
+    const o = objects.get(objectKeyString(key))
+    if (o === undefined || !o.committed) return undefined
+    o.readLocks++
+    markUsed(o)
+    return { keyString: o.keyString, offset: o.offset, bytes: o.bytes }
+  }
+
+  const unlockRead = (h: ReadHandle) => {
+    const o = objects.get(h.keyString)
+    if (owns(o, h) && o.readLocks > 0) o.readLocks--
+  }
+
+  const clear = (force: boolean) =>
+    Effect.suspend(() => {
+      let dropped = 0
+      for (const o of [...objects.values()]) {
+        if (force || (o.committed && o.readLocks === 0)) {
+          drop(o)
+          dropped++
+        }
+      }
+      return Metric.update(usedBytesGauge, usedBytes).pipe(Effect.as(dropped))
+    })
+
+  return {
+    reserveWrite,
+    commit,
+    abort,
+    isPending: (r) => {
+      const o = objects.get(r.keyString)
+      return owns(o, r) && !o.committed
+    },
+    contains: (key) => objects.get(objectKeyString(key))?.committed === true,
+    lockRead,
+    unlockRead,
+    touch: (keys) => {
+      for (const k of keys) {
+        const o = objects.get(objectKeyString(k))
+        if (o !== undefined && o.committed) markUsed(o)
+      }
+    },
+    clear,
+    stats: () => {
+      let reserved = 0
+      let locked = 0
+      for (const o of objects.values()) {
+        if (!o.committed) reserved++
+        if (o.readLocks > 0) locked++
+      }
+      return { capacityBytes, usedBytes, objects: objects.size, reservedObjects: reserved, lockedObjects: locked, evictions }
+    },
+    pool
+  }
+}

@@ -1,0 +1,390 @@
+/**
+ * The LMCache-driven transfer module (DESIGN §3–5; reference §3.2–3.5): the
+ * worker registers its paged KV cache (POSIX shared memory or CUDA IPC
+ * allocations, one descriptor per layer); the server maps it and copies
+ * chunks between those blocks and L1 on STORE and RETRIEVE, off the JS thread.
+ *
+ * Each registered context owns a child Scope of the module's scope: its
+ * mappings and its layout reference are acquired into it, and UNREGISTER,
+ * a reap and server shutdown all release it by closing that Scope — one
+ * finalizer, run once. Closing waits for copies in flight on its mappings.
+ *
+ * REGISTER and UNREGISTER run on the SYNC lane (one at a time), so the
+ * check-then-insert of REGISTER cannot interleave with another REGISTER or
+ * UNREGISTER; lookups and pops of the entry map are synchronous.
+ */
+import { Clock, Context, Effect, Exit, Layer, Metric, Scope } from "effect"
+import { ServerConfig } from "./ServerConfig.ts"
+import { type CopyPart, NativeMemory, type ShmMapping } from "../../native/Native.ts"
+import type { CacheKey } from "../../schema/CacheKey.ts"
+import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
+import { RegisterKvCache, Retrieve, Store, UnregisterKvCache } from "../../schema/Op.ts"
+import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
+import { InvalidArgument, NotRegistered, type WireError } from "../../schema/WireError.ts"
+import { chunkRanges } from "./internal/CopyPlan.ts"
+import { row, type ServerModule } from "./Handler.ts"
+import { sameDescriptors, validateKvCaches, type LayerPlacement, type PagedKvGeometry } from "../kv/KvCacheLayout.ts"
+import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
+import { LayoutRegistry } from "./LayoutRegistry.ts"
+import { makeInstanceRegistry, type Tracked } from "../liveness/InstanceRegistry.ts"
+import { registryTarget, type InstanceSummary, type LivenessTarget } from "../liveness/LivenessTarget.ts"
+import { Lookup, objectKeysOf } from "./Lookup.ts"
+import { chunkHashes } from "../kv/TokenHasher.ts"
+
+/** One registered worker context (upstream ContextEntry); its liveness fields live in the registry. */
+export interface ContextEntry {
+  readonly modelName: string
+  readonly worldSize: number
+  readonly engineType: string
+  readonly descriptors: ReadonlyArray<TensorDescriptor>
+  readonly geometry: PagedKvGeometry
+  readonly layers: ReadonlyArray<LayerPlacement>
+  readonly mappings: ReadonlyMap<string, ShmMapping>
+  /** Owns the mappings and the layout reference; closed exactly once. */
+  readonly scope: Scope.Closeable
+}
+
+const storedChunksTotal = Metric.counter("mpcache_stored_chunks_total", { description: "Chunks copied into L1 by STORE", incremental: true })
+const retrievedChunksTotal = Metric.counter("mpcache_retrieved_chunks_total", { description: "Chunks copied out of L1 by RETRIEVE", incremental: true })
+const storedBytesTotal = Metric.counter("mpcache_stored_bytes_total", { description: "Bytes copied into L1 by STORE", incremental: true })
+const retrievedBytesTotal = Metric.counter("mpcache_retrieved_bytes_total", { description: "Bytes copied out of L1 by RETRIEVE", incremental: true })
+
+export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer, {
+  /** REGISTER_KV_CACHE. Fails with InvalidArgument naming the bad field or the changed memory. */
+  readonly register: (
+    id: InstanceId,
+    kvCaches: ReadonlyArray<TensorDescriptor>,
+    modelName: string,
+    worldSize: number,
+    engineType: string
+  ) => Effect.Effect<void, InvalidArgument>
+  /** UNREGISTER_KV_CACHE. An unknown id logs a WARNING and succeeds. */
+  readonly unregister: (id: InstanceId) => Effect.Effect<void>
+  /** STORE → ok. Fails with NotRegistered / InvalidArgument. */
+  readonly store: (key: CacheKey, id: InstanceId, blockIds: ReadonlyArray<ReadonlyArray<number>>) => Effect.Effect<boolean, WireError>
+  /** RETRIEVE → ok. Fails with NotRegistered / InvalidArgument. */
+  readonly retrieve: (
+    key: CacheKey,
+    id: InstanceId,
+    blockIds: ReadonlyArray<ReadonlyArray<number>>,
+    skipFirstNTokens: number
+  ) => Effect.Effect<boolean, WireError>
+  readonly isRegistered: (id: InstanceId) => Effect.Effect<boolean>
+  /**
+   * The context of `id` for a transfer through it by another module (a CB
+   * retrieve, DESIGN §5): refreshes last_seen and latches transfer activity
+   * like STORE/RETRIEVE. Fails with NotRegistered naming `op` when none.
+   */
+  readonly resolveContext: (op: string, id: InstanceId) => Effect.Effect<ContextEntry, NotRegistered>
+  /** The context of `id` without touching its liveness; undefined when none. */
+  readonly contextOf: (id: InstanceId) => Effect.Effect<ContextEntry | undefined>
+  /** This module as a liveness target (DESIGN §5). */
+  readonly target: LivenessTarget
+  /** Rows: REGISTER/UNREGISTER SYNC, STORE/RETRIEVE AFFINITY. */
+  readonly module: ServerModule
+}>()("mpcache/services/LmcacheDrivenTransfer") {
+  static readonly layer = Layer.effect(this, Effect.suspend(() => make))
+}
+
+const make = Effect.gen(function*() {
+  const config = yield* ServerConfig
+  const native = yield* NativeMemory
+  const l1 = yield* L1Store
+  const lookup = yield* Lookup
+  const layouts = yield* LayoutRegistry
+  const moduleScope = yield* Effect.scope
+  const chunk = config.chunkSizeTokens
+  const registry = yield* makeInstanceRegistry<ContextEntry>()
+
+  const notRegistered = (op: string, id: InstanceId) =>
+    new NotRegistered({
+      message: `${op}: instance ${formatInstanceId(id)} is not registered (never registered, unregistered or reaped); register it again`
+    })
+
+  /** The entry for a transfer; refreshes last_seen and latches transfer activity. */
+  const resolveForTransfer = (op: string, id: InstanceId) =>
+    Effect.gen(function*() {
+      const tracked = yield* registry.resolveForTransfer(id, yield* Clock.currentTimeMillis)
+      if (tracked === undefined) return yield* notRegistered(op, id)
+      return tracked.resource
+    })
+
+  /** The one finalizer of a context: UNREGISTER, reap and shutdown all come here. */
+  const release = (entry: ContextEntry) => Scope.close(entry.scope, Exit.void)
+
+  const register = (
+    id: InstanceId,
+    kvCaches: ReadonlyArray<TensorDescriptor>,
+    modelName: string,
+    worldSize: number,
+    engineType: string
+  ) =>
+    Effect.gen(function*() {
+      const now = yield* Clock.currentTimeMillis
+      const existing = (yield* registry.get(id))?.resource
+      if (existing !== undefined) {
+        if (
+          sameDescriptors(existing.descriptors, kvCaches) && existing.modelName === modelName &&
+          existing.worldSize === worldSize
+        ) {
+          yield* registry.refresh(id, now)
+          return yield* Effect.logInfo(`instance ${formatInstanceId(id)} already registered; refreshing liveness`)
+        }
+        return yield* new InvalidArgument({
+          message: `register_kv_cache: instance ${formatInstanceId(id)} is already registered with different memory or model; unregister it first (a process never inherits another's context)`
+        })
+      }
+      if (worldSize < 1) return yield* new InvalidArgument({ message: `register_kv_cache: world_size must be ≥ 1, got ${worldSize}` })
+      // cuda_ipc descriptors need the CUDA backend (libcudart loaded at run time; DESIGN §4).
+      const cuda = kvCaches.some((d) => d.kind === "cuda_ipc") ? yield* native.cudaBackend() : undefined
+      const validated = validateKvCaches(kvCaches, chunk, cuda)
+      if ("error" in validated) return yield* new InvalidArgument({ message: `register_kv_cache: ${validated.error}` })
+      const scope = yield* Scope.fork(moduleScope)
+      const built = yield* Effect.gen(function*() {
+        const mappings = new Map<string, ShmMapping>()
+        for (const [name, nbytes] of validated.segments) {
+          const ipc = validated.cudaIpc.get(name)
+          if (ipc !== undefined) {
+            // One IPC mapping (and stream) per distinct handle, however many layers view it.
+            mappings.set(name, yield* native.mapCudaIpc(ipc.ipcHandle, ipc.deviceUuid, nbytes).pipe(Scope.provide(scope)))
+            continue
+          }
+          const mapping = yield* native.map(name, nbytes).pipe(Scope.provide(scope))
+          mappings.set(name, mapping)
+          // Populate this mapping's page tables off the JS thread, so the first transfers do not pay
+          // a page fault per 4 KiB; the context's scope (and so a reap) waits for it like for a copy.
+          yield* native.prefault(mapping, 0, nbytes).pipe(Effect.ignore, Effect.forkIn(scope))
+        }
+        const { geometry } = validated
+        yield* layouts.register(modelName, worldSize, {
+          numLayers: geometry.numLayers,
+          hiddenDim: geometry.hiddenDim,
+          elementBytes: geometry.elementBytes,
+          chunkBytes: 2 * geometry.numLayers * chunk * geometry.hiddenDim * geometry.elementBytes
+        })
+        yield* Scope.addFinalizer(scope, layouts.unregister(modelName, worldSize))
+        return mappings
+      }).pipe(
+        Effect.mapError((e) =>
+          e._tag === "InvalidArgument" ? new InvalidArgument({ message: `register_kv_cache: ${e.message}` }) : new InvalidArgument({
+            message: `register_kv_cache: mapping the KV cache failed: ${e.message}`
+          })
+        ),
+        Effect.onError(() => Scope.close(scope, Exit.void))
+      )
+      const inserted = yield* registry.insert(id, {
+        modelName,
+        worldSize,
+        engineType,
+        descriptors: kvCaches,
+        geometry: validated.geometry,
+        layers: validated.layers,
+        mappings: built,
+        scope
+      }, now)
+      if (!inserted) {
+        yield* Scope.close(scope, Exit.void)
+        return yield* new InvalidArgument({ message: `register_kv_cache: instance ${formatInstanceId(id)} was registered concurrently` })
+      }
+      const g = validated.geometry
+      yield* Effect.logInfo(
+        `registered instance ${formatInstanceId(id)}: model ${modelName}, world size ${worldSize}, ${g.numLayers} layers × [2, ${g.numBlocks}, ${g.blockSizeTokens}, ${g.numHeads}, ${g.headSize}] ${g.dtype}, ${validated.segments.size} segment(s)`
+      )
+    })
+
+  const unregister = (id: InstanceId) =>
+    Effect.gen(function*() {
+      const tracked = yield* registry.pop(id)
+      if (tracked === undefined) {
+        return yield* Effect.logWarning(`unregister: no registered context found for instance ${formatInstanceId(id)}`)
+      }
+      yield* release(tracked.resource)
+      yield* Effect.logInfo(`unregistered instance ${formatInstanceId(id)}`)
+    })
+
+  /** Chunk range of a transfer: the complete chunks of [start, end); start must be chunk-aligned. */
+  const chunkRange = (op: string, key: CacheKey) =>
+    key.start % chunk !== 0
+      ? Effect.fail(new InvalidArgument({ message: `${op}: key.start (${key.start}) must be a multiple of the chunk size (${chunk})` }))
+      : key.worker_id === null
+      ? Effect.fail(new InvalidArgument({ message: `${op}: key.worker_id is nil; a ${op} names the kv rank it moves` }))
+      : Effect.succeed({ first: key.start / chunk, count: Math.floor((key.end - key.start) / chunk), rank: key.worker_id })
+
+  /** A chunk's copy ranges per segment as the parts of one batched copy. */
+  const copyParts = (entry: ContextEntry, ranges: Map<string, Float64Array>): Array<CopyPart> =>
+    Array.from(ranges, ([name, r]) => ({ mapping: entry.mappings.get(name)!, ranges: r }))
+
+  /** The chunk's block ids, or a reason to fail closed. */
+  const blocksFor = (entry: ContextEntry, blockIds: ReadonlyArray<ReadonlyArray<number>>, count: number) => {
+    const perChunk = chunk / entry.geometry.blockSizeTokens
+    const list = blockIds[0] ?? []
+    if (list.length < count * perChunk) {
+      return { error: `block_ids[0] has ${list.length} ids; ${count} chunk(s) of ${perChunk} blocks need ${count * perChunk}` }
+    }
+    for (let i = 0; i < count * perChunk; i++) {
+      if (list[i]! >= entry.geometry.numBlocks) {
+        return { error: `block_ids[0][${i}] = ${list[i]} is outside the registered ${entry.geometry.numBlocks} blocks` }
+      }
+    }
+    return { perChunk, list }
+  }
+
+  const store = (key: CacheKey, id: InstanceId, blockIds: ReadonlyArray<ReadonlyArray<number>>) =>
+    Effect.gen(function*() {
+      const entry = yield* resolveForTransfer("store", id)
+      const { first, count, rank } = yield* chunkRange("store", key)
+      if (count === 0) return true
+      const blocks = blocksFor(entry, blockIds, count)
+      if ("error" in blocks) {
+        yield* Effect.logWarning(`store: failing closed, nothing written: ${blocks.error}`)
+        return false
+      }
+      const hashes = chunkHashes(key.token_ids, chunk, first + count).slice(first)
+      const objectKeys = objectKeysOf(key, hashes, rank)
+      const g = entry.geometry
+      const objectBytes = 2 * g.numLayers * chunk * g.hiddenDim * g.elementBytes
+      const reserved: Array<{ readonly reservation: Reservation; readonly chunkBlocks: ReadonlyArray<number> }> = []
+      let full = false
+      for (let i = 0; i < count; i++) {
+        const chunkBlocks = blocks.list.slice(i * blocks.perChunk, (i + 1) * blocks.perChunk)
+        if (chunkBlocks.every((b) => b === 0)) continue // vLLM's null block: nothing computed here
+        const r = yield* l1.reserveWrite(objectKeys[i]!, objectBytes)
+        if (r._tag === "Full") {
+          full = true
+          break
+        }
+        if (r._tag === "Reserved") reserved.push({ reservation: r.reservation, chunkBlocks })
+      }
+      // One copy job per chunk (every layer of it), the chunks in parallel on the libuv pool.
+      const copied = yield* Effect.exit(Effect.forEach(
+        reserved,
+        ({ reservation, chunkBlocks }) =>
+          native.gatherAll(copyParts(entry, chunkRanges(g, entry.layers, chunk, chunkBlocks)), reservation.bytes),
+        { concurrency: "unbounded", discard: true }
+      ))
+      if (Exit.isFailure(copied)) {
+        yield* Effect.forEach(reserved, ({ reservation }) => l1.abort(reservation), { discard: true })
+        yield* Effect.logWarning("store: copy failed; nothing published", copied.cause)
+        if ((yield* registry.get(id)) === undefined) return yield* notRegistered("store", id)
+        return false
+      }
+      let committed = 0
+      for (const { reservation } of reserved) if (yield* l1.commit(reservation)) committed++
+      yield* Metric.update(storedChunksTotal, committed)
+      yield* Metric.update(storedBytesTotal, committed * objectBytes)
+      if (full) yield* Effect.logWarning(`store: L1 is full of locked or reserved objects; stored ${committed} of ${count} chunk(s)`)
+      return !full
+    })
+
+  const retrieve = (
+    key: CacheKey,
+    id: InstanceId,
+    blockIds: ReadonlyArray<ReadonlyArray<number>>,
+    skipFirstNTokens: number
+  ) =>
+    Effect.gen(function*() {
+      const entry = yield* resolveForTransfer("retrieve", id)
+      const { first, count, rank } = yield* chunkRange("retrieve", key)
+      if (count === 0) return true
+      const blocks = blocksFor(entry, blockIds, count)
+      if ("error" in blocks) {
+        yield* Effect.logWarning(`retrieve: failing closed, nothing read: ${blocks.error}`)
+        return false
+      }
+      const hashes = chunkHashes(key.token_ids, chunk, first + count).slice(first)
+      const objectKeys = objectKeysOf(key, hashes, rank)
+      const handles: Array<ReadHandle> = []
+      return yield* Effect.gen(function*() {
+        for (let i = 0; i < count; i++) {
+          const h = yield* lookup.acquireForRetrieve(key.request_id, objectKeys[i]!)
+          if (h === undefined) {
+            yield* Effect.logWarning(`retrieve: chunk ${first + i} of request ${key.request_id} is not in L1; nothing read`)
+            return false
+          }
+          handles.push(h)
+        }
+        yield* Effect.forEach(handles, (h, i) =>
+          native.scatterAll(
+            copyParts(
+              entry,
+              chunkRanges(
+                entry.geometry,
+                entry.layers,
+                chunk,
+                blocks.list.slice(i * blocks.perChunk, (i + 1) * blocks.perChunk),
+                Math.max(0, Math.min(chunk, skipFirstNTokens - i * chunk))
+              )
+            ),
+            h.bytes
+          ), { concurrency: "unbounded", discard: true }).pipe(
+            Effect.catch((e): Effect.Effect<never, WireError> =>
+              Effect.flatMap(registry.get(id), (t): Effect.Effect<never, WireError> =>
+                t !== undefined
+                  ? Effect.fail(new InvalidArgument({ message: `retrieve: ${e.message}` }))
+                  : Effect.fail(notRegistered("retrieve", id)))
+            )
+          )
+        yield* Metric.update(retrievedChunksTotal, count)
+        yield* Metric.update(retrievedBytesTotal, handles.reduce((n, h) => n + h.bytes.length, 0))
+        return true
+      }).pipe(Effect.ensuring(Effect.sync(() => handles.forEach((h) => lookup.release(h)))))
+    })
+
+  const summary = (t: Tracked<ContextEntry>, now: number): InstanceSummary => {
+    const e = t.resource
+    return {
+      instance_id: formatInstanceId(t.id),
+      kind: "kv_cache",
+      last_seen_age_seconds: Math.max(0, (now - t.lastSeenMs) / 1000),
+      has_liveness_signal: t.hasLivenessSignal,
+      has_transfer_activity: t.hasTransferActivity,
+      details: {
+        model_name: e.modelName,
+        world_size: e.worldSize,
+        engine_type: e.engineType,
+        layout: {
+          num_layers: e.geometry.numLayers,
+          num_blocks: e.geometry.numBlocks,
+          block_size: e.geometry.blockSizeTokens,
+          num_heads: e.geometry.numHeads,
+          head_size: e.geometry.headSize,
+          dtype: e.geometry.dtype,
+          segments: [...e.mappings.keys()]
+        }
+      }
+    }
+  }
+
+  const target = registryTarget({ name: "lmcache_driven_transfer", kind: "kv_cache", registry, release, summary })
+
+
+  // Server shutdown: release every context through the same finalizer.
+  yield* Effect.addFinalizer(() =>
+    Effect.flatMap(registry.popAll(), (all) => Effect.forEach(all, (t) => release(t.resource), { discard: true }))
+  )
+
+  const module: ServerModule = {
+    name: "lmcache_driven_transfer",
+    rows: [
+      row(RegisterKvCache, "SYNC", ([id, kvCaches, modelName, worldSize, engineType]) =>
+        register(id, kvCaches, modelName, worldSize, engineType)),
+      row(UnregisterKvCache, "SYNC", ([id]) => unregister(id)),
+      row(Store, "AFFINITY", ([key, id, blockIds, eventHandle]) =>
+        store(key, id, blockIds).pipe(Effect.map((ok) => [eventHandle, ok] as const))),
+      row(Retrieve, "AFFINITY", ([key, id, blockIds, eventHandle, skip]) =>
+        retrieve(key, id, blockIds, skip).pipe(Effect.map((ok) => [eventHandle, ok] as const)))
+    ]
+  }
+
+  return {
+    register,
+    unregister,
+    store,
+    retrieve,
+    isRegistered: (id: InstanceId) => Effect.map(registry.get(id), (t) => t !== undefined),
+    resolveContext: resolveForTransfer,
+    contextOf: (id: InstanceId) => Effect.map(registry.get(id), (t) => t?.resource),
+    target,
+    module
+  }
+})

@@ -1,0 +1,236 @@
+/**
+ * Lookup and prefetch (DESIGN §3.1, §4; reference §3.6): the scheduler side.
+ *
+ * - LOOKUP hashes the key's complete chunks, counts the longest prefix
+ *   present in L1 for every rank it names (worker_id nil = every rank of the
+ *   world size), read-locks that prefix under the request's session and
+ *   records a prefetch job. L1 is host memory, so the job is done at once.
+ * - QUERY_PREFETCH_STATUS reports the hit chunk count once, then forgets it
+ *   (an unknown or already reported id answers 0).
+ * - FREE_LOOKUP_LOCKS releases the session's locks in the key's range;
+ *   END_SESSION releases all of them and marks the keys recently used;
+ *   RETRIEVE consumes them. Locks of a session idle longer than
+ *   `--lookup-lock-ttl-seconds` are released by a sweeper, so a vanished
+ *   scheduler cannot pin memory forever.
+ */
+import { Clock, Context, Duration, Effect, Layer, Metric, Schedule } from "effect"
+import { ServerConfig } from "./ServerConfig.ts"
+import type { CacheKey } from "../../schema/CacheKey.ts"
+import { EndSession, FreeLookupLocks, Lookup as LookupOp, QueryPrefetchStatus } from "../../schema/Op.ts"
+import { row, type ServerModule } from "./Handler.ts"
+import { L1Store, type ReadHandle } from "./L1Store.ts"
+import { LayoutRegistry } from "./LayoutRegistry.ts"
+import { objectKeyString, type ObjectKey } from "./ObjectKey.ts"
+import { chunkHashes } from "../kv/TokenHasher.ts"
+
+interface HeldLock {
+  readonly key: ObjectKey
+  readonly chunkIndex: number
+  readonly handles: Array<ReadHandle>
+}
+
+interface Session {
+  readonly locks: Map<string, HeldLock>
+  lastActivityMs: number
+}
+
+const lookupsTotal = Metric.counter("mpcache_lookups_total", { description: "LOOKUP requests", incremental: true })
+const lookupChunksTotal = Metric.counter("mpcache_lookup_chunks_total", { description: "Chunks looked up (per rank)", incremental: true })
+const lookupHitChunksTotal = Metric.counter("mpcache_lookup_hit_chunks_total", { description: "Chunks found in L1 by LOOKUP (per rank)", incremental: true })
+
+/** The ObjectKeys of chunks [first, last) of `key` for `rank`, given their hashes. */
+export const objectKeysOf = (key: CacheKey, hashes: ReadonlyArray<Uint8Array>, rank: number): Array<ObjectKey> =>
+  hashes.map((hash) => ({ hash, modelName: key.model_name, kvRank: rank, cacheSalt: key.cache_salt }))
+
+/** The ranks a key names: its worker_id, or every rank of its world size when nil. */
+export const ranksOf = (key: CacheKey): ReadonlyArray<number> =>
+  key.worker_id === null ? Array.from({ length: key.world_size }, (_, r) => r) : [key.worker_id]
+
+export class Lookup extends Context.Service<Lookup, {
+  readonly lookup: (key: CacheKey) => Effect.Effect<void>
+  readonly queryPrefetchStatus: (requestId: string) => Effect.Effect<number | null>
+  readonly freeLookupLocks: (key: CacheKey) => Effect.Effect<void>
+  readonly endSession: (requestId: string) => Effect.Effect<void>
+  /**
+   * A read handle on `key` for a RETRIEVE of `requestId`: the session's
+   * prefetch lock when it holds one (it passes to the caller), else a fresh
+   * lock if the object is in L1; undefined when it is not. The caller
+   * releases it with `release`.
+   */
+  readonly acquireForRetrieve: (requestId: string, key: ObjectKey) => Effect.Effect<ReadHandle | undefined>
+  readonly release: (handle: ReadHandle) => void
+  /** Open sessions and read locks they hold, for status. */
+  readonly stats: () => { readonly sessions: number; readonly heldLocks: number; readonly pendingJobs: number }
+  /** Releases the locks of sessions idle longer than the TTL; returns how many sessions. */
+  readonly sweepExpired: () => Effect.Effect<number>
+  /** Rows: LOOKUP, QUERY_PREFETCH_STATUS, FREE_LOOKUP_LOCKS, END_SESSION — all NORMAL. */
+  readonly module: ServerModule
+}>()("mpcache/services/Lookup") {
+  /** Needs the L1 store, the layout registry and the config; runs the lock-TTL sweeper in its scope. */
+  static readonly layer = Layer.effect(
+    this,
+    Effect.gen(function*() {
+      const config = yield* ServerConfig
+      const l1 = yield* L1Store
+      const layouts = yield* LayoutRegistry
+      const chunk = config.chunkSizeTokens
+      const ttlMs = config.lookupLockTtlSeconds * 1000
+      const sessions = new Map<string, Session>()
+      const jobs = new Map<string, number>()
+
+      const sessionOf = (requestId: string, nowMs: number): Session => {
+        let s = sessions.get(requestId)
+        if (s === undefined) {
+          s = { locks: new Map(), lastActivityMs: nowMs }
+          sessions.set(requestId, s)
+        }
+        s.lastActivityMs = nowMs
+        return s
+      }
+
+      const releaseAll = (s: Session) => {
+        for (const held of s.locks.values()) for (const h of held.handles) l1.unlockRead(h)
+        s.locks.clear()
+      }
+
+      const lookup = (key: CacheKey) =>
+        Effect.gen(function*() {
+          const now = yield* Clock.currentTimeMillis
+          const layout = yield* layouts.get(key.model_name, key.world_size)
+          yield* Metric.update(lookupsTotal, 1)
+          if (layout === undefined) {
+            jobs.set(key.request_id, 0)
+            return yield* Effect.logWarning(
+              `lookup: no registered layout for model ${key.model_name} (world size ${key.world_size}); 0 hits`
+            )
+          }
+          const hashes = chunkHashes(key.token_ids, chunk, Math.floor(key.end / chunk))
+          const ranks = ranksOf(key)
+          const perRank = ranks.map((r) => objectKeysOf(key, hashes, r))
+          let hits = 0
+          while (hits < hashes.length && perRank.every((keys) => l1.contains(keys[hits]!))) hits++
+          const session = sessionOf(key.request_id, now)
+          for (const keys of perRank) {
+            for (let i = 0; i < hits; i++) {
+              const handle = l1.lockRead(keys[i]!)
+              if (handle === undefined) continue
+              const ks = handle.keyString
+              const held = session.locks.get(ks)
+              if (held === undefined) session.locks.set(ks, { key: keys[i]!, chunkIndex: i, handles: [handle] })
+              else held.handles.push(handle)
+            }
+          }
+          jobs.set(key.request_id, hits)
+          yield* Metric.update(lookupChunksTotal, hashes.length * ranks.length)
+          yield* Metric.update(lookupHitChunksTotal, hits * ranks.length)
+        })
+
+      const queryPrefetchStatus = (requestId: string) =>
+        Effect.gen(function*() {
+          const now = yield* Clock.currentTimeMillis
+          const s = sessions.get(requestId)
+          if (s !== undefined) s.lastActivityMs = now
+          const hits = jobs.get(requestId)
+          if (hits === undefined) return 0
+          jobs.delete(requestId)
+          return hits
+        })
+
+      const freeLookupLocks = (key: CacheKey) =>
+        Effect.sync(() => {
+          const s = sessions.get(key.request_id)
+          if (s === undefined) return
+          const first = Math.floor(key.start / chunk)
+          const last = Math.ceil(key.end / chunk)
+          const ranks = new Set(ranksOf(key))
+          for (const [ks, held] of s.locks) {
+            if (held.chunkIndex >= first && held.chunkIndex < last && ranks.has(held.key.kvRank)) {
+              for (const h of held.handles) l1.unlockRead(h)
+              s.locks.delete(ks)
+            }
+          }
+        })
+
+      const endSession = (requestId: string) =>
+        Effect.sync(() => {
+          jobs.delete(requestId)
+          const s = sessions.get(requestId)
+          if (s === undefined) return
+          const keys = [...s.locks.values()].map((h) => h.key)
+          releaseAll(s)
+          sessions.delete(requestId)
+          l1.touch(keys)
+        })
+
+      const acquireForRetrieve = (requestId: string, key: ObjectKey) =>
+        Effect.gen(function*() {
+          const now = yield* Clock.currentTimeMillis
+          const s = sessions.get(requestId)
+          if (s !== undefined) {
+            s.lastActivityMs = now
+            const ks = objectKeyString(key)
+            const held = s.locks.get(ks)
+            const handle = held?.handles.pop()
+            if (held !== undefined && held.handles.length === 0) s.locks.delete(ks)
+            if (handle !== undefined) return handle
+          }
+          return l1.lockRead(key)
+        })
+
+      const sweepExpired = () =>
+        Effect.gen(function*() {
+          const now = yield* Clock.currentTimeMillis
+          let expired = 0
+          for (const [id, s] of sessions) {
+            if (now - s.lastActivityMs > ttlMs) {
+              releaseAll(s)
+              sessions.delete(id)
+              jobs.delete(id)
+              expired++
+            }
+          }
+          if (expired > 0) {
+            yield* Effect.logInfo(`released the lookup locks of ${expired} session(s) idle for over ${config.lookupLockTtlSeconds} s`)
+          }
+          return expired
+        })
+
+      yield* sweepExpired().pipe(
+        Effect.repeat(Schedule.spaced(Duration.millis(Math.min(ttlMs / 4, 30_000)))),
+        Effect.forkScoped
+      )
+      yield* Effect.addFinalizer(() =>
+        Effect.sync(() => {
+          for (const s of sessions.values()) releaseAll(s)
+          sessions.clear()
+          jobs.clear()
+        })
+      )
+
+      const module: ServerModule = {
+        name: "lookup",
+        rows: [
+          row(LookupOp, "NORMAL", ([key]) => lookup(key)),
+          row(QueryPrefetchStatus, "NORMAL", ([requestId]) => queryPrefetchStatus(requestId)),
+          row(FreeLookupLocks, "NORMAL", ([key]) => freeLookupLocks(key)),
+          row(EndSession, "NORMAL", ([requestId]) => endSession(requestId))
+        ]
+      }
+      return {
+        lookup,
+        queryPrefetchStatus,
+        freeLookupLocks,
+        endSession,
+        acquireForRetrieve,
+        release: (h) => l1.unlockRead(h),
+        stats: () => {
+          let heldLocks = 0
+          for (const s of sessions.values()) for (const h of s.locks.values()) heldLocks += h.handles.length
+          return { sessions: sessions.size, heldLocks, pendingJobs: jobs.size }
+        },
+        sweepExpired,
+        module
+      }
+    })
+  )
+}

@@ -1,0 +1,336 @@
+/**
+ * The MQ server (DESIGN §3): a ROUTER bound to the configured endpoint, one
+ * receive-loop fiber, dispatch by the handler table to the SYNC / NORMAL /
+ * AFFINITY pools, and one send path (zeromq.js allows one send in flight per
+ * socket).
+ *
+ * The receive loop never waits on a handler: it reads the uid and op frames,
+ * answers what it can answer at once (unknown op, wrong payload count) and
+ * queues everything else. Payload decoding runs in the pool. No input of
+ * any shape stops the loop: a message that cannot be attributed (fewer than
+ * 2 frames, a uid or op frame that is not a non-negative MessagePack int) is
+ * dropped with one WARNING and counted; everything attributable gets a reply
+ * (upstream answers errors with silence, reference §1.6).
+ *
+ * Shutdown (closing the layer's scope): stop receiving, let queued and
+ * running requests finish (bounded), flush the replies, close the socket.
+ */
+import { Cause, Context, Duration, Effect, Exit, Layer, Metric } from "effect"
+import { decodeHeaderInt, decodePayload, encodeErrorReply, encodeReply } from "../../schema/Frame.ts"
+import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
+import { opById, type Op } from "../../schema/Op.ts"
+import { BadRequest, Internal, isWireError, Overloaded, UnknownOp, type WireError } from "../../schema/WireError.ts"
+import { ZmqError, ZmqSockets } from "../zmq/Sockets.ts"
+import { makeDispatcher, type DispatchStats } from "./Dispatch.ts"
+import type { HandlerRow, HandlerTable, TableRow } from "./Handler.ts"
+import { PeerEvents } from "../liveness/PeerEvents.ts"
+import { RequestBarrier } from "../liveness/RequestBarrier.ts"
+import * as M from "./ServerMetrics.ts"
+
+/** The merged handler table of every server module. */
+export class Handlers extends Context.Service<Handlers, HandlerTable>()("mpcache/services/Handlers") {}
+
+/** Options of the MQ server. */
+export interface MqServerOptions {
+  /** ZeroMQ endpoint to bind, e.g. `tcp://127.0.0.1:5555` or `ipc:///run/mpcache.sock` (`tcp://127.0.0.1:*` picks a port). */
+  readonly endpoint: string
+  /** NORMAL pool size (`--max-cpu-workers`). */
+  readonly normalWorkers: number
+  /** AFFINITY lanes (`--max-gpu-workers`). */
+  readonly affinityLanes: number
+  /** Waiting jobs per pool/lane before `overloaded` replies. Default 65,536. */
+  readonly queueCapacity?: number
+  /** How long shutdown waits for in-flight requests. Default 10 s. */
+  readonly drainTimeout?: Duration.Input
+}
+
+/** Counters and queue depths, for `/api/status`. */
+export interface MqServerStats {
+  readonly connectedPeers: number
+  readonly droppedMessages: number
+  readonly undeliverableReplies: number
+  readonly pools: DispatchStats
+}
+
+/** The running MQ server. */
+export class MqServer extends Context.Service<MqServer, {
+  /** The endpoint actually bound (a `*` port resolved). */
+  readonly endpoint: string
+  /** The merged handler table (id, name, pool, module). */
+  readonly table: ReadonlyArray<TableRow>
+  /** Whether the peer (routing id, hex) is still connected. */
+  readonly isConnected: (peer: string) => boolean
+  readonly stats: () => MqServerStats
+}>()("mpcache/services/MqServer") {
+  /**
+   * Binds and serves for the life of the layer. Fails with `ZmqError` when
+   * the endpoint cannot be bound. Requires the merged `Handlers` and a
+   * `PeerEvents` listener.
+   */
+  static readonly layer = (options: MqServerOptions) => Layer.effect(this, make(options))
+}
+
+const DEFAULT_QUEUE_CAPACITY = 65_536
+const SEND_HIGH_WATER_MARK = 100_000
+const CLOSE_LINGER_MS = 1_000
+
+/** Index of the payload frame that names the instance (for log annotations), per op id. */
+const instanceFieldIndex = new Map<number, { readonly index: number; readonly nested: boolean }>()
+for (const op of opById.values()) {
+  const direct = op.payload.findIndex(([name]) => name === "instance_id")
+  if (direct >= 0) instanceFieldIndex.set(op.id, { index: direct, nested: false })
+  else {
+    const nested = op.payload.findIndex(([name]) => name === "context")
+    if (nested >= 0) instanceFieldIndex.set(op.id, { index: nested, nested: true })
+  }
+}
+
+/** The instance a decoded request names, if any (its `instance_id` payload or `context.instance_id`). */
+const instanceIdOf = (op: Op, payload: ReadonlyArray<unknown>): InstanceId | undefined => {
+  const at = instanceFieldIndex.get(op.id)
+  if (at === undefined) return undefined
+  const v = at.nested ? (payload[at.index] as { readonly instance_id?: unknown } | undefined)?.instance_id : payload[at.index]
+  return typeof v === "bigint" ? v as InstanceId : undefined
+}
+
+const describeCause = (cause: Cause.Cause<unknown>): string => {
+  const squashed = Cause.squash(cause)
+  return squashed instanceof Error ? squashed.message : String(squashed)
+}
+
+const make = (options: MqServerOptions) =>
+  Effect.gen(function*() {
+    const table = yield* Handlers
+    const events = yield* PeerEvents
+    const barrier = yield* RequestBarrier
+    const router = yield* (yield* ZmqSockets).bindRouter(options.endpoint, {
+      sendHighWaterMark: SEND_HIGH_WATER_MARK,
+      lingerMs: CLOSE_LINGER_MS
+    })
+    const endpoint = router.lastEndpoint ?? options.endpoint
+    let droppedMessages = 0
+    let undeliverableReplies = 0
+
+    // One send path (zeromq.js allows one send in flight per socket): replies queue in a plain array and one
+    // promise chain sends them in order. No fiber, Queue or Effect per reply: this is the PING hot path.
+    const services = yield* Effect.context<never>()
+    const outbox: Array<Array<Uint8Array>> = []
+    let pumping: Promise<void> | undefined
+    const pump = async (): Promise<void> => {
+      for (let message = outbox.shift(); message !== undefined; message = outbox.shift()) {
+        try {
+          await router.send(message)
+        } catch {
+          // The peer is gone (ROUTER_MANDATORY) or the socket is closing: the reply cannot be delivered.
+          undeliverableReplies++
+          M.undeliverableRepliesTotal.updateUnsafe(1, services)
+        }
+      }
+      pumping = undefined
+    }
+    const reply = (routingId: Uint8Array, frames: Array<Uint8Array>): void => {
+      outbox.push([routingId, ...frames])
+      pumping ??= pump()
+    }
+    yield* Effect.addFinalizer(() =>
+      Effect.promise(() => pumping ?? Promise.resolve()).pipe(Effect.timeout("5 seconds"), Effect.ignore)
+    )
+
+    const dispatcher = yield* makeDispatcher({
+      normalWorkers: options.normalWorkers,
+      affinityLanes: options.affinityLanes,
+      queueCapacity: options.queueCapacity ?? DEFAULT_QUEUE_CAPACITY
+    })
+    yield* Effect.addFinalizer(() => dispatcher.drain(options.drainTimeout ?? "10 seconds"))
+
+    const opMetrics = new Map(
+      [...table.byId.values()].map((r) => [r.op.id, M.opMetrics(r.op.name)] as const)
+    )
+
+    const replyError = (
+      routingId: Uint8Array,
+      uidFrame: Uint8Array,
+      opFrame: Uint8Array,
+      error: WireError
+    ): Effect.Effect<void> =>
+      Effect.sync(() => reply(routingId, encodeErrorReply(uidFrame, opFrame, error))).pipe(
+        Effect.andThen(Metric.update(M.errorMetric(error.code), 1))
+      )
+
+    /**
+     * The job for one attributable request: decode, run, reply, measure. Never fails. Built lazily, so the
+     * payload is decoded on the pool, not on the receive loop.
+     */
+    const job = (
+      row: HandlerRow,
+      routingId: Uint8Array,
+      peer: string,
+      frames: Array<Uint8Array>,
+      receivedAtMs: number,
+      seq: number
+    ): Effect.Effect<void> => Effect.suspend(() => jobNow(row, routingId, peer, frames, receivedAtMs, seq))
+
+    const jobNow = (
+      row: HandlerRow,
+      routingId: Uint8Array,
+      peer: string,
+      frames: Array<Uint8Array>,
+      receivedAtMs: number,
+      seq: number
+    ): Effect.Effect<void> => {
+      const uidFrame = frames[0]!
+      const opFrame = frames[1]!
+      const decoded = decodePayload(row.op, frames.slice(2))
+      const instanceId = Exit.isSuccess(decoded) ? instanceIdOf(row.op, decoded.value as ReadonlyArray<unknown>) : undefined
+      const run: Effect.Effect<void> = Exit.isFailure(decoded)
+        ? Effect.logWarning("bad request", describeCause(decoded.cause)).pipe(
+          Effect.andThen(replyError(routingId, uidFrame, opFrame, Cause.squash(decoded.cause) as BadRequest))
+        )
+        : Effect.exit(row.handle(decoded.value as ReadonlyArray<unknown>, { routingId, peer })).pipe(
+          Effect.flatMap((exit): Effect.Effect<void> => {
+            if (Exit.isSuccess(exit)) {
+              const encoded = encodeReply(row.op, uidFrame, opFrame, exit.value as never)
+              if (Exit.isSuccess(encoded)) {
+                return Effect.sync(() => reply(routingId, encoded.value)).pipe(
+                  Effect.andThen(instanceId === undefined ? Effect.void : events.instanceMessage(peer, instanceId))
+                )
+              }
+              return Effect.logError("handler returned a response that does not encode", describeCause(encoded.cause))
+                .pipe(
+                  Effect.andThen(replyError(
+                    routingId,
+                    uidFrame,
+                    opFrame,
+                    new Internal({ message: `${row.op.name}: the server produced an invalid response` })
+                  ))
+                )
+            }
+            const failure = Cause.squash(exit.cause)
+            if (isWireError(failure) && !Cause.hasDies(exit.cause)) {
+              return replyError(routingId, uidFrame, opFrame, failure)
+            }
+            if (Cause.hasInterruptsOnly(exit.cause)) return Effect.void
+            return Effect.logError("handler failed", exit.cause).pipe(
+              Effect.andThen(replyError(
+                routingId,
+                uidFrame,
+                opFrame,
+                new Internal({ message: `${row.op.name}: internal error: ${describeCause(exit.cause)}` })
+              ))
+            )
+          })
+        )
+      const m = opMetrics.get(row.op.id)!
+      const finish = () => {
+        m.requests.updateUnsafe(1, services)
+        m.latency.updateUnsafe((Date.now() - receivedAtMs) / 1000, services)
+        barrier.exit(seq)
+      }
+      return run.pipe(
+        Effect.annotateLogs(
+          instanceId === undefined ? { op: row.op.name, peer } : { op: row.op.name, peer, instance_id: formatInstanceId(instanceId) }
+        ),
+        Effect.catchCause((cause) => Effect.logError("request job failed", cause)),
+        Effect.ensuring(Effect.sync(finish))
+      )
+    }
+
+    const connected = new Set<string>()
+
+    const drop = (peer: string, why: string): Effect.Effect<void> => {
+      droppedMessages++
+      return Metric.update(M.droppedMessagesTotal, 1).pipe(
+        Effect.andThen(Effect.logWarning(`dropped a message that cannot be attributed: ${why}`).pipe(
+          Effect.annotateLogs({ peer })
+        ))
+      )
+    }
+
+    /** Handles one received multipart message; never fails, never waits on a handler. */
+    const onMessage = (received: Array<Buffer>): Effect.Effect<void> => {
+      const routingId = received[0]
+      if (routingId === undefined) return Effect.void
+      const peer = routingId.toString("hex")
+      const frames = received.slice(1)
+      if (frames.length === 1 && frames[0]!.length === 0) {
+        // ZMQ_ROUTER_NOTIFY: the same empty frame means connect, then disconnect.
+        if (connected.has(peer)) {
+          connected.delete(peer)
+          dispatcher.releasePeer(peer)
+          return Metric.update(M.connectedPeers, connected.size).pipe(
+            Effect.andThen(Effect.logDebug("peer disconnected").pipe(Effect.annotateLogs({ peer }))),
+            Effect.andThen(events.disconnected(peer))
+          )
+        }
+        connected.add(peer)
+        return Metric.update(M.connectedPeers, connected.size).pipe(
+          Effect.andThen(Effect.logDebug("peer connected").pipe(Effect.annotateLogs({ peer }))),
+          Effect.andThen(events.connected(peer))
+        )
+      }
+      if (frames.length < 2) return drop(peer, `${frames.length} frame(s); a request has at least uid and op`)
+      const uidFrame = frames[0]!
+      const opFrame = frames[1]!
+      const uid = decodeHeaderInt(uidFrame)
+      if (uid === undefined) return drop(peer, "the uid frame is not a non-negative MessagePack int")
+      const opId = decodeHeaderInt(opFrame)
+      if (opId === undefined) return drop(peer, "the op frame is not a non-negative MessagePack int")
+      const row = table.byId.get(opId)
+      if (row === undefined) {
+        const known = opById.get(opId)
+        const message = known === undefined
+          ? `unknown op ${opId}: this server speaks protocol v1 (ops ${[...opById.keys()].join(", ")})`
+          : `op ${known.name} (${opId}) is not served by this server`
+        return Effect.logWarning(message).pipe(
+          Effect.annotateLogs({ peer }),
+          Effect.andThen(replyError(routingId, uidFrame, opFrame, new UnknownOp({ message })))
+        )
+      }
+      const payloadCount = frames.length - 2
+      if (payloadCount !== row.op.payload.length) {
+        const message = `${row.op.name}: expected ${row.op.payload.length} payload frame(s) (${
+          row.op.payload.map(([n]) => n).join(", ") || "none"
+        }), got ${payloadCount}`
+        return Effect.logWarning("bad request", message).pipe(
+          Effect.annotateLogs({ op: row.op.name, peer }),
+          Effect.andThen(replyError(routingId, uidFrame, opFrame, new BadRequest({ message })))
+        )
+      }
+      const seq = barrier.enter()
+      const accepted = dispatcher.submit(row.pool, peer, job(row, routingId, peer, frames, Date.now(), seq))
+      if (accepted) return Effect.void
+      barrier.exit(seq)
+      const message = `${row.op.name}: the ${row.pool} pool is full (${options.queueCapacity ?? DEFAULT_QUEUE_CAPACITY} waiting); retry later`
+      return Effect.logWarning(message).pipe(
+        Effect.annotateLogs({ op: row.op.name, peer }),
+        Effect.andThen(replyError(routingId, uidFrame, opFrame, new Overloaded({ message })))
+      )
+    }
+
+    const receiveLoop = Effect.tryPromise({
+      try: () => router.receive(),
+      catch: (cause) => new ZmqError({ op: "receive", endpoint, cause })
+    }).pipe(
+      Effect.flatMap(onMessage),
+      Effect.catchCause((cause) =>
+        Cause.hasInterruptsOnly(cause)
+          ? Effect.failCause(cause)
+          : Effect.logError("receive loop: recovering from an error", cause).pipe(Effect.andThen(Effect.sleep("10 millis")))
+      ),
+      Effect.forever
+    )
+    yield* Effect.forkScoped(receiveLoop)
+    yield* Effect.logInfo(`MQ server listening on ${endpoint}`)
+
+    return {
+      endpoint,
+      table: table.rows,
+      isConnected: (peer: string) => connected.has(peer),
+      stats: () => ({
+        connectedPeers: connected.size,
+        droppedMessages,
+        undeliverableReplies,
+        pools: dispatcher.stats()
+      })
+    }
+  })

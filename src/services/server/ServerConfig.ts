@@ -1,0 +1,207 @@
+/**
+ * Server configuration (DESIGN §5, §7): every `mpcache serve` flag with its
+ * default and its rule, in one place. The CLI parses flags into a
+ * `ServerConfigInput` and `validate` turns it into a `ServerConfig` or the
+ * list of broken rules, each naming its flag (exit status 2).
+ */
+import { Context, Effect, Layer, Schema } from "effect"
+
+/** Output format of the server's logs. */
+export type LogFormat = "json" | "pretty"
+
+/**
+ * How engine-driven contexts move KV bytes (`--engine-driven-transport`,
+ * DESIGN §4; upstream picks `ShmTransferStrategy` when the server's L1 is a
+ * shared segment, else `PickleTransferStrategy`): `shm` hands out slots in
+ * the shared L1 pool that workers map; `inline` carries the bytes in the
+ * messages (REGISTER answers `shm_name ""`, `pool_size 0`).
+ */
+export type EngineDrivenTransport = "shm" | "inline"
+
+/** The values `--engine-driven-transport` accepts. */
+export const ENGINE_DRIVEN_TRANSPORTS: ReadonlyArray<EngineDrivenTransport> = ["shm", "inline"]
+
+/** A validated server configuration. */
+export interface ServerConfigShape {
+  /** ZeroMQ endpoint the ROUTER binds: `--endpoint`, else `tcp://{--host}:{--port}`. */
+  readonly endpoint: string
+  /** HTTP frontend address (`--http-host`, `--http-port`; port 0 picks a free one). */
+  readonly httpHost: string
+  readonly httpPort: number
+  /** Tokens per chunk (`--chunk-size`, default 256). */
+  readonly chunkSizeTokens: number
+  /** L1 capacity in GiB (`--l1-size-gb`, default 1). */
+  readonly l1SizeGb: number
+  /** Prefault the L1 pool's pages in the background at start (`--l1-prefault`, default true). */
+  readonly l1Prefault: boolean
+  /** NORMAL pool size (`--max-cpu-workers`, default `--max-workers`). */
+  readonly maxCpuWorkers: number
+  /** AFFINITY lanes (`--max-gpu-workers`, default `--max-workers`). */
+  readonly maxGpuWorkers: number
+  readonly logFormat: LogFormat
+  /** Reap window of instances with both liveness flags latched; 0 disables reaping (`--worker-reap-timeout-seconds`). */
+  readonly workerReapTimeoutSeconds: number
+  /** Reap window of instances not yet proven alive (`--worker-registration-grace-seconds`). */
+  readonly workerRegistrationGraceSeconds: number
+  /** Silence allowed after an instance's last connection closed; 0 disables (`--worker-disconnect-grace-seconds`). */
+  readonly workerDisconnectGraceSeconds: number
+  /** Prefetch read locks older than this are released (`--lookup-lock-ttl-seconds`; upstream read_ttl_seconds 300). */
+  readonly lookupLockTtlSeconds: number
+  /** Engine-driven transport (`--engine-driven-transport`, default shm). */
+  readonly engineDrivenTransport: EngineDrivenTransport
+}
+
+/** Flag values as parsed, before the cross-flag rules. */
+export interface ServerConfigInput {
+  readonly host: string
+  readonly port: number
+  readonly endpoint: string | undefined
+  readonly httpHost: string
+  readonly httpPort: number
+  readonly chunkSize: number
+  readonly l1SizeGb: number
+  readonly l1Prefault: boolean
+  readonly maxWorkers: number
+  readonly maxCpuWorkers: number | undefined
+  readonly maxGpuWorkers: number | undefined
+  readonly logFormat: LogFormat
+  readonly workerReapTimeoutSeconds: number
+  readonly workerRegistrationGraceSeconds: number
+  readonly workerDisconnectGraceSeconds: number
+  readonly lookupLockTtlSeconds: number
+  readonly engineDrivenTransport: EngineDrivenTransport
+}
+
+/** Defaults of DESIGN §5 and §7 (upstream: port 5555, chunk 256, reap 120 s, grace 3600 s). */
+export const defaults: ServerConfigInput = {
+  host: "127.0.0.1",
+  port: 5555,
+  endpoint: undefined,
+  httpHost: "127.0.0.1",
+  httpPort: 8080,
+  chunkSize: 256,
+  l1SizeGb: 1,
+  l1Prefault: true,
+  maxWorkers: 4,
+  maxCpuWorkers: undefined,
+  maxGpuWorkers: undefined,
+  logFormat: "pretty",
+  workerReapTimeoutSeconds: 120,
+  workerRegistrationGraceSeconds: 3600,
+  workerDisconnectGraceSeconds: 10,
+  lookupLockTtlSeconds: 300,
+  engineDrivenTransport: "shm"
+}
+
+/** One broken rule: the flag and what it must be. */
+export interface ConfigIssue {
+  readonly flag: string
+  readonly message: string
+}
+
+/** A configuration broke one or more rules. */
+export class ConfigInvalid extends Schema.TaggedError<ConfigInvalid>()("ConfigInvalid", {
+  issues: Schema.Array(Schema.Struct({ flag: Schema.String, message: Schema.String }))
+}) {
+  override get message(): string {
+    return this.issues.map(formatIssue).join("\n")
+  }
+}
+
+/** Renders an issue as the CLI prints it. */
+export const formatIssue = (issue: ConfigIssue): string => `--${issue.flag}: ${issue.message}`
+
+/** Single-flag rules, shared by the CLI's flag filters and `validate`. */
+export const rules = {
+  port: (n: number) => Number.isInteger(n) && n >= 1 && n <= 65535 ? undefined : `must be an integer from 1 to 65535 (got ${n})`,
+  httpPort: (n: number) => Number.isInteger(n) && n >= 0 && n <= 65535 ? undefined : `must be an integer from 0 to 65535 (got ${n}; 0 picks a free port)`,
+  endpoint: (s: string) =>
+    /^(tcp:\/\/[^\s]+:(\d+|\*)|ipc:\/\/[^\s]+)$/.test(s) ? undefined : `must be a ZeroMQ endpoint tcp://HOST:PORT or ipc://PATH (got "${s}")`,
+  host: (s: string) => s.length > 0 && !/\s/.test(s) ? undefined : `must be a host name or address (got "${s}")`,
+  chunkSize: (n: number) => Number.isInteger(n) && n >= 1 && n <= 1 << 20 ? undefined : `must be an integer from 1 to 1048576 tokens (got ${n})`,
+  l1SizeGb: (n: number) => Number.isFinite(n) && n > 0 && n <= 65536 ? undefined : `must be a number of GiB above 0 (got ${n})`,
+  workers: (n: number) => Number.isInteger(n) && n >= 1 && n <= 1024 ? undefined : `must be an integer from 1 to 1024 (got ${n})`,
+  reapTimeout: (n: number) =>
+    Number.isFinite(n) && (n === 0 || n >= 30)
+      ? undefined
+      : `worker reap timeout must be 0 (disabled) or at least 30 seconds (got ${n}); keep it at least 3 × the workers' heartbeat interval`,
+  lockTtl: (n: number) =>
+    Number.isFinite(n) && n >= 1 ? undefined : `lookup lock TTL must be at least 1 second (got ${n})`,
+  disconnectGrace: (n: number) =>
+    Number.isFinite(n) && n >= 0 ? undefined : `worker disconnect grace must be 0 (disabled) or a positive number of seconds (got ${n})`,
+  engineDrivenTransport: (s: string) =>
+    (ENGINE_DRIVEN_TRANSPORTS as ReadonlyArray<string>).includes(s) ? undefined : `must be shm or inline (got "${s}")`
+} as const
+
+/**
+ * Checks every rule (single-flag and cross-flag) and resolves the derived
+ * values. Returns the config, or every broken rule.
+ */
+export const validate = (input: ServerConfigInput): { readonly config: ServerConfigShape } | { readonly issues: ReadonlyArray<ConfigIssue> } => {
+  const issues: Array<ConfigIssue> = []
+  const check = (flag: string, problem: string | undefined) => {
+    if (problem !== undefined) issues.push({ flag, message: problem })
+  }
+  if (input.endpoint !== undefined) check("endpoint", rules.endpoint(input.endpoint))
+  else {
+    check("host", rules.host(input.host))
+    check("port", rules.port(input.port))
+  }
+  check("http-host", rules.host(input.httpHost))
+  check("http-port", rules.httpPort(input.httpPort))
+  check("chunk-size", rules.chunkSize(input.chunkSize))
+  check("l1-size-gb", rules.l1SizeGb(input.l1SizeGb))
+  check("max-workers", rules.workers(input.maxWorkers))
+  if (input.maxCpuWorkers !== undefined) check("max-cpu-workers", rules.workers(input.maxCpuWorkers))
+  if (input.maxGpuWorkers !== undefined) check("max-gpu-workers", rules.workers(input.maxGpuWorkers))
+  check("worker-reap-timeout-seconds", rules.reapTimeout(input.workerReapTimeoutSeconds))
+  const grace = input.workerRegistrationGraceSeconds
+  if (!Number.isFinite(grace) || grace < input.workerReapTimeoutSeconds) {
+    issues.push({
+      flag: "worker-registration-grace-seconds",
+      message: `worker registration grace must be at least the worker reap timeout (${input.workerReapTimeoutSeconds} s; got ${grace})`
+    })
+  }
+  check("worker-disconnect-grace-seconds", rules.disconnectGrace(input.workerDisconnectGraceSeconds))
+  check("lookup-lock-ttl-seconds", rules.lockTtl(input.lookupLockTtlSeconds))
+  check("engine-driven-transport", rules.engineDrivenTransport(input.engineDrivenTransport))
+  if (issues.length > 0) return { issues }
+  const host = input.host.includes(":") && !input.host.startsWith("[") ? `[${input.host}]` : input.host
+  return {
+    config: {
+      endpoint: input.endpoint ?? `tcp://${host}:${input.port}`,
+      httpHost: input.httpHost,
+      httpPort: input.httpPort,
+      chunkSizeTokens: input.chunkSize,
+      l1SizeGb: input.l1SizeGb,
+      l1Prefault: input.l1Prefault,
+      maxCpuWorkers: input.maxCpuWorkers ?? input.maxWorkers,
+      maxGpuWorkers: input.maxGpuWorkers ?? input.maxWorkers,
+      logFormat: input.logFormat,
+      workerReapTimeoutSeconds: input.workerReapTimeoutSeconds,
+      workerRegistrationGraceSeconds: grace,
+      workerDisconnectGraceSeconds: input.workerDisconnectGraceSeconds,
+      lookupLockTtlSeconds: input.lookupLockTtlSeconds,
+      engineDrivenTransport: input.engineDrivenTransport
+    }
+  }
+}
+
+/** The server's configuration as a service. */
+export class ServerConfig extends Context.Service<ServerConfig, ServerConfigShape>()("mpcache/services/server/ServerConfig") {
+  /** A fixed configuration (already validated). */
+  static readonly layer = (config: ServerConfigShape) => Layer.succeed(this, config)
+  /**
+   * The defaults with `overrides` applied, validated; dies with `ConfigInvalid` on a broken rule.
+   * For tests.
+   */
+  static readonly layerTest = (overrides: Partial<ServerConfigInput> = {}) =>
+    Layer.effect(
+      this,
+      Effect.suspend(() => {
+        // Tests create many pools: no background prefault unless asked.
+        const result = validate({ ...defaults, l1Prefault: false, ...overrides })
+        return "issues" in result ? Effect.die(new ConfigInvalid({ issues: result.issues })) : Effect.succeed(result.config)
+      })
+    )
+}

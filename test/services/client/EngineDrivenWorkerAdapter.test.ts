@@ -1,0 +1,159 @@
+/**
+ * The engine-driven worker adapter against a scripted fake MQ client and
+ * TestClock (the inline transport, so no pool is mapped): what it registers,
+ * its heartbeat and re-registration, degraded mode, the inline byte layout
+ * of COMMIT_STORE and PREPARE_RETRIEVE, and shutdown order.
+ */
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Exit, Scope } from "effect"
+import { TestClock } from "effect/testing"
+import { NativeMemoryLive } from "../../../src/layers/NativeMemory.ts"
+import { makeInstanceId } from "../../../src/schema/InstanceId.ts"
+import { InvalidArgument } from "../../../src/schema/WireError.ts"
+import {
+  type EngineDrivenWorkerAdapterSettings,
+  makeEngineDrivenWorkerAdapterWith
+} from "../../../src/services/client/EngineDrivenWorkerAdapter.ts"
+import { type FakeMqClient, makeFakeMqClient, reply } from "../../support/FakeMqClient.ts"
+
+const ID = makeInstanceId(4242n)
+/** [2, 1 layer, 256 tokens, 4] uint8. */
+const CHUNK_BYTES = 2 * 1 * 256 * 4
+
+const settings = (extra: Partial<EngineDrivenWorkerAdapterSettings> = {}): EngineDrivenWorkerAdapterSettings => ({
+  modelName: "m",
+  worldSize: 1,
+  kvRank: 0,
+  blockSizeTokens: 16,
+  numLayers: 1,
+  hiddenDimSize: 4,
+  dtype: "uint8",
+  instanceId: ID,
+  ...extra
+})
+
+/** A fake server answering with the inline transport. */
+const inlineClient = (): FakeMqClient => {
+  const client = makeFakeMqClient()
+  client.answer("register_kv_cache_engine_driven_context", reply.ok({ shm_name: "", pool_size: 0 }))
+  client.answer("commit_store", reply.ok(true))
+  client.answer("commit_retrieve", reply.ok(true))
+  return client
+}
+
+const chunk = (c: number) => new Uint8Array(CHUNK_BYTES).fill(c + 1)
+const request = { requestId: "q", tokenIds: Array.from({ length: 1024 }, (_, i) => i), start: 0, end: 1024 }
+
+const timeline = (client: FakeMqClient, ...only: ReadonlyArray<string>) =>
+  client.sent.filter((s) => only.length === 0 || only.includes(s.op)).map((s) => `${s.op}@${s.atMs}`)
+
+describe("engine-driven worker adapter", () => {
+  it.effect("registers its context, then pings PING_REGISTERED [id, [engine_driven]] every interval", () =>
+    Effect.gen(function*() {
+      const client = inlineClient()
+      const adapter = yield* makeEngineDrivenWorkerAdapterWith(client, settings())
+      assert.isFalse(yield* adapter.heartbeatRunning)
+      assert.deepStrictEqual(yield* adapter.register, { shm_name: "", pool_size: 0 })
+      assert.strictEqual(yield* adapter.transport, "inline")
+      yield* TestClock.adjust("20 seconds")
+      assert.deepStrictEqual(timeline(client), [
+        "get_chunk_size@0",
+        "register_kv_cache_engine_driven_context@0",
+        "ping_registered@0",
+        "ping_registered@10000",
+        "ping_registered@20000"
+      ])
+      assert.deepStrictEqual(client.sent[1]?.payload, [{
+        instance_id: ID,
+        model_name: "m",
+        world_size: 1,
+        block_size: 16,
+        num_layers: 1,
+        hidden_dim_size: 4,
+        dtype_str: "uint8",
+        use_mla: false
+      }])
+      assert.deepStrictEqual(client.sent[2]?.payload, [ID, ["engine_driven"]])
+      assert.deepStrictEqual(adapter.layout.objectShape, [2, 1, 256, 4])
+    }).pipe(Effect.provide(NativeMemoryLive)))
+
+  it.effect("a block size that does not divide the server's chunk size is refused at construction", () =>
+    Effect.gen(function*() {
+      const error = yield* Effect.flip(makeEngineDrivenWorkerAdapterWith(inlineClient(), settings({ blockSizeTokens: 48 })))
+      assert.instanceOf(error, InvalidArgument)
+      assert.include(error.message, "block_size: 48 tokens must divide the server's chunk size (256 tokens)")
+    }).pipe(Effect.provide(NativeMemoryLive)))
+
+  it.effect("the server reporting engine_driven missing gets a re-register at once, with the same id", () =>
+    Effect.gen(function*() {
+      const client = inlineClient()
+      const adapter = yield* makeEngineDrivenWorkerAdapterWith(client, settings())
+      yield* adapter.register
+      yield* TestClock.adjust("0 millis") // the first ping, at start
+      client.once("ping_registered", reply.ok(["engine_driven"]))
+      yield* TestClock.adjust("10 seconds")
+      assert.deepStrictEqual(timeline(client, "register_kv_cache_engine_driven_context", "ping_registered"), [
+        "register_kv_cache_engine_driven_context@0",
+        "ping_registered@0",
+        "ping_registered@10000",
+        "register_kv_cache_engine_driven_context@10000"
+      ])
+      assert.strictEqual(yield* adapter.reregistrations, 1)
+      assert.isTrue(yield* adapter.isHealthy)
+    }).pipe(Effect.provide(NativeMemoryLive)))
+
+  it.effect("degraded mode: a store answers false and a retrieve not ok, without sending anything", () =>
+    Effect.gen(function*() {
+      const client = inlineClient()
+      const adapter = yield* makeEngineDrivenWorkerAdapterWith(client, settings({ heartbeatTimeoutMs: 1_000 }))
+      yield* adapter.register
+      client.answer("ping_registered", reply.timeout)
+      yield* TestClock.adjust("11 seconds")
+      assert.isFalse(yield* adapter.isHealthy)
+      const before = client.sent.length
+      assert.isFalse(yield* adapter.store(request, chunk))
+      assert.deepStrictEqual(yield* adapter.retrieve(request), { ok: false, chunks: [] })
+      assert.strictEqual(client.sent.length, before)
+    }).pipe(Effect.provide(NativeMemoryLive)))
+
+  it.effect("inline: COMMIT_STORE carries the wanted chunks concatenated in chunk_indices order; PREPARE_RETRIEVE's data is split into chunks", () =>
+    Effect.gen(function*() {
+      const client = inlineClient()
+      const adapter = yield* makeEngineDrivenWorkerAdapterWith(client, settings())
+      yield* adapter.register
+      const slot = { offset: 0, length: CHUNK_BYTES, shape: [2, 1, 256, 4], dtype: "uint8" }
+      client.answer("prepare_store", reply.ok({ context: { slots: [slot, slot], chunk_indices: [1, 3] } }))
+      const asked: Array<number> = []
+      assert.isTrue(yield* adapter.store(request, (i) => (asked.push(i), chunk(i))))
+      assert.deepStrictEqual(asked, [1, 3])
+      const commit = client.sent.find((s) => s.op === "commit_store")!
+      assert.deepStrictEqual(new Uint8Array(commit.payload[2] as Uint8Array), new Uint8Array([...chunk(1), ...chunk(3)]))
+      client.answer("prepare_retrieve", reply.ok({
+        success: true,
+        data: new Uint8Array([0, 1, 2, 3].flatMap((c) => [...chunk(c)])),
+        context: { slots: [], chunk_indices: [0, 1, 2, 3] }
+      }))
+      const got = yield* adapter.retrieve(request)
+      assert.isTrue(got.ok)
+      assert.deepStrictEqual(got.chunks, [0, 1, 2, 3].map(chunk))
+      assert.deepStrictEqual(timeline(client, "prepare_retrieve", "commit_retrieve"), ["prepare_retrieve@0", "commit_retrieve@0"])
+      // A chunk of the wrong length is refused before anything is committed.
+      const wrong = yield* Effect.flip(adapter.store(request, () => new Uint8Array(3)))
+      assert.instanceOf(wrong, InvalidArgument)
+      assert.strictEqual(client.ops("commit_store").length, 1)
+    }).pipe(Effect.provide(NativeMemoryLive)))
+
+  it.effect("shutdown stops the heartbeat, then unregisters the context; nothing is sent after", () =>
+    Effect.gen(function*() {
+      const client = inlineClient()
+      const scope = yield* Scope.make()
+      const adapter = yield* makeEngineDrivenWorkerAdapterWith(client, settings()).pipe(Scope.provide(scope))
+      yield* adapter.register
+      yield* TestClock.adjust("5 seconds")
+      yield* Scope.close(scope, Exit.void)
+      yield* TestClock.adjust("60 seconds")
+      assert.deepStrictEqual(timeline(client).slice(-2), ["ping_registered@0", "unregister_kv_cache_engine_driven_context@5000"])
+      assert.deepStrictEqual(client.sent.at(-1)?.payload, [ID])
+      assert.deepStrictEqual((yield* adapter.events).map((e) => e._tag), ["Registered", "HeartbeatStarted", "HeartbeatStopped", "Unregistered"])
+    }).pipe(Effect.provide(NativeMemoryLive)))
+})

@@ -1,0 +1,265 @@
+/**
+ * Worker liveness on the server (DESIGN §5; the issue's failure-mode table),
+ * on the TestClock: no real sleeping. Defaults: reap timeout 120 s (scans
+ * every 30 s), registration grace 3600 s, disconnect grace 10 s.
+ */
+import { assert, describe, it } from "@effect/vitest"
+import { Deferred, Effect, Layer } from "effect"
+import { TestClock } from "effect/testing"
+import { Connections } from "../../../src/services/liveness/Connections.ts"
+import { LmcacheDrivenTransfer } from "../../../src/services/server/LmcacheDrivenTransfer.ts"
+import { Management } from "../../../src/services/server/Management.ts"
+import { RequestBarrier } from "../../../src/services/liveness/RequestBarrier.ts"
+import { emptyKey, id, livenessEnv, workerCache } from "../../support/LivenessEnv.ts"
+
+/** Registers instance `n`, then PINGs and transfers once: both flags latched. */
+const registerServed = (n: number) =>
+  Effect.gen(function*() {
+    const transfer = yield* LmcacheDrivenTransfer
+    const management = yield* Management
+    const cache = yield* workerCache
+    yield* transfer.register(id(n), cache.descriptors, "m", 1, "vllm")
+    yield* management.ping(id(n))
+    assert.isTrue(yield* transfer.store(emptyKey, id(n), [[]]))
+    return cache
+  })
+
+const registered = (n: number) =>
+  Effect.gen(function*() {
+    const transfer = yield* LmcacheDrivenTransfer
+    return yield* transfer.isRegistered(id(n))
+  })
+
+/** Advances the clock in `stepSeconds` steps, running `each` after every step. */
+const advance = (totalSeconds: number, stepSeconds: number, each: Effect.Effect<void, unknown, never> = Effect.void) =>
+  Effect.gen(function*() {
+    for (let t = 0; t < totalSeconds; t += stepSeconds) {
+      yield* TestClock.adjust(`${stepSeconds} seconds`)
+      yield* each
+    }
+  })
+
+describe("reap windows", () => {
+  it.effect("crash after serving (both flags latched): reaped after the timeout, by timeout + timeout/4, never before", () =>
+    Effect.gen(function*() {
+      yield* registerServed(1)
+      yield* TestClock.adjust("120 seconds")
+      assert.isTrue(yield* registered(1), "kept at exactly the timeout")
+      yield* TestClock.adjust("30 seconds")
+      assert.isFalse(yield* registered(1), "reaped by timeout + timeout/4")
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+
+  it.effect("the reaped instance is released through the UNREGISTER finalizer and logged once", () =>
+    Effect.gen(function*() {
+      const management = yield* Management
+      yield* registerServed(1)
+      yield* TestClock.adjust("90 seconds")
+      const reaped = yield* management.scan(121_000)
+      assert.deepStrictEqual(reaped, [{ id: id(1), reason: "timeout", silentMs: 121_000, windowMs: 120_000 }])
+      assert.deepStrictEqual(yield* management.scan(1_000_000), [])
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+
+  it.effect("crash during warm-up (registered, never pinged): kept through the timeout, reaped on the grace", () =>
+    Effect.gen(function*() {
+      const transfer = yield* LmcacheDrivenTransfer
+      const cache = yield* workerCache
+      yield* transfer.register(id(2), cache.descriptors, "m", 1, "vllm")
+      yield* TestClock.adjust("3600 seconds")
+      assert.isTrue(yield* registered(2))
+      yield* TestClock.adjust("30 seconds")
+      assert.isFalse(yield* registered(2))
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+
+  it.effect("pinged but never transferring (idle after start) keeps the grace, not the timeout", () =>
+    Effect.gen(function*() {
+      const transfer = yield* LmcacheDrivenTransfer
+      const management = yield* Management
+      const cache = yield* workerCache
+      yield* transfer.register(id(3), cache.descriptors, "m", 1, "vllm")
+      yield* management.ping(id(3))
+      yield* TestClock.adjust("600 seconds")
+      assert.isTrue(yield* registered(3))
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+
+  it.effect("a live worker with no traffic whose heartbeat runs is never reaped", () =>
+    Effect.gen(function*() {
+      const management = yield* Management
+      yield* registerServed(4)
+      yield* advance(4 * 3600, 10, Effect.asVoid(management.ping(id(4))))
+      assert.isTrue(yield* registered(4))
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+
+  it.effect("heartbeat starved while transfers continue: never reaped", () =>
+    Effect.gen(function*() {
+      const transfer = yield* LmcacheDrivenTransfer
+      yield* registerServed(5)
+      yield* advance(2 * 3600, 60, Effect.asVoid(Effect.orDie(transfer.store(emptyKey, id(5), [[]]))))
+      assert.isTrue(yield* registered(5))
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+
+  it.effect("partition shorter than the timeout: no reap; on heal re-register is the no-op path (nothing rebuilt)", () =>
+    Effect.gen(function*() {
+      const transfer = yield* LmcacheDrivenTransfer
+      const cache = yield* registerServed(6)
+      const before = yield* transfer.target.instances()
+      yield* TestClock.adjust("100 seconds")
+      assert.isTrue(yield* registered(6))
+      yield* transfer.register(id(6), cache.descriptors, "m", 1, "vllm")
+      const after = yield* transfer.target.instances()
+      assert.strictEqual(after.length, 1)
+      assert.deepStrictEqual(after[0]!.details, before[0]!.details)
+      assert.strictEqual(after[0]!.has_transfer_activity, true)
+      assert.strictEqual(after[0]!.last_seen_age_seconds, 0)
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+
+  it.effect("partition longer than the timeout: reaped; on heal exactly one fresh context", () =>
+    Effect.gen(function*() {
+      const transfer = yield* LmcacheDrivenTransfer
+      const management = yield* Management
+      const cache = yield* registerServed(7)
+      yield* TestClock.adjust("180 seconds")
+      assert.isFalse(yield* registered(7))
+      assert.deepStrictEqual(yield* management.pingRegistered(id(7), ["kv_cache"]), ["kv_cache"])
+      yield* transfer.register(id(7), cache.descriptors, "m", 1, "vllm")
+      const instances = yield* transfer.target.instances()
+      assert.deepStrictEqual(instances.map((i) => [i.instance_id, i.has_liveness_signal, i.has_transfer_activity]), [["7", false, false]])
+      assert.deepStrictEqual(yield* management.pingRegistered(id(7), ["kv_cache"]), [])
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+
+  it.effect("crash and restart: the new process has a new id and entry; the old id is reaped on its own", () =>
+    Effect.gen(function*() {
+      const management = yield* Management
+      const transfer = yield* LmcacheDrivenTransfer
+      const cache = yield* workerCache
+      yield* registerServed(8)
+      yield* TestClock.adjust("60 seconds")
+      yield* transfer.register(id(9), cache.descriptors, "m", 1, "vllm")
+      yield* management.ping(id(9))
+      yield* advance(120, 10, Effect.asVoid(management.ping(id(9))))
+      assert.deepStrictEqual([yield* registered(8), yield* registered(9)], [false, true])
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+
+  it.effect("PING with nil or an unknown id inserts nothing; PING_REGISTERED for an unknown id reports every kind missing", () =>
+    Effect.gen(function*() {
+      const management = yield* Management
+      const transfer = yield* LmcacheDrivenTransfer
+      assert.strictEqual(yield* management.ping(null), true)
+      assert.strictEqual(yield* management.ping(id(42)), true)
+      assert.strictEqual(yield* transfer.target.trackedInstanceCount(), 0)
+      assert.deepStrictEqual(
+        yield* management.pingRegistered(id(42), ["kv_cache", "engine_driven", "cb_rope"]),
+        ["kv_cache", "engine_driven", "cb_rope"]
+      )
+      assert.strictEqual(yield* transfer.target.trackedInstanceCount(), 0)
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+
+  it.effect("reaping disabled with timeout 0 (and disconnect grace 0): nothing is ever reaped", () =>
+    Effect.gen(function*() {
+      const management = yield* Management
+      assert.isFalse(management.reaperEnabled)
+      yield* registerServed(10)
+      yield* TestClock.adjust("100000 seconds")
+      assert.isTrue(yield* registered(10))
+      const status = yield* management.status()
+      assert.deepStrictEqual(status["worker_liveness"], {
+        enabled: false,
+        reap_timeout_seconds: 0,
+        registration_grace_seconds: 0,
+        disconnect_grace_seconds: 0,
+        tracked_instances: 1
+      })
+    }).pipe(
+      Effect.scoped,
+      Effect.provide(livenessEnv({ workerReapTimeoutSeconds: 0, workerRegistrationGraceSeconds: 0, workerDisconnectGraceSeconds: 0 }))
+    ))
+
+  it.effect("a scan that starts late (the server stalled) judges at the time it was due: the stall is not silence", () => {
+    // A barrier the test can hold shut: the reaper wakes on time, then stalls before judging.
+    const gate = { held: false, release: Deferred.makeUnsafe<void>() }
+    const barrier = Layer.succeed(RequestBarrier, {
+      enter: () => 0,
+      exit: () => {},
+      awaitReceived: () => (gate.held ? Deferred.await(gate.release) : Effect.void)
+    })
+    return Effect.gen(function*() {
+      const management = yield* Management
+      yield* registerServed(11)
+      yield* TestClock.adjust("90 seconds")
+      gate.held = true
+      yield* TestClock.adjust("30 seconds") // the scan due at 120 s wakes and stalls
+      yield* TestClock.adjust("400 seconds") // ... for 400 s, while nothing is judged
+      gate.held = false
+      yield* Deferred.succeed(gate.release, undefined)
+      yield* Effect.yieldNow
+      assert.isTrue(yield* registered(11), "judged at 120 s: silent 120 s, not more")
+      yield* management.ping(id(11))
+      yield* TestClock.adjust("60 seconds")
+      assert.isTrue(yield* registered(11))
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv({}, barrier)))
+  })
+})
+
+describe("connection loss", () => {
+  it.effect("the last bound connection closing makes the instance suspect; silent past the disconnect grace it is reaped", () =>
+    Effect.gen(function*() {
+      const connections = yield* Connections
+      const management = yield* Management
+      yield* registerServed(20)
+      yield* connections.events.connected("peer-a")
+      yield* connections.events.instanceMessage("peer-a", id(20))
+      yield* connections.events.disconnected("peer-a")
+      const status = yield* management.status()
+      assert.strictEqual((status["instances"] as ReadonlyArray<{ state: string }>)[0]!.state, "suspect")
+      yield* TestClock.adjust("10 seconds")
+      assert.isTrue(yield* registered(20), "not before the grace")
+      yield* TestClock.adjust("5 seconds")
+      assert.isFalse(yield* registered(20))
+      // The scan finishes after the mapping's munmap (real async work), then forgets the instance.
+      yield* Effect.promise(() => new Promise((resolve) => setTimeout(resolve, 100)))
+      assert.strictEqual(connections.stats().suspects, 0)
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+
+  it.effect("a message naming the instance from a connected routing id binds it and clears the suspicion", () =>
+    Effect.gen(function*() {
+      const connections = yield* Connections
+      const management = yield* Management
+      yield* registerServed(21)
+      yield* connections.events.connected("peer-a")
+      yield* connections.events.instanceMessage("peer-a", id(21))
+      yield* connections.events.disconnected("peer-a")
+      yield* TestClock.adjust("6 seconds")
+      yield* connections.events.connected("peer-b")
+      yield* connections.events.instanceMessage("peer-b", id(21))
+      yield* management.ping(id(21))
+      yield* TestClock.adjust("60 seconds")
+      assert.isTrue(yield* registered(21))
+      const status = yield* management.status()
+      assert.strictEqual((status["instances"] as ReadonlyArray<{ state: string }>)[0]!.state, "active")
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+
+  it.effect("an instance with two bound connections stays bound while one is left; unknown ids bind nothing", () =>
+    Effect.gen(function*() {
+      const connections = yield* Connections
+      yield* registerServed(22)
+      yield* connections.events.connected("a")
+      yield* connections.events.connected("b")
+      yield* connections.events.instanceMessage("a", id(22))
+      yield* connections.events.instanceMessage("b", id(22))
+      yield* connections.events.instanceMessage("b", id(999))
+      yield* connections.events.disconnected("a")
+      assert.deepStrictEqual(connections.stats(), { connectedPeers: 1, boundInstances: 1, suspects: 0 })
+      yield* TestClock.adjust("60 seconds")
+      assert.isTrue(yield* registered(22))
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+
+  it.effect("disconnect grace 0 disables disconnect reaping", () =>
+    Effect.gen(function*() {
+      const connections = yield* Connections
+      yield* registerServed(23)
+      yield* connections.events.connected("a")
+      yield* connections.events.instanceMessage("a", id(23))
+      yield* connections.events.disconnected("a")
+      yield* TestClock.adjust("100 seconds")
+      assert.isTrue(yield* registered(23))
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv({ workerDisconnectGraceSeconds: 0 }))))
+})

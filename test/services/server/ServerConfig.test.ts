@@ -1,0 +1,61 @@
+import { assert, describe, it } from "@effect/vitest"
+import { defaults, formatIssue, validate } from "../../../src/services/server/ServerConfig.ts"
+
+const issues = (over: Partial<typeof defaults>) => {
+  const r = validate({ ...defaults, ...over })
+  return "issues" in r ? r.issues.map(formatIssue) : []
+}
+
+describe("ServerConfig rules (DESIGN §5, upstream MPServerConfig)", () => {
+  it("the defaults are valid: 120 s timeout, 3600 s grace, 10 s disconnect grace, tcp://127.0.0.1:5555", () => {
+    const r = validate(defaults)
+    assert.isTrue("config" in r)
+    if (!("config" in r)) return
+    assert.deepStrictEqual(
+      [r.config.endpoint, r.config.workerReapTimeoutSeconds, r.config.workerRegistrationGraceSeconds, r.config.workerDisconnectGraceSeconds, r.config.maxCpuWorkers, r.config.maxGpuWorkers],
+      ["tcp://127.0.0.1:5555", 120, 3600, 10, 4, 4]
+    )
+  })
+
+  it("timeout 0 and grace 0 together disable reaping and are accepted", () => {
+    assert.deepStrictEqual(issues({ workerReapTimeoutSeconds: 0, workerRegistrationGraceSeconds: 0 }), [])
+  })
+
+  it("a reap timeout of 10 is refused (0 or at least 30)", () => {
+    assert.deepStrictEqual(issues({ workerReapTimeoutSeconds: 10 }), [
+      "--worker-reap-timeout-seconds: worker reap timeout must be 0 (disabled) or at least 30 seconds (got 10); keep it at least 3 × the workers' heartbeat interval"
+    ])
+  })
+
+  it("a registration grace below the timeout is refused", () => {
+    assert.deepStrictEqual(issues({ workerRegistrationGraceSeconds: 60 }), [
+      "--worker-registration-grace-seconds: worker registration grace must be at least the worker reap timeout (120 s; got 60)"
+    ])
+  })
+
+  it("a negative disconnect grace, a zero L1, bad pools and a bad endpoint are each named", () => {
+    assert.deepStrictEqual(
+      issues({ workerDisconnectGraceSeconds: -1, l1SizeGb: 0, maxWorkers: 0, endpoint: "udp://x" }),
+      [
+        "--endpoint: must be a ZeroMQ endpoint tcp://HOST:PORT or ipc://PATH (got \"udp://x\")",
+        "--l1-size-gb: must be a number of GiB above 0 (got 0)",
+        "--max-workers: must be an integer from 1 to 1024 (got 0)",
+        "--worker-disconnect-grace-seconds: worker disconnect grace must be 0 (disabled) or a positive number of seconds (got -1)"
+      ]
+    )
+  })
+
+  it("--engine-driven-transport defaults to shm and takes shm or inline only", () => {
+    const r = validate(defaults)
+    assert.isTrue("config" in r && r.config.engineDrivenTransport === "shm")
+    assert.deepStrictEqual(issues({ engineDrivenTransport: "inline" }), [])
+    assert.deepStrictEqual(issues({ engineDrivenTransport: "pickle" as never }), [
+      "--engine-driven-transport: must be shm or inline (got \"pickle\")"
+    ])
+  })
+
+  it("an explicit endpoint wins over host and port; pools default to --max-workers", () => {
+    const r = validate({ ...defaults, endpoint: "ipc:///tmp/x.sock", maxWorkers: 2, maxGpuWorkers: 8 })
+    assert.isTrue("config" in r && r.config.endpoint === "ipc:///tmp/x.sock" && r.config.maxCpuWorkers === 2 && r.config.maxGpuWorkers === 8)
+  })
+})
