@@ -7,16 +7,14 @@
  *
  * Only for benchmarks.
  */
+import { layerModulesTestBare } from "../src/layers/Server.ts"
 import { randomBytes } from "node:crypto"
-import { Clock, Effect, Exit, Layer, Scope } from "effect"
-import { ServerConfig, type ServerConfigInput } from "../src/services/server/ServerConfig.ts"
+import { Clock, Effect, Exit, Scope } from "effect"
 import { formatInstanceId, makeInstanceId, type InstanceId } from "../src/schema/InstanceId.ts"
-import { CacheControl } from "../src/services/server/CacheControl.ts"
-import { Connections } from "../src/services/liveness/Connections.ts"
 import { makeInstanceRegistry, type InstanceRegistry, type StaleRule, type Tracked } from "../src/services/liveness/InstanceRegistry.ts"
-import { LivenessTargets, type LivenessTarget } from "../src/services/liveness/LivenessTarget.ts"
-import { Management } from "../src/services/server/Management.ts"
+import type { LivenessTarget } from "../src/services/liveness/LivenessTarget.ts"
 import { RequestBarrier } from "../src/services/liveness/RequestBarrier.ts"
+import type { ServerConfigInput } from "../src/services/server/ServerConfig.ts"
 
 /**
  * Windows of every in-process scan of this bench (seconds). Long on purpose:
@@ -133,11 +131,11 @@ export const registryTarget = (registry: InstanceRegistry<DummyContext>): Livene
  * sockets. `config` is applied over {@link WINDOWS}.
  */
 export const managementLayer = (targets: ReadonlyArray<LivenessTarget>, config: Partial<ServerConfigInput> = {}) =>
-  Management.layer.pipe(
-    Layer.provideMerge(Connections.layer),
-    Layer.provideMerge(Layer.mergeAll(LivenessTargets.layer(targets), CacheControl.layerEmpty, RequestBarrier.layer)),
-    Layer.provideMerge(ServerConfig.layerTest({ ...WINDOWS, ...config }))
-  )
+  layerModulesTestBare({
+    config: { ...WINDOWS, ...config },
+    plugins: targets.map((target) => ({ name: target.name, rows: [], target })),
+    barrier: RequestBarrier.layer
+  })
 
 /** Runs `self` and returns its result and its wall time in ms. */
 export const timed = <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<readonly [A, number], E, R> =>

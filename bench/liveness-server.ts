@@ -23,21 +23,15 @@
  * long (bench/liveness-common.ts WINDOWS), so the management module's own
  * reaper never scans during a run and every entry stays fresh.
  */
-import { ZmqSocketsLive } from "../src/layers/Zmq.ts"
+import { layerTestBare } from "../src/layers/Server.ts"
 import { createInterface } from "node:readline"
 import { parseArgs } from "node:util"
 import { NodeRuntime } from "@effect/platform-node"
-import { Effect, Layer } from "effect"
+import { Effect } from "effect"
 import { loggerLayer } from "../src/layers/Logging.ts"
-import { ServerConfig } from "../src/services/server/ServerConfig.ts"
 import { formatInstanceId } from "../src/schema/InstanceId.ts"
-import { CacheControl } from "../src/services/server/CacheControl.ts"
-import { Connections } from "../src/services/liveness/Connections.ts"
-import { makeTable } from "../src/services/server/Handler.ts"
-import { LivenessTargets } from "../src/services/liveness/LivenessTarget.ts"
 import { Management } from "../src/services/server/Management.ts"
-import { Handlers, MqServer } from "../src/services/server/MqServer.ts"
-import { RequestBarrier } from "../src/services/liveness/RequestBarrier.ts"
+import { MqServer } from "../src/services/server/MqServer.ts"
 import { fillRegistry, nextTurn, registryTarget, WINDOWS } from "./liveness-common.ts"
 
 const { values: args } = parseArgs({
@@ -78,27 +72,10 @@ const program = Effect.gen(function*() {
   const filled = yield* fillRegistry(n)
   const target = registryTarget(filled.registry)
 
-  const handlers = Layer.effect(
-    Handlers,
-    Effect.gen(function*() {
-      const management = yield* Management
-      return yield* makeTable([management.module])
-    })
-  )
-  const server = Layer.unwrap(
-    Effect.gen(function*() {
-      const config = yield* ServerConfig
-      return MqServer.layer({ endpoint: config.endpoint, normalWorkers: config.maxCpuWorkers, affinityLanes: config.maxGpuWorkers })
-    })
-  ).pipe(
-    Layer.provide(Connections.layerPeerEvents),
-    Layer.provideMerge(handlers),
-    Layer.provideMerge(Management.layer),
-    Layer.provideMerge(Connections.layer),
-    Layer.provideMerge(Layer.mergeAll(LivenessTargets.layer([target]), CacheControl.layerEmpty, RequestBarrier.layer)),
-    Layer.provideMerge(ServerConfig.layerTest({ endpoint, ...WINDOWS })),
-    Layer.provideMerge(ZmqSocketsLive)
-  )
+  const server = layerTestBare({
+    config: { endpoint, ...WINDOWS },
+    plugins: [{ name: target.name, rows: [], target }]
+  })
 
   yield* Effect.gen(function*() {
     const management = yield* Management

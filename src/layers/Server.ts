@@ -1,19 +1,25 @@
 /**
  * The server assembly: configuration → native memory and storage → modules
- * → the merged handler table → MQ server → HTTP frontend. Every module's
- * rows are joined here in one visible list; a duplicate op refuses to start.
+ * → one list of module records → liveness targets, the merged handler table
+ * and the `/api/status` blocks, all derived from that list → MQ server →
+ * HTTP frontend. A duplicate op refuses to start.
  *
  * Teardown runs in reverse: HTTP stops; the MQ server stops receiving and
- * drains in-flight requests; the transfer module releases every context
- * through the same finalizer as UNREGISTER; lookup releases its locks; the
- * native backend closes anything still mapped.
+ * drains in-flight requests; the management module's reaper stops; the
+ * transfer modules release every context through the same finalizer as
+ * UNREGISTER; lookup releases its locks; the native backend closes anything
+ * still mapped.
+ *
+ * `ServerLive` is the real server; `layerTest` and `layerModulesTest` are the
+ * same graph for tests and benches (an ephemeral port, test doubles joined as
+ * plugins, optionally without sockets), so nobody wires the graph by hand.
  */
 import { Context, Effect, Layer } from "effect"
-import { NativeMemory } from "../native/Native.ts"
 import { Blend } from "../services/server/Blend.ts"
+import { CacheControl } from "../services/server/CacheControl.ts"
 import { EngineDrivenTransfer } from "../services/server/EngineDrivenTransfer.ts"
 import { makeTable, type ServerModule } from "../services/server/Handler.ts"
-import { L1Store } from "../services/server/L1Store.ts"
+import { L1Store, storageModule } from "../services/server/L1Store.ts"
 import { LayoutRegistry } from "../services/server/LayoutRegistry.ts"
 import { LivenessTargets } from "../services/liveness/LivenessTarget.ts"
 import { LmcacheDrivenTransfer } from "../services/server/LmcacheDrivenTransfer.ts"
@@ -22,10 +28,10 @@ import { Management } from "../services/server/Management.ts"
 import { Handlers, MqServer } from "../services/server/MqServer.ts"
 import { Connections } from "../services/liveness/Connections.ts"
 import { RequestBarrier } from "../services/liveness/RequestBarrier.ts"
+import { ServerConfig, type ServerConfigInput, type ServerConfigShape } from "../services/server/ServerConfig.ts"
 import { HttpLive, StartedAt, StatusBlocks } from "./Http.ts"
 import { NativeMemoryLive } from "./NativeMemory.ts"
 import { ZmqSocketsLive } from "./Zmq.ts"
-import { ServerConfig, type ServerConfigShape } from "../services/server/ServerConfig.ts"
 
 /**
  * Out-of-tree server modules (upstream: runtime plugins), joined after the
@@ -35,46 +41,68 @@ export const PluginModules = Context.Reference<ReadonlyArray<ServerModule>>("mpc
   defaultValue: () => []
 })
 
+/**
+ * Every module record of this server but management's, in the order their
+ * rows and status blocks are joined: the one list of the assembly.
+ */
+export class ServerModules extends Context.Service<ServerModules, ReadonlyArray<ServerModule>>()(
+  "mpcache/layers/ServerModules"
+) {}
+
 /** L1, layouts and the native memory backend. */
 const StorageLive = Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(NativeMemoryLive))
 
-/** The data-path modules: lookup/prefetch, LMCache-driven and engine-driven transfers, and blend. */
-const DataPathLive = Blend.layer.pipe(
+/** The built-in modules: lookup/prefetch, LMCache-driven and engine-driven transfers, blend, and their storage. */
+const BuiltinModulesLive = Layer.effect(
+  ServerModules,
+  Effect.gen(function*() {
+    return [
+      (yield* Lookup).module,
+      (yield* LmcacheDrivenTransfer).module,
+      (yield* EngineDrivenTransfer).module,
+      (yield* Blend).module,
+      yield* storageModule,
+      ...(yield* PluginModules)
+    ]
+  })
+).pipe(
+  Layer.provideMerge(Blend.layer),
   Layer.provideMerge(Layer.mergeAll(LmcacheDrivenTransfer.layer, EngineDrivenTransfer.layer)),
-  Layer.provideMerge(Lookup.layer),
+  Layer.provideMerge(Layer.mergeAll(Lookup.layer, L1Store.layerCacheControl)),
   Layer.provideMerge(StorageLive)
 )
 
-/** Every module holding per-instance state, for PING and the reaper. */
-const TargetsLive = Layer.effect(
-  LivenessTargets,
-  Effect.gen(function*() {
-    const transfer = yield* LmcacheDrivenTransfer
-    const engineDriven = yield* EngineDrivenTransfer
-    const blend = yield* Blend
-    return [transfer.target, engineDriven.target, blend.target]
-  })
+/** No built-in module: only the plugins, and CLEAR drops nothing (dispatch and liveness tests). */
+const NoBuiltinModulesLive = Layer.mergeAll(
+  Layer.effect(ServerModules, Effect.gen(function*() {
+    return yield* PluginModules
+  })),
+  CacheControl.layerEmpty
 )
 
-/** Server modules and what they need; the management module (and its reaper) last, so it stops first. */
-const ModulesLive = Management.layer.pipe(
-  Layer.provideMerge(Connections.layer),
-  Layer.provideMerge(Layer.mergeAll(TargetsLive, L1Store.layerCacheControl, RequestBarrier.layer)),
-  Layer.provideMerge(DataPathLive)
-)
-
-/** The merged handler table: one row list per module. */
-const HandlersLive = Layer.effect(
+/**
+ * The management module over the records' liveness targets, the connection
+ * tracker and the merged handler table. Built after the modules it drives,
+ * so at shutdown its reaper stops before any of them releases state.
+ */
+const ControlLive = Layer.effect(
   Handlers,
   Effect.gen(function*() {
     const management = yield* Management
-    const lookup = yield* Lookup
-    const transfer = yield* LmcacheDrivenTransfer
-    const engineDriven = yield* EngineDrivenTransfer
-    const blend = yield* Blend
-    const plugins = yield* PluginModules
-    return yield* makeTable([management.module, lookup.module, transfer.module, engineDriven.module, blend.module, ...plugins])
+    return yield* makeTable([management.module, ...(yield* ServerModules)])
   })
+).pipe(
+  Layer.provideMerge(Management.layer),
+  Layer.provideMerge(Connections.layer),
+  Layer.provideMerge(
+    Layer.effect(
+      LivenessTargets,
+      Effect.gen(function*() {
+        const modules = yield* ServerModules
+        return modules.flatMap((m) => (m.target === undefined ? [] : [m.target]))
+      })
+    )
+  )
 )
 
 /** The MQ server on the configured endpoint and pools. */
@@ -89,54 +117,31 @@ const MqServerLive = Layer.unwrap(
   })
 ).pipe(Layer.provide(Connections.layerPeerEvents))
 
-/**
- * The MQ side alone (no HTTP): what integration tests start. Exposes the
- * MqServer, the modules and storage.
- */
-export const MqSideLive = MqServerLive.pipe(
-  Layer.provideMerge(HandlersLive),
-  Layer.provideMerge(ModulesLive),
-  Layer.provideMerge(ZmqSocketsLive)
-)
+/** The modules and their control, over `modules` and `barrier` (everything but sockets and config). */
+const modulesOver = <A, E, R>(modules: Layer.Layer<A | ServerModules | CacheControl, E, R>, barrier: Layer.Layer<RequestBarrier>) =>
+  ControlLive.pipe(Layer.provideMerge(Layer.mergeAll(modules, barrier)))
 
-/** `/api/status` blocks of the modules: registered instances, native mappings, L1, lookup sessions. */
+/** The MQ side over `modules` (no HTTP). */
+const mqSideOver = <A, E, R>(modules: Layer.Layer<A | ServerModules | CacheControl, E, R>) =>
+  MqServerLive.pipe(
+    Layer.provideMerge(modulesOver(modules, RequestBarrier.layer)),
+    Layer.provideMerge(ZmqSocketsLive)
+  )
+
+/**
+ * The MQ side alone (no HTTP), for the configuration in context: the
+ * MqServer, every module and storage, and `ZmqSockets` for clients in the
+ * same program.
+ */
+export const MqSideLive = mqSideOver(BuiltinModulesLive)
+
+/** `/api/status` blocks: management's (liveness windows, instances), then every record's. */
 const StatusBlocksLive = Layer.effect(
   StatusBlocks,
   Effect.gen(function*() {
     const management = yield* Management
-    const native = yield* NativeMemory
-    const l1 = yield* L1Store
-    const lookup = yield* Lookup
-    const blend = yield* Blend
-    const engineDriven = yield* EngineDrivenTransfer
-    return [
-      management.status(),
-      blend.status(),
-      engineDriven.status(),
-      Effect.sync(() => {
-        const n = native.stats()
-        const s = l1.stats()
-        const k = lookup.stats()
-        return {
-          // Mappings of workers' memory; the server's own L1 pool is reported under l1.
-          native: {
-            open_mappings: n.openMappings - (l1.pool === undefined ? 0 : 1),
-            mapped_bytes: n.mappedBytes - (l1.pool?.sizeBytes ?? 0)
-          },
-          l1: {
-            pool: l1.pool?.shmName ?? null,
-            capacity_bytes: s.capacityBytes,
-            prefaulted_bytes: l1.pool?.prefaultedBytes() ?? 0,
-            used_bytes: s.usedBytes,
-            objects: s.objects,
-            reserved_objects: s.reservedObjects,
-            locked_objects: s.lockedObjects,
-            evictions: s.evictions
-          },
-          lookup: { sessions: k.sessions, held_locks: k.heldLocks, pending_jobs: k.pendingJobs }
-        }
-      })
-    ]
+    const modules = yield* ServerModules
+    return [management.module, ...modules].flatMap((m) => (m.status === undefined ? [] : [m.status()]))
   })
 )
 
@@ -146,4 +151,54 @@ export const ServerLive = (config: ServerConfigShape) =>
     Layer.provide(Layer.mergeAll(StatusBlocksLive, StartedAt.layer)),
     Layer.provideMerge(MqSideLive),
     Layer.provideMerge(ServerConfig.layer(config))
+  )
+
+/** What the test assemblies take. */
+export interface ServerTestOptions {
+  /** Overrides of the defaults (`ServerConfig.layerTest`); the endpoint defaults to `tcp://127.0.0.1:*`. */
+  readonly config?: Partial<ServerConfigInput>
+  /** Module records (test doubles) joined after the built-in ones (or alone, in `layerTestBare`). */
+  readonly plugins?: ReadonlyArray<ServerModule>
+}
+
+const testConfig = (options: ServerTestOptions) =>
+  ServerConfig.layerTest({ endpoint: "tcp://127.0.0.1:*", ...options.config })
+
+const withPlugins = (options: ServerTestOptions) => Layer.succeed(PluginModules, options.plugins ?? [])
+
+/**
+ * The MQ side for tests and benches: the real graph on an ephemeral loopback
+ * port (or `config.endpoint`), exposing the MqServer, the modules, storage,
+ * the config and `ZmqSockets`. Fails like `MqSideLive` (bind, L1 pool).
+ */
+export const layerTest = (options: ServerTestOptions = {}) =>
+  mqSideOver(BuiltinModulesLive.pipe(Layer.provide(withPlugins(options)))).pipe(Layer.provideMerge(testConfig(options)))
+
+/**
+ * `layerTest` with only the management module and `plugins`: no data path,
+ * no L1, CLEAR drops nothing (dispatch tests whose doubles serve ops the
+ * real modules serve, liveness benches with a target of their own).
+ */
+export const layerTestBare = (options: ServerTestOptions = {}) =>
+  mqSideOver(NoBuiltinModulesLive.pipe(Layer.provide(withPlugins(options)))).pipe(Layer.provideMerge(testConfig(options)))
+
+/** What the socket-less test assemblies take besides `ServerTestOptions`. */
+export interface ModulesTestOptions extends ServerTestOptions {
+  /** The request barrier the reaper waits on; default `RequestBarrier.layerNoop` (no MQ server feeds it). */
+  readonly barrier?: Layer.Layer<RequestBarrier>
+}
+
+/**
+ * Every module and the management module without sockets, for TestClock
+ * tests and benches of the reaper.
+ */
+export const layerModulesTest = (options: ModulesTestOptions = {}) =>
+  modulesOver(BuiltinModulesLive.pipe(Layer.provide(withPlugins(options))), options.barrier ?? RequestBarrier.layerNoop).pipe(
+    Layer.provideMerge(testConfig(options))
+  )
+
+/** `layerModulesTest` with only the management module and `plugins` (their targets are the only ones). */
+export const layerModulesTestBare = (options: ModulesTestOptions = {}) =>
+  modulesOver(NoBuiltinModulesLive.pipe(Layer.provide(withPlugins(options))), options.barrier ?? RequestBarrier.layerNoop).pipe(
+    Layer.provideMerge(testConfig(options))
   )

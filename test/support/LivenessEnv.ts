@@ -1,47 +1,22 @@
 /**
- * The server's modules without sockets, on the TestClock: configuration,
- * native memory, L1, lookup, the LMCache-driven transfer module, the
- * connection tracker and the management module with its reaper. Each test
- * provides its own, so each gets a fresh clock.
+ * The server's modules without sockets, on the TestClock: the server
+ * assembly's `layerModulesTest` (configuration, native memory, L1, every
+ * module, the connection tracker and the management module with its
+ * reaper). Each test provides its own, so each gets a fresh clock.
  */
 import { randomUUID } from "node:crypto"
-import { Effect, Layer } from "effect"
-import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
-import { ServerConfig, type ServerConfigInput } from "../../src/services/server/ServerConfig.ts"
+import { Effect, type Layer } from "effect"
+import { layerModulesTest } from "../../src/layers/Server.ts"
+import type { ServerConfigInput } from "../../src/services/server/ServerConfig.ts"
 import type { CacheKey } from "../../src/schema/CacheKey.ts"
 import { makeInstanceId } from "../../src/schema/InstanceId.ts"
-import { Connections } from "../../src/services/liveness/Connections.ts"
-import { L1Store } from "../../src/services/server/L1Store.ts"
-import { LayoutRegistry } from "../../src/services/server/LayoutRegistry.ts"
-import { LivenessTargets } from "../../src/services/liveness/LivenessTarget.ts"
-import { LmcacheDrivenTransfer } from "../../src/services/server/LmcacheDrivenTransfer.ts"
-import { Lookup } from "../../src/services/server/Lookup.ts"
-import { Management } from "../../src/services/server/Management.ts"
 import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
 import { RequestBarrier } from "../../src/services/liveness/RequestBarrier.ts"
 
 export const livenessEnv = (
   config: Partial<ServerConfigInput> = {},
   barrier: Layer.Layer<RequestBarrier> = RequestBarrier.layerNoop
-) => {
-  const transfer = LmcacheDrivenTransfer.layer.pipe(
-    Layer.provideMerge(Lookup.layer),
-    Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(NativeMemoryLive)))
-  )
-  const targets = Layer.effect(
-    LivenessTargets,
-    Effect.gen(function*() {
-      const t = yield* LmcacheDrivenTransfer
-      return [t.target]
-    })
-  )
-  return Management.layer.pipe(
-    Layer.provideMerge(Connections.layer),
-    Layer.provideMerge(Layer.mergeAll(targets, L1Store.layerCacheControl, barrier)),
-    Layer.provideMerge(transfer),
-    Layer.provideMerge(ServerConfig.layerTest({ chunkSize: 32, ...config }))
-  )
-}
+) => layerModulesTest({ config: { chunkSize: 32, ...config }, barrier })
 
 /** A worker's KV cache (real shared memory) for registering. */
 export const workerCache = Effect.suspend(() =>

@@ -580,8 +580,11 @@ const make = Effect.gen(function*() {
     })
   )
 
+  const status = () => Effect.sync(() => ({ blend: { rope_instances: ropeInstances().map(formatInstanceId) } }))
   const module: ServerModule = {
     name: "blend",
+    target,
+    status,
     rows: [
       row(CbRegisterRope, "SYNC", ([id, caches, headSize, isNeoxStyle, groupToCache, groupRot]) =>
         registerRope(id, caches, headSize, isNeoxStyle, groupToCache, groupRot)),
@@ -597,7 +600,7 @@ const make = Effect.gen(function*() {
     retrievePreComputed,
     hasRope: (id: InstanceId) => Effect.sync(() => states.has(id)),
     ropeInstances,
-    status: () => Effect.sync(() => ({ blend: { rope_instances: ropeInstances().map(formatInstanceId) } })),
+    status,
     target,
     module
   }

@@ -643,6 +643,8 @@ const make = Effect.gen(function*() {
 
   const module: ServerModule = {
     name: "engine_driven_transfer",
+    target,
+    status,
     rows: [
       row(RegisterKvCacheEngineDrivenContext, "SYNC", ([registration]) => register(registration)),
       row(UnregisterKvCacheEngineDrivenContext, "SYNC", ([id]) => unregister(id)),

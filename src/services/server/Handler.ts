@@ -8,6 +8,7 @@
 import { Effect, Schema } from "effect"
 import type { Op, PayloadOf, ResponseOf } from "../../schema/Op.ts"
 import type { WireError } from "../../schema/WireError.ts"
+import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
 
 /**
  * Where a handler runs (DESIGN §3.1):
@@ -47,11 +48,20 @@ export const row = <O extends Op>(
   handle: handle as unknown as HandlerRow["handle"]
 })
 
-/** A server module's contribution to the handler table. */
+/**
+ * A server module's record: everything the server assembly joins from it, in
+ * one place (STYLE §5; upstream `get_handlers()` plus the liveness target
+ * a module registers with the management module).
+ */
 export interface ServerModule {
   /** Module name, for the merged table and logs. */
   readonly name: string
+  /** Its ops, joined into the merged handler table. */
   readonly rows: ReadonlyArray<HandlerRow>
+  /** Its per-instance state as a liveness target (DESIGN §5), when it holds any; PING and the reaper drive it. */
+  readonly target?: LivenessTarget
+  /** Its blocks of `/api/status` (top-level keys merged into the document), when it has any. */
+  readonly status?: () => Effect.Effect<Record<string, unknown>>
 }
 
 /** Two modules claimed the same op. */

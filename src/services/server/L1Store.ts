@@ -30,6 +30,7 @@ import type { InvalidArgument } from "../../schema/WireError.ts"
 import { CacheControl } from "./CacheControl.ts"
 import { makeExtentAllocator } from "./internal/ExtentAllocator.ts"
 import { objectKeyString, type ObjectKey } from "./ObjectKey.ts"
+import type { ServerModule } from "./Handler.ts"
 
 interface L1Object {
   readonly key: ObjectKey
@@ -333,3 +334,38 @@ const makeL1 = (memory: Buffer, pool: L1Pool | undefined): L1Store["Service"] =>
     pool
   }
 }
+
+/**
+ * L1 and the native memory backend as a module record without ops: the
+ * `native` block (mappings of workers' memory — the server's own L1 pool is
+ * reported under `l1`, DESIGN §5 status) and the `l1` block of `/api/status`.
+ */
+export const storageModule: Effect.Effect<ServerModule, never, L1Store | NativeMemory> = Effect.gen(function*() {
+  const native = yield* NativeMemory
+  const l1 = yield* L1Store
+  return {
+    name: "storage",
+    rows: [],
+    status: () =>
+      Effect.sync(() => {
+        const n = native.stats()
+        const s = l1.stats()
+        return {
+          native: {
+            open_mappings: n.openMappings - (l1.pool === undefined ? 0 : 1),
+            mapped_bytes: n.mappedBytes - (l1.pool?.sizeBytes ?? 0)
+          },
+          l1: {
+            pool: l1.pool?.shmName ?? null,
+            capacity_bytes: s.capacityBytes,
+            prefaulted_bytes: l1.pool?.prefaultedBytes() ?? 0,
+            used_bytes: s.usedBytes,
+            objects: s.objects,
+            reserved_objects: s.reservedObjects,
+            locked_objects: s.lockedObjects,
+            evictions: s.evictions
+          }
+        }
+      })
+  }
+})

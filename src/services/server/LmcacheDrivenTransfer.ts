@@ -365,6 +365,7 @@ const make = Effect.gen(function*() {
 
   const module: ServerModule = {
     name: "lmcache_driven_transfer",
+    target,
     rows: [
       row(RegisterKvCache, "SYNC", ([id, kvCaches, modelName, worldSize, engineType]) =>
         register(id, kvCaches, modelName, worldSize, engineType)),

@@ -207,8 +207,18 @@ export class Lookup extends Context.Service<Lookup, {
         })
       )
 
+      const stats = () => {
+        let heldLocks = 0
+        for (const s of sessions.values()) for (const h of s.locks.values()) heldLocks += h.handles.length
+        return { sessions: sessions.size, heldLocks, pendingJobs: jobs.size }
+      }
       const module: ServerModule = {
         name: "lookup",
+        status: () =>
+          Effect.sync(() => {
+            const k = stats()
+            return { lookup: { sessions: k.sessions, held_locks: k.heldLocks, pending_jobs: k.pendingJobs } }
+          }),
         rows: [
           row(LookupOp, "NORMAL", ([key]) => lookup(key)),
           row(QueryPrefetchStatus, "NORMAL", ([requestId]) => queryPrefetchStatus(requestId)),
@@ -223,11 +233,7 @@ export class Lookup extends Context.Service<Lookup, {
         endSession,
         acquireForRetrieve,
         release: (h) => l1.unlockRead(h),
-        stats: () => {
-          let heldLocks = 0
-          for (const s of sessions.values()) for (const h of s.locks.values()) heldLocks += h.handles.length
-          return { sessions: sessions.size, heldLocks, pendingJobs: jobs.size }
-        },
+        stats,
         sweepExpired,
         module
       }

@@ -232,6 +232,7 @@ const make = Effect.gen(function*() {
 
   const module: ServerModule = {
     name: "management",
+    status,
     rows: [
       row(Ping, "NORMAL", ([id]) => ping(id)),
       row(PingRegistered, "NORMAL", ([id, expected]) => pingRegistered(id, expected)),
