@@ -8,6 +8,7 @@
  * "computes" the rest, STOREs the new chunks, and the scheduler ends the
  * session. Requests go to idle workers in trace order.
  */
+import { decodeStatusDocument } from "../schema/Status.ts"
 import { spawn, type ChildProcess } from "node:child_process"
 import { randomUUID } from "node:crypto"
 import { readdirSync, rmSync } from "node:fs"
@@ -101,6 +102,13 @@ const getJson = (url: string) =>
     try: () => fetch(url).then((r) => r.json() as Promise<Record<string, unknown>>),
     catch: (e) => new ReplayError({ message: `GET ${url} failed: ${e instanceof Error ? e.message : String(e)}` })
   })
+/** `/api/status`, decoded (a server of another version fails with the field that does not fit). */
+const getStatus = (httpUrl: string) =>
+  getJson(`${httpUrl}/api/status`).pipe(
+    Effect.flatMap((doc) =>
+      Effect.mapError(decodeStatusDocument(doc), (e) => new ReplayError({ message: `${httpUrl}/api/status: ${e.message}` }))
+    )
+  )
 const getText = (url: string) =>
   Effect.tryPromise({
     try: () => fetch(url).then((r) => r.text()),
@@ -175,12 +183,12 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     const own = o.server === undefined ? yield* startOwnServer(o) : undefined
     const endpoint = own?.endpoint ?? o.server!
     const httpUrl = own?.httpUrl ?? o.httpUrl
-    const status0 = yield* getJson(`${httpUrl}/api/status`)
-    const chunk = status0["chunk_size"] as number
-    const l1 = status0["l1"] as { readonly capacity_bytes: number } | undefined
+    const status0 = yield* getStatus(httpUrl)
+    const chunk = status0.chunk_size
+    const l1 = status0.l1
     const tokenBytes = o.model.numHeads * o.model.headSize * dtypeBytes(o.model.dtype)
     const chunkBytes = 2 * o.model.numLayers * chunk * tokenBytes
-    const capacityChunks = Math.floor((l1?.capacity_bytes ?? o.l1SizeGb * 2 ** 30) / chunkBytes)
+    const capacityChunks = Math.floor(l1.capacity_bytes / chunkBytes)
     const maxTokens = Math.max(...requests.map((r) => Math.floor(r.inputLength / chunk) * chunk))
     const settings = (slot: number): WorkerSettings => ({
       endpoint,
@@ -367,8 +375,8 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     if (progress !== undefined) yield* Fiber.interrupt(progress)
 
     // Killed workers must be reaped: wait at most the grace plus one reaper scan (and a little slack).
-    const status = getJson(`${httpUrl}/api/status`)
-    const tracked = Effect.map(status, (s) => (s["worker_liveness"] as { tracked_instances: number }).tracked_instances)
+    const status = getStatus(httpUrl)
+    const tracked = Effect.map(status, (s) => s.worker_liveness.tracked_instances)
     const liveIds = new Set(alive().map((w) => w.instanceId))
     const graceMs = (o.server === undefined ? o.disconnectGraceSeconds : 10) * 1000
     const waitUntil = (yield* Clock.currentTimeMillis) + graceMs * 1.5 + 1_500
@@ -382,7 +390,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     // Every live worker unregisters; then nothing may stay mapped.
     yield* Effect.forEach(all, (w) => w.shutdown(10_000), { concurrency: "unbounded", discard: true })
     const after = yield* status
-    const openMappings = (after["native"] as { open_mappings: number } | undefined)?.open_mappings ?? 0
+    const openMappings = after.native.open_mappings
     const finalReaps = yield* reapsNow.pipe(Effect.catch(() => Ref.get(reapsSeen)))
     const reaped: Record<string, number> = {}
     for (const reason of ["timeout", "grace", "disconnect"]) reaped[reason] = (finalReaps[reason] ?? 0) - (baseReaps[reason] ?? 0)

@@ -7,6 +7,7 @@
  * SIGKILLed between PREPARE_STORE and COMMIT_STORE is reaped on disconnect
  * with nothing of its pending store published.
  */
+import { decodeStatusDocument } from "../../src/schema/Status.ts"
 import { randomUUID } from "node:crypto"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -48,7 +49,7 @@ const stopServer = (server: CliProcess) =>
   })
 
 const status = (port: number) =>
-  Effect.promise(() => fetch(`http://127.0.0.1:${port}/api/status`).then((r) => r.json() as Promise<Record<string, unknown>>))
+  Effect.promise(() => fetch(`http://127.0.0.1:${port}/api/status`).then((r) => r.json())).pipe(Effect.flatMap(decodeStatusDocument), Effect.orDie)
 
 const storeThenRetrieve = (transport: "shm" | "inline") =>
   Effect.scoped(Effect.gen(function*() {
@@ -68,10 +69,10 @@ const storeThenRetrieve = (transport: "shm" | "inline") =>
     const doc = yield* status(httpPort)
     assert.deepStrictEqual(doc["instances"], [])
     assert.deepStrictEqual(doc["native"], { open_mappings: 0, mapped_bytes: 0 })
-    const ed = doc["engine_driven"] as Record<string, unknown>
-    assert.deepStrictEqual([ed["transport"], ed["contexts"], ed["pending_stores"], ed["pending_retrieves"]], [transport, 0, 0, 0])
-    const l1 = doc["l1"] as Record<string, number>
-    assert.deepStrictEqual([l1["objects"], l1["reserved_objects"], l1["locked_objects"]], [5, 0, 0])
+    const ed = doc.engine_driven
+    assert.deepStrictEqual([ed.transport, ed.contexts, ed.pending_stores, ed.pending_retrieves], [transport, 0, 0, 0])
+    const l1 = doc.l1
+    assert.deepStrictEqual([l1.objects, l1.reserved_objects, l1.locked_objects], [5, 0, 0])
     yield* stopServer(server)
   }))
 
@@ -88,18 +89,18 @@ describe("engine-driven workers in two processes", () => {
       const info = JSON.parse(line) as { readonly instanceId: string; readonly slots: number }
       assert.strictEqual(info.slots, 4)
       const before = yield* status(httpPort)
-      assert.strictEqual((before["l1"] as Record<string, number>)["reserved_objects"], 4)
+      assert.strictEqual(before.l1.reserved_objects, 4)
       yield* hung.stop("SIGKILL")
       yield* server.waitForStderr(new RegExp(`reaped instance ${info.instanceId}: .*reason disconnect`), 15_000)
       const after = yield* status(httpPort)
       assert.deepStrictEqual(after["instances"], [])
-      const l1 = after["l1"] as Record<string, number>
-      assert.deepStrictEqual([l1["objects"], l1["reserved_objects"], l1["used_bytes"]], [0, 0, 0])
+      const l1 = after.l1
+      assert.deepStrictEqual([l1.objects, l1.reserved_objects, l1.used_bytes], [0, 0, 0])
       // A later worker stores the same tokens from scratch: all 4 chunks are wanted again.
       const again = yield* runWorker({ endpoint, mode: "store", seed: 5, tokenCount: 256, requestId: "again" })
       assert.strictEqual(again.code, 0, again.stderr)
       assert.strictEqual(again.result["ok"], true)
-      assert.strictEqual(((yield* status(httpPort))["l1"] as Record<string, number>)["objects"], 4)
+      assert.strictEqual((yield* status(httpPort)).l1.objects, 4)
       yield* stopServer(server)
     })), 60_000)
 })

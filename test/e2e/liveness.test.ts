@@ -2,6 +2,7 @@
  * Worker liveness end to end (DESIGN §5-6): a server process, worker
  * processes with real shared memory and heartbeats, real signals.
  */
+import { decodeStatusDocument } from "../../src/schema/Status.ts"
 import { randomUUID } from "node:crypto"
 import { readdirSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
@@ -40,12 +41,9 @@ const startWorker = (endpoint: string, heartbeatIntervalMs: number, storeEveryMs
 const getJson = (url: string) => Effect.promise(() => fetch(url).then((r) => r.json() as Promise<Record<string, unknown>>))
 const getText = (url: string) => Effect.promise(() => fetch(url).then((r) => r.text()))
 
-interface StatusInstance {
-  readonly instance_id: string
-  readonly state: string
-}
-const instancesOf = (port: number) =>
-  Effect.map(getJson(`http://127.0.0.1:${port}/api/status`), (doc) => doc["instances"] as ReadonlyArray<StatusInstance>)
+const statusOf = (port: number) =>
+  getJson(`http://127.0.0.1:${port}/api/status`).pipe(Effect.flatMap(decodeStatusDocument), Effect.orDie)
+const instancesOf = (port: number) => Effect.map(statusOf(port), (doc) => doc.instances)
 
 /** Polls `check` every 100 ms until it holds, at most `timeoutMs`. */
 const eventually = <A>(check: Effect.Effect<A>, holds: (a: A) => boolean, timeoutMs: number) =>
@@ -69,9 +67,9 @@ describe("liveness end to end", () => {
       const left = yield* eventually(instancesOf(httpPort), (xs) => xs.length === 0, 5_000)
       assert.deepStrictEqual(left, [])
       assert.notInclude(maps(), namePrefix)
-      const status = yield* getJson(`http://127.0.0.1:${httpPort}/api/status`)
-      assert.deepStrictEqual(status["native"], { open_mappings: 0, mapped_bytes: 0 })
-      assert.strictEqual((status["worker_liveness"] as { tracked_instances: number }).tracked_instances, 0)
+      const status = yield* statusOf(httpPort)
+      assert.deepStrictEqual(status.native, { open_mappings: 0, mapped_bytes: 0 })
+      assert.strictEqual(status.worker_liveness.tracked_instances, 0)
       const metrics = yield* getText(`http://127.0.0.1:${httpPort}/metrics`)
       assert.match(metrics, /mpcache_reaps_total\{reason="disconnect"\} 1/)
       assert.match(metrics, /mpcache_tracked_instances 0/)

@@ -6,6 +6,7 @@
  * leave no mapping of those segments in the server's /proc/<pid>/maps and
  * the open-mappings counter at 0.
  */
+import { decodeStatusDocument } from "../../src/schema/Status.ts"
 import { randomUUID } from "node:crypto"
 import { readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
@@ -28,7 +29,7 @@ const startServer = Effect.gen(function*() {
 })
 
 const status = (port: number) =>
-  Effect.promise(() => fetch(`http://127.0.0.1:${port}/api/status`).then((r) => r.json() as Promise<Record<string, unknown>>))
+  Effect.promise(() => fetch(`http://127.0.0.1:${port}/api/status`).then((r) => r.json())).pipe(Effect.flatMap(decodeStatusDocument), Effect.orDie)
 
 describe("two worker processes", () => {
   it.live("A stores, B (another process and segment) looks up and retrieves into other blocks: every byte equal", () =>

@@ -1,0 +1,102 @@
+/**
+ * The `GET /api/status` document (DESIGN §5 "Status", §7 HTTP) as a Schema,
+ * so that clients — the `mpcache status` command, replay, tests, other
+ * programs through `mpcache/schema` — decode it instead of casting. JSON
+ * keys are snake_case like the wire's structs; every figure is a count, a
+ * byte size (`…_bytes`) or seconds (`…_seconds`). Keys a newer server adds
+ * are ignored on decode.
+ */
+import { Schema } from "effect"
+import { RegistrationKind } from "./Registration.ts"
+
+const Count = Schema.Int
+const Seconds = Schema.Finite
+
+/** Queue depths of the dispatch pools (DESIGN §3.1). */
+export const StatusPools = Schema.Struct({
+  sync: Schema.Struct({ queued: Count }),
+  normal: Schema.Struct({ workers: Count, queued: Count }),
+  affinity: Schema.Struct({ lanes: Count, queued: Schema.Array(Count), pinnedPeers: Count })
+})
+
+/** One row of the merged handler table: op id and name, its pool, the module serving it. */
+export const StatusOp = Schema.Struct({
+  id: Count,
+  name: Schema.String,
+  pool: Schema.Literals(["SYNC", "NORMAL", "AFFINITY"]),
+  module: Schema.String
+})
+
+/** The liveness windows and how many contexts are tracked (DESIGN §5). */
+export const StatusWorkerLiveness = Schema.Struct({
+  enabled: Schema.Boolean,
+  reap_timeout_seconds: Seconds,
+  registration_grace_seconds: Seconds,
+  disconnect_grace_seconds: Seconds,
+  tracked_instances: Count
+})
+
+/** A context's liveness state: startup (not both flags latched), active (both), suspect (no bound connection left). */
+export const InstanceState = Schema.Literals(["startup", "active", "suspect"])
+export type InstanceState = typeof InstanceState.Type
+
+/** One registered context; the module's own details (model, layout …) follow as further keys. */
+export const StatusInstance = Schema.StructWithRest(
+  Schema.Struct({
+    instance_id: Schema.String,
+    kind: RegistrationKind,
+    state: InstanceState,
+    last_seen_age_seconds: Seconds,
+    has_liveness_signal: Schema.Boolean,
+    has_transfer_activity: Schema.Boolean
+  }),
+  [Schema.Record(Schema.String, Schema.Unknown)]
+)
+export type StatusInstance = typeof StatusInstance.Type
+
+/** The whole document. */
+export const StatusDocument = Schema.Struct({
+  is_healthy: Schema.Boolean,
+  version: Schema.String,
+  protocol_version: Count,
+  endpoint: Schema.String,
+  chunk_size: Count,
+  l1_size_gb: Schema.Finite,
+  uptime_seconds: Seconds,
+  connected_peers: Count,
+  dropped_messages: Count,
+  undeliverable_replies: Count,
+  pools: StatusPools,
+  ops: Schema.Array(StatusOp),
+  worker_liveness: StatusWorkerLiveness,
+  instances: Schema.Array(StatusInstance),
+  /** Mappings of workers' memory (the server's own L1 pool is under `l1`). */
+  native: Schema.Struct({ open_mappings: Count, mapped_bytes: Count }),
+  l1: Schema.Struct({
+    pool: Schema.NullOr(Schema.String),
+    capacity_bytes: Count,
+    prefaulted_bytes: Count,
+    used_bytes: Count,
+    objects: Count,
+    reserved_objects: Count,
+    locked_objects: Count,
+    evictions: Count
+  }),
+  lookup: Schema.Struct({ sessions: Count, held_locks: Count, pending_jobs: Count }),
+  engine_driven: Schema.Struct({
+    transport: Schema.Literals(["shm", "inline"]),
+    pool: Schema.NullOr(Schema.String),
+    contexts: Count,
+    pending_stores: Count,
+    pending_retrieves: Count
+  }),
+  blend: Schema.Struct({ rope_instances: Schema.Array(Schema.String) })
+})
+export type StatusDocument = typeof StatusDocument.Type
+
+/**
+ * Decodes a fetched document. Fails with `Schema.SchemaError` naming the
+ * path of the first field that does not fit (a server of another version,
+ * or not an mpcache server).
+ */
+export const decodeStatusDocument = Schema.decodeUnknownEffect(StatusDocument)
