@@ -22,8 +22,8 @@
  *
  * Chunk indices are within the request's range: 0 is the chunk at `start`.
  *
- * Liveness is the LMCache-driven adapter's (src/services/WorkerAdapter.ts):
- * a 63-bit random id logged at construction; a heartbeat (Heartbeat.ts)
+ * Liveness is the session core's (Session.ts), shared with the LMCache-driven
+ * adapter (WorkerAdapter.ts): a 63-bit random id logged at construction; a heartbeat (Heartbeat.ts)
  * started after a successful registration (and defensively on the first
  * transfer) sending PING_REGISTERED (id, ["engine_driven"]), falling back
  * to PING [id] for a server that predates it; re-registration with the same
@@ -37,18 +37,13 @@
  * Shutdown (the Scope closing): stop the heartbeat, UNREGISTER the context
  * (a failure only logs a WARNING), then unmap the pool.
  */
-import { Clock, Effect, Exit, Ref, Scope, Semaphore } from "effect"
+import { Effect, Exit, Scope } from "effect"
 import { NativeMemory, type NativeError, type ShmMapping } from "../../native/Native.ts"
-import type { CacheKey } from "../../schema/CacheKey.ts"
 import type { Dtype } from "../../schema/Dtype.ts"
 import type { EngineDrivenPool, RegisterEngineDrivenContext, Slot } from "../../schema/EngineDriven.ts"
-import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import {
   CommitRetrieve,
   CommitStore,
-  GetChunkSize,
-  Ping,
-  PingRegistered,
   PrepareRetrieve,
   PrepareStore,
   RegisterKvCacheEngineDrivenContext,
@@ -56,25 +51,12 @@ import {
 } from "../../schema/Op.ts"
 import { InvalidArgument } from "../../schema/WireError.ts"
 import { type EngineDrivenLayout, validateLayout } from "../kv/EngineDrivenLayout.ts"
-import { appendEvent, causeText, heartbeatTimes, makeHeartbeat, pingFailureReason, PingResult, type RecoverTrigger } from "./Heartbeat.ts"
-import { newInstanceId } from "./InstanceIdGen.ts"
-import { makeMqClient, type MqClientShape, type RequestError } from "./MqClient.ts"
+import type { MqClientShape, RequestError } from "./MqClient.ts"
+import { makeSession, openSession, type RequestRange, type SessionSettings, type SessionView, withOwnClient } from "./Session.ts"
 import type { ZmqSockets } from "../zmq/Sockets.ts"
-import {
-  warnIfHeartbeatTooSlow,
-  type RegistrationReason,
-  UNREGISTER_TIMEOUT_MS,
-  type WorkerAdapterEvent
-} from "./WorkerAdapter.ts"
 
-/** Adapter settings that do not depend on how the client is made. Times in ms. */
-export interface EngineDrivenWorkerAdapterSettings {
-  /** Model name in every key and in REGISTER. */
-  readonly modelName: string
-  /** KV world size: how many shards a chunk is split into. */
-  readonly worldSize: number
-  /** The shard (kv rank) this worker owns. */
-  readonly kvRank: number
+/** Adapter settings that do not depend on how the client is made (the session's, plus the chunk layout). Times in ms. */
+export interface EngineDrivenWorkerAdapterSettings extends SessionSettings {
   /** Tokens per engine block; must divide the server's chunk size. */
   readonly blockSizeTokens: number
   readonly numLayers: number
@@ -83,16 +65,6 @@ export interface EngineDrivenWorkerAdapterSettings {
   readonly dtype: Dtype
   /** MLA layout `[num_layers, chunk, hidden]` instead of `[2, num_layers, chunk, hidden]`. Default false. */
   readonly useMla?: boolean
-  /** Per-request timeout in ms for REGISTER and transfers. Default 30,000. */
-  readonly requestTimeoutMs?: number
-  /** Fixed instance id (tests, replay); default a fresh random one. */
-  readonly instanceId?: InstanceId
-  /** Salt for per-tenant isolation of every key. Default "". */
-  readonly cacheSalt?: string
-  /** Time between heartbeat pings, ms (DESIGN §6). Default 10,000. Must be > 0. */
-  readonly heartbeatIntervalMs?: number
-  /** How long one heartbeat ping may take before it counts as failed, ms. Default = the interval. */
-  readonly heartbeatTimeoutMs?: number
 }
 
 /** Settings plus the server endpoint, for {@link makeEngineDrivenWorkerAdapter}. */
@@ -102,15 +74,7 @@ export interface EngineDrivenWorkerAdapterOptions extends EngineDrivenWorkerAdap
 }
 
 /** A token range of one request. */
-export interface EngineDrivenRequest {
-  readonly requestId: string
-  /** The request's full token prefix. */
-  readonly tokenIds: ReadonlyArray<number>
-  /** Chunk-aligned start of the range, tokens. */
-  readonly start: number
-  /** End of the range, tokens (a trailing partial chunk is ignored). */
-  readonly end: number
-}
+export type EngineDrivenRequest = RequestRange
 
 /** What a retrieve got: `chunks[i]` is the L1 object of chunk i of the range (when `ok`). */
 export interface EngineDrivenRetrieveResult {
@@ -122,11 +86,7 @@ export interface EngineDrivenRetrieveResult {
 export type EngineDrivenTransferError = RequestError | NativeError
 
 /** The adapter's interface; built by `makeEngineDrivenWorkerAdapter(With)`. */
-export interface EngineDrivenWorkerAdapterShape {
-  /** This worker's 63-bit id, sent with every REGISTER, PING and transfer. */
-  readonly instanceId: InstanceId
-  /** The server's chunk size in tokens (asked at construction). */
-  readonly chunkSizeTokens: number
+export interface EngineDrivenWorkerAdapterShape extends SessionView {
   /** The L1 object of one chunk: shape, dtype and bytes (`chunkBytes`). */
   readonly layout: EngineDrivenLayout
   /**
@@ -150,14 +110,6 @@ export interface EngineDrivenWorkerAdapterShape {
   ) => Effect.Effect<boolean, EngineDrivenTransferError>
   /** Retrieves every complete chunk of the range; not ok (nothing sent) in degraded mode. */
   readonly retrieve: (request: EngineDrivenRequest) => Effect.Effect<EngineDrivenRetrieveResult, EngineDrivenTransferError>
-  /** False in degraded mode. */
-  readonly isHealthy: Effect.Effect<boolean>
-  /** True while the heartbeat fiber runs. */
-  readonly heartbeatRunning: Effect.Effect<boolean>
-  /** The event log, oldest first. */
-  readonly events: Effect.Effect<ReadonlyArray<WorkerAdapterEvent>>
-  /** REGISTERs that succeeded after the initial one. */
-  readonly reregistrations: Effect.Effect<number>
 }
 
 /** The mapped server pool. */
@@ -184,11 +136,8 @@ export const makeEngineDrivenWorkerAdapterWith = (
 ): Effect.Effect<EngineDrivenWorkerAdapterShape, RequestError, Scope.Scope | NativeMemory> =>
   Effect.gen(function*() {
     const native = yield* NativeMemory
-    const [heartbeatIntervalMs, heartbeatTimeoutMs] = yield* heartbeatTimes(options)
-    const requestTimeoutMs = options.requestTimeoutMs ?? 30_000
-    const instanceId = options.instanceId ?? (yield* newInstanceId)
-    const idText = formatInstanceId(instanceId)
-    const chunkSizeTokens = yield* client.request(GetChunkSize, [], { timeoutMs: requestTimeoutMs })
+    const opening = yield* openSession(client, options)
+    const { chunkSizeTokens, instanceId, label } = opening
     const registration: RegisterEngineDrivenContext = {
       instance_id: instanceId,
       model_name: options.modelName,
@@ -202,21 +151,10 @@ export const makeEngineDrivenWorkerAdapterWith = (
     const layout = validateLayout(registration, chunkSizeTokens)
     if ("error" in layout) return yield* new InvalidArgument({ message: `engine-driven worker adapter: ${layout.error}` })
     const { chunkBytes } = layout
-    yield* Effect.logInfo(`mpcache engine-driven worker adapter created with instance_id=${idText}`)
-    yield* warnIfHeartbeatTooSlow(heartbeatIntervalMs)
 
     const scope = yield* Effect.scope
-    const label = `mpcache server ${client.endpoint} (instance_id=${idText})`
-    let registered = false
-    let closing = false
-    let legacyPing = false
     let pool: MappedPool | undefined
     let transport: "shm" | "inline" | undefined
-    const registerLock = yield* Semaphore.make(1)
-    const eventLog = yield* Ref.make<ReadonlyArray<WorkerAdapterEvent>>([])
-    const reregistrations = yield* Ref.make(0)
-    const record = (event: WorkerAdapterEvent) => Ref.update(eventLog, (log) => appendEvent(log, event))
-    const now = Clock.currentTimeMillis
 
     /** Maps the answered pool (unless it is the one mapped already) and unmaps the old one; none for inline. */
     const adoptPool = (answer: EngineDrivenPool): Effect.Effect<void, EngineDrivenTransferError> =>
@@ -240,92 +178,25 @@ export const makeEngineDrivenWorkerAdapterWith = (
         if (old !== undefined) yield* Scope.close(old.scope, Exit.void)
       })
 
-    const sendRegister = Effect.flatMap(
-      client.request(RegisterKvCacheEngineDrivenContext, [registration], { timeoutMs: requestTimeoutMs }),
-      (answer) => Effect.as(adoptPool(answer), answer)
+    // Added before the session's finalizer so that it runs after it (finalizers
+    // run last-added first): the pool is unmapped once UNREGISTER is answered.
+    yield* Effect.addFinalizer(() =>
+      Effect.gen(function*() {
+        if (pool !== undefined) yield* Scope.close(pool.scope, Exit.void)
+        pool = undefined
+      })
     )
 
-    /** Re-sends REGISTER with the same id: true when done (or nothing to do); false during shutdown or on any error. */
-    const reregister = (reason: Exclude<RegistrationReason, "initial">): Effect.Effect<boolean> =>
-      registerLock.withPermits(1)(Effect.gen(function*() {
-        if (closing) return false
-        if (!registered) return true
-        const result = yield* Effect.exit(sendRegister)
-        if (Exit.isSuccess(result)) {
-          yield* Ref.update(reregistrations, (n) => n + 1)
-          yield* record({ _tag: "Registered", atMs: yield* now, reason })
-          yield* Effect.logWarning(`re-registered engine-driven instance_id=${idText} with ${client.endpoint} (${reason})`)
-          return true
-        }
-        const message = causeText(result.cause)
-        yield* record({ _tag: "RegisterFailed", atMs: yield* now, reason, message })
-        yield* Effect.logWarning(`re-registration of engine-driven instance_id=${idText} with ${client.endpoint} (${reason}) failed: ${message}`)
-        return false
-      }))
-
-    const recover = (trigger: RecoverTrigger) =>
-      Effect.suspend(() => {
-        if (trigger === "edge") legacyPing = false
-        return reregister(trigger === "edge" ? "recover" : "missing")
-      })
-
-    const ping: Effect.Effect<PingResult> = Effect.gen(function*() {
-      if (registered && !legacyPing) {
-        const answer = yield* Effect.result(
-          client.request(PingRegistered, [instanceId, ["engine_driven"]], { timeoutMs: heartbeatTimeoutMs })
-        )
-        if (answer._tag === "Success") {
-          return answer.success.length === 0
-            ? PingResult.alive
-            : PingResult.lost(
-              `the server does not hold ${answer.success.join(", ")} for instance_id=${idText} ` +
-                `(it restarted, or reaped this worker while it was paused)`
-            )
-        }
-        if (answer.failure._tag !== "UnknownOp") return PingResult.failed(pingFailureReason("ping_registered", answer.failure))
-        legacyPing = true
-        yield* Effect.logWarning(`${label} answered ping_registered with unknown_op: it predates it; falling back to plain ping`)
-      }
-      const answer = yield* Effect.result(client.request(Ping, [instanceId], { timeoutMs: heartbeatTimeoutMs }))
-      return answer._tag === "Success" ? PingResult.alive : PingResult.failed(pingFailureReason("ping", answer.failure))
+    const session = yield* makeSession(opening, {
+      qualifier: "engine-driven",
+      kind: "engine_driven",
+      registerOp: RegisterKvCacheEngineDrivenContext,
+      registerPayload: (reg: RegisterEngineDrivenContext) => [reg] as const,
+      onRegistered: adoptPool,
+      unregisterOp: UnregisterKvCacheEngineDrivenContext
     })
-
-    const heartbeat = yield* makeHeartbeat({
-      label,
-      intervalMs: heartbeatIntervalMs,
-      timeoutMs: heartbeatTimeoutMs,
-      ping,
-      recover,
-      onEvent: record
-    })
-
-    const register = Effect.gen(function*() {
-      const answer = yield* registerLock.withPermits(1)(sendRegister)
-      registered = true
-      yield* record({ _tag: "Registered", atMs: yield* now, reason: "initial" })
-      yield* heartbeat.start
-      return answer
-    })
-
-    const keyOf = (r: EngineDrivenRequest): CacheKey => ({
-      model_name: options.modelName,
-      world_size: options.worldSize,
-      worker_id: options.kvRank,
-      token_ids: r.tokenIds,
-      start: r.start,
-      end: r.end,
-      request_id: r.requestId,
-      cache_salt: options.cacheSalt ?? ""
-    })
-
-    /** A `not_registered` reply means the server lost this worker: re-register (DESIGN §6), then fail as before. */
-    const reregisterOnNotRegistered = <A>(transfer: Effect.Effect<A, RequestError>) =>
-      transfer.pipe(Effect.tapError((e) => (e._tag === "NotRegistered" ? Effect.asVoid(reregister("not_registered")) : Effect.void)))
-
-    const request = <A>(send: Effect.Effect<A, RequestError>) => reregisterOnNotRegistered(send)
-
-    /** Defensive start, then the health check. */
-    const beforeTransfer = Effect.andThen(heartbeat.start, heartbeat.isHealthy)
+    const { beforeTransfer, keyOf, transfer: request } = session
+    const register = session.register(registration)
 
     const badSlots = (op: string, slots: ReadonlyArray<Slot>, indices: ReadonlyArray<number>, count: number) => {
       if (slots.length !== indices.length) return `${op}: ${slots.length} slot(s) for ${indices.length} chunk index(es)`
@@ -351,7 +222,7 @@ export const makeEngineDrivenWorkerAdapterWith = (
       Effect.gen(function*() {
         if (!(yield* beforeTransfer)) return false
         const key = keyOf(r)
-        const prepared = yield* request(client.request(PrepareStore, [key, instanceId], { timeoutMs: requestTimeoutMs }))
+        const prepared = yield* request(PrepareStore, [key, instanceId])
         const { slots, chunk_indices: indices } = prepared.context
         if (indices.length === 0) return true
         const bad = badSlots("prepare_store", slots, indices, chunkCount(r))
@@ -370,11 +241,11 @@ export const makeEngineDrivenWorkerAdapterWith = (
             (c, j) => native.scatter(p.mapping, Float64Array.of(slots[j]!.offset, 0, chunkBytes), c),
             { concurrency: "unbounded", discard: true }
           )
-          return yield* request(client.request(CommitStore, [key, instanceId, new Uint8Array(0)], { timeoutMs: requestTimeoutMs }))
+          return yield* request(CommitStore, [key, instanceId, new Uint8Array(0)])
         }
         const data = Buffer.allocUnsafeSlow(chunks.length * chunkBytes)
         chunks.forEach((c, j) => data.set(c, j * chunkBytes))
-        return yield* request(client.request(CommitStore, [key, instanceId, data], { timeoutMs: requestTimeoutMs }))
+        return yield* request(CommitStore, [key, instanceId, data])
       })
 
     const retrieve = (r: EngineDrivenRequest) =>
@@ -382,9 +253,9 @@ export const makeEngineDrivenWorkerAdapterWith = (
         if (!(yield* beforeTransfer)) return NOTHING
         const key = keyOf(r)
         const count = chunkCount(r)
-        const prepared = yield* request(client.request(PrepareRetrieve, [key, instanceId], { timeoutMs: requestTimeoutMs }))
+        const prepared = yield* request(PrepareRetrieve, [key, instanceId])
         if (!prepared.success) return NOTHING
-        const commit = request(client.request(CommitRetrieve, [key, instanceId], { timeoutMs: requestTimeoutMs }))
+        const commit = request(CommitRetrieve, [key, instanceId])
         if (prepared.data.length > 0 || transport === "inline") {
           const released = yield* commit
           if (prepared.data.length !== count * chunkBytes) {
@@ -416,38 +287,13 @@ export const makeEngineDrivenWorkerAdapterWith = (
         return released ? { ok: true, chunks: copied.value } : NOTHING
       })
 
-    yield* Effect.addFinalizer(() =>
-      Effect.gen(function*() {
-        closing = true
-        yield* heartbeat.stop
-        if (registered) {
-          const result = yield* Effect.exit(
-            registerLock.withPermits(1)(
-              client.request(UnregisterKvCacheEngineDrivenContext, [instanceId], { timeoutMs: UNREGISTER_TIMEOUT_MS })
-            )
-          )
-          yield* record({ _tag: "Unregistered", atMs: yield* now, ok: Exit.isSuccess(result) })
-          if (Exit.isFailure(result)) {
-            yield* Effect.logWarning(`unregister of engine-driven instance_id=${idText} failed: ${causeText(result.cause)}`)
-          }
-        }
-        if (pool !== undefined) yield* Scope.close(pool.scope, Exit.void)
-        pool = undefined
-      })
-    )
-
     return {
-      instanceId,
-      chunkSizeTokens,
+      ...session.view,
       layout,
       register,
       transport: Effect.sync(() => transport),
       store,
-      retrieve,
-      isHealthy: heartbeat.isHealthy,
-      heartbeatRunning: heartbeat.isRunning,
-      events: Ref.get(eventLog),
-      reregistrations: Ref.get(reregistrations)
+      retrieve
     } satisfies EngineDrivenWorkerAdapterShape
   })
 
@@ -460,7 +306,4 @@ export const makeEngineDrivenWorkerAdapterWith = (
 export const makeEngineDrivenWorkerAdapter = (
   options: EngineDrivenWorkerAdapterOptions
 ): Effect.Effect<EngineDrivenWorkerAdapterShape, RequestError, Scope.Scope | NativeMemory | ZmqSockets> =>
-  Effect.gen(function*() {
-    const client = yield* makeMqClient({ endpoint: options.endpoint, requestTimeoutMs: options.requestTimeoutMs ?? 30_000 })
-    return yield* makeEngineDrivenWorkerAdapterWith(client, options)
-  })
+  withOwnClient(options, (client) => makeEngineDrivenWorkerAdapterWith(client, options))

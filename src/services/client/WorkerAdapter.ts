@@ -5,10 +5,11 @@
  * retrieves chunks by block ids, reports finished requests to the engine
  * (`getFinished`), and keeps the server aware that it is alive.
  *
- * Liveness (DESIGN §6):
+ * Liveness (DESIGN §6) is the session core's (Session.ts), which this
+ * adapter shares with the engine-driven one; this file keeps the transfers:
  * - The instance id is 63 random bits from a v4 UUID, logged at INFO at
  *   construction (upstream #3631; never the PID).
- * - A heartbeat (src/services/Heartbeat.ts) starts after a successful
+ * - A heartbeat (Heartbeat.ts) starts after a successful
  *   registration, and defensively on the first store or retrieve; starting
  *   twice is a no-op, a failed registration starts nothing. Once registered,
  *   each cycle sends PING_REGISTERED (id, ["kv_cache"]), which the server
@@ -29,67 +30,34 @@
  *   linger (the client's own finalizer, when `makeWorkerAdapter` made it).
  *   Nothing re-registers once shutdown has begun.
  */
-import { Clock, Context, Effect, Exit, Fiber, Layer, Ref, type Scope, Semaphore } from "effect"
-import type { CacheKey } from "../../schema/CacheKey.ts"
-import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
-import { GetChunkSize, Ping, PingRegistered, RegisterKvCache, Retrieve, Store, UnregisterKvCache } from "../../schema/Op.ts"
+import { Context, Effect, Exit, Fiber, Layer, type Scope } from "effect"
+import { type PayloadOf, RegisterKvCache, Retrieve, Store, UnregisterKvCache } from "../../schema/Op.ts"
 import type { LayoutHints } from "../../schema/Registration.ts"
 import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
 import { InvalidArgument } from "../../schema/WireError.ts"
+import type { MqClientShape, RequestError } from "./MqClient.ts"
 import {
-  appendEvent,
-  causeText,
-  type HeartbeatEvent,
-  heartbeatTimes,
-  makeHeartbeat,
-  pingFailureReason,
-  PingResult,
-  type RecoverTrigger
-} from "./Heartbeat.ts"
-import { newInstanceId } from "./InstanceIdGen.ts"
-import { makeMqClient, type MqClientShape, type RequestError } from "./MqClient.ts"
+  makeSession,
+  openSession,
+  type RequestRange,
+  type SessionEvent,
+  type SessionSettings,
+  type SessionView,
+  withOwnClient
+} from "./Session.ts"
 import type { ZmqSockets } from "../zmq/Sockets.ts"
 
-/** The server's smallest non-zero `--worker-reap-timeout-seconds`, in ms (DESIGN §5). */
-export const MIN_SERVER_REAP_TIMEOUT_MS = 30_000
+export {
+  MIN_SERVER_REAP_TIMEOUT_MS,
+  type RegistrationReason,
+  UNREGISTER_TIMEOUT_MS,
+  warnIfHeartbeatTooSlow
+} from "./Session.ts"
 
-/**
- * Warns at construction when 3 × the heartbeat interval exceeds the server's
- * minimum reap timeout (DESIGN §6; upstream's adapter warning): a worker that
- * misses a couple of pings could then be reaped while alive.
- */
-export const warnIfHeartbeatTooSlow = (heartbeatIntervalMs: number): Effect.Effect<void> =>
-  3 * heartbeatIntervalMs > MIN_SERVER_REAP_TIMEOUT_MS
-    ? Effect.logWarning(
-      `heartbeat interval ${heartbeatIntervalMs / 1000} s: 3 × interval = ${(3 * heartbeatIntervalMs) / 1000} s exceeds ` +
-        `the server's minimum reap timeout (${MIN_SERVER_REAP_TIMEOUT_MS / 1000} s); run the server with ` +
-        `--worker-reap-timeout-seconds of at least ${Math.ceil((3 * heartbeatIntervalMs) / 1000)} or this live worker may be reaped`
-    )
-    : Effect.void
-
-/** How long shutdown waits for the UNREGISTER reply, ms; a timeout only logs (upstream `shutdown()`). */
-export const UNREGISTER_TIMEOUT_MS = 5_000
-
-/** Adapter settings that do not depend on how the client is made. Times in ms. */
-export interface WorkerAdapterSettings {
-  /** Model name in every key and in REGISTER. */
-  readonly modelName: string
-  /** KV world size: how many shards a chunk is split into. */
-  readonly worldSize: number
-  /** The shard (kv rank) this worker owns. */
-  readonly kvRank: number
+/** Adapter settings that do not depend on how the client is made (the session's, plus the engine name). Times in ms. */
+export interface WorkerAdapterSettings extends SessionSettings {
   /** Engine name sent at registration. Default "vllm". */
   readonly engineType?: string
-  /** Per-request timeout in ms for REGISTER and transfers (upstream `lmcache.mp.mq_timeout`). Default 30,000. */
-  readonly requestTimeoutMs?: number
-  /** Fixed instance id (tests, replay); default a fresh random one. */
-  readonly instanceId?: InstanceId
-  /** Salt for per-tenant isolation of every key. Default "". */
-  readonly cacheSalt?: string
-  /** Time between heartbeat pings, ms (DESIGN §6). Default 10,000. Must be > 0. */
-  readonly heartbeatIntervalMs?: number
-  /** How long one heartbeat ping may take before it counts as failed, ms (upstream #4593). Default = the interval. */
-  readonly heartbeatTimeoutMs?: number
 }
 
 /** Settings plus the server endpoint, for {@link makeWorkerAdapter}. */
@@ -99,14 +67,7 @@ export interface WorkerAdapterOptions extends WorkerAdapterSettings {
 }
 
 /** A token range of one request and the worker blocks that hold it. */
-export interface TransferRequest {
-  readonly requestId: string
-  /** The request's full token prefix. */
-  readonly tokenIds: ReadonlyArray<number>
-  /** Chunk-aligned start of the range, tokens. */
-  readonly start: number
-  /** End of the range, tokens (a trailing partial chunk is ignored). */
-  readonly end: number
+export interface TransferRequest extends RequestRange {
   /** One block id per `block_size` tokens of [start, end). */
   readonly blockIds: ReadonlyArray<number>
 }
@@ -122,28 +83,13 @@ export interface FinishedTransfers {
 }
 
 /**
- * Why the adapter sent REGISTER: `initial` (registerKvCaches), `recover`
- * (the unhealthy→healthy edge), `missing` (PING_REGISTERED said the server
- * does not hold it), `not_registered` (a transfer was answered so).
- */
-export type RegistrationReason = "initial" | "recover" | "missing" | "not_registered"
-
-/**
  * The adapter's event log, for tests and replay: heartbeat events plus
- * registration outcomes. `atMs` is Effect Clock time, ms.
+ * registration outcomes (the session's, Session.ts). `atMs` is Effect Clock time, ms.
  */
-export type WorkerAdapterEvent =
-  | HeartbeatEvent
-  | { readonly _tag: "Registered"; readonly atMs: number; readonly reason: RegistrationReason }
-  | { readonly _tag: "RegisterFailed"; readonly atMs: number; readonly reason: RegistrationReason; readonly message: string }
-  | { readonly _tag: "Unregistered"; readonly atMs: number; readonly ok: boolean }
+export type WorkerAdapterEvent = SessionEvent
 
 /** The adapter's interface; `WorkerAdapter` is the service, `makeWorkerAdapter(With)` builds one. */
-export interface WorkerAdapterShape {
-  /** This worker's 63-bit id (DESIGN §6), sent with every REGISTER, PING and transfer. */
-  readonly instanceId: InstanceId
-  /** The server's chunk size in tokens (asked at construction). */
-  readonly chunkSizeTokens: number
+export interface WorkerAdapterShape extends SessionView {
   /**
    * REGISTER_KV_CACHE for this instance, then starts the heartbeat. Fails
    * with InvalidArgument when the block size does not divide the chunk size
@@ -161,14 +107,6 @@ export interface WorkerAdapterShape {
   readonly submitRetrieve: (request: TransferRequest, skipFirstNTokens?: number) => Effect.Effect<void>
   /** The engine's per-step poll: `finishedRequestIds` are the requests it finished this step. */
   readonly getFinished: (finishedRequestIds: ReadonlyArray<string>) => Effect.Effect<FinishedTransfers>
-  /** False in degraded mode (the last ping failed and no successful ping and re-registration has followed). */
-  readonly isHealthy: Effect.Effect<boolean>
-  /** True while the heartbeat fiber runs (after registration or the first transfer, until shutdown). */
-  readonly heartbeatRunning: Effect.Effect<boolean>
-  /** The event log, oldest first (at most `MAX_EVENTS` of Heartbeat.ts). */
-  readonly events: Effect.Effect<ReadonlyArray<WorkerAdapterEvent>>
-  /** REGISTERs that succeeded after the initial one (every reason but `initial`). */
-  readonly reregistrations: Effect.Effect<number>
 }
 
 /** The worker adapter as a service (one per worker process and server). */
@@ -204,116 +142,27 @@ export const makeWorkerAdapterWith = (
   options: WorkerAdapterSettings
 ): Effect.Effect<WorkerAdapterShape, RequestError, Scope.Scope> =>
   Effect.gen(function*() {
-    const [heartbeatIntervalMs, heartbeatTimeoutMs] = yield* heartbeatTimes(options)
-    const requestTimeoutMs = options.requestTimeoutMs ?? 30_000
-    const instanceId = options.instanceId ?? (yield* newInstanceId)
-    const idText = formatInstanceId(instanceId)
-    const chunkSizeTokens = yield* client.request(GetChunkSize, [], { timeoutMs: requestTimeoutMs })
-    yield* Effect.logInfo(`mpcache worker adapter created with instance_id=${idText}`)
-    yield* warnIfHeartbeatTooSlow(heartbeatIntervalMs)
-
-    const scope = yield* Effect.scope
-    const label = `mpcache server ${client.endpoint} (instance_id=${idText})`
-    let registration: Registration | undefined
-    /** Set when shutdown begins: nothing registers again after it. */
-    let closing = false
-    /** The server answered PING_REGISTERED with unknown_op: use PING [id] until the next recovery. */
-    let legacyPing = false
-    const registerLock = yield* Semaphore.make(1)
-    const eventLog = yield* Ref.make<ReadonlyArray<WorkerAdapterEvent>>([])
-    const reregistrations = yield* Ref.make(0)
-    const pending = new Map<string, Array<Pending>>()
-    const finishedRequests = new Set<string>()
-    let droppedRetrieves: Array<string> = []
-
-    const record = (event: WorkerAdapterEvent) => Ref.update(eventLog, (log) => appendEvent(log, event))
-    const now = Clock.currentTimeMillis
-
-    const sendRegister = (reg: Registration) =>
-      client.request(RegisterKvCache, [
-        instanceId,
+    const opening = yield* openSession(client, options)
+    const session = yield* makeSession(opening, {
+      kind: "kv_cache",
+      registerOp: RegisterKvCache,
+      registerPayload: (reg: Registration): PayloadOf<typeof RegisterKvCache> => [
+        opening.instanceId,
         reg.kvCaches,
         options.modelName,
         options.worldSize,
         options.engineType ?? "vllm",
         reg.layoutHints,
         []
-      ], { timeoutMs: requestTimeoutMs })
-
-    /**
-     * Re-sends REGISTER with the saved descriptors and the same id (upstream
-     * `_reregister_kv_caches_callback`): true when there is nothing to do or
-     * the server acknowledged; false during shutdown or on any error.
-     * Serialized with the first registration and with UNREGISTER.
-     */
-    const reregister = (reason: Exclude<RegistrationReason, "initial">): Effect.Effect<boolean> =>
-      registerLock.withPermits(1)(Effect.gen(function*() {
-        if (closing) return false
-        const reg = registration
-        if (reg === undefined) return true
-        const result = yield* Effect.exit(sendRegister(reg))
-        if (Exit.isSuccess(result)) {
-          yield* Ref.update(reregistrations, (n) => n + 1)
-          yield* record({ _tag: "Registered", atMs: yield* now, reason })
-          yield* Effect.logWarning(`re-registered instance_id=${idText} with ${client.endpoint} (${reason})`)
-          return true
-        }
-        const message = causeText(result.cause)
-        yield* record({ _tag: "RegisterFailed", atMs: yield* now, reason, message })
-        yield* Effect.logWarning(`re-registration of instance_id=${idText} with ${client.endpoint} (${reason}) failed: ${message}`)
-        return false
-      }))
-
-    const recover = (trigger: RecoverTrigger) =>
-      Effect.suspend(() => {
-        if (trigger === "edge") legacyPing = false
-        return reregister(trigger === "edge" ? "recover" : "missing")
-      })
-
-    const ping: Effect.Effect<PingResult> = Effect.gen(function*() {
-      if (registration !== undefined && !legacyPing) {
-        const answer = yield* Effect.result(
-          client.request(PingRegistered, [instanceId, ["kv_cache"]], { timeoutMs: heartbeatTimeoutMs })
-        )
-        if (answer._tag === "Success") {
-          const missing = answer.success
-          return missing.length === 0
-            ? PingResult.alive
-            : PingResult.lost(
-              `the server does not hold ${missing.join(", ")} for instance_id=${idText} ` +
-                `(it restarted, or reaped this worker while it was paused)`
-            )
-        }
-        if (answer.failure._tag !== "UnknownOp") return PingResult.failed(pingFailureReason("ping_registered", answer.failure))
-        legacyPing = true
-        yield* Effect.logWarning(
-          `${label} answered ping_registered with unknown_op: it predates it; falling back to plain ping ` +
-            `(a server restart is then noticed only through a not_registered reply to a transfer)`
-        )
-      }
-      const answer = yield* Effect.result(client.request(Ping, [instanceId], { timeoutMs: heartbeatTimeoutMs }))
-      return answer._tag === "Success" ? PingResult.alive : PingResult.failed(pingFailureReason("ping", answer.failure))
+      ],
+      unregisterOp: UnregisterKvCache,
+      legacyPingNote: "(a server restart is then noticed only through a not_registered reply to a transfer)"
     })
-
-    const heartbeat = yield* makeHeartbeat({
-      label,
-      intervalMs: heartbeatIntervalMs,
-      timeoutMs: heartbeatTimeoutMs,
-      ping,
-      recover,
-      onEvent: record
-    })
-
-    const keyOf = (r: TransferRequest): CacheKey => ({
-      model_name: options.modelName,
-      world_size: options.worldSize,
-      worker_id: options.kvRank,
-      token_ids: r.tokenIds,
-      start: r.start,
-      end: r.end,
-      request_id: r.requestId,
-      cache_salt: options.cacheSalt ?? ""
-    })
+    const { beforeTransfer, chunkSizeTokens, instanceId, keyOf, transfer } = session
+    const scope = yield* Effect.scope
+    const pending = new Map<string, Array<Pending>>()
+    const finishedRequests = new Set<string>()
+    let droppedRetrieves: Array<string> = []
 
     const registerKvCaches = (kvCaches: ReadonlyArray<TensorDescriptor>, layoutHints: LayoutHints = {}) =>
       Effect.gen(function*() {
@@ -323,28 +172,13 @@ export const makeWorkerAdapterWith = (
             message: `the server's chunk size (${chunkSizeTokens} tokens) is not a multiple of the engine block size (${blockSize})`
           })
         }
-        const reg: Registration = { kvCaches, layoutHints }
-        yield* registerLock.withPermits(1)(sendRegister(reg))
-        registration = reg
-        yield* record({ _tag: "Registered", atMs: yield* now, reason: "initial" })
-        yield* heartbeat.start
+        yield* session.register({ kvCaches, layoutHints })
       })
 
-    /** A `not_registered` reply means the server lost this worker: re-register (DESIGN §6), then fail as before. */
-    const reregisterOnNotRegistered = <A>(transfer: Effect.Effect<A, RequestError>) =>
-      transfer.pipe(Effect.tapError((e) => (e._tag === "NotRegistered" ? Effect.asVoid(reregister("not_registered")) : Effect.void)))
-
     const sendStore = (r: TransferRequest) =>
-      reregisterOnNotRegistered(
-        client.request(Store, [keyOf(r), instanceId, [r.blockIds], new Uint8Array(0)], { timeoutMs: requestTimeoutMs })
-      ).pipe(Effect.map(([, ok]) => ok))
+      transfer(Store, [keyOf(r), instanceId, [r.blockIds], new Uint8Array(0)]).pipe(Effect.map(([, ok]) => ok))
     const sendRetrieve = (r: TransferRequest, skip: number) =>
-      reregisterOnNotRegistered(
-        client.request(Retrieve, [keyOf(r), instanceId, [r.blockIds], new Uint8Array(0), skip], { timeoutMs: requestTimeoutMs })
-      ).pipe(Effect.map(([, ok]) => ok))
-
-    /** Defensive start (upstream's lazy start, kept as a fallback), then the health check. */
-    const beforeTransfer = Effect.andThen(heartbeat.start, heartbeat.isHealthy)
+      transfer(Retrieve, [keyOf(r), instanceId, [r.blockIds], new Uint8Array(0), skip]).pipe(Effect.map(([, ok]) => ok))
 
     const store = (r: TransferRequest) =>
       Effect.gen(function*() {
@@ -386,7 +220,7 @@ export const makeWorkerAdapterWith = (
 
     const getFinished = (finishedRequestIds: ReadonlyArray<string>) =>
       Effect.gen(function*() {
-        const healthy = yield* heartbeat.isHealthy
+        const healthy = yield* session.view.isHealthy
         for (const id of finishedRequestIds) finishedRequests.add(id)
         const finishedStores: Array<string> = []
         const finishedRetrieves: Array<string> = []
@@ -425,34 +259,14 @@ export const makeWorkerAdapterWith = (
         }
       })
 
-    yield* Effect.addFinalizer(() =>
-      Effect.gen(function*() {
-        closing = true
-        yield* heartbeat.stop
-        if (registration === undefined) return
-        const result = yield* Effect.exit(
-          registerLock.withPermits(1)(client.request(UnregisterKvCache, [instanceId], { timeoutMs: UNREGISTER_TIMEOUT_MS }))
-        )
-        yield* record({ _tag: "Unregistered", atMs: yield* now, ok: Exit.isSuccess(result) })
-        if (Exit.isFailure(result)) {
-          yield* Effect.logWarning(`unregister of instance_id=${idText} failed: ${causeText(result.cause)}`)
-        }
-      })
-    )
-
     return {
-      instanceId,
-      chunkSizeTokens,
+      ...session.view,
       registerKvCaches,
       store,
       retrieve,
       submitStore,
       submitRetrieve,
-      getFinished,
-      isHealthy: heartbeat.isHealthy,
-      heartbeatRunning: heartbeat.isRunning,
-      events: Ref.get(eventLog),
-      reregistrations: Ref.get(reregistrations)
+      getFinished
     } satisfies WorkerAdapterShape
   })
 
@@ -463,7 +277,4 @@ export const makeWorkerAdapterWith = (
  * bounded linger.
  */
 export const makeWorkerAdapter = (options: WorkerAdapterOptions): Effect.Effect<WorkerAdapterShape, RequestError, Scope.Scope | ZmqSockets> =>
-  Effect.gen(function*() {
-    const client = yield* makeMqClient({ endpoint: options.endpoint, requestTimeoutMs: options.requestTimeoutMs ?? 30_000 })
-    return yield* makeWorkerAdapterWith(client, options)
-  })
+  withOwnClient(options, (client) => makeWorkerAdapterWith(client, options))
