@@ -11,7 +11,9 @@
  *   END_SESSION releases all of them and marks the keys recently used;
  *   RETRIEVE consumes them. Locks of a session idle longer than
  *   `--lookup-lock-ttl-seconds` are released by a sweeper, so a vanished
- *   scheduler cannot pin memory forever.
+ *   scheduler cannot pin memory forever; a prefetch job nobody queries is
+ *   dropped after the same TTL (with its session, or on its own when it has
+ *   none), so `lookup.pending_jobs` always returns to 0.
  */
 import { Clock, Context, Duration, Effect, Layer, Metric, Schedule } from "effect"
 import { ServerConfig } from "./ServerConfig.ts"
@@ -76,7 +78,10 @@ export class Lookup extends Context.Service<Lookup, {
       const chunk = config.chunkSizeTokens
       const ttlMs = config.lookupLockTtlSeconds * 1000
       const sessions = new Map<string, Session>()
-      const jobs = new Map<string, number>()
+      // request id → hit chunks and when the LOOKUP recorded it (Clock ms). A job is bounded by the lock
+      // TTL like a session: one the scheduler never queries (a model nobody registered has no session)
+      // must not stay for the life of the server (issue 18).
+      const jobs = new Map<string, { readonly hits: number; readonly atMs: number }>()
 
       const sessionOf = (requestId: string, nowMs: number): Session => {
         let s = sessions.get(requestId)
@@ -99,7 +104,7 @@ export class Lookup extends Context.Service<Lookup, {
           const layout = yield* layouts.get(key.model_name, key.world_size)
           yield* Metric.update(lookupsTotal, 1)
           if (layout === undefined) {
-            jobs.set(key.request_id, 0)
+            jobs.set(key.request_id, { hits: 0, atMs: now })
             return yield* Effect.logWarning(
               `lookup: no registered layout for model ${key.model_name} (world size ${key.world_size}); 0 hits`
             )
@@ -120,7 +125,7 @@ export class Lookup extends Context.Service<Lookup, {
               else held.handles.push(handle)
             }
           }
-          jobs.set(key.request_id, hits)
+          jobs.set(key.request_id, { hits, atMs: now })
           yield* Metric.update(lookupChunksTotal, hashes.length * ranks.length)
           yield* Metric.update(lookupHitChunksTotal, hits * ranks.length)
         })
@@ -130,10 +135,10 @@ export class Lookup extends Context.Service<Lookup, {
           const now = yield* Clock.currentTimeMillis
           const s = sessions.get(requestId)
           if (s !== undefined) s.lastActivityMs = now
-          const hits = jobs.get(requestId)
-          if (hits === undefined) return 0
+          const job = jobs.get(requestId)
+          if (job === undefined) return 0
           jobs.delete(requestId)
-          return hits
+          return job.hits
         })
 
       const freeLookupLocks = (key: CacheKey) =>
@@ -189,6 +194,7 @@ export class Lookup extends Context.Service<Lookup, {
               expired++
             }
           }
+          for (const [id, job] of jobs) if (!sessions.has(id) && now - job.atMs > ttlMs) jobs.delete(id)
           if (expired > 0) {
             yield* Effect.logInfo(`released the lookup locks of ${expired} session(s) idle for over ${config.lookupLockTtlSeconds} s`)
           }

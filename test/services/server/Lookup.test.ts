@@ -135,4 +135,19 @@ describe("Lookup", () => {
       assert.strictEqual(l1.stats().lockedObjects, 0)
       assert.deepStrictEqual(lookup.stats(), { sessions: 0, heldLocks: 0, pendingJobs: 0 })
     }).pipe(Effect.provide(Env)))
+
+  it.effect("a job nobody queries is dropped after the lock TTL, with or without a session (issue 18: pending_jobs returns to 0)", () =>
+    Effect.gen(function*() {
+      const lookup = yield* Lookup
+      // No registered layout: a job without a session. Then a registered one with no hits: a session without locks.
+      yield* lookup.lookup(key({ request_id: "no-layout" }))
+      yield* registerLayout
+      yield* lookup.lookup(key({ request_id: "no-hits", worker_id: 0 }))
+      assert.deepStrictEqual(lookup.stats(), { sessions: 1, heldLocks: 0, pendingJobs: 2 })
+      yield* TestClock.adjust("60 seconds")
+      assert.deepStrictEqual(lookup.stats(), { sessions: 1, heldLocks: 0, pendingJobs: 2 })
+      yield* TestClock.adjust("15 seconds")
+      assert.deepStrictEqual(lookup.stats(), { sessions: 0, heldLocks: 0, pendingJobs: 0 })
+      assert.strictEqual(yield* lookup.queryPrefetchStatus("no-layout"), 0)
+    }).pipe(Effect.provide(Env)))
 })
