@@ -4,6 +4,7 @@
  * requests, run finalizers, exit 0). An invalid value exits 2 naming the flag
  * and the rule.
  */
+import { CommandFailed } from "../CommandFailed.ts"
 import { Effect, Layer, Option } from "effect"
 import { CliError, Command, Flag } from "effect/cli"
 import { loggerLayer } from "../../layers/Logging.ts"
@@ -114,6 +115,12 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   engineDrivenTransport: f.engineDrivenTransport
 })
 
+/** Logs why the server cannot start as its last line and fails with exit status 1. */
+const cannotStart = (reason: string) =>
+  Effect.logError(`mpcache cannot start: ${reason}`).pipe(
+    Effect.andThen(Effect.fail(new CommandFailed({ message: reason, exitCode: 1 })))
+  )
+
 export const serve = Command.make("serve", serveFlags, (flags) =>
   Effect.gen(function*() {
     const result = validate(toInput(flags))
@@ -131,7 +138,13 @@ export const serve = Command.make("serve", serveFlags, (flags) =>
       engine_driven_transport: config.engineDrivenTransport
     })
     yield* Layer.launch(ServerLive(config)).pipe(
-      Effect.onInterrupt(() => Effect.logInfo("shutting down: stopped receiving, draining in-flight requests"))
+      Effect.onInterrupt(() => Effect.logInfo("shutting down: stopped receiving, draining in-flight requests")),
+      // A server that cannot start says why on its last line (what failed, the errno, the size or endpoint),
+      // without a stack trace, and exits 1 (issue 18).
+      Effect.catchTags({
+        L1PoolError: (e) => cannotStart(e.message),
+        ZmqError: (e) => cannotStart(e.message)
+      })
     )
   }).pipe(Effect.provide(loggerLayer(flags.logFormat)))).pipe(
   Command.withDescription("Run the mpcache server (ZeroMQ ROUTER + HTTP frontend)"),

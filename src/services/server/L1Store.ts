@@ -166,11 +166,17 @@ const cleanStalePools = (unlink: (name: string) => Effect.Effect<void, NativeErr
 
 const POOL_PREFIX = "mpcache-l1-"
 
+/** A native failure with its errno first (ENOSPC, ENOMEM, EACCES …), then the addon's words. */
+const errnoText = (e: InvalidArgument | NativeError): string =>
+  e._tag === "NativeError" && e.errno !== "" ? `${e.errno} (${e.call}): ${e.message}` : e.message
+
 const makePooled = Effect.gen(function*() {
   const config = yield* ServerConfig
   const native = yield* NativeMemory
   const capacityBytes = Math.floor(config.l1SizeGb * 2 ** 30)
   const shmName = `${POOL_PREFIX}${fnv(config.endpoint)}-${process.pid}`
+  // What every failure names: the segment, its size and the flag that sets it.
+  const poolText = `L1 pool /dev/shm/${shmName} of ${capacityBytes} bytes (--l1-size-gb ${config.l1SizeGb})`
   yield* cleanStalePools(native.unlinkSegment)
   const freeBytes = yield* Effect.try({
     try: () => {
@@ -187,9 +193,9 @@ const makePooled = Effect.gen(function*() {
   yield* Effect.acquireRelease(
     native.createSegment(shmName, capacityBytes),
     () => Effect.ignore(native.unlinkSegment(shmName))
-  ).pipe(Effect.mapError((e) => new L1PoolError({ message: `cannot create the L1 pool: ${e.message}` })))
+  ).pipe(Effect.mapError((e) => new L1PoolError({ message: `${poolText}: cannot create it: ${errnoText(e)}` })))
   const mapping = yield* native.map(shmName, capacityBytes).pipe(
-    Effect.mapError((e: InvalidArgument | NativeError) => new L1PoolError({ message: `cannot map the L1 pool: ${e.message}` }))
+    Effect.mapError((e: InvalidArgument | NativeError) => new L1PoolError({ message: `${poolText}: cannot map it: ${errnoText(e)}` }))
   )
   const view = yield* native.view(mapping).pipe(Effect.mapError((e) => new L1PoolError({ message: e.message })))
   let prefaultedBytes = 0
