@@ -317,8 +317,22 @@ export interface NativeAddon {
   stats(): { readonly openMappings: number; readonly mappedBytes: number }
 }
 
-/** Where `node-gyp` puts the addon. */
-export const addonPath: string = fileURLToPath(new URL("./addon/build/Release/mpcache_native.node", import.meta.url))
+/**
+ * Where `node-gyp` puts the addon: `src/native/addon/build/Release/` of the
+ * package, whether this module runs from source (src/native/Native.ts) or as
+ * the emitted JavaScript of the library build (dist/src/native/Native.js:
+ * tsconfig.build.json keeps rootDir at the package root, so dist/ mirrors
+ * it and the source tree sits three levels up). The addon is never copied
+ * into dist/: a consumer's `npm install` builds it in place.
+ */
+export const addonPath: string = fileURLToPath(
+  new URL(
+    import.meta.url.endsWith(".ts")
+      ? "./addon/build/Release/mpcache_native.node"
+      : "../../../src/native/addon/build/Release/mpcache_native.node",
+    import.meta.url
+  )
+)
 
 let loaded: NativeAddon | undefined
 
