@@ -3,8 +3,8 @@
  * bench/liveness-heap.ts, bench/liveness-server.ts): random instance ids,
  * an InstanceRegistry filled with N tracked contexts, a LivenessTarget
  * around it built the way LmcacheDrivenTransfer builds its own, the
- * management module over that target, and a timer for effects (the
- * statistics are bench/lib/stats.ts).
+ * management module over that target, and two Effect helpers (`timed`,
+ * `nextTurn`); the statistics are in bench/lib/stats.ts.
  *
  * Only for benchmarks.
  */

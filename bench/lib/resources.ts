@@ -74,11 +74,12 @@ export const makeResources = (
   for (const signal of ["SIGINT", "SIGTERM"] as const) {
     process.once(signal, () => {
       const code = signal === "SIGINT" ? 130 : 143
-      if (options.onSignal === "kill") {
+      if (options.onSignal === "stop") {
+        void resources.cleanup().finally(() => process.exit(code))
+      } else {
         resources.cleanupSync()
         process.exit(code)
       }
-      void resources.cleanup().finally(() => process.exit(code))
     })
   }
   return resources
