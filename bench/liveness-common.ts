@@ -3,7 +3,8 @@
  * bench/liveness-heap.ts, bench/liveness-server.ts): random instance ids,
  * an InstanceRegistry filled with N tracked contexts, a LivenessTarget
  * around it built the way LmcacheDrivenTransfer builds its own, the
- * management module over that target, and small statistics helpers.
+ * management module over that target, and two Effect helpers (`timed`,
+ * `nextTurn`); the statistics are in bench/lib/stats.ts.
  *
  * Only for benchmarks.
  */
@@ -144,13 +145,6 @@ export const timed = <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<read
     const a = yield* self
     return [a, performance.now() - t0] as const
   })
-
-export const median = (xs: ReadonlyArray<number>): number => {
-  const s = [...xs].sort((a, b) => a - b)
-  if (s.length === 0) return Number.NaN
-  const mid = s.length >> 1
-  return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2
-}
 
 /** Resolves on the next turn of the event loop (after I/O callbacks). */
 export const nextTurn = Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))

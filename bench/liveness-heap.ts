@@ -67,6 +67,9 @@ const measure = async (name: string, build: () => Promise<unknown>): Promise<Hea
 
 const SHARED = Object.freeze({ shared: true })
 
+/** The chunk size the ContextEntry's geometry is validated against, tokens (part 4's server runs with the same). */
+const CHUNK_TOKENS = 64
+
 /** N registry entries all holding `resource(i)`; optionally one PING each. */
 const buildRegistry = <R>(n: number, resource: (i: number) => Effect.Effect<R>, ping: boolean) =>
   Effect.runPromise(Effect.gen(function*() {
@@ -99,7 +102,7 @@ const descriptors = (layers: number): Array<TensorDescriptor> => {
 const contextEntry = (moduleScope: Scope.Closeable, layers: number) =>
   Effect.gen(function*() {
     const kvCaches = descriptors(layers)
-    const validated = validateKvCaches(kvCaches, 64)
+    const validated = validateKvCaches(kvCaches, CHUNK_TOKENS)
     if ("error" in validated) return yield* Effect.die(new Error(validated.error))
     const scope = yield* Scope.fork(moduleScope)
     yield* Scope.addFinalizer(scope, Effect.void)

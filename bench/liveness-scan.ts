@@ -36,7 +36,8 @@ import { loggerLayer } from "../src/layers/Logging.ts"
 import type { InstanceId } from "../src/schema/InstanceId.ts"
 import { judge, type Reaped, type StaleRule, type Tracked } from "../src/services/liveness/InstanceRegistry.ts"
 import { Management } from "../src/services/server/Management.ts"
-import { fillRegistry, managementLayer, median, registryTarget, ruleAt, STALE_AGE_MS, timed, type DummyContext } from "./liveness-common.ts"
+import { fillRegistry, managementLayer, registryTarget, ruleAt, STALE_AGE_MS, timed, type DummyContext } from "./liveness-common.ts"
+import { median } from "./lib/stats.ts"
 
 const { values: args } = parseArgs({
   options: { sizes: { type: "string", default: "1000,10000,100000" }, repeats: { type: "string", default: "7" } }

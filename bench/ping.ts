@@ -15,16 +15,18 @@
  * stops its child processes and removes its ipc socket files.
  */
 import type { ChildProcess } from "node:child_process"
-import { rmSync } from "node:fs"
-import os from "node:os"
-import path from "node:path"
-import { parseArgs } from "node:util"
-import { DOC, writeDocSection } from "./docs.ts"
-import { pingLoop, type PingRun } from "./pingClient.ts"
-import { spawnReady } from "./spawnReady.ts"
-import { writeSummary, type SummaryRow } from "./summary.ts"
+import { Ping } from "../src/schema/Op.ts"
+import { parseBenchArgs, positiveSeconds, usageError } from "./lib/args.ts"
+import { isRunning, spawnReady } from "./lib/children.ts"
+import { int } from "./lib/format.ts"
+import { measuredDate, nodeAndCpu } from "./lib/machine.ts"
+import { pingLoop, type PingRun, type Responder } from "./lib/pingClient.ts"
+import { DOC_NAME, writeDocSection } from "./lib/report.ts"
+import { makeResources, runBench } from "./lib/resources.ts"
+import { summarizeUs } from "./lib/stats.ts"
+import { writeSummary, type SummaryRow } from "./lib/summary.ts"
+import { secondsSince, sleep } from "./lib/time.ts"
 
-const ROOT = path.resolve(import.meta.dirname, "..")
 const HEADING = "## PING round trips (bench:ping)"
 const CONCURRENCY = [1, 4, 16] as const
 const WARMUP_S = 0.5
@@ -33,100 +35,38 @@ const STOP_TIMEOUT_MS = 5_000
 
 // ---------------------------------------------------------------- arguments
 
-const { values: args } = parseArgs({
-  options: {
-    quick: { type: "boolean", default: false },
-    full: { type: "boolean", default: false },
-    duration: { type: "string" },
-    rounds: { type: "string" },
-    summary: { type: "string" }
-  }
-})
-if (args.quick && args.full) {
-  process.stderr.write("--quick and --full exclude each other\n")
-  process.exit(2)
-}
+const args = parseBenchArgs({ duration: { type: "string" }, rounds: { type: "string" } })
 /** Seconds measured per server and configuration, over all rounds. */
-const durationS = args.duration !== undefined ? Number(args.duration) : args.full ? 12 : 4
+const durationS = args.duration !== undefined ? positiveSeconds("--duration", args.duration) : args.full ? 12 : 4
 const rounds = args.rounds !== undefined ? Number(args.rounds) : args.full ? 6 : 4
-if (!Number.isFinite(durationS) || durationS <= 0) {
-  process.stderr.write(`--duration must be a positive number of seconds, got ${args.duration}\n`)
-  process.exit(2)
-}
-if (!Number.isInteger(rounds) || rounds < 1) {
-  process.stderr.write(`--rounds must be a positive integer, got ${args.rounds}\n`)
-  process.exit(2)
-}
+if (!Number.isInteger(rounds) || rounds < 1) usageError(`--rounds must be a positive integer, got ${args.rounds}`)
 
 // ------------------------------------------------------- child processes
 
 interface Server {
   readonly name: string
   readonly endpoint: string
+  readonly responder: Responder
   readonly child: ChildProcess
 }
 
-const tag = `mpcache-bench-${process.pid}-${Date.now()}`
-const socketFiles: string[] = []
-const children: ChildProcess[] = []
-
-const ipcEndpoint = (name: string): string => {
-  const file = path.join(os.tmpdir(), `${tag}-${name}.sock`)
-  socketFiles.push(file)
-  return `ipc://${file}`
-}
+const resources = makeResources(`mpcache-bench-${process.pid}-${Date.now()}`, { stopTimeoutMs: STOP_TIMEOUT_MS, onSignal: "stop" })
 
 /** Spawns `node ...argv` and resolves once its stdout or stderr shows `ready`. */
-const startServer = async (name: string, endpoint: string, argv: readonly string[], ready: string): Promise<Server> => ({
-  name,
+const startServer = async (responder: Responder, endpoint: string, argv: ReadonlyArray<string>, ready: string): Promise<Server> => ({
+  name: responder,
   endpoint,
-  child: await spawnReady(`${name} server`, argv, ready, READY_TIMEOUT_MS, (child) => children.push(child))
+  responder,
+  child: await spawnReady(`${responder} server`, argv, ready, READY_TIMEOUT_MS, resources.children)
 })
-
-const isRunning = (child: ChildProcess): boolean => child.exitCode === null && child.signalCode === null
-
-/** SIGTERM, wait for the exit; SIGKILL if it does not come. */
-const stopChild = (child: ChildProcess): Promise<void> =>
-  new Promise((resolve) => {
-    if (!isRunning(child)) return resolve()
-    const timer = setTimeout(() => child.kill("SIGKILL"), STOP_TIMEOUT_MS)
-    child.once("exit", () => {
-      clearTimeout(timer)
-      resolve()
-    })
-    child.kill("SIGTERM")
-  })
-
-const cleanup = async (): Promise<void> => {
-  await Promise.all(children.map(stopChild))
-  for (const file of socketFiles) rmSync(file, { force: true })
-}
-
-// Last resort for an abrupt exit: nothing async is possible here.
-process.once("exit", () => {
-  for (const child of children) if (isRunning(child)) child.kill("SIGKILL")
-  for (const file of socketFiles) rmSync(file, { force: true })
-})
-for (const signal of ["SIGINT", "SIGTERM"] as const) {
-  process.once(signal, () => {
-    void cleanup().finally(() => process.exit(signal === "SIGINT" ? 130 : 143))
-  })
-}
 
 // ------------------------------------------------------------------ client
-
-type Run = PingRun
 
 interface Result {
   readonly rps: number
   readonly p50Us: number
   readonly p99Us: number
 }
-
-const percentile = (sorted: readonly number[], p: number): number =>
-  sorted[Math.max(0, Math.ceil((p / 100) * sorted.length) - 1)] ?? Number.NaN
-
-const sleep = (s: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, s * 1000))
 
 /** Samples and seconds of the rounds so far of one server and configuration. */
 interface Pooled {
@@ -135,14 +75,14 @@ interface Pooled {
 }
 
 const result = (p: Pooled): Result => {
-  const sorted = p.latenciesUs.sort((a, b) => a - b)
-  return { rps: sorted.length / p.seconds, p50Us: percentile(sorted, 50), p99Us: percentile(sorted, 99) }
+  const { samples, p50Us, p99Us } = summarizeUs(p.latenciesUs)
+  return { rps: samples / p.seconds, p50Us, p99Us }
 }
 
 /** One round: `clients` clients for WARMUP_S, then `seconds` measured into `into`. */
-const measure = async (server: Server, clients: number, expected: unknown, seconds: number, into: Pooled): Promise<void> => {
-  const run: Run = { measuring: false, stopped: false, latenciesUs: into.latenciesUs }
-  const all = Promise.all(Array.from({ length: clients }, () => pingLoop(server.endpoint, run, expected))).catch(
+const measure = async (server: Server, clients: number, seconds: number, into: Pooled): Promise<void> => {
+  const run: PingRun = { measuring: false, stopped: false, latenciesUs: into.latenciesUs }
+  const all = Promise.all(Array.from({ length: clients }, () => pingLoop(server.endpoint, run, server.responder))).catch(
     (error: unknown) => {
       const { exitCode, signalCode } = server.child
       const state = isRunning(server.child) ? "running" : `exited (code ${exitCode}, signal ${signalCode})`
@@ -153,12 +93,12 @@ const measure = async (server: Server, clients: number, expected: unknown, secon
   // A client that fails ends the run at once instead of after the timers.
   const failed = all.then(() => new Promise<never>(() => {}))
   const phase = async (): Promise<number> => {
-    await sleep(WARMUP_S)
+    await sleep(WARMUP_S * 1000)
     run.measuring = true
     const t0 = process.hrtime.bigint()
-    await sleep(seconds)
+    await sleep(seconds * 1000)
     run.measuring = false
-    return Number(process.hrtime.bigint() - t0) / 1e9
+    return secondsSince(t0)
   }
   let elapsedS: number
   try {
@@ -179,7 +119,6 @@ interface Row {
 }
 
 const table = (rows: readonly Row[]): string => {
-  const int = (n: number): string => Math.round(n).toLocaleString("en-US")
   const ratio = (n: number): string => n.toFixed(2)
   const lines = [
     "| clients | mpcache req/s | echo req/s | req/s ratio | mpcache p50 µs | echo p50 µs | mpcache p99 µs | echo p99 µs | p99 ratio |",
@@ -193,17 +132,15 @@ const table = (rows: readonly Row[]): string => {
   return lines.join("\n")
 }
 
-const section = (rows: readonly Row[]): string => {
-  const cpus = os.cpus()
-  return [
+const section = (rows: readonly Row[]): string =>
+  [
     HEADING,
     "",
-    `Measured ${new Date().toISOString().slice(0, 10)} · Node ${process.version} · ` +
-    `${cpus[0]?.model.trim() ?? "unknown CPU"} (${cpus.length} cores) · transport ipc · ` +
+    `Measured ${measuredDate()} · ${nodeAndCpu()} · transport ipc · ` +
     `${durationS} s measured per server and configuration, in ${rounds} rounds that alternate the two servers ` +
     `(each round after a ${WARMUP_S} s warm-up); percentiles over all the rounds' round trips.`,
     "",
-    "Each client is a raw zeromq.js DEALER keeping exactly one PING (op 22, nil instance id) in flight.",
+    `Each client is a raw zeromq.js DEALER keeping exactly one PING (op ${Ping.id}, nil instance id) in flight.`,
     "*mpcache* is `mpcache serve` with default pools; *echo* is a bare zeromq.js ROUTER that",
     "sends every message back undecoded (`bench/echo-router.ts`), the ceiling of this stack. Each server",
     "runs in its own child process. Latencies are round trips in microseconds;",
@@ -216,11 +153,9 @@ const section = (rows: readonly Row[]): string => {
     "Reproduce: `npm run bench:ping` (`-- --full` for 12 s in 6 rounds; `-- --duration S --rounds R` for S seconds in R rounds).",
     ""
   ].join("\n")
-}
 
 /** The issue's two PING targets: req/s at 16 clients ≥ 0.6 × the echo, p99 at 1 client ≤ 2 × the echo. */
 const summaryRows = (rows: ReadonlyArray<Row>): Array<SummaryRow> => {
-  const int = (n: number): string => Math.round(n).toLocaleString("en-US")
   const out: Array<SummaryRow> = []
   const at16 = rows.find((r) => r.clients === 16)
   if (at16 !== undefined) {
@@ -251,14 +186,11 @@ const summaryRows = (rows: ReadonlyArray<Row>): Array<SummaryRow> => {
   return out
 }
 
-/** Replaces this bench's section of docs/benchmarks.md, keeping the others. */
-const writeDoc = (body: string): void => writeDocSection(HEADING, body)
-
 // -------------------------------------------------------------------- main
 
 const main = async (): Promise<void> => {
-  const mpcacheEndpoint = ipcEndpoint("mpcache")
-  const echoEndpoint = ipcEndpoint("echo")
+  const mpcacheEndpoint = resources.ipcEndpoint("mpcache")
+  const echoEndpoint = resources.ipcEndpoint("echo")
   const [mpcache, echo] = await Promise.all([
     startServer(
       "mpcache",
@@ -276,8 +208,8 @@ const main = async (): Promise<void> => {
     const pooledMpcache: Pooled = { latenciesUs: [], seconds: 0 }
     const pooledEcho: Pooled = { latenciesUs: [], seconds: 0 }
     for (let r = 0; r < rounds; r++) {
-      const echoRound = () => measure(echo, clients, null, durationS / rounds, pooledEcho)
-      const mpcacheRound = () => measure(mpcache, clients, true, durationS / rounds, pooledMpcache)
+      const echoRound = () => measure(echo, clients, durationS / rounds, pooledEcho)
+      const mpcacheRound = () => measure(mpcache, clients, durationS / rounds, pooledMpcache)
       if (r % 2 === 0) await echoRound().then(mpcacheRound)
       else await mpcacheRound().then(echoRound)
     }
@@ -288,15 +220,8 @@ const main = async (): Promise<void> => {
 
   const body = section(rows)
   process.stdout.write(`\n${body}\n`)
-  writeDoc(body)
-  process.stdout.write(`wrote ${path.relative(ROOT, DOC)}\n`)
+  writeDocSection(HEADING, body)
+  process.stdout.write(`wrote ${DOC_NAME}\n`)
 }
 
-try {
-  await main()
-  await cleanup()
-} catch (error) {
-  process.stderr.write(`bench:ping failed: ${error instanceof Error ? error.stack ?? error.message : String(error)}\n`)
-  await cleanup()
-  process.exit(1)
-}
+await runBench("bench:ping", main, resources)

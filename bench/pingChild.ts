@@ -5,12 +5,12 @@
  *
  * Parent side: `startPingChild(endpoint, intervalMs)` forks this file with an
  * IPC channel; the child sends one PING [nil] every `intervalMs`, whatever the
- * replies do (`pacedPingLoop` in bench/pingClient.ts), from the start;
+ * replies do (`pacedPingLoop` in bench/lib/pingClient.ts), from the start;
  * `measure()` starts recording, `collect()` stops recording and returns the
  * round trips (µs) of the PINGs sent since, `stop()` ends the child.
  */
 import { fork, type ChildProcess } from "node:child_process"
-import { pacedPingLoop, type PingRun } from "./pingClient.ts"
+import { pacedPingLoop, type PingRun, type Responder } from "./lib/pingClient.ts"
 
 type ToChild = { readonly type: "measure" } | { readonly type: "collect" } | { readonly type: "stop" }
 type FromChild = { readonly type: "latencies"; readonly us: ReadonlyArray<number> } | { readonly type: "failed"; readonly why: string }
@@ -25,12 +25,11 @@ export interface PingChild {
 }
 
 /**
- * Forks a PING child against `endpoint`, sending one PING every `intervalMs`;
- * `echo`: the endpoint is bench/echo-router.ts, which answers with the
- * request's own nil frame instead of `true`.
+ * Forks a PING child against `endpoint`, sending one PING every `intervalMs`
+ * and checking each reply is what `responder` answers.
  */
-export const startPingChild = (endpoint: string, intervalMs: number, echo = false): PingChild => {
-  const child: ChildProcess = fork(import.meta.filename, [endpoint, String(intervalMs), echo ? "echo" : "mpcache"], {
+export const startPingChild = (endpoint: string, intervalMs: number, responder: Responder): PingChild => {
+  const child: ChildProcess = fork(import.meta.filename, [endpoint, String(intervalMs), responder], {
     stdio: ["ignore", "inherit", "inherit", "ipc"]
   })
   let stopping = false
@@ -90,7 +89,7 @@ if (process.send !== undefined && process.argv[1] === import.meta.filename) {
       run.stopped = true
     }
   })
-  pacedPingLoop(endpoint, run, intervalMs, process.argv[4] === "echo" ? null : true).then(
+  pacedPingLoop(endpoint, run, intervalMs, process.argv[4] === "echo" ? "echo" : "mpcache").then(
     () => process.disconnect(),
     (error: unknown) => {
       reply({ type: "failed", why: error instanceof Error ? error.message : String(error) })

@@ -41,13 +41,12 @@
  * 0 on success, 1 on failure, and always stops the server, removes the ipc
  * socket file and unlinks every shared-memory segment it created.
  */
-import { spawn, type ChildProcess } from "node:child_process"
+import type { ChildProcess } from "node:child_process"
 import { randomBytes } from "node:crypto"
-import { existsSync, readdirSync, readFileSync, rmSync, statfsSync } from "node:fs"
+import { existsSync, rmSync } from "node:fs"
 import os from "node:os"
 import path from "node:path"
 import { monitorEventLoopDelay } from "node:perf_hooks"
-import { parseArgs } from "node:util"
 import { Effect, Exit, Layer, ManagedRuntime, References, Scope } from "effect"
 import { loggerLayer } from "../src/layers/Logging.ts"
 import { ClientLive } from "../src/layers/Client.ts"
@@ -58,12 +57,17 @@ import { makeMqClient } from "../src/services/client/MqClient.ts"
 import { makePagedKvCache, type PagedKvCache } from "../src/services/client/PagedKvCache.ts"
 import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/services/client/SchedulerAdapter.ts"
 import { makeWorkerAdapter, type TransferRequest, type WorkerAdapterShape } from "../src/services/client/WorkerAdapter.ts"
-import { DOC, writeDocSection } from "./docs.ts"
+import { parseBenchArgs, positiveSeconds } from "./lib/args.ts"
+import { spawnReady, startLineChild, stopChild } from "./lib/children.ts"
+import { int as intOf, orNa } from "./lib/format.ts"
+import { freeGiB, machineJiffies, measuredDate, memAvailableGiB, nodeAndCpu, processMemoryGiB, threadCpu } from "./lib/machine.ts"
+import { DOC_NAME, writeDocSection } from "./lib/report.ts"
+import { makeResources } from "./lib/resources.ts"
+import { summarizeUs, type LatencySummary } from "./lib/stats.ts"
+import { writeSummary, type SummaryRow } from "./lib/summary.ts"
+import { secondsSince, sleep } from "./lib/time.ts"
 import { startPingChild, type PingChild } from "./pingChild.ts"
-import { spawnReady } from "./spawnReady.ts"
-import { writeSummary, type SummaryRow } from "./summary.ts"
 
-const ROOT = path.resolve(import.meta.dirname, "..")
 const HEADING = "## STORE and RETRIEVE throughput (bench:transfer)"
 
 // Model geometry (one kv rank).
@@ -112,30 +116,12 @@ const PROBE_TIMEOUT_MS = 5_000
 const PREFAULT_TIMEOUT_MS = 300_000
 /** The PING probes' pace: 200 PINGs/s each, a light fixed load beside what they measure. */
 const PING_INTERVAL_MS = 5
-/** Linux USER_HZ, the unit of /proc CPU times. */
-const CLK_TCK = 100
 const CORES = os.cpus().length
 
 // ---------------------------------------------------------------- arguments
 
-const { values: args } = parseArgs({
-  options: {
-    quick: { type: "boolean", default: false },
-    full: { type: "boolean", default: false },
-    duration: { type: "string" },
-    "server-prof": { type: "string" },
-    summary: { type: "string" }
-  }
-})
-if (args.quick && args.full) {
-  process.stderr.write("--quick and --full exclude each other\n")
-  process.exit(2)
-}
-const durationS = args.duration !== undefined ? Number(args.duration) : args.full ? FULL_PHASE_S : QUICK_PHASE_S
-if (!Number.isFinite(durationS) || durationS <= 0) {
-  process.stderr.write(`--duration must be a positive number of seconds, got ${args.duration}\n`)
-  process.exit(2)
-}
+const args = parseBenchArgs({ duration: { type: "string" }, "server-prof": { type: "string" } })
+const durationS = args.duration !== undefined ? positiveSeconds("--duration", args.duration) : args.full ? FULL_PHASE_S : QUICK_PHASE_S
 const idleS = args.duration !== undefined ? durationS : args.full ? FULL_PHASE_S : QUICK_IDLE_S
 const serverProfDir = args["server-prof"] === undefined ? undefined : path.resolve(args["server-prof"])
 
@@ -145,23 +131,14 @@ const log = (line: string): void => {
 
 // ------------------------------------------------------- resources to clean
 
-const tag = `mpcache-bench-${process.pid}-${Date.now().toString(36)}`
-const socketFile = path.join(os.tmpdir(), `${tag}.sock`)
-const endpoint = `ipc://${socketFile}`
-const echoSocketFile = path.join(os.tmpdir(), `${tag}-echo.sock`)
-const echoEndpoint = `ipc://${echoSocketFile}`
-let echoChild: ChildProcess | undefined
+// On a signal: SIGKILL the server and the echo at once, remove the sockets, unlink our segments.
+const resources = makeResources(`mpcache-bench-${process.pid}-${Date.now().toString(36)}`, { stopTimeoutMs: STOP_TIMEOUT_MS, onSignal: "kill" })
+const tag = resources.tag
+const endpoint = resources.ipcEndpoint()
+const echoEndpoint = resources.ipcEndpoint("echo")
 const segmentNames = Array.from({ length: NUM_LAYERS }, (_, l) => `${tag}-L${l}`)
 let serverChild: ChildProcess | undefined
-
-const isRunning = (child: ChildProcess): boolean => child.exitCode === null && child.signalCode === null
-
-/** Synchronous last resort (also on exit and signals): kill the server, remove the socket, unlink our segments. */
-const cleanupSync = (): void => {
-  if (serverChild !== undefined && isRunning(serverChild)) serverChild.kill("SIGKILL")
-  if (echoChild !== undefined && isRunning(echoChild)) echoChild.kill("SIGKILL")
-  rmSync(socketFile, { force: true })
-  rmSync(echoSocketFile, { force: true })
+resources.onCleanup(() => {
   for (const name of segmentNames) {
     if (!existsSync(`/dev/shm/${name}`)) continue
     try {
@@ -170,14 +147,7 @@ const cleanupSync = (): void => {
       rmSync(`/dev/shm/${name}`, { force: true })
     }
   }
-}
-process.once("exit", cleanupSync)
-for (const signal of ["SIGINT", "SIGTERM"] as const) {
-  process.once(signal, () => {
-    cleanupSync()
-    process.exit(signal === "SIGINT" ? 130 : 143)
-  })
-}
+})
 
 // ------------------------------------------------------------------ server
 
@@ -205,106 +175,72 @@ interface Server {
 }
 
 /** Starts `mpcache serve`; resolves once both the MQ and the HTTP frontends listen. */
-const startServer = (): Promise<Server> =>
-  new Promise((resolve, reject) => {
-    const argv = [
-      ...(serverProfDir === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${serverProfDir}`]),
-      "--import",
-      "./bench/loop-delay.ts",
-      "src/cli/main.ts",
-      "serve",
-      "--endpoint",
-      endpoint,
-      "--http-port",
-      "0",
-      "--l1-size-gb",
-      String(L1_SIZE_GB),
-      "--chunk-size",
-      String(CHUNK_TOKENS),
-      "--log-format",
-      "json"
-    ]
-    const child = spawn(process.execPath, argv, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] })
-    serverChild = child
-    let output = ""
-    let partial = ""
-    let ready = false
-    let mqUp = false
-    const warnings = { count: 0, first: [] as Array<string> }
-    const exited = new Promise<never>((_, dead) =>
-      child.once("exit", (code, signal) => dead(new Error(`the mpcache server exited (code ${code}, signal ${signal}); output:\n${output.slice(-4000)}`)))
-    )
-    exited.catch(() => {}) // observed where it is raced
-    const delayWaiters: Array<(d: LoopDelay) => void> = []
-    const timer = setTimeout(() => fail(`not ready after ${READY_TIMEOUT_MS} ms`), READY_TIMEOUT_MS)
-    const fail = (why: string): void => {
-      clearTimeout(timer)
-      if (!ready) reject(new Error(`mpcache server ${why}; output:\n${output.slice(-4000)}`))
-    }
-    const loopDelay = (): Promise<LoopDelay> =>
-      new Promise((done) => {
-        const waiter = (d: LoopDelay) => {
-          clearTimeout(giveUp)
-          done(d)
-        }
-        const giveUp = setTimeout(() => {
-          delayWaiters.splice(delayWaiters.indexOf(waiter), 1)
-          done(NO_DELAY)
-        }, PROBE_TIMEOUT_MS)
-        delayWaiters.push(waiter)
-        if (!child.kill("SIGUSR2")) waiter(NO_DELAY)
-      })
-    const onLine = (line: string): void => {
-      if (line.startsWith("{\"bench_loop_delay\"")) {
-        const d = (JSON.parse(line) as { bench_loop_delay: { p50_ms: number; p99_ms: number; max_ms: number } }).bench_loop_delay
-        delayWaiters.shift()?.({ p50: d.p50_ms, p99: d.p99_ms, max: d.max_ms })
-        return
-      }
-      if (/"level":"(WARN|WARNING|ERROR|FATAL)"/.test(line)) {
-        warnings.count++
-        if (warnings.first.length < 5) warnings.first.push(line.slice(0, 400))
-      }
-      if (ready) return
-      if (line.includes("MQ server listening on")) mqUp = true
-      const http = /HTTP frontend listening on (http:\/\/[^\s"]+)/.exec(line)
-      if (http !== null && mqUp && child.pid !== undefined) {
-        ready = true
-        clearTimeout(timer)
-        resolve({ child, pid: child.pid, httpUrl: http[1]!, tail: () => output.slice(-4000), warnings, loopDelay, exited })
-      }
-    }
-    const onData = (chunk: Buffer): void => {
-      const text = chunk.toString()
-      output = (output + text).slice(-16_000)
-      const lines = (partial + text).split("\n")
-      partial = lines.pop() ?? ""
-      for (const line of lines) onLine(line)
-    }
-    child.stdout?.on("data", onData)
-    child.stderr?.on("data", onData)
-    child.once("error", (error) => fail(`failed to start: ${error.message}`))
-    child.once("exit", (code, signal) => fail(`exited early (code ${code}, signal ${signal})`))
+const startServer = async (): Promise<Server> => {
+  const argv = [
+    ...(serverProfDir === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${serverProfDir}`]),
+    "--import",
+    "./bench/loop-delay.ts",
+    "src/cli/main.ts",
+    "serve",
+    "--endpoint",
+    endpoint,
+    "--http-port",
+    "0",
+    "--l1-size-gb",
+    String(L1_SIZE_GB),
+    "--chunk-size",
+    String(CHUNK_TOKENS),
+    "--log-format",
+    "json"
+  ]
+  const child = startLineChild("mpcache server", argv, resources.children)
+  serverChild = child.process
+  const warnings = { count: 0, first: [] as Array<string> }
+  const exited = child.exited.then(({ code, signal }): never => {
+    throw new Error(`the mpcache server exited (code ${code}, signal ${signal}); output:\n${child.tail()}`)
   })
+  exited.catch(() => {}) // observed where it is raced
+  const delayWaiters: Array<(d: LoopDelay) => void> = []
+  const loopDelay = (): Promise<LoopDelay> =>
+    new Promise((done) => {
+      const waiter = (d: LoopDelay) => {
+        clearTimeout(giveUp)
+        done(d)
+      }
+      const giveUp = setTimeout(() => {
+        delayWaiters.splice(delayWaiters.indexOf(waiter), 1)
+        done(NO_DELAY)
+      }, PROBE_TIMEOUT_MS)
+      delayWaiters.push(waiter)
+      if (!child.process.kill("SIGUSR2")) waiter(NO_DELAY)
+    })
+  child.onLine((line) => {
+    if (line.startsWith("{\"bench_loop_delay\"")) {
+      const d = (JSON.parse(line) as { bench_loop_delay: { p50_ms: number; p99_ms: number; max_ms: number } }).bench_loop_delay
+      delayWaiters.shift()?.({ p50: d.p50_ms, p99: d.p99_ms, max: d.max_ms })
+      return
+    }
+    if (/"level":"(WARN|WARNING|ERROR|FATAL)"/.test(line)) {
+      warnings.count++
+      if (warnings.first.length < 5) warnings.first.push(line.slice(0, 400))
+    }
+  })
+  const [, http] = await Promise.all([
+    child.waitFor(/MQ server listening on/, READY_TIMEOUT_MS),
+    child.waitFor(/HTTP frontend listening on (http:\/\/[^\s"]+)/, READY_TIMEOUT_MS)
+  ])
+  const pid = child.process.pid
+  if (pid === undefined) throw new Error(`the mpcache server has no pid; output:\n${child.tail()}`)
+  return { child: child.process, pid, httpUrl: http[1]!, tail: child.tail, warnings, loopDelay, exited }
+}
 
 /** Starts bench/echo-router.ts on `echoEndpoint`; resolves once it listens. */
 const startEcho = async (): Promise<void> => {
-  await spawnReady("echo router", ["bench/echo-router.ts", echoEndpoint], "echo router listening on", READY_TIMEOUT_MS, (child) => {
-    echoChild = child
-  })
+  await spawnReady("echo router", ["bench/echo-router.ts", echoEndpoint], "echo router listening on", READY_TIMEOUT_MS, resources.children)
 }
 
 /** SIGTERM (graceful: the server unmaps and writes its CPU profile), SIGKILL if it hangs. */
-const stopServer = (): Promise<void> =>
-  new Promise((resolve) => {
-    const child = serverChild
-    if (child === undefined || !isRunning(child)) return resolve()
-    const timer = setTimeout(() => child.kill("SIGKILL"), STOP_TIMEOUT_MS)
-    child.once("exit", () => {
-      clearTimeout(timer)
-      resolve()
-    })
-    child.kill("SIGTERM")
-  })
+const stopServer = (): Promise<void> => serverChild === undefined ? Promise.resolve() : stopChild(serverChild, STOP_TIMEOUT_MS)
 
 /**
  * Waits until the server's background prefault has touched all of L1 (its
@@ -323,7 +259,7 @@ const awaitL1Prefault = async (s: Server): Promise<number> => {
     if (performance.now() - t0 > PREFAULT_TIMEOUT_MS) {
       throw new Error(`L1 prefault not done after ${PREFAULT_TIMEOUT_MS / 1000} s (${status.l1.prefaulted_bytes} of ${status.l1.capacity_bytes} bytes)`)
     }
-    await sleep(0.2)
+    await sleep(200)
   }
 }
 
@@ -338,65 +274,10 @@ const metrics = async (s: Server, names: ReadonlyArray<string>): Promise<Record<
   return out
 }
 
-/**
- * CPU seconds of the server's threads so far: the JS (main) thread, and all
- * the others together; and how long the JS thread has waited on a run queue
- * for a CPU (/proc schedstat), which tells CPU starvation from blocking.
- */
-const serverCpu = (pid: number): { js: number; other: number; jsRunqueueWait: number } => {
-  let js = 0
-  let other = 0
-  let jsRunqueueWait = Number.NaN
-  try {
-    jsRunqueueWait = Number(readFileSync(`/proc/${pid}/task/${pid}/schedstat`, "utf8").split(" ")[1]) / 1e9
-  } catch {
-    // no schedstat in this kernel
-  }
-  for (const tid of readdirSync(`/proc/${pid}/task`)) {
-    try {
-      const stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8")
-      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
-      const seconds = (Number(fields[11]) + Number(fields[12])) / CLK_TCK // utime, stime
-      if (Number(tid) === pid) js += seconds
-      else other += seconds
-    } catch {
-      // the thread ended meanwhile
-    }
-  }
-  return { js, other, jsRunqueueWait }
-}
-
-/** Busy and total jiffies of the whole machine (/proc/stat). */
-const machineJiffies = (): { busy: number; total: number } => {
-  const cpu = readFileSync("/proc/stat", "utf8").split("\n")[0]!.trim().split(/\s+/).slice(1).map(Number)
-  const total = cpu.reduce((a, b) => a + b, 0)
-  return { busy: total - (cpu[3] ?? 0) - (cpu[4] ?? 0), total } // minus idle and iowait
-}
-
-const serverMemoryGiB = (pid: number): { rss: number; peak: number } => {
-  const status = readFileSync(`/proc/${pid}/status`, "utf8")
-  const kib = (field: string): number => Number(new RegExp(`^${field}:\\s+(\\d+)`, "m").exec(status)?.[1] ?? Number.NaN)
-  return { rss: kib("VmRSS") / 2 ** 20, peak: kib("VmHWM") / 2 ** 20 }
-}
-
 // -------------------------------------------------------------------- ping
 
-interface PingResult {
-  readonly samples: number
-  readonly p50Us: number
-  readonly p99Us: number
-  readonly maxUs: number
-}
-
-const percentile = (sorted: ReadonlyArray<number>, p: number): number =>
-  sorted[Math.max(0, Math.ceil((p / 100) * sorted.length) - 1)] ?? Number.NaN
-
-const summarize = (latenciesUs: Array<number>): PingResult => {
-  const sorted = latenciesUs.sort((a, b) => a - b)
-  return { samples: sorted.length, p50Us: percentile(sorted, 50), p99Us: percentile(sorted, 99), maxUs: sorted.at(-1) ?? Number.NaN }
-}
-
-const sleep = (s: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, s * 1000))
+/** Round trips of one probe over a window, µs. */
+type PingResult = LatencySummary
 
 // ------------------------------------------------------------------ worker
 
@@ -526,19 +407,19 @@ const measure = async (
   const counters0 = await metrics(s, COUNTERS)
   await s.loopDelay() // resets the server's histogram
   benchLoopDelay.reset()
-  const cpu0 = serverCpu(s.pid)
+  const cpu0 = threadCpu(s.pid)
   const bench0 = process.cpuUsage()
   const machine0 = machineJiffies()
   const t0 = process.hrtime.bigint()
   onStart()
   ping.server.measure()
   ping.echo.measure()
-  await sleep(seconds)
-  while (!enough() && Number(process.hrtime.bigint() - t0) / 1e9 < seconds * MAX_STRETCH) await sleep(0.02)
+  await sleep(seconds * 1000)
+  while (!enough() && secondsSince(t0) < seconds * MAX_STRETCH) await sleep(20)
   onEnd()
   const [latenciesUs, echoLatenciesUs] = await Promise.all([ping.server.collect(), ping.echo.collect()])
-  const elapsed = Number(process.hrtime.bigint() - t0) / 1e9
-  const cpu1 = serverCpu(s.pid)
+  const elapsed = secondsSince(t0)
+  const cpu1 = threadCpu(s.pid)
   const bench1 = process.cpuUsage(bench0)
   const machine1 = machineJiffies()
   const benchLoop = readBenchLoopDelay()
@@ -546,8 +427,8 @@ const measure = async (
   const counters1 = await metrics(s, COUNTERS)
   return {
     seconds: elapsed,
-    ping: summarize(latenciesUs),
-    echoPing: summarize(echoLatenciesUs),
+    ping: summarizeUs(latenciesUs),
+    echoPing: summarizeUs(echoLatenciesUs),
     serverLoop,
     benchLoop,
     serverJsCores: (cpu1.js - cpu0.js) / elapsed,
@@ -572,8 +453,8 @@ interface Probes {
 }
 
 const startProbes = (): Probes => {
-  const server = startPingChild(endpoint, PING_INTERVAL_MS)
-  const echo = startPingChild(echoEndpoint, PING_INTERVAL_MS, true)
+  const server = startPingChild(endpoint, PING_INTERVAL_MS, "mpcache")
+  const echo = startPingChild(echoEndpoint, PING_INTERVAL_MS, "echo")
   const failed = Promise.race([server.failed, echo.failed])
   failed.catch(() => {}) // observed where it is raced
   return { server, echo, failed, stop: async () => void (await Promise.all([server.stop(), echo.stop()])) }
@@ -583,7 +464,7 @@ const idle = async (s: Server): Promise<Window> => {
   const ping = startProbes()
   const failed = Promise.race([ping.failed, s.exited])
   try {
-    await Promise.race([sleep(0.5), failed])
+    await Promise.race([sleep(500), failed])
     return await Promise.race([measure(s, ping, idleS, () => {}, () => {}), failed])
   } finally {
     await ping.stop()
@@ -638,7 +519,7 @@ const phase = async (
   const failed = Promise.race([loops.then(() => new Promise<never>(() => {})), ping.failed, s.exited])
   let ok = false
   try {
-    await Promise.race([sleep(WARMUP_S), failed])
+    await Promise.race([sleep(WARMUP_S * 1000), failed])
     const w = await Promise.race([
       measure(s, ping, durationS, () => (state.measuring = true), () => (state.measuring = false), () => state.requests >= MIN_REQUESTS),
       failed
@@ -670,7 +551,7 @@ const memcpy = (chunks: number): number => {
   for (let i = 0; i < MEMCPY_WARMUP_COPIES; i++) dst.set(src)
   const t0 = process.hrtime.bigint()
   for (let i = 0; i < chunks; i++) dst.set(src)
-  const seconds = Number(process.hrtime.bigint() - t0) / 1e9
+  const seconds = secondsSince(t0)
   if (!dst.equals(src)) throw new Error("the memcpy reference did not copy")
   return (chunks * CHUNK_BYTES) / seconds / 1e9
 }
@@ -721,9 +602,9 @@ interface Report {
   readonly serverWarnings: number
 }
 
-const f2 = (n: number): string => (Number.isFinite(n) ? n.toFixed(2) : "n/a")
-const f1 = (n: number): string => (Number.isFinite(n) ? n.toFixed(1) : "n/a")
-const int = (n: number): string => (Number.isFinite(n) ? Math.round(n).toLocaleString("en-US") : "n/a")
+const f2 = orNa((n) => n.toFixed(2))
+const f1 = orNa((n) => n.toFixed(1))
+const int = orNa(intOf)
 
 const table = (r: Report): string => {
   const row = (name: string, w: Window, m?: Measured) =>
@@ -744,13 +625,11 @@ const table = (r: Report): string => {
 }
 
 const section = (r: Report): string => {
-  const cpus = os.cpus()
   const count = (p: Phase) => `${p.requests} requests (${f2(p.bytes / 2 ** 30)} GiB) in a ${f1(p.seconds)} s window`
   return [
     HEADING,
     "",
-    `Measured ${new Date().toISOString().slice(0, 10)} · Node ${process.version} · ` +
-    `${cpus[0]?.model.trim() ?? "unknown CPU"} (${cpus.length} cores) · transport ipc · ` +
+    `Measured ${measuredDate()} · ${nodeAndCpu()} · transport ipc · ` +
     `${WARMUP_S} s warm-up then ${durationS} s per transfer phase; ${idleS} s idle PING.`,
     "",
     `Model: ${NUM_LAYERS} layers, ${NUM_HEADS} heads × ${HEAD_SIZE} head size, ${DTYPE}, one kv rank; engine block ${BLOCK_TOKENS} tokens; ` +
@@ -829,17 +708,13 @@ const summaryRows = (r: Report): Array<SummaryRow> => {
   return rows
 }
 
-/** Replaces this bench's section of docs/benchmarks.md, keeping the others. */
-const writeDoc = (body: string): void => writeDocSection(HEADING, body)
-
 // -------------------------------------------------------------------- main
 
 /** Refuses to start when /dev/shm or memory cannot hold the KV cache and L1. */
 const checkRoom = (): void => {
   const shmGiB = (NUM_LAYERS * LAYER_BYTES) / 2 ** 30
-  const shm = statfsSync("/dev/shm")
-  const shmFreeGiB = (shm.bavail * shm.bsize) / 2 ** 30
-  const availableGiB = Number(/MemAvailable:\s+(\d+)/.exec(readFileSync("/proc/meminfo", "utf8"))?.[1] ?? Number.NaN) / 2 ** 20
+  const shmFreeGiB = freeGiB("/dev/shm")
+  const availableGiB = memAvailableGiB()
   const neededGiB = shmGiB + L1_SIZE_GB + 1
   log(`KV cache ${f2(shmGiB)} GiB in /dev/shm (${f1(shmFreeGiB)} GiB free); L1 ${L1_SIZE_GB} GiB; ${f1(availableGiB)} GiB memory available`)
   if (shmFreeGiB < shmGiB * 1.1) throw new Error(`/dev/shm has ${f2(shmFreeGiB)} GiB free; the KV cache needs ${f2(shmGiB)} GiB`)
@@ -906,7 +781,7 @@ const main = async (): Promise<void> => {
     idle: idleWindow,
     store,
     retrieve,
-    serverMemory: serverMemoryGiB(s.pid),
+    serverMemory: processMemoryGiB(s.pid),
     serverWarnings: s.warnings.count
   }
   if (s.warnings.count > 0) log(`the server logged ${s.warnings.count} WARN/ERROR line(s); first:\n${s.warnings.first.join("\n")}`)
@@ -915,9 +790,9 @@ const main = async (): Promise<void> => {
   await stopServer()
   const body = section(report)
   process.stdout.write(`\n${body}\n`)
-  writeDoc(body)
+  writeDocSection(HEADING, body)
   writeSummary(args.summary, summaryRows(report))
-  process.stdout.write(`wrote ${path.relative(ROOT, DOC)}\n`)
+  process.stdout.write(`wrote ${DOC_NAME}\n`)
 }
 
 try {
@@ -928,5 +803,5 @@ try {
   await stopWorker().catch(() => {})
   await stopServer()
 } finally {
-  cleanupSync()
+  resources.cleanupSync()
 }

@@ -5,7 +5,7 @@
  * docs/benchmarks.md. Each row is a figure beside its reference measured in
  * the same run, and the issue's target for the ratio.
  */
-import { writeFileSync } from "node:fs"
+import { existsSync, readFileSync, writeFileSync } from "node:fs"
 
 /** One figure of one bench. */
 export interface SummaryRow {
@@ -26,3 +26,7 @@ export interface SummaryRow {
 export const writeSummary = (file: string | undefined, rows: ReadonlyArray<SummaryRow>): void => {
   if (file !== undefined) writeFileSync(file, `${JSON.stringify(rows, null, 1)}\n`)
 }
+
+/** Reads the rows a bench wrote to `file`; none when it wrote no file (it failed before). */
+export const readSummary = (file: string): Array<SummaryRow> =>
+  existsSync(file) ? JSON.parse(readFileSync(file, "utf8")) as Array<SummaryRow> : []

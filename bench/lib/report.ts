@@ -1,9 +1,21 @@
-/** The benchmark report, docs/benchmarks.md: each bench owns one "## " section of it. */
+/**
+ * The benchmark report: docs/benchmarks.md, where each bench owns one "## "
+ * section, and the README's Performance table between its bench-summary
+ * markers (written by the suite only).
+ */
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs"
 import path from "node:path"
+import { ROOT } from "./children.ts"
 
 /** Where the report lives. */
-export const DOC = path.join(path.resolve(import.meta.dirname, ".."), "docs", "benchmarks.md")
+export const DOC = path.join(ROOT, "docs", "benchmarks.md")
+
+/** The report's path relative to the repository root, as the benches print it ("wrote docs/benchmarks.md"). */
+export const DOC_NAME = path.relative(ROOT, DOC)
+
+const README = path.join(ROOT, "README.md")
+const README_BEGIN = "<!-- bench-summary:begin (written by npm run bench) -->"
+const README_END = "<!-- bench-summary:end -->"
 
 const HEADER =
   "# mpcache benchmarks\n\n" +
@@ -35,4 +47,18 @@ export const writeDocSection = (heading: string, body: string, options: { readon
   }
   mkdirSync(path.dirname(DOC), { recursive: true })
   writeFileSync(DOC, next.endsWith("\n") ? next : `${next}\n`)
+}
+
+/**
+ * Replaces what stands between the README's bench-summary markers with
+ * `head`, a blank line and `body`. Returns false, writing nothing, when the
+ * markers are missing or out of order.
+ */
+export const writeReadmeSummary = (head: string, body: string): boolean => {
+  const text = readFileSync(README, "utf8")
+  const begin = text.indexOf(README_BEGIN)
+  const end = text.indexOf(README_END)
+  if (begin === -1 || end < begin) return false
+  writeFileSync(README, `${text.slice(0, begin + README_BEGIN.length)}\n${head}\n\n${body}\n${text.slice(end)}`)
+  return true
 }
