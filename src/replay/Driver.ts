@@ -8,6 +8,7 @@
  * "computes" the rest, STOREs the new chunks, and the scheduler ends the
  * session. Requests go to idle workers in trace order.
  */
+import { planMemory, readMachineMemory, refusal, type ReplayShape } from "./MemoryPlan.ts"
 import { decodeStatusDocument } from "../schema/Status.ts"
 import { spawn, type ChildProcess } from "node:child_process"
 import { randomUUID } from "node:crypto"
@@ -30,6 +31,8 @@ export interface ReplayOptions {
   readonly tracePath: string
   /** First N usable requests; all when undefined. */
   readonly requests: number | undefined
+  /** Requests with more input tokens are skipped (and counted); undefined = none skipped. */
+  readonly maxInputTokens: number | undefined
   readonly workers: number
   /** How the workers move KV (`--transfer-mode`). */
   readonly transferMode: TransferMode
@@ -93,6 +96,8 @@ export interface ReplaySummary {
   readonly data_mismatches: number
   readonly mismatch_details: ReadonlyArray<{ readonly request: number; readonly line: number; readonly chunks: ReadonlyArray<number> }>
   readonly trace_issues: ReadonlyArray<TraceIssue>
+  /** Requests of the slice skipped because they are longer than `--max-input-tokens`. */
+  readonly skipped_long_requests: { readonly count: number; readonly max_input_tokens: number | null }
 }
 
 const MAIN = fileURLToPath(new URL("../cli/main.ts", import.meta.url))
@@ -179,12 +184,35 @@ const round = (x: number, digits = 3) => Math.round(x * 10 ** digits) / 10 ** di
  */
 export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: boolean) => void) =>
   Effect.gen(function*() {
-    const { requests, issues } = yield* Effect.mapError(readTrace(o.tracePath, o.requests), (e) => new ReplayError({ message: e.message }))
+    const { requests: slice, issues } = yield* Effect.mapError(readTrace(o.tracePath, o.requests), (e) => new ReplayError({ message: e.message }))
+    const limit = o.maxInputTokens
+    const requests = limit === undefined ? slice : slice.filter((r) => r.inputLength <= limit)
+    if (requests.length === 0) {
+      return yield* new ReplayError({
+        message: `every one of the ${slice.length} request(s) is longer than --max-input-tokens ${limit}; nothing to replay`
+      })
+    }
+    // Before anything starts: what the workers, the L1 pool and the processes will take, against the machine.
+    const checkMemory = (chunk: number, l1Bytes: number) => {
+      const shape: ReplayShape = {
+        workers: o.workers + (o.killEverySeconds === undefined ? 0 : 1),
+        transferMode: o.transferMode,
+        device: o.device,
+        kvBytesPerToken: 2 * o.model.numLayers * o.model.numHeads * o.model.headSize * dtypeBytes(o.model.dtype),
+        maxTokens: Math.max(...requests.map((r) => Math.floor(r.inputLength / chunk) * chunk)),
+        blockSizeTokens: o.blockSizeTokens,
+        l1Bytes
+      }
+      const refused = refusal(shape, planMemory(shape), readMachineMemory())
+      return refused === undefined ? Effect.void : Effect.fail(new ReplayError({ message: refused }))
+    }
+    if (o.server === undefined) yield* checkMemory(o.chunkSizeTokens, Math.floor(o.l1SizeGb * 2 ** 30))
     const own = o.server === undefined ? yield* startOwnServer(o) : undefined
     const endpoint = own?.endpoint ?? o.server!
     const httpUrl = own?.httpUrl ?? o.httpUrl
     const status0 = yield* getStatus(httpUrl)
     const chunk = status0.chunk_size
+    if (o.server !== undefined) yield* checkMemory(chunk, 0)
     const l1 = status0.l1
     const tokenBytes = o.model.numHeads * o.model.headSize * dtypeBytes(o.model.dtype)
     const chunkBytes = 2 * o.model.numLayers * chunk * tokenBytes
@@ -423,7 +451,8 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       open_mappings_after_shutdown: openMappings,
       data_mismatches: mismatches.reduce((n, m) => n + m.chunks.length, 0),
       mismatch_details: mismatches,
-      trace_issues: issues
+      trace_issues: issues,
+      skipped_long_requests: { count: slice.length - requests.length, max_input_tokens: limit ?? null }
     }
     return summary
   })

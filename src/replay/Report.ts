@@ -32,6 +32,9 @@ export const formatSummary = (s: ReplaySummary): string => {
   for (const m of s.mismatch_details.slice(0, 20)) {
     lines.push(`    mismatch: request ${m.request} (trace line ${m.line}) chunks ${m.chunks.join(", ")}`)
   }
+  if (s.skipped_long_requests.count > 0) {
+    lines.push(`  skipped           ${s.skipped_long_requests.count} request(s) longer than --max-input-tokens ${s.skipped_long_requests.max_input_tokens}`)
+  }
   if (s.trace_issues.length > 0) {
     lines.push(`  trace issues      ${s.trace_issues.length} malformed line(s) skipped`)
     for (const i of s.trace_issues.slice(0, 10)) lines.push(`    line ${i.line}: ${i.message}`)

@@ -14,6 +14,19 @@ import { runCli, startCli } from "../support/Cli.ts"
 const ipcEndpoint = () => `ipc://${join(tmpdir(), `mpcache-test-${randomUUID()}.sock`)}`
 
 describe("mpcache serve flags", () => {
+  it.live("a server that cannot create its L1 pool says why on its last line (the size, the free space) and exits 1", () =>
+    Effect.gen(function*() {
+      // More than /dev/shm holds on any machine of this kind (24 GiB in all).
+      const r = yield* runCli(["serve", "--l1-size-gb", "4096", "--endpoint", ipcEndpoint(), "--http-port", "0", "--log-format", "json"])
+      assert.strictEqual(r.code, 1)
+      const last = JSON.parse(r.stderr.trim().split("\n").pop()!) as { message: string; level: string }
+      assert.strictEqual(last.level, "ERROR")
+      assert.match(
+        last.message,
+        /^mpcache cannot start: --l1-size-gb 4096: the L1 pool needs 4398046511104 bytes of \/dev\/shm but only \d+ are free; lower --l1-size-gb or enlarge \/dev\/shm$/
+      )
+    }))
+
   it.live("a reap timeout of 10 is refused: exit 2, naming the flag and the rule", () =>
     Effect.gen(function*() {
       const r = yield* runCli(["serve", "--worker-reap-timeout-seconds", "10"])

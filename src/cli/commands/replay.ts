@@ -25,6 +25,11 @@ const flags = {
     Flag.filter((n) => n >= 1, (n) => `must be at least 1 (got ${n})`),
     Flag.optional
   ),
+  maxInputTokens: Flag.Int("max-input-tokens").pipe(
+    Flag.withDescription("Skip (and count) requests with more input tokens than this: bounds each worker's KV cache"),
+    Flag.filter((n) => n >= 1, (n) => `must be at least 1 (got ${n})`),
+    Flag.optional
+  ),
   workers: Flag.Int("workers").pipe(
     Flag.withDescription("Engine worker processes"),
     Flag.withDefault(2),
@@ -74,6 +79,7 @@ export const replay = Command.make("replay", flags, (f) =>
         {
           tracePath: f.trace,
           requests: Option.getOrUndefined(f.requests),
+          maxInputTokens: Option.getOrUndefined(f.maxInputTokens),
           workers: f.workers,
           transferMode: f.transferMode,
           device: f.device,

@@ -1,0 +1,102 @@
+/**
+ * What `mpcache replay` does before and after the run (issue 18): it adds up
+ * what it will need and refuses a run the machine cannot hold, before it
+ * starts anything; it skips requests longer than `--max-input-tokens`; and
+ * interrupted (SIGINT, SIGTERM) it stops its workers and server and removes
+ * what it created.
+ */
+import { execFileSync } from "node:child_process"
+import { existsSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { randomUUID } from "node:crypto"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import type { ReplaySummary } from "../../src/replay/Driver.ts"
+import { runCli, startCli } from "../support/Cli.ts"
+
+/** /dev/shm names a replay of process `pid` created (its workers' KV caches). */
+const replaySegments = (pid: number) => readdirSync("/dev/shm").filter((n) => n.startsWith(`mpcache-replay-${pid}-`))
+
+/** The live child processes of `pid`. */
+const childrenOf = (pid: number): ReadonlyArray<number> => {
+  try {
+    return execFileSync("pgrep", ["-P", String(pid)], { encoding: "utf8" }).trim().split("\n").filter((l) => l !== "").map(Number)
+  } catch {
+    return []
+  }
+}
+
+/** Whether process `pid` still exists. */
+const isAlive = (pid: number) => {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch {
+    return false
+  }
+}
+
+/** The value after `flag` on process `pid`'s command line. */
+const argOf = (pid: number, flag: string): string | undefined => {
+  const argv = readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0")
+  const i = argv.indexOf(flag)
+  return i < 0 ? undefined : argv[i + 1]
+}
+
+describe("mpcache replay guards", () => {
+  it.live("a run the machine cannot hold is refused before anything starts, with the figures and the flags that change them", () =>
+    Effect.gen(function*() {
+      // llama3-8b: 2 workers × ~10.6 GiB for an 87k-token request + 4 GiB of L1: more than this machine kind has in all.
+      const r = yield* runCli(["replay", "--model", "llama3-8b", "--requests", "20", "--max-rate", "--l1-size-gb", "4"], 60_000)
+      assert.strictEqual(r.code, 1, r.stderr)
+      assert.match(r.stderr, /mpcache replay: this replay needs 25\.9 GiB of memory \(2 worker\(s\) × 10\.6 GiB of KV cache for the longest request, 87040 tokens; 4\.0 GiB of L1/)
+      assert.include(r.stderr, "Lower --workers, --max-input-tokens (skips longer requests), --requests or --l1-size-gb, or use --model small.")
+      assert.notInclude(r.stderr, "MQ server listening")
+    }), 60_000)
+
+  it.live("--max-input-tokens skips and counts the longer requests", () =>
+    Effect.gen(function*() {
+      const trace = join(tmpdir(), `mpcache-trace-${randomUUID()}.jsonl`)
+      const line = (ts: number, n: number, ids: ReadonlyArray<number>) =>
+        JSON.stringify({ timestamp: ts, input_length: n, output_length: 10, hash_ids: ids })
+      writeFileSync(trace, [line(0, 600, [1, 2]), line(1, 5_000, [1, 3, 4, 5, 6, 7, 8, 9, 10, 11]), line(2, 700, [1, 2])].join("\n") + "\n")
+      try {
+        const r = yield* runCli(["replay", "--json", "--trace", trace, "--max-rate", "--max-input-tokens", "1000"], 60_000)
+        assert.strictEqual(r.code, 0, r.stderr.slice(-3000))
+        const s = JSON.parse(r.stdout) as ReplaySummary
+        assert.strictEqual(s.requests, 2)
+        assert.deepStrictEqual(s.skipped_long_requests, { count: 1, max_input_tokens: 1000 })
+        assert.strictEqual(s.data_mismatches, 0)
+        const all = yield* runCli(["replay", "--trace", trace, "--max-rate", "--max-input-tokens", "100"], 60_000)
+        assert.strictEqual(all.code, 1)
+        assert.include(all.stderr, "every one of the 3 request(s) is longer than --max-input-tokens 100; nothing to replay")
+      } finally {
+        rmSync(trace, { force: true })
+      }
+    }), 120_000)
+
+  for (const signal of ["SIGINT", "SIGTERM"] as const) {
+    it.live(`${signal} mid-run stops the workers and the server and removes their segments and socket`, () =>
+      Effect.scoped(Effect.gen(function*() {
+        const replay = yield* startCli(["replay", "--requests", "300", "--max-rate", "--workers", "2"])
+        const pid = replay.child.pid!
+        yield* replay.waitForStderr(/\] \d+\/300 requests/, 60_000)
+        assert.isAbove(replaySegments(pid).length, 0)
+        // Its server and its 2 workers; the server's ipc socket file.
+        const children = childrenOf(pid)
+        assert.strictEqual(children.length, 3)
+        const sockets = children.flatMap((c) => {
+          const endpoint = argOf(c, "--endpoint")
+          return endpoint === undefined ? [] : [endpoint.slice("ipc://".length)]
+        })
+        assert.strictEqual(sockets.length, 1)
+        assert.isTrue(existsSync(sockets[0]!))
+        const exited = yield* replay.stop(signal)
+        assert.deepStrictEqual(exited, { code: 0, signal: null })
+        assert.deepStrictEqual(replaySegments(pid), [])
+        assert.deepStrictEqual(children.filter(isAlive), [])
+        assert.isFalse(existsSync(sockets[0]!))
+      })), 90_000)
+  }
+})
