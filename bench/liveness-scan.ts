@@ -35,7 +35,7 @@ import { Context, Effect, Exit, Layer, Scope } from "effect"
 import { loggerLayer } from "../src/layers/Logging.ts"
 import type { InstanceId } from "../src/schema/InstanceId.ts"
 import { judge, type Reaped, type StaleRule, type Tracked } from "../src/services/liveness/InstanceRegistry.ts"
-import { Management } from "../src/services/server/Management.ts"
+import { Reaper } from "../src/services/liveness/Reaper.ts"
 import { fillRegistry, managementLayer, median, registryTarget, ruleAt, STALE_AGE_MS, timed, type DummyContext } from "./liveness-common.ts"
 
 const { values: args } = parseArgs({
@@ -111,7 +111,7 @@ const measureSize = (n: number) =>
     // The whole reaper scan, through the management module driving a target around the same registry.
     const layerScope = yield* Scope.make()
     const context = yield* Layer.build(managementLayer([registryTarget(registry)])).pipe(Scope.provide(layerScope))
-    const management = Context.get(context, Management)
+    const reaper = Context.get(context, Reaper)
 
     const times = {
       registryFresh: [] as Array<number>,
@@ -136,7 +136,7 @@ const measureSize = (n: number) =>
       record(times.plainFresh, performance.now() - t0)
       yield* expect("plain Map, all fresh", b.length, 0)
 
-      const [c, scanFresh] = yield* timed(management.scan(Date.now()))
+      const [c, scanFresh] = yield* timed(reaper.scan(Date.now()))
       yield* expect("Management.scan, all fresh", c.length, 0)
       record(times.scanFresh, scanFresh)
 
@@ -155,7 +155,7 @@ const measureSize = (n: number) =>
       for (const t of staleRecords) plain.set(t.id, t)
 
       yield* age
-      const [f, scanStale] = yield* timed(management.scan(Date.now()))
+      const [f, scanStale] = yield* timed(reaper.scan(Date.now()))
       yield* expect("Management.scan, 1 % stale", f.length, staleIds.length)
       record(times.scanStale, scanStale)
       for (const id of staleIds) yield* reinsert(id, Date.now(), 0)
