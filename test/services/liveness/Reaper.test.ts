@@ -9,7 +9,7 @@ import { TestClock } from "effect/testing"
 import { Connections } from "../../../src/services/liveness/Connections.ts"
 import { LmcacheDrivenTransfer } from "../../../src/services/server/LmcacheDrivenTransfer.ts"
 import { Management } from "../../../src/services/server/Management.ts"
-import { Reaper } from "../../../src/services/liveness/Reaper.ts"
+import { Reaper, scanPeriodMs } from "../../../src/services/liveness/Reaper.ts"
 import { RequestBarrier } from "../../../src/services/liveness/RequestBarrier.ts"
 import { emptyKey, id, livenessEnv, workerCache } from "../../support/LivenessEnv.ts"
 
@@ -39,6 +39,16 @@ const advance = (totalSeconds: number, stepSeconds: number, each: Effect.Effect<
       yield* each
     }
   })
+
+describe("schedule", () => {
+  it("scans every timeout/4, at least every disconnect grace/2; never when both are 0", () => {
+    const w = (reapTimeoutMs: number, disconnectGraceMs: number) => ({ reapTimeoutMs, registrationGraceMs: 3_600_000, disconnectGraceMs })
+    assert.deepStrictEqual(
+      [scanPeriodMs(w(120_000, 10_000)), scanPeriodMs(w(120_000, 0)), scanPeriodMs(w(0, 10_000)), scanPeriodMs(w(120_000, 100_000)), scanPeriodMs(w(0, 0))],
+      [5_000, 30_000, 5_000, 30_000, Infinity]
+    )
+  })
+})
 
 describe("reap windows", () => {
   it.effect("crash after serving (both flags latched): reaped after the timeout, by timeout + timeout/4, never before", () =>
