@@ -23,7 +23,7 @@
  * - the reference: the same records in a plain `Map<bigint, Tracked>`,
  *   judged with the same `judge` and deleted from the Map — the floor for
  *   one pass over N entries in this process;
- * - the whole reaper scan `Management.scan(judgeAtMs)` over a LivenessTarget
+ * - the whole reaper scan `Reaper.scan(judgeAtMs)` over a LivenessTarget
  *   around the registry (pop, close each popped Scope, one WARNING per
  *   reaped instance through the server's JSON logger on stderr, prune the
  *   connection tracker, update the gauges and the scan histogram).
@@ -35,7 +35,7 @@ import { Context, Effect, Exit, Layer, Scope } from "effect"
 import { loggerLayer } from "../src/layers/Logging.ts"
 import type { InstanceId } from "../src/schema/InstanceId.ts"
 import { judge, type Reaped, type StaleRule, type Tracked } from "../src/services/liveness/InstanceRegistry.ts"
-import { Management } from "../src/services/server/Management.ts"
+import { Reaper } from "../src/services/liveness/Reaper.ts"
 import { fillRegistry, managementLayer, registryTarget, ruleAt, STALE_AGE_MS, timed, type DummyContext } from "./liveness-common.ts"
 import { median } from "./lib/stats.ts"
 
@@ -112,7 +112,7 @@ const measureSize = (n: number) =>
     // The whole reaper scan, through the management module driving a target around the same registry.
     const layerScope = yield* Scope.make()
     const context = yield* Layer.build(managementLayer([registryTarget(registry)])).pipe(Scope.provide(layerScope))
-    const management = Context.get(context, Management)
+    const reaper = Context.get(context, Reaper)
 
     const times = {
       registryFresh: [] as Array<number>,
@@ -137,8 +137,8 @@ const measureSize = (n: number) =>
       record(times.plainFresh, performance.now() - t0)
       yield* expect("plain Map, all fresh", b.length, 0)
 
-      const [c, scanFresh] = yield* timed(management.scan(Date.now()))
-      yield* expect("Management.scan, all fresh", c.length, 0)
+      const [c, scanFresh] = yield* timed(reaper.scan(Date.now()))
+      yield* expect("Reaper.scan, all fresh", c.length, 0)
       record(times.scanFresh, scanFresh)
 
       yield* age
@@ -156,8 +156,8 @@ const measureSize = (n: number) =>
       for (const t of staleRecords) plain.set(t.id, t)
 
       yield* age
-      const [f, scanStale] = yield* timed(management.scan(Date.now()))
-      yield* expect("Management.scan, 1 % stale", f.length, staleIds.length)
+      const [f, scanStale] = yield* timed(reaper.scan(Date.now()))
+      yield* expect("Reaper.scan, 1 % stale", f.length, staleIds.length)
       record(times.scanStale, scanStale)
       for (const id of staleIds) yield* reinsert(id, Date.now(), 0)
     }
@@ -177,7 +177,7 @@ const measureSize = (n: number) =>
     }
     process.stderr.write(
       `scan N=${n}: popStale ${row.registryFresh.median.toFixed(2)} ms (plain Map ${row.plainFresh.median.toFixed(2)} ms), ` +
-        `Management.scan ${row.scanFresh.median.toFixed(2)} ms; 1 % stale: ${row.registryStale.median.toFixed(2)} / ` +
+        `Reaper.scan ${row.scanFresh.median.toFixed(2)} ms; 1 % stale: ${row.registryStale.median.toFixed(2)} / ` +
         `${row.plainStale.median.toFixed(2)} / ${row.scanStale.median.toFixed(2)} ms\n`
     )
     return row

@@ -30,7 +30,7 @@ import { NodeRuntime } from "@effect/platform-node"
 import { Effect } from "effect"
 import { loggerLayer } from "../src/layers/Logging.ts"
 import { formatInstanceId } from "../src/schema/InstanceId.ts"
-import { Management } from "../src/services/server/Management.ts"
+import { Reaper } from "../src/services/liveness/Reaper.ts"
 import { MqServer } from "../src/services/server/MqServer.ts"
 import { fillRegistry, nextTurn, registryTarget, WINDOWS } from "./liveness-common.ts"
 
@@ -78,7 +78,7 @@ const program = Effect.gen(function*() {
   })
 
   yield* Effect.gen(function*() {
-    const management = yield* Management
+    const reaper = yield* Reaper
     const mq = yield* MqServer
     yield* say({ ready: true, endpoint: mq.endpoint, pingId: formatInstanceId(filled.ids[0]!), tracked: n })
     while (true) {
@@ -99,7 +99,7 @@ const program = Effect.gen(function*() {
         }
         const t0 = performance.now()
         // Uninterruptible like the reaper's own scans.
-        yield* Effect.uninterruptible(management.scan(Date.now()))
+        yield* Effect.uninterruptible(reaper.scan(Date.now()))
         scanMs.push(performance.now() - t0)
         if (periodMs === 0) yield* nextTurn
       }

@@ -5,10 +5,9 @@
  * HTTP frontend. A duplicate op refuses to start.
  *
  * Teardown runs in reverse: HTTP stops; the MQ server stops receiving and
- * drains in-flight requests; the management module's reaper stops; the
- * transfer modules release every context through the same finalizer as
- * UNREGISTER; lookup releases its locks; the native backend closes anything
- * still mapped.
+ * drains in-flight requests; the reaper stops; the transfer modules release
+ * every context through the same finalizer as UNREGISTER; lookup releases
+ * its locks; the native backend closes anything still mapped.
  *
  * `ServerLive` is the real server; `layerTest` and `layerModulesTest` are the
  * same graph for tests and benches (an ephemeral port, test doubles joined as
@@ -25,6 +24,7 @@ import { LivenessTargets } from "../services/liveness/LivenessTarget.ts"
 import { LmcacheDrivenTransfer } from "../services/server/LmcacheDrivenTransfer.ts"
 import { Lookup } from "../services/server/Lookup.ts"
 import { Management } from "../services/server/Management.ts"
+import { Reaper } from "../services/liveness/Reaper.ts"
 import { Handlers, MqServer } from "../services/server/MqServer.ts"
 import { Connections } from "../services/liveness/Connections.ts"
 import { RequestBarrier } from "../services/liveness/RequestBarrier.ts"
@@ -81,9 +81,10 @@ const NoBuiltinModulesLive = Layer.mergeAll(
 )
 
 /**
- * The management module over the records' liveness targets, the connection
- * tracker and the merged handler table. Built after the modules it drives,
- * so at shutdown its reaper stops before any of them releases state.
+ * The management module and the reaper over the records' liveness targets,
+ * the connection tracker and the merged handler table. Built after the
+ * modules they drive, so at shutdown the reaper stops before any of them
+ * releases state.
  */
 const ControlLive = Layer.effect(
   Handlers,
@@ -92,7 +93,7 @@ const ControlLive = Layer.effect(
     return yield* makeTable([management.module, ...(yield* ServerModules)])
   })
 ).pipe(
-  Layer.provideMerge(Management.layer),
+  Layer.provideMerge(Layer.mergeAll(Management.layer, Reaper.layer)),
   Layer.provideMerge(Connections.layer),
   Layer.provideMerge(
     Layer.effect(
@@ -135,13 +136,13 @@ const mqSideOver = <A, E, R>(modules: Layer.Layer<A | ServerModules | CacheContr
  */
 export const MqSideLive = mqSideOver(BuiltinModulesLive)
 
-/** `/api/status` blocks: management's (liveness windows, instances), then every record's. */
+/** `/api/status` blocks: the reaper's (liveness windows, instances), then every record's. */
 const StatusBlocksLive = Layer.effect(
   StatusBlocks,
   Effect.gen(function*() {
-    const management = yield* Management
+    const reaper = yield* Reaper
     const modules = yield* ServerModules
-    return [management.module, ...modules].flatMap((m) => (m.status === undefined ? [] : [m.status()]))
+    return [reaper.status(), ...modules.flatMap((m) => (m.status === undefined ? [] : [m.status()]))]
   })
 )
 

@@ -1,8 +1,8 @@
 /**
  * The server's modules without sockets, on the TestClock: the server
  * assembly's `layerModulesTest` (configuration, native memory, L1, every
- * module, the connection tracker and the management module with its
- * reaper). Each test provides its own, so each gets a fresh clock.
+ * module, the connection tracker, the management module and the reaper).
+ * Each test provides its own, so each gets a fresh clock.
  */
 import { randomUUID } from "node:crypto"
 import { Effect, type Layer } from "effect"

@@ -16,6 +16,7 @@ import { ServerConfig } from "../server/ServerConfig.ts"
 import type { InstanceId } from "../../schema/InstanceId.ts"
 import { LivenessTargets } from "./LivenessTarget.ts"
 import { PeerEvents } from "./PeerEvents.ts"
+import { disconnectReapingOn, windowsOf } from "./Rule.ts"
 
 const suspectGauge = Metric.gauge("mpcache_suspect_instances", {
   description: "Instances with no connected routing id left (waiting out the disconnect grace)"
@@ -44,7 +45,7 @@ export class Connections extends Context.Service<Connections, {
     Effect.gen(function*() {
       const targets = yield* LivenessTargets
       const config = yield* ServerConfig
-      const graceMs = config.workerDisconnectGraceSeconds * 1000
+      const windows = windowsOf(config)
       const graceExpired = yield* Queue.unbounded<void>()
       const scope = yield* Effect.scope
       const connected = new Set<string>()
@@ -78,8 +79,9 @@ export class Connections extends Context.Service<Connections, {
                 if (!suspects.has(id)) {
                   suspects.set(id, now)
                   yield* Effect.logInfo(`instance ${id} lost its last connection; suspect`)
-                  if (graceMs > 0) {
-                    yield* Effect.sleep(graceMs + 1).pipe(
+                  if (disconnectReapingOn(windows)) {
+                    // 1 ms past the grace: staleness is strict (Rule.ts `outlived`).
+                    yield* Effect.sleep(windows.disconnectGraceMs + 1).pipe(
                       Effect.andThen(Queue.offer(graceExpired, undefined)),
                       Effect.forkIn(scope)
                     )

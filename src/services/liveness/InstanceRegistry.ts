@@ -7,11 +7,8 @@
  * interleave inside one of them. Side effects (closing an entry's Scope,
  * logging) happen outside, after the pop.
  *
- * The rule (DESIGN §5): an entry's window is the reap timeout when both
- * flags are latched, the registration grace otherwise; it is stale when it
- * has been silent strictly longer than its window. An instance that lost
- * every connection (`suspects`) is also stale once it has been silent
- * longer than the disconnect grace since it became suspect.
+ * The rule (windows, staleness, states) is Rule.ts's; {@link judge} applies
+ * it to one entry.
  *
  * A scan does not walk every entry: a non-transactional index of lower
  * bounds on when each entry can become stale (StaleIndex.ts) hands it the
@@ -22,7 +19,10 @@
  */
 import { Effect, HashMap, Option, Semaphore, TxHashMap } from "effect"
 import type { InstanceId } from "../../schema/InstanceId.ts"
-import { makeStaleIndex, timeRuleOf, type Slot, type StaleIndexStats, type Verdict } from "./internal/StaleIndex.ts"
+import { makeStaleIndex, timeRuleOf, type Slot, type StaleIndexStats, type Verdict as SlotVerdict } from "./internal/StaleIndex.ts"
+import { disconnectReapingOn, timeVerdict, verdictOf, type Liveness, type StaleRule, type Verdict } from "./Rule.ts"
+
+export type { ReapReason, StaleRule } from "./Rule.ts"
 
 /** Heap nodes popped between two yields to the event loop during a scan. */
 const SCAN_SLICE = 1_024
@@ -30,58 +30,21 @@ const SCAN_SLICE = 1_024
 /** One turn of the event loop (setImmediate): received messages get handled before the scan goes on. */
 const yieldToEventLoop = Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
 
-/** One tracked instance and the resource it owns (a context entry, an entry + strategy pair …). */
-export interface Tracked<R> {
+/** One tracked instance and the resource it owns (a context entry, an entry + strategy pair …); its liveness fields are Rule.ts's. */
+export interface Tracked<R> extends Liveness {
   readonly id: InstanceId
   readonly resource: R
-  /** Clock millis of the last REGISTER, PING or transfer naming the id. */
-  readonly lastSeenMs: number
-  /** Latched by PING / PING_REGISTERED naming the id. */
-  readonly hasLivenessSignal: boolean
-  /** Latched by a real transfer through the entry. */
-  readonly hasTransferActivity: boolean
 }
 
-/** Why an instance was reaped. */
-export type ReapReason = "timeout" | "grace" | "disconnect"
-
-/** What one scan judges by. Times in Clock millis. */
-export interface StaleRule {
-  /** The time the scan judges at (already net of the server's own stalls). */
-  readonly nowMs: number
-  /** Reap timeout; 0 disables the two heartbeat windows. */
-  readonly reapTimeoutMs: number
-  readonly registrationGraceMs: number
-  /** Instances with no connected routing id left, and since when. */
-  readonly suspects: ReadonlyMap<bigint, number>
-  /** 0 disables disconnect reaping. */
-  readonly disconnectGraceMs: number
-}
-
-/** One popped stale instance, for the reaper's WARNING. */
-export interface Reaped<R> {
+/** One popped stale instance and its verdict (reason, ms silent, window ms), for the reaper's WARNING. */
+export interface Reaped<R> extends Verdict {
   readonly tracked: Tracked<R>
-  readonly reason: ReapReason
-  /** How long it had been silent (for disconnect: since it became suspect), ms. */
-  readonly silentMs: number
-  /** The window it outlived, ms. */
-  readonly windowMs: number
 }
 
-/** Judges one entry; undefined when it is not stale. */
+/** Judges one entry by Rule.ts's `verdictOf` (its suspicion looked up in `rule.suspects`); undefined when it is not stale. */
 export const judge = <R>(t: Tracked<R>, rule: StaleRule): Reaped<R> | undefined => {
-  const silentMs = rule.nowMs - t.lastSeenMs
-  const suspectSince = rule.suspects.get(t.id)
-  if (rule.disconnectGraceMs > 0 && suspectSince !== undefined) {
-    const since = Math.max(suspectSince, t.lastSeenMs)
-    if (rule.nowMs - since > rule.disconnectGraceMs) {
-      return { tracked: t, reason: "disconnect", silentMs: rule.nowMs - since, windowMs: rule.disconnectGraceMs }
-    }
-  }
-  if (rule.reapTimeoutMs <= 0) return undefined
-  const proven = t.hasLivenessSignal && t.hasTransferActivity
-  const windowMs = proven ? rule.reapTimeoutMs : rule.registrationGraceMs
-  return silentMs > windowMs ? { tracked: t, reason: proven ? "timeout" : "grace", silentMs, windowMs } : undefined
+  const verdict = verdictOf(t, rule.suspects.get(t.id), rule.nowMs, rule)
+  return verdict === undefined ? undefined : { tracked: t, ...verdict }
 }
 
 export interface InstanceRegistry<R> {
@@ -155,11 +118,10 @@ export const makeInstanceRegistry = <R>(): Effect.Effect<InstanceRegistry<R>> =>
           index.endScan()
           for (const slot of taken) index.settle(slot, currentOf(slot))
         })
-        // A due entry is a candidate when stale by its time window (judge's rule; the suspects are judged below).
-        const visit = (slot: Slot, t: Tracked<R> | undefined): Verdict => {
+        // A due entry is a candidate when stale by its heartbeat window (the suspects are judged below).
+        const visit = (slot: Slot, t: Tracked<R> | undefined): SlotVerdict => {
           if (t === undefined) return "gone"
-          const windowMs = t.hasLivenessSignal && t.hasTransferActivity ? rule.reapTimeoutMs : rule.registrationGraceMs
-          if (!(rule.nowMs - t.lastSeenMs > windowMs)) return index.keyOf(t)
+          if (timeVerdict(t, rule.nowMs, rule) === undefined) return index.keyOf(t)
           candidates.add(slot.id)
           taken.push(slot)
           return "taken"
@@ -173,7 +135,7 @@ export const makeInstanceRegistry = <R>(): Effect.Effect<InstanceRegistry<R>> =>
             while (yield* slice) yield* yieldToEventLoop
           }
           // Disconnect staleness does not depend on last_seen alone: the suspects (a handful) are judged directly.
-          if (rule.disconnectGraceMs > 0) {
+          if (disconnectReapingOn(rule)) {
             for (const id of rule.suspects.keys()) {
               const t = current(id)
               if (t !== undefined && judge(t, rule) !== undefined) candidates.add(id)

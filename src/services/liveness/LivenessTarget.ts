@@ -1,10 +1,10 @@
 /**
  * The liveness interface (DESIGN §5; upstream `InstanceLivenessTarget`):
  * every module that owns per-instance state implements it, each method a
- * no-op by default (`noopTarget`), and only the management module drives
- * the targets: PING touches them, PING_REGISTERED asks which kinds they
- * hold, the reaper pops their stale entries and then tells every target to
- * drop what it mirrors for each reaped id.
+ * no-op by default (`noopTarget`). Two services drive the targets: the
+ * management module (PING touches them, PING_REGISTERED asks which kinds
+ * they hold) and the reaper (Reaper.ts: pops their stale entries, then tells
+ * every target to drop what it mirrors for each reaped id).
  *
  * Where mpcache differs from upstream's signature: `reapStaleInstances`
  * takes the whole rule of one scan (its judging time, both windows, and the
@@ -15,14 +15,12 @@
 import { Clock, Context, Effect, Layer } from "effect"
 import type { InstanceId } from "../../schema/InstanceId.ts"
 import type { RegistrationKind } from "../../schema/Registration.ts"
-import type { InstanceRegistry, ReapReason, StaleRule, Tracked } from "./InstanceRegistry.ts"
+import type { InstanceRegistry, StaleRule, Tracked } from "./InstanceRegistry.ts"
+import type { Verdict } from "./Rule.ts"
 
-/** One instance a target reaped. Times in ms. */
-export interface ReapedInstance {
+/** One instance a target reaped and its verdict (reason, ms silent, window ms). */
+export interface ReapedInstance extends Verdict {
   readonly id: InstanceId
-  readonly reason: ReapReason
-  readonly silentMs: number
-  readonly windowMs: number
 }
 
 /** One tracked instance as `/api/status` lists it (DESIGN §5). */

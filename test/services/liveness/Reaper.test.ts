@@ -9,6 +9,7 @@ import { TestClock } from "effect/testing"
 import { Connections } from "../../../src/services/liveness/Connections.ts"
 import { LmcacheDrivenTransfer } from "../../../src/services/server/LmcacheDrivenTransfer.ts"
 import { Management } from "../../../src/services/server/Management.ts"
+import { Reaper, scanPeriodMs } from "../../../src/services/liveness/Reaper.ts"
 import { RequestBarrier } from "../../../src/services/liveness/RequestBarrier.ts"
 import { emptyKey, id, livenessEnv, workerCache } from "../../support/LivenessEnv.ts"
 
@@ -39,6 +40,16 @@ const advance = (totalSeconds: number, stepSeconds: number, each: Effect.Effect<
     }
   })
 
+describe("schedule", () => {
+  it("scans every timeout/4, at least every disconnect grace/2; never when both are 0", () => {
+    const w = (reapTimeoutMs: number, disconnectGraceMs: number) => ({ reapTimeoutMs, registrationGraceMs: 3_600_000, disconnectGraceMs })
+    assert.deepStrictEqual(
+      [scanPeriodMs(w(120_000, 10_000)), scanPeriodMs(w(120_000, 0)), scanPeriodMs(w(0, 10_000)), scanPeriodMs(w(120_000, 100_000)), scanPeriodMs(w(0, 0))],
+      [5_000, 30_000, 5_000, 30_000, Infinity]
+    )
+  })
+})
+
 describe("reap windows", () => {
   it.effect("crash after serving (both flags latched): reaped after the timeout, by timeout + timeout/4, never before", () =>
     Effect.gen(function*() {
@@ -51,12 +62,12 @@ describe("reap windows", () => {
 
   it.effect("the reaped instance is released through the UNREGISTER finalizer and logged once", () =>
     Effect.gen(function*() {
-      const management = yield* Management
+      const reaper = yield* Reaper
       yield* registerServed(1)
       yield* TestClock.adjust("90 seconds")
-      const reaped = yield* management.scan(121_000)
+      const reaped = yield* reaper.scan(121_000)
       assert.deepStrictEqual(reaped, [{ id: id(1), reason: "timeout", silentMs: 121_000, windowMs: 120_000 }])
-      assert.deepStrictEqual(yield* management.scan(1_000_000), [])
+      assert.deepStrictEqual(yield* reaper.scan(1_000_000), [])
     }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
 
   it.effect("crash during warm-up (registered, never pinged): kept through the timeout, reaped on the grace", () =>
@@ -155,12 +166,12 @@ describe("reap windows", () => {
 
   it.effect("reaping disabled with timeout 0 (and disconnect grace 0): nothing is ever reaped", () =>
     Effect.gen(function*() {
-      const management = yield* Management
-      assert.isFalse(management.reaperEnabled)
+      const reaper = yield* Reaper
+      assert.isFalse(reaper.reaperEnabled)
       yield* registerServed(10)
       yield* TestClock.adjust("100000 seconds")
       assert.isTrue(yield* registered(10))
-      const status = yield* management.status()
+      const status = yield* reaper.status()
       assert.deepStrictEqual(status["worker_liveness"], {
         enabled: false,
         reap_timeout_seconds: 0,
@@ -203,12 +214,12 @@ describe("connection loss", () => {
   it.effect("the last bound connection closing makes the instance suspect; silent past the disconnect grace it is reaped", () =>
     Effect.gen(function*() {
       const connections = yield* Connections
-      const management = yield* Management
+      const reaper = yield* Reaper
       yield* registerServed(20)
       yield* connections.events.connected("peer-a")
       yield* connections.events.instanceMessage("peer-a", id(20))
       yield* connections.events.disconnected("peer-a")
-      const status = yield* management.status()
+      const status = yield* reaper.status()
       assert.strictEqual((status["instances"] as ReadonlyArray<{ state: string }>)[0]!.state, "suspect")
       yield* TestClock.adjust("10 seconds")
       assert.isTrue(yield* registered(20), "not before the grace")
@@ -223,6 +234,7 @@ describe("connection loss", () => {
     Effect.gen(function*() {
       const connections = yield* Connections
       const management = yield* Management
+      const reaper = yield* Reaper
       yield* registerServed(21)
       yield* connections.events.connected("peer-a")
       yield* connections.events.instanceMessage("peer-a", id(21))
@@ -233,7 +245,7 @@ describe("connection loss", () => {
       yield* management.ping(id(21))
       yield* TestClock.adjust("60 seconds")
       assert.isTrue(yield* registered(21))
-      const status = yield* management.status()
+      const status = yield* reaper.status()
       assert.strictEqual((status["instances"] as ReadonlyArray<{ state: string }>)[0]!.state, "active")
     }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
 

@@ -23,6 +23,7 @@ import { LivenessTargets } from "../../../src/services/liveness/LivenessTarget.t
 import { LmcacheDrivenTransfer } from "../../../src/services/server/LmcacheDrivenTransfer.ts"
 import { Lookup } from "../../../src/services/server/Lookup.ts"
 import { Management } from "../../../src/services/server/Management.ts"
+import { Reaper } from "../../../src/services/liveness/Reaper.ts"
 import { makePagedKvCache } from "../../../src/services/client/PagedKvCache.ts"
 import { RequestBarrier } from "../../../src/services/liveness/RequestBarrier.ts"
 import { type CapturedLog, captureLogs } from "../../support/FakeMqClient.ts"
@@ -58,7 +59,7 @@ const blendEnv = (config: Partial<ServerConfigInput> = {}) => {
       return [(yield* LmcacheDrivenTransfer).target, (yield* Blend).target]
     })
   )
-  const layer = Management.layer.pipe(
+  const layer = Layer.mergeAll(Management.layer, Reaper.layer).pipe(
     Layer.provideMerge(Connections.layer),
     Layer.provideMerge(Layer.mergeAll(targets, L1Store.layerCacheControl, RequestBarrier.layerNoop)),
     Layer.provideMerge(modules),
@@ -147,7 +148,7 @@ describe("RoPE state lifecycle", () => {
       // Instance 2's state still serves: an empty match list is a successful no-op.
       assert.isTrue(yield* blend.retrievePreComputed(key, [], [[]], id(2)))
       assert.deepStrictEqual(blend.ropeInstances(), [id(2)])
-      yield* management.scan(0)
+      yield* (yield* Reaper).scan(0)
       assert.deepStrictEqual(env.serverMaps(one.name).map((m) => m.releases()), [1], "released once, not again")
     }).pipe(Effect.scoped, Effect.provide(env.layer))
   })

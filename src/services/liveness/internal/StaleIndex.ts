@@ -4,18 +4,19 @@
  * only instead of at every tracked context.
  *
  * A node `(keyMs, slot)` in a {@link DeadlineHeap} promises: the entry held
- * under `slot.id` cannot be stale by the reap timeout / registration grace
- * before `keyMs + minWindow(rule)`, `minWindow = min(reapTimeoutMs,
- * registrationGraceMs)`. Keys are `lastSeenMs + gap`, where `gap = window −
- * minWindow` of the entry's class (proven: both flags latched, or not) under
- * the gaps adopted last. Why a key stays valid:
+ * under `slot.id` cannot be stale by its heartbeat window (Rule.ts) before
+ * `keyMs + minWindow`, `minWindow` the smaller of the two heartbeat windows.
+ * Keys are `lastSeenMs + gap`, where `gap = window − minWindow` of the
+ * entry's heartbeat state (`startup` or `active`) under the gaps adopted
+ * last. Why a key stays valid:
  *
  * - `lastSeenMs` only grows (every refresh is a `Math.max`), so heartbeats
  *   need no new node: a node that comes due is looked at once and re-keyed
  *   from the entry's current last_seen (a live worker's node thus comes
  *   due about once per window);
- * - the class changes once (the flags latch), and the window may shrink
- *   then: the index offers a new key when it mirrors the latch;
+ * - the state changes once (startup → active, when the flags latch), and
+ *   the window may shrink then: the index offers a new key when it mirrors
+ *   the latch;
  * - gaps that grow leave old keys lower than needed (still valid); gaps that
  *   shrink could make them too late, so {@link StaleIndex.adopt} re-keys
  *   every entry then. The server's windows are fixed at start (a late scan
@@ -38,35 +39,24 @@
  * map (see there).
  */
 import { Hash } from "effect"
+import { heartbeatStateOf, timeReapingOn, windowMsOf, type HeartbeatState, type Liveness, type Windows } from "../Rule.ts"
 import { makeDeadlineHeap } from "./DeadlineHeap.ts"
 
 /** A scan's time rule reduced to what keys depend on. Millis. */
 export interface TimeRule {
-  /** `min(reapTimeoutMs, registrationGraceMs)`. */
+  /** The smaller of the two heartbeat windows (Rule.ts). */
   readonly minWindowMs: number
   readonly gaps: Gaps
 }
 
-/** `window − minWindow` per class, ms (≥ 0). */
-export interface Gaps {
-  /** Not both flags latched: registration grace − minWindow. */
-  readonly unproven: number
-  /** Both flags latched: reap timeout − minWindow. */
-  readonly proven: number
-}
+/** `window − minWindow` per heartbeat state (Rule.ts `windowMsOf`), ms (≥ 0). */
+export type Gaps = { readonly [S in HeartbeatState]: number }
 
-/** The liveness fields a key is computed from. */
-export interface Liveness {
-  readonly lastSeenMs: number
-  readonly hasLivenessSignal: boolean
-  readonly hasTransferActivity: boolean
-}
-
-/** The time rule of a scan; undefined when time-based reaping is off (`reapTimeoutMs ≤ 0`). */
-export const timeRuleOf = (rule: { readonly reapTimeoutMs: number; readonly registrationGraceMs: number }): TimeRule | undefined => {
-  if (rule.reapTimeoutMs <= 0) return undefined
-  const minWindowMs = Math.min(rule.reapTimeoutMs, rule.registrationGraceMs)
-  return { minWindowMs, gaps: { unproven: rule.registrationGraceMs - minWindowMs, proven: rule.reapTimeoutMs - minWindowMs } }
+/** The time rule of a scan; undefined when time-based reaping is off (Rule.ts `timeReapingOn`). */
+export const timeRuleOf = (w: Windows): TimeRule | undefined => {
+  if (!timeReapingOn(w)) return undefined
+  const minWindowMs = Math.min(windowMsOf("startup", w), windowMsOf("active", w))
+  return { minWindowMs, gaps: { startup: windowMsOf("startup", w) - minWindowMs, active: windowMsOf("active", w) - minWindowMs } }
 }
 
 /** An id in the index. `hash` is `Hash.hash(id)`, computed once, for `HashMap.getHash`. */
@@ -116,7 +106,7 @@ export interface StaleIndexStats {
   readonly lastScanPopped: number
 }
 
-const isProven = (t: Liveness): boolean => t.hasLivenessSignal && t.hasTransferActivity
+const isActive = (t: Liveness): boolean => heartbeatStateOf(t) === "active"
 
 /** The index over entries of type `T`. Every `t` passed in is an entry as committed. */
 export interface StaleIndex<T extends Liveness> {
@@ -159,12 +149,12 @@ export const makeStaleIndex = <T extends Liveness>(): StaleIndex<T> => {
   const heap = makeDeadlineHeap<MutableSlot<T>>()
   const slots = new Map<bigint, MutableSlot<T>>()
   /** Gaps the current keys were computed with (the largest since the last re-key). */
-  let used: Gaps = { unproven: 0, proven: 0 }
+  let used: Gaps = { startup: 0, active: 0 }
   let popped = 0
   let deferred: Array<MutableSlot<T>> = []
   let deferredKeys: Array<number> = []
 
-  const keyOf = (t: Liveness): number => t.lastSeenMs + (isProven(t) ? used.proven : used.unproven)
+  const keyOf = (t: Liveness): number => t.lastSeenMs + used[heartbeatStateOf(t)]
 
   const offer = (slot: MutableSlot<T>, keyMs: number): void => {
     // A slot that left the index: its id was not held then; a later insert made a new slot.
@@ -207,14 +197,14 @@ export const makeStaleIndex = <T extends Liveness>(): StaleIndex<T> => {
       if (next === undefined) return
       slot.tracked = next
       // The window may have shrunk (flags latched): a key for the new one.
-      if (isProven(next) && (previous === undefined || !isProven(previous) || !isProven(before))) offer(slot, keyOf(next))
+      if (isActive(next) && (previous === undefined || !isActive(previous) || !isActive(before))) offer(slot, keyOf(next))
     },
     removed: (id, held) => {
       const slot = slots.get(id)
       if (slot !== undefined && !held(slot)) slot.tracked = undefined
     },
     adopt: (gaps, entries) => {
-      const shrinks = gaps.unproven < used.unproven || gaps.proven < used.proven
+      const shrinks = gaps.startup < used.startup || gaps.active < used.active
       used = gaps
       if (!shrinks) return
       heap.clear()

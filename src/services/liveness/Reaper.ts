@@ -1,0 +1,185 @@
+/**
+ * The reaper (DESIGN §5 "Reaper", "Shutdown", "Status"; upstream
+ * `ManagementModule`'s reaper thread): one fiber forked into this layer's
+ * scope, scanning every `timeout / 4` (and at least every
+ * `disconnect_grace / 2`), and at once when a suspect's disconnect grace
+ * runs out; an instance is therefore reaped between `timeout` and
+ * `timeout + timeout / 4` after its last signal.
+ *
+ * A scan first lets the requests already received finish (the request
+ * barrier), then judges at its scheduled time (lateness from the server's
+ * own stalls never counts as a worker's silence), pops stale entries
+ * atomically in each liveness target (which releases each through the
+ * UNREGISTER finalizer), logs one WARNING per reaped instance, and calls
+ * `dropInstanceState` on every target. Its layer needs the targets, so the
+ * assembly builds it after the modules behind them: at shutdown the reaper
+ * stops before any of them releases state.
+ *
+ * It also answers the `worker_liveness` and `instances` blocks of
+ * `/api/status`: the windows, whether it runs, what it tracks, and each
+ * instance's state by Rule.ts.
+ */
+import { Clock, Context, Effect, Layer, Metric, Queue } from "effect"
+import { formatInstanceId } from "../../schema/InstanceId.ts"
+import { ServerConfig } from "../server/ServerConfig.ts"
+import { Connections } from "./Connections.ts"
+import { LivenessTargets, type InstanceSummary, type ReapedInstance } from "./LivenessTarget.ts"
+import { RequestBarrier } from "./RequestBarrier.ts"
+import { disconnectReapingOn, stateOf, timeReapingOn, windowsOf, type InstanceState, type ReapReason, type Windows } from "./Rule.ts"
+
+const reapsTotal = Metric.counter("mpcache_reaps_total", { description: "Instances reaped, by reason", incremental: true })
+const reapsBy: Record<ReapReason, Metric.Metric<number, unknown>> = {
+  timeout: Metric.withAttributes(reapsTotal, { reason: "timeout" }),
+  grace: Metric.withAttributes(reapsTotal, { reason: "grace" }),
+  disconnect: Metric.withAttributes(reapsTotal, { reason: "disconnect" })
+}
+const trackedGauge = Metric.gauge("mpcache_tracked_instances", { description: "Registered contexts tracked for liveness" })
+const scanSeconds = Metric.histogram("mpcache_reaper_scan_seconds", {
+  description: "Duration of one reaper scan",
+  boundaries: Metric.exponentialBoundaries({ start: 0.0001, factor: 2, count: 16 })
+})
+
+/** How long a scan waits for the requests received before it (DESIGN §5). */
+const BARRIER_TIMEOUT = "1 second"
+
+/** The window names of the WARNING, by reason. */
+const windowName: Record<ReapReason, string> = {
+  timeout: "reap timeout",
+  grace: "registration grace",
+  disconnect: "disconnect grace"
+}
+
+/** The reaper's period, ms: `timeout / 4`, at most `disconnect_grace / 2`; Infinity when both are off. */
+export const scanPeriodMs = (w: Windows): number =>
+  Math.min(timeReapingOn(w) ? w.reapTimeoutMs / 4 : Infinity, disconnectReapingOn(w) ? w.disconnectGraceMs / 2 : Infinity)
+
+/** An instance in `/api/status` (DESIGN §5). */
+export interface InstanceStatus extends Omit<InstanceSummary, "details"> {
+  readonly state: InstanceState
+  readonly [detail: string]: unknown
+}
+
+/** The reaper of every liveness target, and the liveness blocks of `/api/status`. */
+export class Reaper extends Context.Service<Reaper, {
+  /**
+   * One reaper scan judging at `judgeAtMs` (Clock millis): pops and releases
+   * every stale instance of every target, logs, drops mirrored state.
+   * Returns the reaped instances.
+   */
+  readonly scan: (judgeAtMs: number) => Effect.Effect<ReadonlyArray<ReapedInstance>>
+  /** Whether the reaper runs (timeout or disconnect grace above 0). */
+  readonly reaperEnabled: boolean
+  /** `worker_liveness` and `instances` blocks of `/api/status`. */
+  readonly status: () => Effect.Effect<Record<string, unknown>>
+}>()("mpcache/services/Reaper") {
+  /** The reaper over the targets in context; its loop lives exactly as long as this layer. */
+  static readonly layer = Layer.effect(this, Effect.suspend(() => make))
+}
+
+const make = Effect.gen(function*() {
+  const config = yield* ServerConfig
+  const targets = yield* LivenessTargets
+  const connections = yield* Connections
+  const barrier = yield* RequestBarrier
+  const windows = windowsOf(config)
+
+  const trackedCount = Effect.map(
+    Effect.forEach(targets, (t) => t.trackedInstanceCount()),
+    (counts) => counts.reduce((a, b) => a + b, 0)
+  )
+
+  const scan = (judgeAtMs: number) =>
+    Effect.gen(function*() {
+      const started = yield* Clock.currentTimeMillis
+      const rule = { ...windows, nowMs: judgeAtMs, suspects: connections.suspects() }
+      const reaped: Array<ReapedInstance> = []
+      for (const target of targets) {
+        for (const r of yield* target.reapStaleInstances(rule)) {
+          reaped.push(r)
+          yield* Effect.logWarning(
+            `reaped instance ${formatInstanceId(r.id)}: silent for ${(r.silentMs / 1000).toFixed(1)} s, ` +
+              `longer than its ${windowName[r.reason]} of ${r.windowMs / 1000} s (reason ${r.reason})`,
+            { instance_id: formatInstanceId(r.id), silent_seconds: r.silentMs / 1000, window_seconds: r.windowMs / 1000, reason: r.reason, module: target.name }
+          )
+          yield* Metric.update(reapsBy[r.reason], 1)
+        }
+      }
+      for (const r of reaped) {
+        yield* Effect.forEach(targets, (t) => t.dropInstanceState(r.id), { discard: true })
+        connections.forget(r.id)
+      }
+      yield* connections.prune()
+      yield* Metric.update(trackedGauge, yield* trackedCount)
+      const finished = yield* Clock.currentTimeMillis
+      yield* Metric.update(scanSeconds, (finished - started) / 1000)
+      return reaped
+    })
+
+  const everyMs = scanPeriodMs(windows)
+  const reaperEnabled = Number.isFinite(everyMs)
+
+  /**
+   * The reaper loop: scans on a fixed grid, and at once when a suspect's
+   * disconnect grace runs out. A late scheduled scan judges at the time it
+   * was due.
+   */
+  const reaper = Effect.gen(function*() {
+    let due = (yield* Clock.currentTimeMillis) + everyMs
+    while (true) {
+      const now = yield* Clock.currentTimeMillis
+      const woken = yield* Effect.raceFirst(
+        Effect.as(due > now ? Effect.sleep(due - now) : Effect.void, false),
+        Effect.as(Queue.take(connections.graceExpired), true)
+      )
+      const start = yield* Clock.currentTimeMillis
+      yield* barrier.awaitReceived(BARRIER_TIMEOUT)
+      // A scheduled scan is judged at the time it was due: neither the server's own lateness (a blocked
+      // event loop, a stopped process) nor the wait for already received requests counts as silence.
+      yield* Effect.uninterruptible(scan(woken ? start : due))
+      if (!woken) {
+        due += everyMs
+        if (due <= start) due = start + everyMs
+      }
+    }
+  }).pipe(
+    Effect.catchCause((cause) => Effect.logError("reaper stopped by a defect", cause)),
+    Effect.annotateLogs({ fiber: "reaper" })
+  )
+
+  if (reaperEnabled) {
+    yield* Effect.forkScoped(reaper)
+    yield* Effect.logInfo(
+      `reaper: scanning every ${everyMs / 1000} s (reap timeout ${config.workerReapTimeoutSeconds} s, registration grace ${config.workerRegistrationGraceSeconds} s, disconnect grace ${config.workerDisconnectGraceSeconds} s)`
+    )
+  } else {
+    yield* Effect.logWarning("reaper disabled: --worker-reap-timeout-seconds and --worker-disconnect-grace-seconds are both 0")
+  }
+
+  const status = () =>
+    Effect.gen(function*() {
+      const suspects = connections.suspects()
+      const summaries = (yield* Effect.forEach(targets, (t) => t.instances())).flat()
+      const instances: Array<InstanceStatus> = summaries.map(({ details, ...s }) => ({
+        ...s,
+        state: stateOf(
+          { hasLivenessSignal: s.has_liveness_signal, hasTransferActivity: s.has_transfer_activity },
+          suspects.has(BigInt(s.instance_id))
+        ),
+        ...details
+      }))
+      const tracked = yield* trackedCount
+      yield* Metric.update(trackedGauge, tracked)
+      return {
+        worker_liveness: {
+          enabled: reaperEnabled,
+          reap_timeout_seconds: config.workerReapTimeoutSeconds,
+          registration_grace_seconds: config.workerRegistrationGraceSeconds,
+          disconnect_grace_seconds: config.workerDisconnectGraceSeconds,
+          tracked_instances: tracked
+        },
+        instances
+      }
+    })
+
+  return { scan, reaperEnabled, status }
+})
