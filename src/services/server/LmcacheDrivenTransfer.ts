@@ -27,7 +27,7 @@ import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
 import { InvalidArgument, type NotRegistered, type WireError } from "../../schema/WireError.ts"
 import { chunkRanges } from "./internal/CopyPlan.ts"
 import { row, type ServerModule } from "./Handler.ts"
-import { sameDescriptors, validateKvCaches, type LayerPlacement, type PagedKvGeometry } from "../kv/KvCacheLayout.ts"
+import { sameDescriptors, validateKvCaches, type LayerPlacement, type PagedKvGeometry, type ValidatedKvCaches } from "../kv/KvCacheLayout.ts"
 import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
 import { LayoutRegistry } from "./LayoutRegistry.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
@@ -120,62 +120,42 @@ const make = Effect.gen(function*() {
     })
   })
 
-  /** Validates a REGISTER's descriptors and maps them into `scope`, with the layout reference. */
-  const acquireContext = (
-    scope: Scope.Closeable,
-    kvCaches: ReadonlyArray<TensorDescriptor>,
-    modelName: string,
-    worldSize: number,
-    engineType: string
-  ) =>
+  /**
+   * Maps a validated KV cache's segments into `scope` and takes the model's
+   * layout reference there; each error an InvalidArgument of REGISTER.
+   */
+  const mapContext = (scope: Scope.Closeable, validated: ValidatedKvCaches, modelName: string, worldSize: number) =>
     Effect.gen(function*() {
-      if (worldSize < 1) return yield* new InvalidArgument({ message: `register_kv_cache: world_size must be ≥ 1, got ${worldSize}` })
-      // cuda_ipc descriptors need the CUDA backend (libcudart loaded at run time; DESIGN §4).
-      const cuda = kvCaches.some((d) => d.kind === "cuda_ipc") ? yield* native.cudaBackend() : undefined
-      const validated = validateKvCaches(kvCaches, chunk, cuda)
-      if ("error" in validated) return yield* new InvalidArgument({ message: `register_kv_cache: ${validated.error}` })
-      const mappings = yield* Effect.gen(function*() {
-        const out = new Map<string, ShmMapping>()
-        for (const [name, nbytes] of validated.segments) {
-          const ipc = validated.cudaIpc.get(name)
-          if (ipc !== undefined) {
-            // One IPC mapping (and stream) per distinct handle, however many layers view it.
-            out.set(name, yield* native.mapCudaIpc(ipc.ipcHandle, ipc.deviceUuid, nbytes).pipe(Scope.provide(scope)))
-            continue
-          }
-          const mapping = yield* native.map(name, nbytes).pipe(Scope.provide(scope))
-          out.set(name, mapping)
-          // Populate this mapping's page tables off the JS thread, so the first transfers do not pay
-          // a page fault per 4 KiB; the context's scope (and so a reap) waits for it like for a copy.
-          yield* native.prefault(mapping, 0, nbytes).pipe(Effect.ignore, Effect.forkIn(scope))
+      const mappings = new Map<string, ShmMapping>()
+      for (const [name, nbytes] of validated.segments) {
+        const ipc = validated.cudaIpc.get(name)
+        if (ipc !== undefined) {
+          // One IPC mapping (and stream) per distinct handle, however many layers view it.
+          mappings.set(name, yield* native.mapCudaIpc(ipc.ipcHandle, ipc.deviceUuid, nbytes).pipe(Scope.provide(scope)))
+          continue
         }
-        const { geometry } = validated
-        yield* layouts.register(modelName, worldSize, {
-          numLayers: geometry.numLayers,
-          hiddenDim: geometry.hiddenDim,
-          elementBytes: geometry.elementBytes,
-          chunkBytes: 2 * geometry.numLayers * chunk * geometry.hiddenDim * geometry.elementBytes
+        const mapping = yield* native.map(name, nbytes).pipe(Scope.provide(scope))
+        mappings.set(name, mapping)
+        // Populate this mapping's page tables off the JS thread, so the first transfers do not pay
+        // a page fault per 4 KiB; the context's scope (and so a reap) waits for it like for a copy.
+        yield* native.prefault(mapping, 0, nbytes).pipe(Effect.ignore, Effect.forkIn(scope))
+      }
+      const { geometry } = validated
+      yield* layouts.register(modelName, worldSize, {
+        numLayers: geometry.numLayers,
+        hiddenDim: geometry.hiddenDim,
+        elementBytes: geometry.elementBytes,
+        chunkBytes: 2 * geometry.numLayers * chunk * geometry.hiddenDim * geometry.elementBytes
+      })
+      yield* Scope.addFinalizer(scope, layouts.unregister(modelName, worldSize))
+      return mappings
+    }).pipe(
+      Effect.mapError((e) =>
+        e._tag === "InvalidArgument" ? new InvalidArgument({ message: `register_kv_cache: ${e.message}` }) : new InvalidArgument({
+          message: `register_kv_cache: mapping the KV cache failed: ${e.message}`
         })
-        yield* Scope.addFinalizer(scope, layouts.unregister(modelName, worldSize))
-        return out
-      }).pipe(
-        Effect.mapError((e) =>
-          e._tag === "InvalidArgument" ? new InvalidArgument({ message: `register_kv_cache: ${e.message}` }) : new InvalidArgument({
-            message: `register_kv_cache: mapping the KV cache failed: ${e.message}`
-          })
-        )
       )
-      return {
-        modelName,
-        worldSize,
-        engineType,
-        descriptors: kvCaches,
-        geometry: validated.geometry,
-        layers: validated.layers,
-        mappings,
-        scope
-      } satisfies ContextEntry
-    })
+    )
 
   const register = (
     id: InstanceId,
@@ -187,7 +167,24 @@ const make = Effect.gen(function*() {
     Effect.gen(function*() {
       const registered = yield* contexts.register(id, {
         same: (held) => sameDescriptors(held.descriptors, kvCaches) && held.modelName === modelName && held.worldSize === worldSize,
-        acquire: (scope) => acquireContext(scope, kvCaches, modelName, worldSize, engineType)
+        acquire: (scope) =>
+          Effect.gen(function*() {
+            if (worldSize < 1) return yield* new InvalidArgument({ message: `register_kv_cache: world_size must be ≥ 1, got ${worldSize}` })
+            // cuda_ipc descriptors need the CUDA backend (libcudart loaded at run time; DESIGN §4).
+            const cuda = kvCaches.some((d) => d.kind === "cuda_ipc") ? yield* native.cudaBackend() : undefined
+            const validated = validateKvCaches(kvCaches, chunk, cuda)
+            if ("error" in validated) return yield* new InvalidArgument({ message: `register_kv_cache: ${validated.error}` })
+            return {
+              modelName,
+              worldSize,
+              engineType,
+              descriptors: kvCaches,
+              geometry: validated.geometry,
+              layers: validated.layers,
+              mappings: yield* mapContext(scope, validated, modelName, worldSize),
+              scope
+            } satisfies ContextEntry
+          })
       })
       if (registered._tag === "Unchanged") {
         return yield* Effect.logInfo(`instance ${formatInstanceId(id)} already registered; refreshing liveness`)
