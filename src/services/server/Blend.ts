@@ -24,7 +24,8 @@
  *   state is released.
  * - CB_UNREGISTER_ROPE drops only the RoPE state; the KV context stays. An
  *   id without state logs a WARNING and succeeds (like UNREGISTER_KV_CACHE).
- * - Liveness: this module is a state mirror (upstream BlendModule). It
+ * - Liveness: this module is a state mirror (upstream BlendModule; the
+ *   mirror kind of the per-instance core, `InstanceModule.ts`). It
  *   answers `cb_rope` in PING_REGISTERED (`holdsInstance` = has RoPE state),
  *   tracks no liveness of its own (`touchInstance` no-op,
  *   `reapStaleInstances` → [], `trackedInstanceCount` 0 — the KV context it
@@ -81,7 +82,7 @@
  * lanes keep being served while a CB retrieve computes; a native kernel (or
  * a worker thread) is the next step if blend traffic grows.
  */
-import { Context, Effect, Exit, Layer, Metric, Scope } from "effect"
+import { Context, Effect, Layer, Metric, Scope } from "effect"
 import { ServerConfig } from "./ServerConfig.ts"
 import { type NativeError, NativeMemory, type ShmMapping } from "../../native/Native.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
@@ -95,7 +96,8 @@ import { row, type ServerModule } from "./Handler.ts"
 import { sameDescriptors, type PagedKvGeometry } from "../kv/KvCacheLayout.ts"
 import type { ReadHandle } from "./L1Store.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
-import { LmcacheDrivenTransfer } from "./LmcacheDrivenTransfer.ts"
+import { makeMirroredInstances } from "./InstanceModule.ts"
+import { type ContextEntry, LmcacheDrivenTransfer } from "./LmcacheDrivenTransfer.ts"
 import { Lookup } from "./Lookup.ts"
 import {
   isRotatableDtype,
@@ -288,24 +290,52 @@ const make = Effect.gen(function*() {
   const native = yield* NativeMemory
   const transfer = yield* LmcacheDrivenTransfer
   const lookup = yield* Lookup
-  const moduleScope = yield* Effect.scope
   const chunk = config.chunkSizeTokens
-  /** RoPE state by instance id. Every read and write is synchronous, hence atomic. */
-  const states = new Map<bigint, RopeState>()
-
-  /** The one finalizer of a state: unregister, replace, reap and shutdown all come here (after a pop). */
-  const release = (state: RopeState) => Scope.close(state.scope, Exit.void)
-
-  const pop = (id: InstanceId) =>
-    Effect.sync(() => {
-      const state = states.get(id)
-      states.delete(id)
-      return state
-    })
+  /** RoPE state by instance id: a state mirror of the kv_cache context (see the module header). */
+  const states = yield* makeMirroredInstances<RopeState>({
+    name: "blend",
+    kind: "cb_rope",
+    missing: "has no CB RoPE state",
+    remedy: "send cb_register_rope",
+    dropped: (idText) => `dropped CB rope state for reaped instance ${idText}`
+  })
 
   const noKvContext = (op: string, id: InstanceId) =>
     new NotRegistered({
       message: `${op}: instance ${formatInstanceId(id)} holds no LMCache-driven kv_cache context (never registered, unregistered or reaped); register_kv_cache first`
+    })
+
+  /** Validates the tables against the KV context `entry` and maps them into `scope`. */
+  const acquireRope = (
+    scope: Scope.Closeable,
+    entry: ContextEntry,
+    request: Omit<RopeState, "rope" | "mappings" | "scope">
+  ) =>
+    Effect.gen(function*() {
+      const op = "cb_register_rope"
+      const { descriptors: caches, headSize } = request
+      const rope = validateRope(caches, headSize, request.groupToCache, request.groupRot)
+      if ("error" in rope) return yield* new InvalidArgument({ message: `${op}: ${rope.error}` })
+      const compatible = kvCompatibility(headSize, entry.geometry)
+      if ("error" in compatible) return yield* new InvalidArgument({ message: `${op}: ${compatible.error}` })
+      const mappings = new Map<string, ShmMapping>()
+      for (const [name, nbytes] of rope.segments) {
+        const field = `cos_sin_caches[${caches.findIndex((d) => d.shm_name === name)}]`
+        mappings.set(
+          name,
+          yield* native.map(name, nbytes).pipe(
+            Scope.provide(scope),
+            Effect.mapError((e) =>
+              new InvalidArgument({
+                message: e._tag === "InvalidArgument"
+                  ? `${op}: ${field}: ${e.message}`
+                  : `${op}: ${field}: mapping the cos/sin table failed: ${e.message}`
+              })
+            )
+          )
+        )
+      }
+      return { ...request, rope, mappings, scope } satisfies RopeState
     })
 
   const registerRope = (
@@ -320,70 +350,33 @@ const make = Effect.gen(function*() {
       const op = "cb_register_rope"
       const entry = yield* transfer.contextOf(id)
       if (entry === undefined) return yield* noKvContext(op, id)
-      const existing = states.get(id)
-      if (
-        existing !== undefined && sameDescriptors(existing.descriptors, caches) && existing.headSize === headSize &&
-        existing.isNeoxStyle === isNeoxStyle && sameList(existing.groupToCache, groupToCache) &&
-        sameList(existing.groupRot, groupRot)
-      ) {
+      const registered = yield* states.register(id, {
+        same: (held) =>
+          sameDescriptors(held.descriptors, caches) && held.headSize === headSize && held.isNeoxStyle === isNeoxStyle &&
+          sameList(held.groupToCache, groupToCache) && sameList(held.groupRot, groupRot),
+        acquire: (scope) => acquireRope(scope, entry, { descriptors: caches, headSize, isNeoxStyle, groupToCache, groupRot })
+      })
+      if (registered._tag === "Unchanged") {
         return yield* Effect.logInfo(`instance ${formatInstanceId(id)} already has this CB RoPE state; unchanged`)
       }
-      const rope = validateRope(caches, headSize, groupToCache, groupRot)
-      if ("error" in rope) return yield* new InvalidArgument({ message: `${op}: ${rope.error}` })
-      const compatible = kvCompatibility(headSize, entry.geometry)
-      if ("error" in compatible) return yield* new InvalidArgument({ message: `${op}: ${compatible.error}` })
-      const scope = yield* Scope.fork(moduleScope)
-      const mappings = yield* Effect.gen(function*() {
-        const out = new Map<string, ShmMapping>()
-        for (const [name, nbytes] of rope.segments) {
-          const field = `cos_sin_caches[${caches.findIndex((d) => d.shm_name === name)}]`
-          out.set(
-            name,
-            yield* native.map(name, nbytes).pipe(
-              Scope.provide(scope),
-              Effect.mapError((e) =>
-                new InvalidArgument({
-                  message: e._tag === "InvalidArgument"
-                    ? `${op}: ${field}: ${e.message}`
-                    : `${op}: ${field}: mapping the cos/sin table failed: ${e.message}`
-                })
-              )
-            )
-          )
-        }
-        return out
-      }).pipe(Effect.onError(() => Scope.close(scope, Exit.void)))
-      const state: RopeState = { descriptors: caches, headSize, isNeoxStyle, groupToCache, groupRot, rope, mappings, scope }
-      const previous = yield* Effect.sync(() => {
-        const before = states.get(id)
-        states.set(id, state)
-        return before
-      })
-      if (previous !== undefined) yield* release(previous)
       // A reap may have popped the KV context while the tables were mapped: see the module header.
       if ((yield* transfer.contextOf(id)) === undefined) {
-        yield* Effect.sync(() => {
-          if (states.get(id) === state) states.delete(id)
-        })
-        yield* release(state)
+        yield* states.withdraw(id, registered.entry)
         return yield* noKvContext(op, id)
       }
+      const { rope } = registered.entry
       const shapes = rope.tables.map((t) => `[${t.maxPosition}, ${t.rotaryDim}]`).join(", ")
       yield* Effect.logInfo(
-        `${previous === undefined ? "registered" : "replaced"} CB RoPE state for instance ${formatInstanceId(id)}: ` +
+        `${registered.replaced === undefined ? "registered" : "replaced"} CB RoPE state for instance ${formatInstanceId(id)}: ` +
           `cos/sin table(s) ${shapes} float32, head size ${headSize}, ${isNeoxStyle ? "neox" : "GPT-J"} style, ${rope.groups.length} KV group(s)`
       )
     })
 
   const unregisterRope = (id: InstanceId) =>
-    Effect.gen(function*() {
-      const state = yield* pop(id)
-      if (state === undefined) {
-        return yield* Effect.logWarning(`cb_unregister_rope: no CB RoPE state found for instance ${formatInstanceId(id)}`)
-      }
-      yield* release(state)
-      yield* Effect.logInfo(`unregistered CB RoPE state of instance ${formatInstanceId(id)}`)
-    })
+    Effect.flatMap(states.unregister(id), (released) =>
+      released === undefined
+        ? Effect.logWarning(`cb_unregister_rope: no CB RoPE state found for instance ${formatInstanceId(id)}`)
+        : Effect.logInfo(`unregistered CB RoPE state of instance ${formatInstanceId(id)}`))
 
   /** cos/sin rows |Δ| of `state`'s table `cacheIndex`, read from its mapping: |Δ| → `rotary_dim` float32 values. */
   const readRows = (state: RopeState, cacheIndex: number, shifts: ReadonlyArray<number>) =>
@@ -407,12 +400,7 @@ const make = Effect.gen(function*() {
     Effect.gen(function*() {
       const op = "cb_retrieve_pre_computed"
       const entry = yield* transfer.resolveContext(op, id)
-      const state = states.get(id)
-      if (state === undefined) {
-        return yield* new NotRegistered({
-          message: `${op}: instance ${formatInstanceId(id)} has no CB RoPE state (never registered, unregistered or reaped); send cb_register_rope`
-        })
-      }
+      const state = yield* states.resolveForTransfer(op, id)
       const rank = key.worker_id
       if (rank === null) return yield* new InvalidArgument({ message: `${op}: key.worker_id is nil; a ${op} names the kv rank it moves` })
       const g = entry.geometry
@@ -464,14 +452,14 @@ const make = Effect.gen(function*() {
           : readRows(state, group.cacheIndex, shifts)
         const rows = yield* read.pipe(
           // The table's mapping closes when the state is unregistered, replaced or dropped on another lane meanwhile.
-          Effect.catch((e): Effect.Effect<undefined, WireError> => {
-            const current = states.get(id)
-            return current === undefined
-              ? Effect.fail(new NotRegistered({ message: `${op}: the CB RoPE state of instance ${formatInstanceId(id)} was released during the retrieve` }))
-              : current !== state
-              ? Effect.as(Effect.logWarning(`${op}: the CB RoPE state was replaced during the retrieve; nothing written`), undefined)
-              : Effect.fail(new InvalidArgument({ message: `${op}: reading cos_sin_caches[${group.cacheIndex}] failed: ${e.message}` }))
-          })
+          Effect.catch((e) =>
+            Effect.flatMap(states.get(id), (current): Effect.Effect<undefined, WireError> =>
+              current === undefined
+                ? Effect.fail(new NotRegistered({ message: `${op}: the CB RoPE state of instance ${formatInstanceId(id)} was released during the retrieve` }))
+                : current !== state
+                ? Effect.as(Effect.logWarning(`${op}: the CB RoPE state was replaced during the retrieve; nothing written`), undefined)
+                : Effect.fail(new InvalidArgument({ message: `${op}: reading cos_sin_caches[${group.cacheIndex}] failed: ${e.message}` })))
+          )
         )
         if (rows === undefined) return false
         // 3. Rotate K into a staging buffer and plan the copies: segment → source buffer → ranges.
@@ -552,33 +540,8 @@ const make = Effect.gen(function*() {
       }).pipe(Effect.ensuring(Effect.sync(() => handles.forEach((h) => lookup.release(h)))))
     })
 
-  const ropeInstances = () => [...states.keys()].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0)) as Array<InstanceId>
-
-  const target: LivenessTarget = {
-    name: "blend",
-    kind: "cb_rope",
-    touchInstance: () => Effect.void,
-    holdsInstance: (id) => Effect.sync(() => states.has(id)),
-    reapStaleInstances: () => Effect.succeed([]),
-    trackedInstanceCount: () => Effect.succeed(0),
-    dropInstanceState: (id) =>
-      Effect.gen(function*() {
-        const state = yield* pop(id)
-        if (state === undefined) return
-        yield* release(state)
-        yield* Effect.logInfo(`dropped CB rope state for reaped instance ${formatInstanceId(id)}`)
-      }),
-    instances: () => Effect.succeed([])
-  }
-
-  // Server shutdown: release every state through the same finalizer.
-  yield* Effect.addFinalizer(() =>
-    Effect.suspend(() => {
-      const all = [...states.values()]
-      states.clear()
-      return Effect.forEach(all, release, { discard: true })
-    })
-  )
+  const ropeInstances = () => [...states.ids()].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0))
+  const target = states.target
 
   const status = () => Effect.sync(() => ({ blend: { rope_instances: ropeInstances().map(formatInstanceId) } }))
   const module: ServerModule = {
@@ -598,7 +561,7 @@ const make = Effect.gen(function*() {
     registerRope,
     unregisterRope,
     retrievePreComputed,
-    hasRope: (id: InstanceId) => Effect.sync(() => states.has(id)),
+    hasRope: states.isRegistered,
     ropeInstances,
     status,
     target,

@@ -20,10 +20,12 @@
  * same payload only refreshes last_seen; a different payload is refused
  * (`invalid_argument`: a process never inherits another's context).
  *
- * **The pair.** One InstanceRegistry entry holds the context *and* its
- * strategy, so they are inserted and removed in one transaction (upstream
- * inserts and pops `_contexts[id]` and `_strategies[id]` under one lock): a
- * reap racing a re-register can never leave a context without its strategy.
+ * **The pair.** One entry of the module's per-instance core
+ * (`InstanceModule.ts`, tracked: an InstanceRegistry) holds the context
+ * *and* its strategy, so they are inserted and removed in one transaction
+ * (upstream inserts and pops `_contexts[id]` and `_strategies[id]` under one
+ * lock): a reap racing a re-register can never leave a context without its
+ * strategy.
  * The entry owns a child Scope of the module's scope; UNREGISTER, a reap and
  * server shutdown all release it by closing that Scope — one finalizer, run
  * once — which closes the strategy (aborting its pending write reservations,
@@ -81,7 +83,7 @@
  *   `{success: false, data: empty, context: {}}` with nothing locked.
  * - COMMIT_RETRIEVE releases them → true; false when none are pending.
  */
-import { Clock, Context, Effect, Exit, Layer, Metric, Scope } from "effect"
+import { Context, Effect, Layer, Metric, Scope } from "effect"
 import { type EngineDrivenTransport, ServerConfig } from "./ServerConfig.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import { dtypeBytes } from "../../schema/Dtype.ts"
@@ -101,13 +103,13 @@ import {
   RegisterKvCacheEngineDrivenContext,
   UnregisterKvCacheEngineDrivenContext
 } from "../../schema/Op.ts"
-import { InvalidArgument, NotRegistered, type WireError } from "../../schema/WireError.ts"
+import { InvalidArgument, type WireError } from "../../schema/WireError.ts"
 import { type EngineDrivenLayout, validateLayout } from "../kv/EngineDrivenLayout.ts"
 import { row, type ServerModule } from "./Handler.ts"
-import { makeInstanceRegistry, type Tracked } from "../liveness/InstanceRegistry.ts"
 import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
 import { type KvLayout, LayoutRegistry } from "./LayoutRegistry.ts"
-import { registryTarget, type InstanceSummary, type LivenessTarget } from "../liveness/LivenessTarget.ts"
+import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
+import { makeTrackedInstances } from "./InstanceModule.ts"
 import { Lookup, objectKeysOf } from "./Lookup.ts"
 import type { ObjectKey } from "./ObjectKey.ts"
 import { chunkHashes } from "../kv/TokenHasher.ts"
@@ -443,9 +445,7 @@ const make = Effect.gen(function*() {
   const l1 = yield* L1Store
   const lookup = yield* Lookup
   const layouts = yield* LayoutRegistry
-  const moduleScope = yield* Effect.scope
   const chunk = config.chunkSizeTokens
-  const registry = yield* makeInstanceRegistry<EngineDrivenContext>()
   const pool = l1.pool
   const transport: EngineDrivenTransport = pool === undefined ? "inline" : config.engineDrivenTransport
   if (pool === undefined && config.engineDrivenTransport === "shm") {
@@ -455,32 +455,34 @@ const make = Effect.gen(function*() {
     ? { shm_name: pool.shmName, pool_size: pool.sizeBytes }
     : { shm_name: "", pool_size: 0 }
 
-  const notRegistered = (op: string, id: InstanceId) =>
-    new NotRegistered({
-      message: `${op}: instance ${formatInstanceId(id)} has no engine-driven context (never registered, unregistered or reaped); register it again`
+  const contexts = yield* makeTrackedInstances<EngineDrivenContext>({
+    name: "engine_driven_transfer",
+    kind: "engine_driven",
+    registerOp: REGISTER,
+    differs: "a different context (model, world size or layout)",
+    missing: "has no engine-driven context",
+    remedy: "register it again",
+    details: ({ layout, registration: r, strategy }) => ({
+      model_name: r.model_name,
+      world_size: r.world_size,
+      transport: strategy.transport,
+      layout: {
+        num_layers: layout.numLayers,
+        hidden_dim_size: layout.hiddenDim,
+        block_size: layout.blockSizeTokens,
+        dtype: layout.dtype,
+        use_mla: layout.useMla,
+        object_shape: layout.objectShape,
+        chunk_bytes: layout.chunkBytes
+      },
+      pending_stores: strategy.pendingStores().requests,
+      pending_retrieves: strategy.pendingRetrieves().requests
     })
+  })
 
-  /** The one finalizer of a context: UNREGISTER, reap and shutdown all come here. */
-  const release = (entry: EngineDrivenContext) => Scope.close(entry.scope, Exit.void)
-
-  const register = (p: RegisterEngineDrivenContext) =>
+  /** Validates a REGISTER's layout and builds the pair in `scope`: the layout reference, then the strategy. */
+  const acquireContext = (scope: Scope.Closeable, p: RegisterEngineDrivenContext) =>
     Effect.gen(function*() {
-      const id = p.instance_id
-      const idText = formatInstanceId(id)
-      const now = yield* Clock.currentTimeMillis
-      const existing = yield* registry.get(id)
-      if (existing !== undefined) {
-        if (!sameRegistration(existing.resource.registration, p)) {
-          return yield* new InvalidArgument({
-            message: `${REGISTER}: instance ${idText} is already registered with a different context (model, world size or layout); unregister it first (a process never inherits another's context)`
-          })
-        }
-        if ((yield* registry.refresh(id, now)) !== undefined) {
-          yield* Effect.logInfo(`engine-driven instance ${idText} already registered; refreshing liveness`)
-          return poolAnswer
-        }
-        // Reaped between the look-up and the refresh: register it anew.
-      }
       const layout = validateLayout(p, chunk, l1.stats().capacityBytes)
       if ("error" in layout) return yield* new InvalidArgument({ message: `${REGISTER}: ${layout.error}` })
       const kvLayout: KvLayout = {
@@ -497,16 +499,25 @@ const make = Effect.gen(function*() {
           message: `${REGISTER}: num_layers, hidden_dim_size, dtype_str, use_mla: model ${p.model_name} (world size ${p.world_size}) is registered with ${known.numLayers} layers × ${known.hiddenDim} of ${known.elementBytes}-byte elements (${known.chunkBytes}-byte chunks); this context describes ${kvLayout.numLayers} × ${kvLayout.hiddenDim} of ${kvLayout.elementBytes} bytes (${kvLayout.chunkBytes}-byte chunks)`
         })
       }
-      const scope = yield* Scope.fork(moduleScope)
       yield* layouts.register(p.model_name, p.world_size, kvLayout)
       yield* Scope.addFinalizer(scope, layouts.unregister(p.model_name, p.world_size))
-      const strategy = makeTransferStrategy(transport, layout, l1, lookup, `engine-driven instance ${idText}`)
+      const strategy = makeTransferStrategy(transport, layout, l1, lookup, `engine-driven instance ${formatInstanceId(p.instance_id)}`)
       yield* Scope.addFinalizer(scope, strategy.release)
-      const inserted = yield* registry.insert(id, { registration: p, layout, strategy, scope }, now)
-      if (!inserted) {
-        yield* Scope.close(scope, Exit.void)
-        return yield* new InvalidArgument({ message: `${REGISTER}: instance ${idText} was registered concurrently` })
+      return { registration: p, layout, strategy, scope } satisfies EngineDrivenContext
+    })
+
+  const register = (p: RegisterEngineDrivenContext) =>
+    Effect.gen(function*() {
+      const idText = formatInstanceId(p.instance_id)
+      const registered = yield* contexts.register(p.instance_id, {
+        same: (held) => sameRegistration(held.registration, p),
+        acquire: (scope) => acquireContext(scope, p)
+      })
+      if (registered._tag === "Unchanged") {
+        yield* Effect.logInfo(`engine-driven instance ${idText} already registered; refreshing liveness`)
+        return poolAnswer
       }
+      const { layout } = registered.entry
       yield* Effect.logInfo(
         `registered engine-driven instance ${idText}: model ${p.model_name}, world size ${p.world_size}, chunk object [${layout.objectShape.join(", ")}] ${layout.dtype} (${layout.chunkBytes} bytes), block size ${layout.blockSizeTokens}, transport ${transport}`
       )
@@ -514,22 +525,10 @@ const make = Effect.gen(function*() {
     })
 
   const unregister = (id: InstanceId) =>
-    Effect.gen(function*() {
-      const tracked = yield* registry.pop(id)
-      if (tracked === undefined) {
-        return yield* Effect.logWarning(`unregister: no engine-driven context found for instance ${formatInstanceId(id)}`)
-      }
-      yield* release(tracked.resource)
-      yield* Effect.logInfo(`unregistered engine-driven instance ${formatInstanceId(id)}`)
-    })
-
-  /** The context for a transfer: refreshes last_seen and latches transfer activity; NotRegistered when none. */
-  const resolveForTransfer = (op: string, id: InstanceId) =>
-    Effect.gen(function*() {
-      const tracked = yield* registry.resolveForTransfer(id, yield* Clock.currentTimeMillis)
-      if (tracked === undefined) return yield* notRegistered(op, id)
-      return tracked.resource
-    })
+    Effect.flatMap(contexts.unregister(id), (released) =>
+      released === undefined
+        ? Effect.logWarning(`unregister: no engine-driven context found for instance ${formatInstanceId(id)}`)
+        : Effect.logInfo(`unregistered engine-driven instance ${formatInstanceId(id)}`))
 
   /** The object keys of the key's complete chunks, after the key's checks (fail closed, nothing touched). */
   const objectKeysFor = (op: string, entry: EngineDrivenContext, key: CacheKey) =>
@@ -555,91 +554,59 @@ const make = Effect.gen(function*() {
 
   const prepareStore = (key: CacheKey, id: InstanceId) =>
     Effect.gen(function*() {
-      const entry = yield* resolveForTransfer(PrepareStore.name, id)
+      const entry = yield* contexts.resolveForTransfer(PrepareStore.name, id)
       const objectKeys = yield* objectKeysFor(PrepareStore.name, entry, key)
       const answer = yield* entry.strategy.prepareStore(pendingKeyOf(key), objectKeys)
-      if (answer === undefined) return yield* notRegistered(PrepareStore.name, id)
+      if (answer === undefined) return yield* contexts.notRegistered(PrepareStore.name, id)
       return answer
     })
 
   const commitStore = (key: CacheKey, id: InstanceId, cpuData: Uint8Array) =>
     Effect.gen(function*() {
-      const entry = yield* resolveForTransfer(CommitStore.name, id)
+      const entry = yield* contexts.resolveForTransfer(CommitStore.name, id)
       const ok = yield* entry.strategy.commitStore(pendingKeyOf(key), cpuData)
-      if (ok === undefined) return yield* notRegistered(CommitStore.name, id)
+      if (ok === undefined) return yield* contexts.notRegistered(CommitStore.name, id)
       return ok
     })
 
   const prepareRetrieve = (key: CacheKey, id: InstanceId) =>
     Effect.gen(function*() {
-      const entry = yield* resolveForTransfer(PrepareRetrieve.name, id)
+      const entry = yield* contexts.resolveForTransfer(PrepareRetrieve.name, id)
       const objectKeys = yield* objectKeysFor(PrepareRetrieve.name, entry, key)
       const answer = yield* entry.strategy.prepareRetrieve(pendingKeyOf(key), key.request_id, objectKeys)
-      if (answer === undefined) return yield* notRegistered(PrepareRetrieve.name, id)
+      if (answer === undefined) return yield* contexts.notRegistered(PrepareRetrieve.name, id)
       return answer
     })
 
   const commitRetrieve = (key: CacheKey, id: InstanceId) =>
     Effect.gen(function*() {
-      const entry = yield* resolveForTransfer(CommitRetrieve.name, id)
+      const entry = yield* contexts.resolveForTransfer(CommitRetrieve.name, id)
       const ok = yield* entry.strategy.commitRetrieve(pendingKeyOf(key))
-      if (ok === undefined) return yield* notRegistered(CommitRetrieve.name, id)
+      if (ok === undefined) return yield* contexts.notRegistered(CommitRetrieve.name, id)
       return ok
     })
 
-  const summary = (t: Tracked<EngineDrivenContext>, now: number): InstanceSummary => {
-    const { layout, registration: r, strategy } = t.resource
-    return {
-      instance_id: formatInstanceId(t.id),
-      kind: "engine_driven",
-      last_seen_age_seconds: Math.max(0, (now - t.lastSeenMs) / 1000),
-      has_liveness_signal: t.hasLivenessSignal,
-      has_transfer_activity: t.hasTransferActivity,
-      details: {
-        model_name: r.model_name,
-        world_size: r.world_size,
-        transport: strategy.transport,
-        layout: {
-          num_layers: layout.numLayers,
-          hidden_dim_size: layout.hiddenDim,
-          block_size: layout.blockSizeTokens,
-          dtype: layout.dtype,
-          use_mla: layout.useMla,
-          object_shape: layout.objectShape,
-          chunk_bytes: layout.chunkBytes
-        },
-        pending_stores: strategy.pendingStores().requests,
-        pending_retrieves: strategy.pendingRetrieves().requests
-      }
-    }
-  }
-
-  const target = registryTarget({ name: "engine_driven_transfer", kind: "engine_driven", registry, release, summary })
-
+  const target = contexts.target
 
   const status = () =>
     Effect.gen(function*() {
       let stores = 0
       let retrieves = 0
-      for (const t of yield* registry.snapshot()) {
-        stores += t.resource.strategy.pendingStores().requests
-        retrieves += t.resource.strategy.pendingRetrieves().requests
+      const all = yield* contexts.entries()
+      for (const { strategy } of all) {
+        stores += strategy.pendingStores().requests
+        retrieves += strategy.pendingRetrieves().requests
       }
       return {
         engine_driven: {
           transport,
           pool: poolAnswer.shm_name === "" ? null : poolAnswer.shm_name,
-          contexts: yield* registry.size(),
+          contexts: all.length,
           pending_stores: stores,
           pending_retrieves: retrieves
         }
       }
     })
-
-  // Server shutdown: release every context through the same finalizer.
-  yield* Effect.addFinalizer(() =>
-    Effect.flatMap(registry.popAll(), (all) => Effect.forEach(all, (t) => release(t.resource), { discard: true }))
-  )
 
   const module: ServerModule = {
     name: "engine_driven_transfer",
@@ -662,7 +629,7 @@ const make = Effect.gen(function*() {
     commitStore,
     prepareRetrieve,
     commitRetrieve,
-    contextOf: (id: InstanceId) => Effect.map(registry.get(id), (t) => t?.resource),
+    contextOf: contexts.get,
     transport,
     target,
     status,

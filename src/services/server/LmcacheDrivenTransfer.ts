@@ -4,30 +4,34 @@
  * allocations, one descriptor per layer); the server maps it and copies
  * chunks between those blocks and L1 on STORE and RETRIEVE, off the JS thread.
  *
- * Each registered context owns a child Scope of the module's scope: its
- * mappings and its layout reference are acquired into it, and UNREGISTER,
- * a reap and server shutdown all release it by closing that Scope — one
- * finalizer, run once. Closing waits for copies in flight on its mappings.
+ * Each registered context is an entry of the module's per-instance core
+ * (`InstanceModule.ts`, tracked): it owns a child Scope of the module's
+ * scope, into which its mappings and its layout reference are acquired, and
+ * UNREGISTER, a reap and server shutdown all release it by closing that
+ * Scope — one finalizer, run once. Closing waits for copies in flight on its
+ * mappings. A REGISTER of a held id with the same descriptors, model and
+ * world size only refreshes last_seen; with others it is refused
+ * (`invalid_argument`, DESIGN §5).
  *
  * REGISTER and UNREGISTER run on the SYNC lane (one at a time), so the
  * check-then-insert of REGISTER cannot interleave with another REGISTER or
- * UNREGISTER; lookups and pops of the entry map are synchronous.
+ * UNREGISTER (a reap can: the core handles it).
  */
-import { Clock, Context, Effect, Exit, Layer, Metric, Scope } from "effect"
+import { Context, Effect, Exit, Layer, Metric, Scope } from "effect"
 import { ServerConfig } from "./ServerConfig.ts"
 import { type CopyPart, NativeMemory, type ShmMapping } from "../../native/Native.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import { RegisterKvCache, Retrieve, Store, UnregisterKvCache } from "../../schema/Op.ts"
 import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
-import { InvalidArgument, NotRegistered, type WireError } from "../../schema/WireError.ts"
+import { InvalidArgument, type NotRegistered, type WireError } from "../../schema/WireError.ts"
 import { chunkRanges } from "./internal/CopyPlan.ts"
 import { row, type ServerModule } from "./Handler.ts"
-import { sameDescriptors, validateKvCaches, type LayerPlacement, type PagedKvGeometry } from "../kv/KvCacheLayout.ts"
+import { sameDescriptors, validateKvCaches, type LayerPlacement, type PagedKvGeometry, type ValidatedKvCaches } from "../kv/KvCacheLayout.ts"
 import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
 import { LayoutRegistry } from "./LayoutRegistry.ts"
-import { makeInstanceRegistry, type Tracked } from "../liveness/InstanceRegistry.ts"
-import { registryTarget, type InstanceSummary, type LivenessTarget } from "../liveness/LivenessTarget.ts"
+import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
+import { makeTrackedInstances } from "./InstanceModule.ts"
 import { Lookup, objectKeysOf } from "./Lookup.ts"
 import { chunkHashes } from "../kv/TokenHasher.ts"
 
@@ -92,25 +96,66 @@ const make = Effect.gen(function*() {
   const l1 = yield* L1Store
   const lookup = yield* Lookup
   const layouts = yield* LayoutRegistry
-  const moduleScope = yield* Effect.scope
   const chunk = config.chunkSizeTokens
-  const registry = yield* makeInstanceRegistry<ContextEntry>()
-
-  const notRegistered = (op: string, id: InstanceId) =>
-    new NotRegistered({
-      message: `${op}: instance ${formatInstanceId(id)} is not registered (never registered, unregistered or reaped); register it again`
+  const contexts = yield* makeTrackedInstances<ContextEntry>({
+    name: "lmcache_driven_transfer",
+    kind: "kv_cache",
+    registerOp: RegisterKvCache.name,
+    differs: "different memory or model",
+    missing: "is not registered",
+    remedy: "register it again",
+    details: (e) => ({
+      model_name: e.modelName,
+      world_size: e.worldSize,
+      engine_type: e.engineType,
+      layout: {
+        num_layers: e.geometry.numLayers,
+        num_blocks: e.geometry.numBlocks,
+        block_size: e.geometry.blockSizeTokens,
+        num_heads: e.geometry.numHeads,
+        head_size: e.geometry.headSize,
+        dtype: e.geometry.dtype,
+        segments: [...e.mappings.keys()]
+      }
     })
+  })
 
-  /** The entry for a transfer; refreshes last_seen and latches transfer activity. */
-  const resolveForTransfer = (op: string, id: InstanceId) =>
+  /**
+   * Maps a validated KV cache's segments into `scope` and takes the model's
+   * layout reference there; each error an InvalidArgument of REGISTER.
+   */
+  const mapContext = (scope: Scope.Closeable, validated: ValidatedKvCaches, modelName: string, worldSize: number) =>
     Effect.gen(function*() {
-      const tracked = yield* registry.resolveForTransfer(id, yield* Clock.currentTimeMillis)
-      if (tracked === undefined) return yield* notRegistered(op, id)
-      return tracked.resource
-    })
-
-  /** The one finalizer of a context: UNREGISTER, reap and shutdown all come here. */
-  const release = (entry: ContextEntry) => Scope.close(entry.scope, Exit.void)
+      const mappings = new Map<string, ShmMapping>()
+      for (const [name, nbytes] of validated.segments) {
+        const ipc = validated.cudaIpc.get(name)
+        if (ipc !== undefined) {
+          // One IPC mapping (and stream) per distinct handle, however many layers view it.
+          mappings.set(name, yield* native.mapCudaIpc(ipc.ipcHandle, ipc.deviceUuid, nbytes).pipe(Scope.provide(scope)))
+          continue
+        }
+        const mapping = yield* native.map(name, nbytes).pipe(Scope.provide(scope))
+        mappings.set(name, mapping)
+        // Populate this mapping's page tables off the JS thread, so the first transfers do not pay
+        // a page fault per 4 KiB; the context's scope (and so a reap) waits for it like for a copy.
+        yield* native.prefault(mapping, 0, nbytes).pipe(Effect.ignore, Effect.forkIn(scope))
+      }
+      const { geometry } = validated
+      yield* layouts.register(modelName, worldSize, {
+        numLayers: geometry.numLayers,
+        hiddenDim: geometry.hiddenDim,
+        elementBytes: geometry.elementBytes,
+        chunkBytes: 2 * geometry.numLayers * chunk * geometry.hiddenDim * geometry.elementBytes
+      })
+      yield* Scope.addFinalizer(scope, layouts.unregister(modelName, worldSize))
+      return mappings
+    }).pipe(
+      Effect.mapError((e) =>
+        e._tag === "InvalidArgument" ? new InvalidArgument({ message: `register_kv_cache: ${e.message}` }) : new InvalidArgument({
+          message: `register_kv_cache: mapping the KV cache failed: ${e.message}`
+        })
+      )
+    )
 
   const register = (
     id: InstanceId,
@@ -120,87 +165,41 @@ const make = Effect.gen(function*() {
     engineType: string
   ) =>
     Effect.gen(function*() {
-      const now = yield* Clock.currentTimeMillis
-      const existing = (yield* registry.get(id))?.resource
-      if (existing !== undefined) {
-        if (
-          sameDescriptors(existing.descriptors, kvCaches) && existing.modelName === modelName &&
-          existing.worldSize === worldSize
-        ) {
-          yield* registry.refresh(id, now)
-          return yield* Effect.logInfo(`instance ${formatInstanceId(id)} already registered; refreshing liveness`)
-        }
-        return yield* new InvalidArgument({
-          message: `register_kv_cache: instance ${formatInstanceId(id)} is already registered with different memory or model; unregister it first (a process never inherits another's context)`
-        })
-      }
-      if (worldSize < 1) return yield* new InvalidArgument({ message: `register_kv_cache: world_size must be ≥ 1, got ${worldSize}` })
-      // cuda_ipc descriptors need the CUDA backend (libcudart loaded at run time; DESIGN §4).
-      const cuda = kvCaches.some((d) => d.kind === "cuda_ipc") ? yield* native.cudaBackend() : undefined
-      const validated = validateKvCaches(kvCaches, chunk, cuda)
-      if ("error" in validated) return yield* new InvalidArgument({ message: `register_kv_cache: ${validated.error}` })
-      const scope = yield* Scope.fork(moduleScope)
-      const built = yield* Effect.gen(function*() {
-        const mappings = new Map<string, ShmMapping>()
-        for (const [name, nbytes] of validated.segments) {
-          const ipc = validated.cudaIpc.get(name)
-          if (ipc !== undefined) {
-            // One IPC mapping (and stream) per distinct handle, however many layers view it.
-            mappings.set(name, yield* native.mapCudaIpc(ipc.ipcHandle, ipc.deviceUuid, nbytes).pipe(Scope.provide(scope)))
-            continue
-          }
-          const mapping = yield* native.map(name, nbytes).pipe(Scope.provide(scope))
-          mappings.set(name, mapping)
-          // Populate this mapping's page tables off the JS thread, so the first transfers do not pay
-          // a page fault per 4 KiB; the context's scope (and so a reap) waits for it like for a copy.
-          yield* native.prefault(mapping, 0, nbytes).pipe(Effect.ignore, Effect.forkIn(scope))
-        }
-        const { geometry } = validated
-        yield* layouts.register(modelName, worldSize, {
-          numLayers: geometry.numLayers,
-          hiddenDim: geometry.hiddenDim,
-          elementBytes: geometry.elementBytes,
-          chunkBytes: 2 * geometry.numLayers * chunk * geometry.hiddenDim * geometry.elementBytes
-        })
-        yield* Scope.addFinalizer(scope, layouts.unregister(modelName, worldSize))
-        return mappings
-      }).pipe(
-        Effect.mapError((e) =>
-          e._tag === "InvalidArgument" ? new InvalidArgument({ message: `register_kv_cache: ${e.message}` }) : new InvalidArgument({
-            message: `register_kv_cache: mapping the KV cache failed: ${e.message}`
+      const registered = yield* contexts.register(id, {
+        same: (held) => sameDescriptors(held.descriptors, kvCaches) && held.modelName === modelName && held.worldSize === worldSize,
+        acquire: (scope) =>
+          Effect.gen(function*() {
+            if (worldSize < 1) return yield* new InvalidArgument({ message: `register_kv_cache: world_size must be ≥ 1, got ${worldSize}` })
+            // cuda_ipc descriptors need the CUDA backend (libcudart loaded at run time; DESIGN §4).
+            const cuda = kvCaches.some((d) => d.kind === "cuda_ipc") ? yield* native.cudaBackend() : undefined
+            const validated = validateKvCaches(kvCaches, chunk, cuda)
+            if ("error" in validated) return yield* new InvalidArgument({ message: `register_kv_cache: ${validated.error}` })
+            return {
+              modelName,
+              worldSize,
+              engineType,
+              descriptors: kvCaches,
+              geometry: validated.geometry,
+              layers: validated.layers,
+              mappings: yield* mapContext(scope, validated, modelName, worldSize),
+              scope
+            } satisfies ContextEntry
           })
-        ),
-        Effect.onError(() => Scope.close(scope, Exit.void))
-      )
-      const inserted = yield* registry.insert(id, {
-        modelName,
-        worldSize,
-        engineType,
-        descriptors: kvCaches,
-        geometry: validated.geometry,
-        layers: validated.layers,
-        mappings: built,
-        scope
-      }, now)
-      if (!inserted) {
-        yield* Scope.close(scope, Exit.void)
-        return yield* new InvalidArgument({ message: `register_kv_cache: instance ${formatInstanceId(id)} was registered concurrently` })
+      })
+      if (registered._tag === "Unchanged") {
+        return yield* Effect.logInfo(`instance ${formatInstanceId(id)} already registered; refreshing liveness`)
       }
-      const g = validated.geometry
+      const { geometry: g, mappings } = registered.entry
       yield* Effect.logInfo(
-        `registered instance ${formatInstanceId(id)}: model ${modelName}, world size ${worldSize}, ${g.numLayers} layers × [2, ${g.numBlocks}, ${g.blockSizeTokens}, ${g.numHeads}, ${g.headSize}] ${g.dtype}, ${validated.segments.size} segment(s)`
+        `registered instance ${formatInstanceId(id)}: model ${modelName}, world size ${worldSize}, ${g.numLayers} layers × [2, ${g.numBlocks}, ${g.blockSizeTokens}, ${g.numHeads}, ${g.headSize}] ${g.dtype}, ${mappings.size} segment(s)`
       )
     })
 
   const unregister = (id: InstanceId) =>
-    Effect.gen(function*() {
-      const tracked = yield* registry.pop(id)
-      if (tracked === undefined) {
-        return yield* Effect.logWarning(`unregister: no registered context found for instance ${formatInstanceId(id)}`)
-      }
-      yield* release(tracked.resource)
-      yield* Effect.logInfo(`unregistered instance ${formatInstanceId(id)}`)
-    })
+    Effect.flatMap(contexts.unregister(id), (released) =>
+      released === undefined
+        ? Effect.logWarning(`unregister: no registered context found for instance ${formatInstanceId(id)}`)
+        : Effect.logInfo(`unregistered instance ${formatInstanceId(id)}`))
 
   /** Chunk range of a transfer: the complete chunks of [start, end); start must be chunk-aligned. */
   const chunkRange = (op: string, key: CacheKey) =>
@@ -231,7 +230,7 @@ const make = Effect.gen(function*() {
 
   const store = (key: CacheKey, id: InstanceId, blockIds: ReadonlyArray<ReadonlyArray<number>>) =>
     Effect.gen(function*() {
-      const entry = yield* resolveForTransfer("store", id)
+      const entry = yield* contexts.resolveForTransfer("store", id)
       const { first, count, rank } = yield* chunkRange("store", key)
       if (count === 0) return true
       const blocks = blocksFor(entry, blockIds, count)
@@ -265,7 +264,7 @@ const make = Effect.gen(function*() {
       if (Exit.isFailure(copied)) {
         yield* Effect.forEach(reserved, ({ reservation }) => l1.abort(reservation), { discard: true })
         yield* Effect.logWarning("store: copy failed; nothing published", copied.cause)
-        if ((yield* registry.get(id)) === undefined) return yield* notRegistered("store", id)
+        if (!(yield* contexts.isRegistered(id))) return yield* contexts.notRegistered("store", id)
         return false
       }
       let committed = 0
@@ -283,7 +282,7 @@ const make = Effect.gen(function*() {
     skipFirstNTokens: number
   ) =>
     Effect.gen(function*() {
-      const entry = yield* resolveForTransfer("retrieve", id)
+      const entry = yield* contexts.resolveForTransfer("retrieve", id)
       const { first, count, rank } = yield* chunkRange("retrieve", key)
       if (count === 0) return true
       const blocks = blocksFor(entry, blockIds, count)
@@ -318,10 +317,10 @@ const make = Effect.gen(function*() {
             h.bytes
           ), { concurrency: "unbounded", discard: true }).pipe(
             Effect.catch((e): Effect.Effect<never, WireError> =>
-              Effect.flatMap(registry.get(id), (t): Effect.Effect<never, WireError> =>
-                t !== undefined
+              Effect.flatMap(contexts.isRegistered(id), (held): Effect.Effect<never, WireError> =>
+                held
                   ? Effect.fail(new InvalidArgument({ message: `retrieve: ${e.message}` }))
-                  : Effect.fail(notRegistered("retrieve", id)))
+                  : Effect.fail(contexts.notRegistered("retrieve", id)))
             )
           )
         yield* Metric.update(retrievedChunksTotal, count)
@@ -330,38 +329,7 @@ const make = Effect.gen(function*() {
       }).pipe(Effect.ensuring(Effect.sync(() => handles.forEach((h) => lookup.release(h)))))
     })
 
-  const summary = (t: Tracked<ContextEntry>, now: number): InstanceSummary => {
-    const e = t.resource
-    return {
-      instance_id: formatInstanceId(t.id),
-      kind: "kv_cache",
-      last_seen_age_seconds: Math.max(0, (now - t.lastSeenMs) / 1000),
-      has_liveness_signal: t.hasLivenessSignal,
-      has_transfer_activity: t.hasTransferActivity,
-      details: {
-        model_name: e.modelName,
-        world_size: e.worldSize,
-        engine_type: e.engineType,
-        layout: {
-          num_layers: e.geometry.numLayers,
-          num_blocks: e.geometry.numBlocks,
-          block_size: e.geometry.blockSizeTokens,
-          num_heads: e.geometry.numHeads,
-          head_size: e.geometry.headSize,
-          dtype: e.geometry.dtype,
-          segments: [...e.mappings.keys()]
-        }
-      }
-    }
-  }
-
-  const target = registryTarget({ name: "lmcache_driven_transfer", kind: "kv_cache", registry, release, summary })
-
-
-  // Server shutdown: release every context through the same finalizer.
-  yield* Effect.addFinalizer(() =>
-    Effect.flatMap(registry.popAll(), (all) => Effect.forEach(all, (t) => release(t.resource), { discard: true }))
-  )
+  const target = contexts.target
 
   const module: ServerModule = {
     name: "lmcache_driven_transfer",
@@ -382,9 +350,9 @@ const make = Effect.gen(function*() {
     unregister,
     store,
     retrieve,
-    isRegistered: (id: InstanceId) => Effect.map(registry.get(id), (t) => t !== undefined),
-    resolveContext: resolveForTransfer,
-    contextOf: (id: InstanceId) => Effect.map(registry.get(id), (t) => t?.resource),
+    isRegistered: contexts.isRegistered,
+    resolveContext: contexts.resolveForTransfer,
+    contextOf: contexts.get,
     target,
     module
   }

@@ -6,11 +6,12 @@
  */
 import { randomUUID } from "node:crypto"
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Effect, Exit, Layer, Scope } from "effect"
+import { Context, Effect, Exit, Fiber, Layer, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { NativeMemoryLive } from "../../../src/layers/NativeMemory.ts"
 import { ServerConfig } from "../../../src/services/server/ServerConfig.ts"
 import type { ShmMapping } from "../../../src/native/Native.ts"
+import type { ReapedInstance } from "../../../src/services/liveness/LivenessTarget.ts"
 import { makeInstanceId } from "../../../src/schema/InstanceId.ts"
 import { L1Store } from "../../../src/services/server/L1Store.ts"
 import { LayoutRegistry } from "../../../src/services/server/LayoutRegistry.ts"
@@ -112,5 +113,46 @@ describe("each mapping is released exactly once", () => {
         })
       )
       assert.deepStrictEqual(opened.map((m) => m.releases()), [1, 1])
+    }).pipe(Effect.scoped))
+})
+
+describe("REGISTER of a held id racing a reap", () => {
+  it.live("a reap popping the entry between REGISTER's look-up and its refresh: REGISTER registers anew, never answers success with nothing held", () =>
+    Effect.gen(function*() {
+      const cache = yield* workerCache
+      const instance = makeInstanceId(1n)
+      let reap: Fiber.Fiber<ReadonlyArray<ReapedInstance>> | undefined
+      const opened = yield* withModule((t) =>
+        Effect.gen(function*() {
+          yield* t.register(instance, cache.descriptors, "m", 1, "vllm")
+          // The same memory again, with a getter that starts a reap the first time REGISTER compares the
+          // descriptors: after the look-up of the held entry, before its refresh. The reap's pop runs
+          // synchronously inside runFork, so the interleaving is fixed.
+          const [first, ...rest] = cache.descriptors
+          const hooked = { ...first! }
+          Object.defineProperty(hooked, "storage_offset", {
+            enumerable: true,
+            get: () => {
+              reap ??= Effect.runFork(t.target.reapStaleInstances({
+                nowMs: Number.MAX_SAFE_INTEGER,
+                reapTimeoutMs: 1,
+                registrationGraceMs: 1,
+                suspects: new Map(),
+                disconnectGraceMs: 0
+              }))
+              return first!.storage_offset
+            }
+          })
+          yield* t.register(instance, [hooked, ...rest], "m", 1, "vllm")
+          assert.isDefined(reap, "the reap ran inside REGISTER")
+          const reaped = yield* Fiber.join(reap!)
+          assert.deepStrictEqual(reaped.map((r) => r.id), [instance], "the reap popped the first context")
+          assert.isTrue(yield* t.isRegistered(instance), "REGISTER answered success: the id is held")
+          assert.strictEqual(yield* t.target.trackedInstanceCount(), 1)
+        })
+      )
+      // The reaped context and the new one each mapped both segments once and released them once.
+      assert.strictEqual(opened.length, 4)
+      assert.deepStrictEqual(opened.map((m) => m.releases()), [1, 1, 1, 1])
     }).pipe(Effect.scoped))
 })

@@ -1,0 +1,316 @@
+/**
+ * The per-instance core of the server modules that hold state for each
+ * worker instance (DESIGN §4–§5): the LMCache-driven contexts, the
+ * engine-driven (context, strategy) pairs and Blend's RoPE state. Each of
+ * them builds one of these and keeps only its own logic (what an entry is,
+ * how to acquire it, what "the same memory" means, its ops).
+ *
+ * **Entries.** An entry is whatever the module acquired for one instance,
+ * owned by a child Scope of the module's scope (`InstanceEntry.scope`). The
+ * core holds the entries by id and owns their one finalizer,
+ * {@link releaseEntry} (closing that Scope: it waits for copies in flight on
+ * the entry's mappings, then unmaps). UNREGISTER, a reap, a replace and
+ * server shutdown each pop the entry first and then release it, so it runs
+ * exactly once whichever gets there first.
+ *
+ * **REGISTER of an id** (one path for every module):
+ * - held, and the module says the request describes the same memory: a
+ *   no-op that refreshes last_seen (`Unchanged`). If the entry is gone by
+ *   the time of the refresh (a reap popped it after the look-up), the id is
+ *   registered anew instead of answering success with nothing held;
+ * - held with different memory: a tracked module refuses it with
+ *   `invalid_argument` (DESIGN §5: a process never inherits another's
+ *   context); a mirror replaces the entry (upstream assigns
+ *   `_cb_rope_state[id]`), releasing the old one after the new one is in;
+ * - otherwise the module's `acquire` runs in a fresh child Scope (closed
+ *   again when it fails: nothing stays mapped) and the entry is inserted.
+ *
+ * **Two kinds of module.**
+ * - {@link makeTrackedInstances}: the entries are an InstanceRegistry, so
+ *   they carry liveness (last_seen and both flags); the module is a liveness
+ *   target of its registration kind (`registryTarget`: PING touches, a reap
+ *   pops and releases), and a transfer through an entry latches its
+ *   transfer activity.
+ * - {@link makeMirroredInstances}: state that mirrors another module's
+ *   instance (Blend's RoPE state mirrors the kv_cache context); a plain map
+ *   with no liveness of its own (upstream BlendModule): its target only
+ *   answers `holdsInstance` for PING_REGISTERED and drops a reaped
+ *   instance's entry in `dropInstanceState`.
+ *
+ * Both release every entry at server shutdown through the same finalizer.
+ */
+import { Clock, Effect, Exit, Scope } from "effect"
+import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
+import type { RegistrationKind } from "../../schema/Registration.ts"
+import { InvalidArgument, NotRegistered } from "../../schema/WireError.ts"
+import { makeInstanceRegistry, type Tracked } from "../liveness/InstanceRegistry.ts"
+import { type InstanceSummary, type LivenessTarget, noopTarget, registryTarget } from "../liveness/LivenessTarget.ts"
+
+// ---------------------------------------------------------------------------
+// models
+// ---------------------------------------------------------------------------
+
+/** One instance's entry: resources owned by a child Scope of the module's scope. */
+export interface InstanceEntry {
+  /** Owns the entry's resources; closed exactly once, by {@link releaseEntry}. */
+  readonly scope: Scope.Closeable
+}
+
+/**
+ * The one finalizer of an entry: closes its Scope (waiting for copies in
+ * flight on its mappings, then unmapping). Idempotent; callers pop the entry
+ * first so that only one of them gets here.
+ */
+export const releaseEntry = (entry: InstanceEntry): Effect.Effect<void> => Scope.close(entry.scope, Exit.void)
+
+/** A REGISTER's module-specific half. */
+export interface RegisterRequest<R extends InstanceEntry, E> {
+  /** Whether the held entry describes what this request does (DESIGN §5 "same memory"); then REGISTER only refreshes. */
+  readonly same: (held: R) => boolean
+  /**
+   * Validates the request and acquires the new entry's resources into
+   * `scope` (the core closes it when this fails), returning the entry with
+   * `scope` as its Scope.
+   */
+  readonly acquire: (scope: Scope.Closeable) => Effect.Effect<R, E>
+}
+
+/**
+ * What a REGISTER did: `Unchanged` (the same memory was held: liveness
+ * refreshed, nothing acquired) or `Registered` (a new entry; `replaced` is
+ * the mirror entry it replaced, already released).
+ */
+export type Registration<R> =
+  | { readonly _tag: "Unchanged"; readonly entry: R }
+  | { readonly _tag: "Registered"; readonly entry: R; readonly replaced: R | undefined }
+
+/** The per-instance core of one module. */
+export interface InstanceModule<R extends InstanceEntry> {
+  /**
+   * REGISTER of `id` (the path of the module header). Fails with the
+   * request's own errors, or InvalidArgument when a tracked module holds the
+   * id with different memory or another REGISTER inserted it meanwhile.
+   */
+  readonly register: <E>(id: InstanceId, request: RegisterRequest<R, E>) => Effect.Effect<Registration<R>, E | InvalidArgument>
+  /** UNREGISTER: pops and releases the entry; returns it, undefined when the id held none. */
+  readonly unregister: (id: InstanceId) => Effect.Effect<R | undefined>
+  /**
+   * The entry for a transfer through it (STORE, PREPARE_*, a CB retrieve …):
+   * in a tracked module refreshes last_seen and latches transfer activity
+   * (DESIGN §5). Fails with NotRegistered naming `op` when none.
+   */
+  readonly resolveForTransfer: (op: string, id: InstanceId) => Effect.Effect<R, NotRegistered>
+  /** The entry of `id` without touching its liveness; undefined when none. */
+  readonly get: (id: InstanceId) => Effect.Effect<R | undefined>
+  readonly isRegistered: (id: InstanceId) => Effect.Effect<boolean>
+  /** Every entry held now. */
+  readonly entries: () => Effect.Effect<ReadonlyArray<R>>
+  /** The module's NotRegistered for `op` on `id` (what `resolveForTransfer` fails with). */
+  readonly notRegistered: (op: string, id: InstanceId) => NotRegistered
+  /** The module as a liveness target (DESIGN §5). */
+  readonly target: LivenessTarget
+}
+
+/** What both kinds of module are told. */
+export interface InstanceModuleOptions {
+  /** Module name: the target's, for logs. */
+  readonly name: string
+  /** The registration kind it answers for in PING_REGISTERED. */
+  readonly kind: RegistrationKind
+  /**
+   * NotRegistered reads `<op>: instance <id> <missing> (never registered,
+   * unregistered or reaped); <remedy>`, e.g. "has no engine-driven context"
+   * and "register it again".
+   */
+  readonly missing: string
+  readonly remedy: string
+}
+
+// ---------------------------------------------------------------------------
+// constructors
+// ---------------------------------------------------------------------------
+
+/**
+ * The core of a module whose entries carry liveness (LMCache-driven and
+ * engine-driven transfer): an InstanceRegistry and its `registryTarget`; a
+ * held id with different memory is refused.
+ */
+export const makeTrackedInstances = <R extends InstanceEntry>(options: InstanceModuleOptions & {
+  /** The REGISTER op's wire name, prefixing its errors. */
+  readonly registerOp: string
+  /** What a refused REGISTER is "already registered with", e.g. "different memory or model". */
+  readonly differs: string
+  /** Module-specific details of an entry in `/api/status` (model, world size, layout …). */
+  readonly details: (entry: R) => Record<string, unknown>
+}): Effect.Effect<InstanceModule<R>, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    const registry = yield* makeInstanceRegistry<R>()
+    const resourceOf = (t: Tracked<R> | undefined) => t?.resource
+    const summary = (t: Tracked<R>, nowMs: number): InstanceSummary => ({
+      instance_id: formatInstanceId(t.id),
+      kind: options.kind,
+      last_seen_age_seconds: Math.max(0, (nowMs - t.lastSeenMs) / 1000),
+      has_liveness_signal: t.hasLivenessSignal,
+      has_transfer_activity: t.hasTransferActivity,
+      details: options.details(t.resource)
+    })
+    return yield* makeCore(options, {
+      get: (id) => Effect.map(registry.get(id), resourceOf),
+      refresh: (id, nowMs) => Effect.map(registry.refresh(id, nowMs), (t) => t !== undefined),
+      put: (id, entry, nowMs) =>
+        Effect.flatMap(registry.insert(id, entry, nowMs), (inserted) =>
+          inserted
+            ? Effect.succeed({ replaced: undefined })
+            : Effect.fail(
+              new InvalidArgument({ message: `${options.registerOp}: instance ${formatInstanceId(id)} was registered concurrently` })
+            )),
+      resolve: (id, nowMs) => Effect.map(registry.resolveForTransfer(id, nowMs), resourceOf),
+      pop: (id) => Effect.map(registry.pop(id), resourceOf),
+      popAll: () => Effect.map(registry.popAll(), (all) => all.map((t) => t.resource)),
+      entries: () => Effect.map(registry.snapshot(), (all) => all.map((t) => t.resource)),
+      refuse: (id) =>
+        new InvalidArgument({
+          message: `${options.registerOp}: instance ${formatInstanceId(id)} is already registered with ${options.differs}; unregister it first (a process never inherits another's context)`
+        }),
+      target: registryTarget({ name: options.name, kind: options.kind, registry, release: releaseEntry, summary })
+    })
+  })
+
+/** The core of a state mirror, with what only a mirror can do. */
+export interface MirroredInstances<R extends InstanceEntry> extends InstanceModule<R> {
+  /** Ids holding an entry, in no particular order; read synchronously. */
+  readonly ids: () => ReadonlyArray<InstanceId>
+  /**
+   * Takes back an entry REGISTER just inserted (what it mirrors went away
+   * meanwhile): pops it if it is still the one held, and releases it.
+   */
+  readonly withdraw: (id: InstanceId, entry: R) => Effect.Effect<void>
+}
+
+/**
+ * The core of a state mirror (Blend's RoPE state): a map with no liveness
+ * of its own; a held id with different arguments is replaced. Its target's
+ * `dropInstanceState(id)` pops and releases a reaped instance's entry and
+ * logs `dropped(<decimal id>)` at INFO.
+ */
+export const makeMirroredInstances = <R extends InstanceEntry>(options: InstanceModuleOptions & {
+  readonly dropped: (idText: string) => string
+}): Effect.Effect<MirroredInstances<R>, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    // Every read and write is synchronous, hence atomic.
+    const held = new Map<InstanceId, R>()
+    const popNow = (id: InstanceId) => {
+      const entry = held.get(id)
+      held.delete(id)
+      return entry
+    }
+    const core = yield* makeCore(options, {
+      get: (id) => Effect.sync(() => held.get(id)),
+      refresh: (id) => Effect.sync(() => held.has(id)),
+      put: (id, entry) =>
+        Effect.sync(() => {
+          const replaced = held.get(id)
+          held.set(id, entry)
+          return { replaced }
+        }),
+      resolve: (id) => Effect.sync(() => held.get(id)),
+      pop: (id) => Effect.sync(() => popNow(id)),
+      popAll: () =>
+        Effect.sync(() => {
+          const all = [...held.values()]
+          held.clear()
+          return all
+        }),
+      entries: () => Effect.sync(() => [...held.values()]),
+      refuse: undefined,
+      target: {
+        ...noopTarget(options.name),
+        kind: options.kind,
+        holdsInstance: (id) => Effect.sync(() => held.has(id)),
+        dropInstanceState: (id) =>
+          Effect.suspend(() => {
+            const entry = popNow(id)
+            return entry === undefined
+              ? Effect.void
+              : Effect.andThen(releaseEntry(entry), Effect.logInfo(options.dropped(formatInstanceId(id))))
+          })
+      }
+    })
+    return {
+      ...core,
+      ids: () => [...held.keys()],
+      withdraw: (id, entry) =>
+        Effect.suspend(() => {
+          if (held.get(id) === entry) held.delete(id)
+          return releaseEntry(entry)
+        })
+    }
+  })
+
+/** Where a kind of module keeps its entries, and how it answers a held id. */
+interface EntryStore<R> {
+  readonly get: (id: InstanceId) => Effect.Effect<R | undefined>
+  /** REGISTER of a held id with the same memory: refreshes; false when the id is no longer held. */
+  readonly refresh: (id: InstanceId, nowMs: number) => Effect.Effect<boolean>
+  /** Inserts a new entry → the entry it replaced. Fails when it refuses a held id (inserted by another REGISTER meanwhile). */
+  readonly put: (id: InstanceId, entry: R, nowMs: number) => Effect.Effect<{ readonly replaced: R | undefined }, InvalidArgument>
+  readonly resolve: (id: InstanceId, nowMs: number) => Effect.Effect<R | undefined>
+  readonly pop: (id: InstanceId) => Effect.Effect<R | undefined>
+  readonly popAll: () => Effect.Effect<ReadonlyArray<R>>
+  readonly entries: () => Effect.Effect<ReadonlyArray<R>>
+  /** The refusal of a held id with different memory; undefined: replace it. */
+  readonly refuse: ((id: InstanceId) => InvalidArgument) | undefined
+  readonly target: LivenessTarget
+}
+
+/** The machinery both kinds share, over their store; releases every entry when the module's scope closes. */
+const makeCore = <R extends InstanceEntry>(
+  options: InstanceModuleOptions,
+  store: EntryStore<R>
+): Effect.Effect<InstanceModule<R>, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    const moduleScope = yield* Effect.scope
+    // Server shutdown: every entry through the same finalizer.
+    yield* Effect.addFinalizer(() => Effect.flatMap(store.popAll(), (all) => Effect.forEach(all, releaseEntry, { discard: true })))
+
+    const notRegistered = (op: string, id: InstanceId) =>
+      new NotRegistered({
+        message: `${op}: instance ${formatInstanceId(id)} ${options.missing} (never registered, unregistered or reaped); ${options.remedy}`
+      })
+
+    const register = <E>(id: InstanceId, request: RegisterRequest<R, E>) =>
+      Effect.gen(function*() {
+        const now = yield* Clock.currentTimeMillis
+        const held = yield* store.get(id)
+        if (held !== undefined) {
+          if (request.same(held)) {
+            // The refresh says whether the entry is still held: a reap may have popped it since the look-up,
+            // and then it is registered anew (never a success with nothing held).
+            if (yield* store.refresh(id, now)) return { _tag: "Unchanged", entry: held } satisfies Registration<R>
+          } else if (store.refuse !== undefined) {
+            return yield* store.refuse(id)
+          }
+        }
+        const scope = yield* Scope.fork(moduleScope)
+        const entry = yield* request.acquire(scope).pipe(Effect.onError(() => Scope.close(scope, Exit.void)))
+        const put = yield* store.put(id, entry, now).pipe(Effect.onError(() => releaseEntry(entry)))
+        if (put.replaced !== undefined) yield* releaseEntry(put.replaced)
+        return { _tag: "Registered", entry, replaced: put.replaced } satisfies Registration<R>
+      })
+
+    return {
+      register,
+      unregister: (id) => Effect.tap(store.pop(id), (entry) => (entry === undefined ? Effect.void : releaseEntry(entry))),
+      resolveForTransfer: (op, id) =>
+        Effect.gen(function*() {
+          const entry = yield* store.resolve(id, yield* Clock.currentTimeMillis)
+          if (entry === undefined) return yield* notRegistered(op, id)
+          return entry
+        }),
+      get: store.get,
+      isRegistered: (id) => Effect.map(store.get(id), (entry) => entry !== undefined),
+      entries: store.entries,
+      notRegistered,
+      target: store.target
+    }
+  })
