@@ -11,7 +11,7 @@
  * on stdout (pingId: one of the tracked ids, for named PINGs). Then, on
  * stdin, one command a line:
  *
- * - `scan on`: runs `Management.scan(now)` back to back — one scan, one turn
+ * - `scan on`: runs `Reaper.scan(now)` back to back — one scan, one turn
  *   of the event loop (so the socket and the handlers get to run), the next
  *   scan — until the next command arrives, then prints
  *   `{"scans":k,"scanMs":[…]}`;

@@ -10,7 +10,7 @@
  * 1. Reaper scan time with 1k, 10k and 100k tracked contexts
  *    (liveness/scanTime.ts; the work in bench/liveness-scan.ts, its own
  *    process): `InstanceRegistry.popStale` popping nothing and popping 1 %,
- *    the whole `Management.scan` over a LivenessTarget around that
+ *    the whole `Reaper.scan` over a LivenessTarget around that
  *    registry, and the reference — one pass of the same `judge` over the
  *    same records in a plain Map. Median of several timed runs,
  *    interleaved. Target: popStale under 50 ms at 100k.

@@ -200,7 +200,7 @@ export const pingSection = (rows: PingResult, plan: PingPlan): ReadonlyArray<str
   `*1 in flight* sends the next PING on the reply (as bench:ping; what the target compares); *open* sends one every`,
   `${PING_INTERVAL_MS} ms whatever the replies do, as the heartbeats of many workers would, so every PING sent during a stall`,
   "is a sample. *answered /s*: replies received during the measured window.",
-  `*idle*: no scan; *back to back*: \`Management.scan(now)\` in a loop, one event-loop turn between two scans (the`,
+  `*idle*: no scan; *back to back*: \`Reaper.scan(now)\` in a loop, one event-loop turn between two scans (the`,
   `worst case, what the target is about); *every ${PERIODIC_SCAN_MS} ms*: the reaper's own loop at its period for`,
   `\`--worker-disconnect-grace-seconds 1\` (grace / 2; the default flags scan every 5 s). Scan durations are measured`,
   `in the server process. ${plan.rounds} round(s) of ${plan.phaseS} s per window, after ${PING_IDLE_WARMUP_S} s (idle) / ${PING_SCAN_WARMUP_S} s (scans) warm-up;`,

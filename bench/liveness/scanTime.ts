@@ -2,7 +2,7 @@
  * bench:liveness part 1, reaper scan time with 1k, 10k and 100k tracked
  * contexts: runs bench/liveness-scan.ts (its own process, `--expose-gc`) and
  * reports `InstanceRegistry.popStale` popping nothing and popping 1 %, the
- * whole `Management.scan`, and the reference — one pass of the same `judge`
+ * whole `Reaper.scan`, and the reference — one pass of the same `judge`
  * over the same records in a plain Map. Medians of interleaved timed runs,
  * ms. Target: popStale under 50 ms at 100k.
  */
@@ -55,7 +55,7 @@ export const scanTargets = (rows: ReadonlyArray<ScanRow>): ReadonlyArray<TargetR
 
 const scanTable = (rows: ReadonlyArray<ScanRow>): string =>
   [
-    "| tracked | popStale, none stale | plain Map | ratio | popStale, 1 % stale | plain Map | ratio | Management.scan, none stale | Management.scan, 1 % stale |",
+    "| tracked | popStale, none stale | plain Map | ratio | popStale, 1 % stale | plain Map | ratio | Reaper.scan, none stale | Reaper.scan, 1 % stale |",
     "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ...rows.map((s) =>
       `| ${int(s.n)} | ${ms(s.registryFresh.median)} | ${ms(s.plainFresh.median)} | ${times(s.registryFresh.median / s.plainFresh.median)} | ` +
@@ -71,7 +71,7 @@ export const scanSection = (rows: ReadonlyArray<ScanRow>, repeats: number): Read
   `In one process (\`bench/liveness-scan.ts\`), per size: an \`InstanceRegistry\` of N fresh contexts (random 63-bit ids,`,
   "each holding a small resource with its own Scope). *popStale* is `InstanceRegistry.popStale(rule)`, one transaction;",
   "*plain Map* (the reference) is one pass of the same `judge` over the same records in a `Map<bigint, Tracked>`, then",
-  "the deletes. *Management.scan* is the reaper's whole scan over a LivenessTarget built around the registry the way",
+  "the deletes. *Reaper.scan* is the reaper's whole scan over a LivenessTarget built around the registry the way",
   "LmcacheDrivenTransfer builds its own: pop, close each popped Scope, one JSON WARNING per reaped instance on stderr,",
   "prune the connection tracker, update gauges. *1 % stale*: 1 % of the entries re-aged past their window before",
   `each run (untimed), all popped by it. ${repeats} timed rounds after 3 untimed ones, the six measurements`,
