@@ -3,8 +3,9 @@
  * ops, error replies, malformed input, and reply matching under load.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Effect, Exit, Layer, Random, Scope } from "effect"
-import { decodeReplyHeader, pack } from "../../src/schema/Frame.ts"
+import { Context, Deferred, Effect, Exit, Layer, Random, Scope } from "effect"
+import { TestClock } from "effect/testing"
+import { decodeReplyHeader, encodeRequest, pack } from "../../src/schema/Frame.ts"
 import { makeInstanceId, MAX_INSTANCE_ID } from "../../src/schema/InstanceId.ts"
 import { Clear, GetChunkSize, Noop, Ping, PrepareStore, QueryPrefetchStatus, Store } from "../../src/schema/Op.ts"
 import { BadRequest, InvalidArgument, UnknownOp } from "../../src/schema/WireError.ts"
@@ -12,6 +13,7 @@ import { row, type ServerModule } from "../../src/services/server/Handler.ts"
 import { makeMqClient, MqClient, RequestTimeout } from "../../src/services/client/MqClient.ts"
 import { MqServer } from "../../src/services/server/MqServer.ts"
 import { rawDealer } from "../support/RawDealer.ts"
+import { captureLogs, type CapturedLog } from "../support/FakeMqClient.ts"
 import { bareServer, testServer } from "../support/TestServer.ts"
 import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
 
@@ -223,4 +225,47 @@ describe("client", () => {
         })
       )
     }).pipe(Effect.provide(testServer())))
+})
+
+describe("undeliverable replies", () => {
+  /** Real time: for waiting on the sockets. */
+  const until = (holds: () => boolean) =>
+    Effect.gen(function*() {
+      for (let i = 0; i < 500 && !holds(); i++) yield* Effect.sleep("10 millis")
+      assert.isTrue(holds(), "timed out waiting on the server")
+    })
+
+  it.live("replies to a peer that is gone are counted and told in one WARNING naming the peer, the count and the errno", () => {
+    const logs: Array<CapturedLog> = []
+    const gate = Deferred.makeUnsafe<void>()
+    const heldModule: ServerModule = {
+      name: "held",
+      rows: [row(QueryPrefetchStatus, "NORMAL", () => Deferred.await(gate).pipe(Effect.as(1)))]
+    }
+    return Effect.gen(function*() {
+      const serverScope = yield* Scope.make()
+      const env = yield* Layer.buildWithScope(bareServer({ modules: [heldModule] }), serverScope)
+      const server = Context.get(env, MqServer)
+      const dealerScope = yield* Scope.make()
+      const raw = yield* Scope.provide(dealerScope)(rawDealer(server.endpoint))
+      for (const uid of [1, 2, 3]) {
+        const frames = encodeRequest(QueryPrefetchStatus, uid, [`r${uid}`])
+        assert.isTrue(Exit.isSuccess(frames))
+        if (Exit.isSuccess(frames)) yield* raw.send(frames.value)
+      }
+      // The raw dealer and the assembly's own client are connected; then only the client.
+      yield* until(() => server.stats().connectedPeers === 2 && server.stats().pools.normal.queued === 0)
+      yield* Scope.close(dealerScope, Exit.void)
+      yield* until(() => server.stats().connectedPeers === 1)
+      yield* Deferred.succeed(gate, undefined)
+      yield* until(() => server.stats().undeliverableReplies === 3)
+      yield* Scope.close(serverScope, Exit.void)
+      const told = logs.filter((l) => l.text.includes("could not be delivered"))
+      assert.deepStrictEqual(told.map((l) => l.level), ["Warn"])
+      assert.match(
+        told[0]!.text,
+        /^3 replies to peer [0-9a-f]+ could not be delivered \(EHOSTUNREACH: the peer is gone or its pipe is full\) in the last 5 s$/
+      )
+    }).pipe(Effect.provide(captureLogs(logs)))
+  })
 })

@@ -26,6 +26,7 @@ import type { HandlerRow, HandlerTable, TableRow } from "./Handler.ts"
 import { PeerEvents } from "../liveness/PeerEvents.ts"
 import { RequestBarrier } from "../liveness/RequestBarrier.ts"
 import * as M from "./ServerMetrics.ts"
+import { makeUndeliveredReplies } from "./internal/UndeliveredReplies.ts"
 
 /** The merged handler table of every server module. */
 export class Handlers extends Context.Service<Handlers, HandlerTable>()("mpcache/services/Handlers") {}
@@ -98,6 +99,10 @@ const describeCause = (cause: Cause.Cause<unknown>): string => {
   return squashed instanceof Error ? squashed.message : String(squashed)
 }
 
+/** zeromq.js errors carry libzmq's errno name in `code`. */
+const errorCode = (e: unknown): string =>
+  typeof e === "object" && e !== null && "code" in e && typeof e.code === "string" ? e.code : String(e)
+
 const make = (options: MqServerOptions) =>
   Effect.gen(function*() {
     const table = yield* Handlers
@@ -114,16 +119,20 @@ const make = (options: MqServerOptions) =>
     // One send path (zeromq.js allows one send in flight per socket): replies queue in a plain array and one
     // promise chain sends them in order. No fiber, Queue or Effect per reply: this is the PING hot path.
     const services = yield* Effect.context<never>()
+    const undelivered = makeUndeliveredReplies()
+    yield* Effect.forkScoped(undelivered.reportForever)
     const outbox: Array<Array<Uint8Array>> = []
     let pumping: Promise<void> | undefined
     const pump = async (): Promise<void> => {
       for (let message = outbox.shift(); message !== undefined; message = outbox.shift()) {
         try {
           await router.send(message)
-        } catch {
-          // The peer is gone (ROUTER_MANDATORY) or the socket is closing: the reply cannot be delivered.
+        } catch (e) {
+          // The peer is gone (ROUTER_MANDATORY: EHOSTUNREACH), its pipe is full (EAGAIN) or the socket is
+          // closing: the reply cannot be delivered. Counted here; told in one WARNING per peer and window.
           undeliverableReplies++
           M.undeliverableRepliesTotal.updateUnsafe(1, services)
+          undelivered.record(Buffer.from(message[0]!).toString("hex"), errorCode(e))
         }
       }
       pumping = undefined
