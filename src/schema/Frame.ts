@@ -12,7 +12,7 @@
 import { Cause, Exit, Option, Schema } from "effect"
 import { Packr } from "msgpackr"
 import type { Op, PayloadOf, ResponseOf, WireSchema } from "./Op.ts"
-import { BadRequest, ErrorBody, fromErrorBody, type WireError } from "./WireError.ts"
+import { BadRequest, ErrorBody, errorBodyOf, fromErrorBody, mismatch, undecodable, type WireError } from "./WireError.ts"
 
 /** The marker frame of an error reply: raw ASCII, deliberately not MessagePack. */
 export const ERROR_MARKER: Buffer = Buffer.from("MPCACHE_ERR", "ascii")
@@ -66,6 +66,15 @@ const describe = (value: unknown): string => {
 
 const oneLine = (s: string): string => s.replace(/\s*\n\s*/g, " ")
 
+/** A request for `op` with `count` payload frames where the op table has another count (server and decoder). */
+export const payloadCountMismatch = (op: Op, count: number): BadRequest =>
+  mismatch({
+    op: op.name,
+    field: "payload",
+    expected: `${op.payload.length} payload frame(s) (${op.payload.map(([n]) => n).join(", ") || "none"})`,
+    actual: String(count)
+  })
+
 /**
  * Decodes the payload frames of a request for `op`.
  *
@@ -78,34 +87,33 @@ export const decodePayload = <O extends Op>(
   frames: ReadonlyArray<Uint8Array>
 ): Exit.Exit<PayloadOf<O>, BadRequest> => {
   if (frames.length !== op.payload.length) {
-    return Exit.fail(
-      new BadRequest({
-        message: `${op.name}: expected ${op.payload.length} payload frame(s) (${
-          op.payload.map(([n]) => n).join(", ") || "none"
-        }), got ${frames.length}`
-      })
-    )
+    return Exit.fail(payloadCountMismatch(op, frames.length))
   }
   const out: Array<unknown> = new Array(frames.length)
   for (let i = 0; i < frames.length; i++) {
     const [name, schema] = op.payload[i]!
     const u = unpack(frames[i]!)
     if (u === undefined) {
+      const field = `payload ${i} (${name})`
+      const actual = `${frames[i]!.length} bytes`
       return Exit.fail(
         new BadRequest({
-          message: `${op.name}: payload ${i} (${name}) is not a single MessagePack value (${frames[i]!.length} bytes)`
+          op: op.name,
+          field,
+          expected: "a single MessagePack value",
+          actual,
+          message: `${op.name}: ${field} is not a single MessagePack value (${actual})`
         })
       )
     }
     const decoded = Schema.decodeUnknownExit(schema)(u.value)
     if (Exit.isFailure(decoded)) {
-      return Exit.fail(
-        new BadRequest({
-          message: `${op.name}: payload ${i} (${name}): ${
-            oneLine(errorMessage(decoded.cause))
-          }; actual: ${describe(u.value)}`
-        })
-      )
+      return Exit.fail(undecodable({
+        op: op.name,
+        field: `payload ${i} (${name})`,
+        expected: oneLine(errorMessage(decoded.cause)),
+        actual: describe(u.value)
+      }))
     }
     out[i] = decoded.value
   }
@@ -130,7 +138,8 @@ export const encodeFrame = (
 ): Exit.Exit<Buffer, BadRequest> => {
   const encoded = Schema.encodeUnknownExit(schema)(value)
   if (Exit.isFailure(encoded)) {
-    return Exit.fail(new BadRequest({ message: `${what}: ${oneLine(errorMessage(encoded.cause))}` }))
+    const expected = oneLine(errorMessage(encoded.cause))
+    return Exit.fail(new BadRequest({ field: what, expected, message: `${what}: ${expected}` }))
   }
   return Exit.succeed(pack(encoded.value))
 }
@@ -147,11 +156,14 @@ export const encodeRequest = <O extends Op>(
 ): Exit.Exit<Array<Buffer>, BadRequest> => {
   const values = payload as ReadonlyArray<unknown>
   if (values.length !== op.payload.length) {
+    const expected = `${op.payload.length} (${op.payload.map(([n]) => n).join(", ") || "none"})`
     return Exit.fail(
       new BadRequest({
-        message: `${op.name}: this client sends ${values.length} payload frame(s) but the protocol defines ${op.payload.length} (${
-          op.payload.map(([n]) => n).join(", ") || "none"
-        }); the client and server versions differ`
+        op: op.name,
+        field: "payload",
+        expected,
+        actual: String(values.length),
+        message: `${op.name}: this client sends ${values.length} payload frame(s) but the protocol defines ${expected}; the client and server versions differ`
       })
     )
   }
@@ -195,7 +207,7 @@ export const encodeErrorReply = (
   uidFrame: Uint8Array,
   opFrame: Uint8Array,
   error: WireError
-): Array<Uint8Array> => [uidFrame, opFrame, ERROR_MARKER, pack({ code: error.code, message: error.message })]
+): Array<Uint8Array> => [uidFrame, opFrame, ERROR_MARKER, pack(errorBodyOf(error))]
 
 /** A reply as the client first reads it: header plus either the response frames or the error. */
 export type ReplyHeader =
@@ -229,22 +241,30 @@ export const decodeResponse = <O extends Op>(
   if (op.response === undefined) {
     return body.length === 0
       ? Exit.succeed(undefined as ResponseOf<O>)
-      : Exit.fail(new BadRequest({ message: `${op.name}: expected no response frame, got ${body.length}` }))
+      : Exit.fail(mismatch({ op: op.name, field: "response", expected: "no response frame", actual: String(body.length) }))
   }
   if (body.length !== 1) {
-    return Exit.fail(new BadRequest({ message: `${op.name}: expected 1 response frame, got ${body.length}` }))
+    return Exit.fail(mismatch({ op: op.name, field: "response", expected: "1 response frame", actual: String(body.length) }))
   }
   const u = unpack(body[0]!)
   if (u === undefined) {
-    return Exit.fail(new BadRequest({ message: `${op.name}: the response frame is not a single MessagePack value` }))
+    return Exit.fail(
+      new BadRequest({
+        op: op.name,
+        field: "response",
+        expected: "a single MessagePack value",
+        message: `${op.name}: the response frame is not a single MessagePack value`
+      })
+    )
   }
   const decoded = Schema.decodeUnknownExit(op.response)(u.value)
   if (Exit.isFailure(decoded)) {
-    return Exit.fail(
-      new BadRequest({
-        message: `${op.name}: response: ${oneLine(errorMessage(decoded.cause))}; actual: ${describe(u.value)}`
-      })
-    )
+    return Exit.fail(undecodable({
+      op: op.name,
+      field: "response",
+      expected: oneLine(errorMessage(decoded.cause)),
+      actual: describe(u.value)
+    }))
   }
   return Exit.succeed(decoded.value as ResponseOf<O>)
 }

@@ -4,7 +4,6 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Context, Deferred, Effect, Exit, Layer, Random, Scope } from "effect"
-import { TestClock } from "effect/testing"
 import { decodeReplyHeader, encodeRequest, pack } from "../../src/schema/Frame.ts"
 import { makeInstanceId, MAX_INSTANCE_ID } from "../../src/schema/InstanceId.ts"
 import { Clear, GetChunkSize, Noop, Ping, PrepareStore, QueryPrefetchStatus, Store } from "../../src/schema/Op.ts"

@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Arbitrary, Exit, Schema } from "effect"
+import { Arbitrary, Cause, Exit, Schema } from "effect"
 import fc from "fast-check"
 import { CacheKey, CacheKeyFields } from "../../src/schema/CacheKey.ts"
 import {
@@ -16,7 +16,7 @@ import {
 } from "../../src/schema/Frame.ts"
 import { makeInstanceId, MAX_INSTANCE_ID } from "../../src/schema/InstanceId.ts"
 import { OPS, Ping, Store, type Op } from "../../src/schema/Op.ts"
-import { BadRequest, NotRegistered } from "../../src/schema/WireError.ts"
+import { BadRequest, detailOf, errorBodyOf, NotRegistered } from "../../src/schema/WireError.ts"
 
 const Uid = Schema.Int.check(Schema.isBetween({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER }))
 
@@ -175,5 +175,43 @@ describe("reply frames", () => {
       opId: 6,
       error: new NotRegistered({ message: "store: instance 5 is not registered" })
     })
+  })
+
+  it("errors are data: a decode failure names op, field, expected and actual as keys, and the client rebuilds them", () => {
+    const decoded = decodePayload(Ping, [pack(-1)])
+    assert.isTrue(Exit.isFailure(decoded))
+    const error = Cause.squash((decoded as Exit.Failure<unknown, BadRequest>).cause) as BadRequest
+    assert.deepStrictEqual(detailOf(error), {
+      op: "ping",
+      field: "payload 0 (instance_id)",
+      expected: error.expected!,
+      actual: "-1"
+    })
+    assert.strictEqual(error.message, `ping: payload 0 (instance_id): ${error.expected}; actual: -1`)
+    const count = decodePayload(Store, [pack(1)])
+    const countError = Cause.squash((count as Exit.Failure<unknown, BadRequest>).cause) as BadRequest
+    assert.deepStrictEqual(detailOf(countError), {
+      op: "store",
+      field: "payload",
+      expected: "4 payload frame(s) (key, instance_id, block_ids, event_handle)",
+      actual: "1"
+    })
+    // On the wire: the detail keys beside code and message; the client's error has the same fields.
+    const frames = encodeErrorReply(pack(3), pack(Store.id), countError)
+    assert.deepStrictEqual(unpack(frames[3]!)?.value, {
+      code: "bad_request",
+      message: "store: expected 4 payload frame(s) (key, instance_id, block_ids, event_handle), got 1",
+      op: "store",
+      field: "payload",
+      expected: "4 payload frame(s) (key, instance_id, block_ids, event_handle)",
+      actual: "1"
+    })
+    const header = decodeReplyHeader(frames)
+    assert.strictEqual(header?._tag, "Error")
+    if (header?._tag !== "Error") return
+    assert.deepStrictEqual(errorBodyOf(header.error), errorBodyOf(countError))
+    // A body from a server that sends no detail still decodes.
+    const bare = decodeReplyHeader([pack(3), pack(Store.id), ERROR_MARKER, pack({ code: "not_registered", message: "m" })])
+    assert.deepStrictEqual(bare?._tag === "Error" ? errorBodyOf(bare.error) : undefined, { code: "not_registered", message: "m" })
   })
 })

@@ -302,6 +302,8 @@ const make = Effect.gen(function*() {
 
   const noKvContext = (op: string, id: InstanceId) =>
     new NotRegistered({
+      op,
+      instance_id: formatInstanceId(id),
       message: `${op}: instance ${formatInstanceId(id)} holds no LMCache-driven kv_cache context (never registered, unregistered or reaped); register_kv_cache first`
     })
 
@@ -455,7 +457,7 @@ const make = Effect.gen(function*() {
           Effect.catch((e) =>
             Effect.flatMap(states.get(id), (current): Effect.Effect<undefined, WireError> =>
               current === undefined
-                ? Effect.fail(new NotRegistered({ message: `${op}: the CB RoPE state of instance ${formatInstanceId(id)} was released during the retrieve` }))
+                ? Effect.fail(new NotRegistered({ op, instance_id: formatInstanceId(id), message: `${op}: the CB RoPE state of instance ${formatInstanceId(id)} was released during the retrieve` }))
                 : current !== state
                 ? Effect.as(Effect.logWarning(`${op}: the CB RoPE state was replaced during the retrieve; nothing written`), undefined)
                 : Effect.fail(new InvalidArgument({ message: `${op}: reading cos_sin_caches[${group.cacheIndex}] failed: ${e.message}` })))

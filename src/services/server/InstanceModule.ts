@@ -275,6 +275,8 @@ const makeCore = <R extends InstanceEntry>(
 
     const notRegistered = (op: string, id: InstanceId) =>
       new NotRegistered({
+        op,
+        instance_id: formatInstanceId(id),
         message: `${op}: instance ${formatInstanceId(id)} ${options.missing} (never registered, unregistered or reaped); ${options.remedy}`
       })
 

@@ -16,10 +16,10 @@
  * running requests finish (bounded), flush the replies, close the socket.
  */
 import { Cause, Context, Duration, Effect, Exit, Layer, Metric } from "effect"
-import { decodeHeaderInt, decodePayload, encodeErrorReply, encodeReply } from "../../schema/Frame.ts"
+import { decodeHeaderInt, decodePayload, encodeErrorReply, encodeReply, payloadCountMismatch } from "../../schema/Frame.ts"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import { opById, type Op } from "../../schema/Op.ts"
-import { BadRequest, Internal, isWireError, Overloaded, UnknownOp, type WireError } from "../../schema/WireError.ts"
+import { type BadRequest, Internal, isWireError, notServed, Overloaded, UnknownOp, type WireError } from "../../schema/WireError.ts"
 import { ZmqError, ZmqSockets } from "../zmq/Sockets.ts"
 import { makeDispatcher, type DispatchStats } from "./Dispatch.ts"
 import type { HandlerRow, HandlerTable, TableRow } from "./Handler.ts"
@@ -210,7 +210,7 @@ const make = (options: MqServerOptions) =>
                     routingId,
                     uidFrame,
                     opFrame,
-                    new Internal({ message: `${row.op.name}: the server produced an invalid response` })
+                    new Internal({ op: row.op.name, field: "response", message: `${row.op.name}: the server produced an invalid response` })
                   ))
                 )
             }
@@ -224,7 +224,7 @@ const make = (options: MqServerOptions) =>
                 routingId,
                 uidFrame,
                 opFrame,
-                new Internal({ message: `${row.op.name}: internal error: ${describeCause(exit.cause)}` })
+                new Internal({ op: row.op.name, message: `${row.op.name}: internal error: ${describeCause(exit.cause)}` })
               ))
             )
           })
@@ -287,32 +287,40 @@ const make = (options: MqServerOptions) =>
       const row = table.byId.get(opId)
       if (row === undefined) {
         const known = opById.get(opId)
-        const message = known === undefined
-          ? `unknown op ${opId}: this server speaks protocol v1 (ops ${[...opById.keys()].join(", ")})`
-          : `op ${known.name} (${opId}) is not served by this server`
-        return Effect.logWarning(message).pipe(
+        const error = known === undefined
+          ? new UnknownOp({
+            actual: String(opId),
+            expected: `an op of protocol v1 (${[...opById.keys()].join(", ")})`,
+            message: `unknown op ${opId}: this server speaks protocol v1 (ops ${[...opById.keys()].join(", ")})`
+          })
+          : notServed(known.name, opId)
+        return Effect.logWarning(error.message).pipe(
           Effect.annotateLogs({ peer }),
-          Effect.andThen(replyError(routingId, uidFrame, opFrame, new UnknownOp({ message })))
+          Effect.andThen(replyError(routingId, uidFrame, opFrame, error))
         )
       }
       const payloadCount = frames.length - 2
       if (payloadCount !== row.op.payload.length) {
-        const message = `${row.op.name}: expected ${row.op.payload.length} payload frame(s) (${
-          row.op.payload.map(([n]) => n).join(", ") || "none"
-        }), got ${payloadCount}`
-        return Effect.logWarning("bad request", message).pipe(
+        const error = payloadCountMismatch(row.op, payloadCount)
+        return Effect.logWarning("bad request", error.message).pipe(
           Effect.annotateLogs({ op: row.op.name, peer }),
-          Effect.andThen(replyError(routingId, uidFrame, opFrame, new BadRequest({ message })))
+          Effect.andThen(replyError(routingId, uidFrame, opFrame, error))
         )
       }
       const seq = barrier.enter()
       const accepted = dispatcher.submit(row.pool, peer, job(row, routingId, peer, frames, Date.now(), seq))
       if (accepted) return Effect.void
       barrier.exit(seq)
-      const message = `${row.op.name}: the ${row.pool} pool is full (${options.queueCapacity ?? DEFAULT_QUEUE_CAPACITY} waiting); retry later`
-      return Effect.logWarning(message).pipe(
+      const capacity = options.queueCapacity ?? DEFAULT_QUEUE_CAPACITY
+      const error = new Overloaded({
+        op: row.op.name,
+        field: `${row.pool} pool`,
+        expected: `at most ${capacity} waiting`,
+        message: `${row.op.name}: the ${row.pool} pool is full (${capacity} waiting); retry later`
+      })
+      return Effect.logWarning(error.message).pipe(
         Effect.annotateLogs({ op: row.op.name, peer }),
-        Effect.andThen(replyError(routingId, uidFrame, opFrame, new Overloaded({ message })))
+        Effect.andThen(replyError(routingId, uidFrame, opFrame, error))
       )
     }
 
