@@ -14,7 +14,7 @@
  *   (as UNREGISTER does) and inserted again with a last-seen 2 h before now,
  *   i.e. registered 2 h ago and silent since. It never lowers the last-seen
  *   of an entry the registry holds, which production never does and which
- *   the registry's stale index (src/services/StaleIndex.ts) relies on: a
+ *   the registry's stale index (src/services/liveness/internal/StaleIndex.ts) relies on: a
  *   scan looks only at entries whose index key is due, and an insert keys
  *   the entry by the time it is given. So the fresh runs measure a scan
  *   with nothing due (the index makes it O(1)), the stale runs one with the

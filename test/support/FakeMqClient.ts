@@ -1,5 +1,5 @@
 /**
- * A scripted stand-in for `MqClientShape` (src/services/MqClient.ts) for unit
+ * A scripted stand-in for `MqClientShape` (src/services/client/MqClient.ts) for unit
  * tests of the client services: it records every request (op name, payload,
  * Effect Clock time, timeout) and answers per a script that a test may change
  * at any point — a default reply per op plus a queue of one-shot replies.

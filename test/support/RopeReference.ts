@@ -1,7 +1,7 @@
 /**
  * Test support for blend: vLLM-style cos/sin tables (in memory and in real
  * shared memory), and a reference RoPE re-rotation written independently of
- * `src/services/Rope.ts` — its own float16/bfloat16 codecs (V8's
+ * `src/services/server/internal/Rope.ts` — its own float16/bfloat16 codecs (V8's
  * Float16Array for float16, float64 arithmetic for bfloat16) and float64
  * math with cos/sin computed directly from the angle — for checking the
  * module to within 1 ulp of the data type.

@@ -6,7 +6,7 @@
  * builds the TensorDescriptor a REGISTER_KV_CACHE sends for a view of it.
  *
  * {@link makeCudaPagedKvCache} is the CUDA twin of `makePagedKvCache`
- * (src/services/PagedKvCache.ts): the same `PagedKvCache` interface (so the
+ * (src/services/client/PagedKvCache.ts): the same `PagedKvCache` interface (so the
  * same WorkerAdapter registration and the same block reads and writes),
  * with the KV cache in device memory: one allocation holding every layer
  * (descriptors share one handle and differ in `storage_offset`) or one per

@@ -1,5 +1,5 @@
 /**
- * The InstanceRegistry's stale index (src/services/StaleIndex.ts): a scan
+ * The InstanceRegistry's stale index (src/services/liveness/internal/StaleIndex.ts): a scan
  * that looks only at the entries the index hands it must pop exactly what
  * judging every entry pops. Property test against a reference model (a
  * plain Map judged in full each scan), plus the cost claims: a scan with

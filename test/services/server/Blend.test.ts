@@ -1,5 +1,5 @@
 /**
- * The blend module (src/services/Blend.ts) without sockets, on the
+ * The blend module (src/services/server/Blend.ts) without sockets, on the
  * TestClock: RoPE state lifecycle (register, re-register, unregister, reap,
  * shutdown — each table mapping released exactly once), its part in
  * PING_REGISTERED and reaping, registration errors, and the token-mapping

@@ -1,5 +1,5 @@
 /**
- * RoPE re-rotation (src/services/Rope.ts): float16/bfloat16 conversion
+ * RoPE re-rotation (src/services/server/internal/Rope.ts): float16/bfloat16 conversion
  * against independent codecs, the rotation kernel against a direct float64
  * reference (within 1 ulp of the data type) for both styles, both half
  * types, and shifts positive, negative, zero and large, and the
