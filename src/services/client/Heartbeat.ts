@@ -31,6 +31,11 @@
  * - After each await the cycle re-checks the stopped flag, and `stop` also
  *   interrupts the fiber, so a straggling cycle never re-registers after the
  *   owner has unregistered (upstream #3631).
+ * - `start` and `stop` are one transaction with respect to each other
+ *   (issue 18 item 5): `start` changes the state, emits and forks the loop
+ *   under one lock; `stop` sets the stopped flag at once, then takes that
+ *   lock, so it interrupts whatever a `start` in progress forks, and the loop
+ *   checks the flag before every ping. No PING goes out once `stop` began.
  * - Supervision: a ping that dies counts as a failed ping; a recover callback
  *   that dies counts as a failed recovery; a defect anywhere else in a cycle
  *   is logged at ERROR and the next cycle runs on schedule. The fiber only
@@ -40,7 +45,7 @@
  *   with the same reason while already unhealthy logs at DEBUG, a new reason
  *   at WARNING.
  */
-import { Cause, Clock, Context, Duration, Effect, Fiber, Layer, Ref, type Scope } from "effect"
+import { Cause, Clock, Context, Duration, Effect, Fiber, Layer, Ref, type Scope, Semaphore } from "effect"
 import { InvalidArgument } from "../../schema/WireError.ts"
 import type { RequestError } from "./MqClient.ts"
 
@@ -151,18 +156,27 @@ export interface HeartbeatOptions {
    * `Lost` answer. Default: succeed with `true` (nothing to recover).
    */
   readonly recover?: (trigger: RecoverTrigger) => Effect.Effect<boolean>
-  /** Called with every {@link HeartbeatEvent}; a defect here is logged like any other cycle defect. */
+  /**
+   * Called with every {@link HeartbeatEvent}; a defect here is logged like
+   * any other cycle defect. HeartbeatStarted is emitted under the start/stop
+   * lock: this callback must not call `stop` (it would wait for itself).
+   */
   readonly onEvent?: (event: HeartbeatEvent) => Effect.Effect<void>
 }
 
 /** A running (or startable) heartbeat; built by {@link makeHeartbeat}. */
 export interface HeartbeatShape {
-  /** Forks the heartbeat fiber into the Scope it was made in. Idempotent; a no-op after `stop`. */
+  /**
+   * Forks the heartbeat fiber into the Scope it was made in. Idempotent; a
+   * no-op after `stop`. Uninterruptible, and serialized with `stop`
+   * (issue 18 item 5).
+   */
   readonly start: Effect.Effect<void>
   /**
    * Stops for good: sets the stopped flag (so a cycle in flight changes
-   * nothing once its await returns), then interrupts the fiber and waits for
-   * it. Idempotent. Also runs when the Scope closes.
+   * nothing once its await returns, and no further ping is sent), waits for
+   * a `start` in progress to record its fiber, then interrupts the fiber and
+   * waits for it. Idempotent. Also runs when the Scope closes.
    */
   readonly stop: Effect.Effect<void>
   /** False while in degraded mode. Starts true. */
@@ -208,6 +222,8 @@ export const makeHeartbeat = (options: HeartbeatOptions): Effect.Effect<Heartbea
     const state = yield* Ref.make<RunState>("idle")
     const cycles = yield* Ref.make(0)
     const lastReason = yield* Ref.make<string | undefined>(undefined)
+    /** Held by `start` from its state change until the fiber is recorded; `stop` waits for it before interrupting. */
+    const runLock = yield* Semaphore.make(1)
     let fiber: Fiber.Fiber<void> | undefined
     const recover = options.recover ?? (() => Effect.succeed(true))
     const onEvent = options.onEvent
@@ -296,7 +312,8 @@ export const makeHeartbeat = (options: HeartbeatOptions): Effect.Effect<Heartbea
 
     const loop = Effect.gen(function*() {
       let nextMs = yield* Clock.currentTimeMillis
-      while (true) {
+      // The flag is checked before each ping: a loop that starts (or wakes) after stop sends nothing.
+      while (!(yield* isStopped)) {
         yield* supervisedCycle
         nextMs += intervalMs
         const nowMs = yield* Clock.currentTimeMillis
@@ -305,17 +322,21 @@ export const makeHeartbeat = (options: HeartbeatOptions): Effect.Effect<Heartbea
       }
     })
 
-    const start = Effect.gen(function*() {
+    // Uninterruptible under the lock: a start cut short between its state change and its fork would leave
+    // "running" with no fiber for stop to interrupt.
+    const start = runLock.withPermits(1)(Effect.uninterruptible(Effect.gen(function*() {
       const started = yield* Ref.modify(state, (s): [boolean, RunState] => s === "idle" ? [true, "running"] : [false, s])
       if (!started) return
       yield* emit((atMs) => ({ _tag: "HeartbeatStarted", atMs }))
       fiber = yield* Effect.forkIn(loop, scope)
-    })
+    })))
 
     const stop = Effect.gen(function*() {
+      // The flag first, outside the lock: a loop forked by a start in progress then sends nothing.
       const previous = yield* Ref.getAndSet(state, "stopped")
       if (previous === "stopped") return
-      if (fiber !== undefined) yield* Fiber.interrupt(fiber)
+      // The lock next: a start between its state change and its fork has recorded its fiber once this is taken.
+      yield* runLock.withPermits(1)(Effect.suspend(() => fiber === undefined ? Effect.void : Fiber.interrupt(fiber)))
       if (previous === "running") yield* emit((atMs) => ({ _tag: "HeartbeatStopped", atMs }))
     })
 

@@ -25,6 +25,9 @@
  *   engine never waits for ever. On the unhealthy→healthy edge the adapter
  *   re-registers before health is set; a failed re-registration keeps it
  *   unhealthy until the next successful ping.
+ * - Bookkeeping (issue 18 item 1): a request is tracked only while it has a
+ *   transfer not yet reported, and a finished id only while a store of it is
+ *   pending; `tracking` shows the counts (for tests and status).
  * - Shutdown (the Scope closing): stop the heartbeat, then UNREGISTER (a
  *   failure only logs a WARNING), then the socket closes with a bounded
  *   linger (the client's own finalizer, when `makeWorkerAdapter` made it).
@@ -83,6 +86,20 @@ export interface FinishedTransfers {
 }
 
 /**
+ * The adapter's per-request bookkeeping, for tests and status (issue 18
+ * item 1). Every count is bounded by the requests in flight and is 0 once
+ * `getFinished` has reported every transfer.
+ */
+export interface RequestTracking {
+  /** Requests with a transfer submitted and not yet reported by `getFinished`. */
+  readonly pendingRequests: number
+  /** Of those, the ones the engine reported finished whose stores are still awaited. */
+  readonly finishedAwaitingStores: number
+  /** Retrieves dropped in degraded mode, reported failed by the next `getFinished`. */
+  readonly droppedRetrieves: number
+}
+
+/**
  * The adapter's event log, for tests and replay: heartbeat events plus
  * registration outcomes (the session's, Session.ts). `atMs` is Effect Clock time, ms.
  */
@@ -105,8 +122,16 @@ export interface WorkerAdapterShape extends SessionView {
   readonly submitStore: (request: TransferRequest) => Effect.Effect<void>
   /** Starts a retrieve in the background; its completion shows in `getFinished` exactly once. Degraded mode: not sent, reported failed once. */
   readonly submitRetrieve: (request: TransferRequest, skipFirstNTokens?: number) => Effect.Effect<void>
-  /** The engine's per-step poll: `finishedRequestIds` are the requests it finished this step. */
+  /**
+   * The engine's per-step poll: `finishedRequestIds` are the requests it
+   * finished this step. A finished report covers the stores submitted for
+   * the request before it (upstream `previously_finished`); an id with no
+   * store pending is not kept, so the bookkeeping stays bounded by the
+   * requests in flight (issue 18 item 1; see `tracking`).
+   */
   readonly getFinished: (finishedRequestIds: ReadonlyArray<string>) => Effect.Effect<FinishedTransfers>
+  /** The per-request bookkeeping now, for tests and status (read-only). */
+  readonly tracking: Effect.Effect<RequestTracking>
 }
 
 /** The worker adapter as a service (one per worker process and server). */
@@ -161,7 +186,13 @@ export const makeWorkerAdapterWith = (
     const { beforeTransfer, chunkSizeTokens, instanceId, keyOf, transfer } = session
     const scope = yield* Effect.scope
     const pending = new Map<string, Array<Pending>>()
+    /**
+     * Requests the engine reported finished whose stores are still pending
+     * (upstream `previously_finished`). Only ids with a pending store are
+     * kept, so it never outgrows `pending` (issue 18 item 1).
+     */
     const finishedRequests = new Set<string>()
+    const hasPendingStore = (requestId: string) => pending.get(requestId)?.some((p) => p.kind === "store") ?? false
     let droppedRetrieves: Array<string> = []
 
     const registerKvCaches = (kvCaches: ReadonlyArray<TensorDescriptor>, layoutHints: LayoutHints = {}) =>
@@ -221,7 +252,8 @@ export const makeWorkerAdapterWith = (
     const getFinished = (finishedRequestIds: ReadonlyArray<string>) =>
       Effect.gen(function*() {
         const healthy = yield* session.view.isHealthy
-        for (const id of finishedRequestIds) finishedRequests.add(id)
+        // A finished report covers the stores submitted before it (the engine submits them in the same step).
+        for (const id of finishedRequestIds) if (hasPendingStore(id)) finishedRequests.add(id)
         const finishedStores: Array<string> = []
         const finishedRetrieves: Array<string> = []
         const failedRetrieves: Array<string> = []
@@ -241,11 +273,11 @@ export const makeWorkerAdapterWith = (
             finishedStores.push(requestId)
             return false
           })
-          if (remaining.length === 0) {
-            pending.delete(requestId)
-            if (list.some((p) => p.kind === "store")) finishedRequests.delete(requestId)
-          } else pending.set(requestId, remaining)
+          if (remaining.length === 0) pending.delete(requestId)
+          else pending.set(requestId, remaining)
         }
+        // Whatever store drained above (a retrieve of the same request may still be in flight) frees its id.
+        for (const id of finishedRequests) if (!hasPendingStore(id)) finishedRequests.delete(id)
         // Swap-drain: each dropped retrieve is reported exactly once (upstream `_dropped_retrieves`).
         const dropped = droppedRetrieves
         droppedRetrieves = []
@@ -266,7 +298,12 @@ export const makeWorkerAdapterWith = (
       retrieve,
       submitStore,
       submitRetrieve,
-      getFinished
+      getFinished,
+      tracking: Effect.sync((): RequestTracking => ({
+        pendingRequests: pending.size,
+        finishedAwaitingStores: finishedRequests.size,
+        droppedRetrieves: droppedRetrieves.length
+      }))
     } satisfies WorkerAdapterShape
   })
 

@@ -5,7 +5,7 @@
  * an unhealthy edge, supervision of defects, and stop.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Effect, Exit, Ref, Scope } from "effect"
+import { Clock, Deferred, Effect, Exit, Fiber, Ref, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { type HeartbeatEvent, makeHeartbeat, type HeartbeatOptions, PingResult } from "../../../src/services/client/Heartbeat.ts"
 import { type CapturedLog, captureLogs } from "../../support/FakeMqClient.ts"
@@ -252,6 +252,40 @@ describe("stop", () => {
       assert.isTrue(stopping.pollUnsafe() !== undefined)
       assert.strictEqual(recoveries, 0)
       assert.isFalse(yield* hb.isHealthy)
+    }))
+
+  it.effect("a stop between start's state change and its fork leaves no loop: no PING after stop (issue 18 item 5)", () =>
+    Effect.gen(function*() {
+      const p = scriptedPing()
+      const events: Array<HeartbeatEvent> = []
+      const entered = yield* Deferred.make<void>()
+      const gate = yield* Deferred.make<void>()
+      // start emits HeartbeatStarted after its state change and before its fork: the hook holds it there.
+      const hb = yield* makeHeartbeat(base(p.ping, events, {
+        onEvent: (e) =>
+          Effect.gen(function*() {
+            events.push(e)
+            if (e._tag !== "HeartbeatStarted") return
+            yield* Deferred.succeed(entered, undefined)
+            yield* Deferred.await(gate)
+          })
+      }))
+      const starting = yield* Effect.forkChild(hb.start)
+      yield* Deferred.await(entered)
+      const stopping = yield* Effect.forkChild(hb.stop)
+      // Let stop run as far as it goes while start is held (it has passed its state change once isStopped reads true).
+      for (let i = 0; i < 100 && !(yield* hb.isStopped); i++) yield* Effect.yieldNow
+      assert.isTrue(yield* hb.isStopped)
+      // stop waits for the start in progress to record its fiber, so that it can interrupt it.
+      assert.isUndefined(stopping.pollUnsafe())
+      yield* Deferred.succeed(gate, undefined)
+      yield* Fiber.join(starting)
+      yield* Fiber.join(stopping)
+      yield* TestClock.adjust("60 seconds")
+      assert.deepStrictEqual(p.calls, [])
+      assert.strictEqual(yield* hb.cycles, 0)
+      assert.isFalse(yield* hb.isRunning)
+      assert.deepStrictEqual(tags(events), ["HeartbeatStarted@0", "HeartbeatStopped@0"])
     }))
 
   it.effect("closing its Scope stops it", () =>

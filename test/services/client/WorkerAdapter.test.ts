@@ -146,6 +146,86 @@ describe("heartbeat start", () => {
     }))
 })
 
+describe("getFinished bookkeeping (issue 18 item 1)", () => {
+  const nothing = { finishedStores: [], finishedRetrieves: [], failedRetrieves: [] }
+  const idle = { pendingRequests: 0, finishedAwaitingStores: 0, droppedRetrieves: 0 }
+
+  it.effect("ids reported finished with no store are not kept: the finished set returns to 0", () =>
+    Effect.gen(function*() {
+      const client = makeFakeMqClient()
+      const adapter = yield* adapterOn(client)
+      yield* adapter.registerKvCaches(descriptors)
+      const retrieved = Array.from({ length: 5 }, (_, i) => `r${i}`)
+      for (const id of retrieved) yield* adapter.submitRetrieve(request(id))
+      yield* TestClock.adjust("0 millis")
+      assert.deepStrictEqual(yield* adapter.getFinished([]), { finishedStores: [], finishedRetrieves: retrieved, failedRetrieves: [] })
+      const never = Array.from({ length: 100 }, (_, i) => `q${i}`)
+      assert.deepStrictEqual(yield* adapter.getFinished([...retrieved, ...never]), nothing)
+      assert.deepStrictEqual(yield* adapter.tracking, idle)
+    }))
+
+  it.effect("a store reported while the request's retrieve is still in flight leaves nothing once the retrieve is reported", () =>
+    Effect.gen(function*() {
+      const client = makeFakeMqClient()
+      const adapter = yield* adapterOn(client)
+      yield* adapter.registerKvCaches(descriptors)
+      client.once("retrieve", reply.after(5_000, reply.ok([new Uint8Array(0), true])))
+      yield* adapter.submitRetrieve(request("a"))
+      yield* adapter.submitStore(request("a"))
+      yield* TestClock.adjust("0 millis")
+      assert.deepStrictEqual(yield* adapter.getFinished(["a"]), { finishedStores: ["a"], finishedRetrieves: [], failedRetrieves: [] })
+      assert.deepStrictEqual(yield* adapter.tracking, { ...idle, pendingRequests: 1 })
+      yield* TestClock.adjust("5 seconds")
+      assert.deepStrictEqual(yield* adapter.getFinished([]), { finishedStores: [], finishedRetrieves: ["a"], failedRetrieves: [] })
+      assert.deepStrictEqual(yield* adapter.tracking, idle)
+    }))
+
+  it.effect("a store is reported once it completes and its request was reported finished, in either order", () =>
+    Effect.gen(function*() {
+      const client = makeFakeMqClient()
+      const adapter = yield* adapterOn(client)
+      yield* adapter.registerKvCaches(descriptors)
+      // s1 completes before the engine reports it finished.
+      yield* adapter.submitStore(request("s1"))
+      yield* TestClock.adjust("0 millis")
+      assert.deepStrictEqual(yield* adapter.getFinished([]), nothing)
+      assert.deepStrictEqual(yield* adapter.tracking, { ...idle, pendingRequests: 1 })
+      assert.deepStrictEqual(yield* adapter.getFinished(["s1"]), { finishedStores: ["s1"], finishedRetrieves: [], failedRetrieves: [] })
+      // s2 is reported finished while its store is in flight.
+      client.once("store", reply.after(5_000, reply.ok([new Uint8Array(0), true])))
+      yield* adapter.submitStore(request("s2"))
+      yield* TestClock.adjust("0 millis")
+      assert.deepStrictEqual(yield* adapter.getFinished(["s2"]), nothing)
+      assert.deepStrictEqual(yield* adapter.tracking, { ...idle, pendingRequests: 1, finishedAwaitingStores: 1 })
+      yield* TestClock.adjust("5 seconds")
+      assert.deepStrictEqual(yield* adapter.getFinished([]), { finishedStores: ["s2"], finishedRetrieves: [], failedRetrieves: [] })
+      assert.deepStrictEqual(yield* adapter.tracking, idle)
+    }))
+
+  it.effect("degraded mode drains everything: nothing is left tracked", () =>
+    Effect.gen(function*() {
+      const client = makeFakeMqClient()
+      const adapter = yield* adapterOn(client)
+      yield* adapter.registerKvCaches(descriptors)
+      client.answer("store", reply.hang)
+      yield* adapter.submitStore(request("s1"))
+      yield* TestClock.adjust("0 millis")
+      assert.deepStrictEqual(yield* adapter.getFinished(["s1", "x"]), nothing)
+      client.answer("ping_registered", reply.timeout)
+      yield* TestClock.adjust("20 seconds")
+      assert.isFalse(yield* adapter.isHealthy)
+      yield* adapter.submitStore(request("s2"))
+      yield* adapter.submitRetrieve(request("r1"))
+      assert.deepStrictEqual(yield* adapter.tracking, { pendingRequests: 2, finishedAwaitingStores: 1, droppedRetrieves: 1 })
+      assert.deepStrictEqual(yield* adapter.getFinished(["y"]), {
+        finishedStores: ["s1", "s2"],
+        finishedRetrieves: ["r1"],
+        failedRetrieves: ["r1"]
+      })
+      assert.deepStrictEqual(yield* adapter.tracking, idle)
+    }))
+})
+
 describe("degraded mode", () => {
   it.effect("a ping without an answer within the timeout flips to unhealthy; stores are skipped; a retrieve is reported failed exactly once", () =>
     Effect.gen(function*() {
