@@ -103,8 +103,12 @@ const describeCause = (cause: Cause.Cause<unknown>): string => {
 const errorCode = (e: unknown): string =>
   typeof e === "object" && e !== null && "code" in e && typeof e.code === "string" ? e.code : String(e)
 
+/** The frame of a connection probe; compared by identity, so a reply that happens to be empty is never taken for one. */
+const PROBE_FRAME = Buffer.alloc(0)
+
 const make = (options: MqServerOptions) =>
   Effect.gen(function*() {
+    const serverScope = yield* Effect.scope
     const table = yield* Handlers
     const events = yield* PeerEvents
     const barrier = yield* RequestBarrier
@@ -122,9 +126,18 @@ const make = (options: MqServerOptions) =>
     const undelivered = makeUndeliveredReplies()
     yield* Effect.forkScoped(undelivered.reportForever)
     const outbox: Array<Array<Uint8Array>> = []
+    // Probes (see onMessage) ride the same send path; they are told apart by their frame's identity.
+    const probes = new Map<Array<Uint8Array>, (delivered: boolean) => void>()
     let pumping: Promise<void> | undefined
     const pump = async (): Promise<void> => {
       for (let message = outbox.shift(); message !== undefined; message = outbox.shift()) {
+        if (message[1] === PROBE_FRAME) {
+          const settle = probes.get(message)!
+          probes.delete(message)
+          // Only EHOSTUNREACH means gone: a full pipe (EAGAIN) belongs to a live, slow peer.
+          settle(await router.send(message).then(() => true, (e: unknown) => errorCode(e) !== "EHOSTUNREACH"))
+          continue
+        }
         try {
           await router.send(message)
         } catch (e) {
@@ -141,6 +154,18 @@ const make = (options: MqServerOptions) =>
       outbox.push([routingId, ...frames])
       pumping ??= pump()
     }
+    /**
+     * Whether `routingId` still has a connection: an empty frame sent with ROUTER_MANDATORY fails at once
+     * (EHOSTUNREACH) once the ROUTER has dropped the peer's pipe, which it does before it queues the
+     * disconnect notification (measured with libzmq 4.3 through zeromq.js 6.8).
+     */
+    const probe = (routingId: Uint8Array): Promise<boolean> =>
+      new Promise((resolve) => {
+        const message = [routingId, PROBE_FRAME]
+        probes.set(message, resolve)
+        outbox.push(message)
+        pumping ??= pump()
+      })
     yield* Effect.addFinalizer(() =>
       Effect.promise(() => pumping ?? Promise.resolve()).pipe(Effect.timeout("5 seconds"), Effect.ignore)
     )
@@ -246,6 +271,16 @@ const make = (options: MqServerOptions) =>
 
     const connected = new Set<string>()
 
+    /** The peer's connection is gone (a confirmed ROUTER_NOTIFY disconnect): its lane and its bindings go. */
+    const disconnected = (peer: string): Effect.Effect<void> => {
+      if (!connected.delete(peer)) return Effect.void
+      dispatcher.releasePeer(peer)
+      return Metric.update(M.connectedPeers, connected.size).pipe(
+        Effect.andThen(Effect.logDebug("peer disconnected").pipe(Effect.annotateLogs({ peer }))),
+        Effect.andThen(events.disconnected(peer))
+      )
+    }
+
     const drop = (peer: string, why: string): Effect.Effect<void> => {
       droppedMessages++
       return Metric.update(M.droppedMessagesTotal, 1).pipe(
@@ -262,13 +297,19 @@ const make = (options: MqServerOptions) =>
       const peer = routingId.toString("hex")
       const frames = received.slice(1)
       if (frames.length === 1 && frames[0]!.length === 0) {
-        // ZMQ_ROUTER_NOTIFY: the same empty frame means connect, then disconnect.
+        // ZMQ_ROUTER_NOTIFY's connect and disconnect notifications are both a lone empty frame, and a peer can
+        // send that frame itself (a buggy client, or one that wants a live worker reaped: issue 14). The connect
+        // comes before anything the peer sends, so the first one from a routing id is the connect; a later one
+        // is the disconnect only if the peer is really gone, which a probe tells (off the receive loop).
         if (connected.has(peer)) {
-          connected.delete(peer)
-          dispatcher.releasePeer(peer)
-          return Metric.update(M.connectedPeers, connected.size).pipe(
-            Effect.andThen(Effect.logDebug("peer disconnected").pipe(Effect.annotateLogs({ peer }))),
-            Effect.andThen(events.disconnected(peer))
+          return Effect.promise(() => probe(routingId)).pipe(
+            Effect.flatMap((delivered) =>
+              delivered
+                ? drop(peer, "a lone empty frame from a connected peer is not a ROUTER notification (it was answered with one)")
+                : disconnected(peer)
+            ),
+            Effect.forkIn(serverScope),
+            Effect.asVoid
           )
         }
         connected.add(peer)

@@ -1,0 +1,66 @@
+/**
+ * A live worker cannot be reaped by what it sends (issue 14, DESIGN §8): its
+ * own lone empty frames look exactly like ROUTER_NOTIFY's connect/disconnect
+ * notifications, and the server tells them apart with a ROUTER_MANDATORY
+ * probe. Real processes, real libzmq, real SIGKILL.
+ */
+import { randomUUID } from "node:crypto"
+import { readdirSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { fileURLToPath } from "node:url"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { decodeStatusDocument } from "../../src/schema/Status.ts"
+import { startCli, startScript } from "../support/Cli.ts"
+
+const WORKER = fileURLToPath(new URL("../support/empty-frame-worker.ts", import.meta.url))
+
+const statusOf = (port: number) =>
+  Effect.promise(() => fetch(`http://127.0.0.1:${port}/api/status`).then((r) => r.json())).pipe(
+    Effect.flatMap(decodeStatusDocument),
+    Effect.orDie
+  )
+const metricsOf = (port: number) => Effect.promise(() => fetch(`http://127.0.0.1:${port}/metrics`).then((r) => r.text()))
+
+describe("lone empty frames from a live peer", () => {
+  it.live("a worker sending them every 100 ms for 3 × the disconnect grace is never suspect nor reaped; SIGKILLed, it is reaped on the grace", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const endpoint = `ipc://${join(tmpdir(), `mpcache-empty-${randomUUID()}.sock`)}`
+      const server = yield* startCli([
+        "serve", "--endpoint", endpoint, "--http-port", "0", "--no-l1-prefault", "--l1-size-gb", "0.0625",
+        "--worker-disconnect-grace-seconds", "1"
+      ])
+      const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/)
+      yield* server.waitForStderr(/MQ server listening on/)
+      const httpPort = Number(port)
+      const namePrefix = `mpcache-empty-${randomUUID()}`
+      yield* Effect.addFinalizer(() =>
+        Effect.sync(() => {
+          for (const n of readdirSync("/dev/shm")) if (n.startsWith(namePrefix)) rmSync(`/dev/shm/${n}`, { force: true })
+        })
+      )
+      const worker = yield* startScript(WORKER, [JSON.stringify({ endpoint, namePrefix, everyMs: 100 })])
+      const [line] = yield* worker.waitForStdout(/\{"event":"registered".*\}/, 20_000)
+      const instanceId = (JSON.parse(line) as { instanceId: string }).instanceId
+      // 3 s: three disconnect graces of empty frames, sampled every 100 ms.
+      const states: Array<string> = []
+      for (let i = 0; i < 30; i++) {
+        const s = yield* statusOf(httpPort)
+        states.push(s.instances.find((x) => x.instance_id === instanceId)?.state ?? "gone")
+        yield* Effect.sleep("100 millis")
+      }
+      assert.deepStrictEqual([...new Set(states)], ["startup"])
+      const metrics = yield* metricsOf(httpPort)
+      const dropped = Number(metrics.match(/^mpcache_dropped_messages_total (\d+)/m)?.[1] ?? "0")
+      assert.isAtLeast(dropped, 20)
+      assert.notMatch(metrics, /mpcache_reaps_total\{reason="disconnect"\} [1-9]/)
+      assert.match(server.stderr(), /a lone empty frame from a connected peer is not a ROUTER notification/)
+      // Its real death is still noticed as a disconnect.
+      const killedAt = Date.now()
+      worker.child.kill("SIGKILL")
+      yield* server.waitForStderr(new RegExp(`reaped instance ${instanceId}: .*reason disconnect`), 10_000)
+      assert.isBelow(Date.now() - killedAt, 3_000)
+      assert.deepStrictEqual((yield* statusOf(httpPort)).instances, [])
+    })), 60_000)
+})
