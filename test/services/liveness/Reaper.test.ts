@@ -190,7 +190,8 @@ describe("reap windows", () => {
     const barrier = Layer.succeed(RequestBarrier, {
       enter: () => 0,
       exit: () => {},
-      awaitReceived: () => (gate.held ? Deferred.await(gate.release) : Effect.void)
+      awaitReceived: () => (gate.held ? Deferred.await(gate.release) : Effect.void),
+      stats: () => ({ waiters: 0, unfinished: 0 })
     })
     return Effect.gen(function*() {
       const management = yield* Management
