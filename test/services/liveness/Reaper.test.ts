@@ -40,6 +40,33 @@ const advance = (totalSeconds: number, stepSeconds: number, each: Effect.Effect<
     }
   })
 
+/**
+ * A request barrier that tells when a scan starts. The loop is sequential, so a scan starting means every
+ * earlier scan has finished, its releases (real munmaps) included: tests wait on that, never on a timer.
+ */
+const scanProbe = () => {
+  const waiting: Array<Deferred.Deferred<void>> = []
+  const layer = Layer.succeed(RequestBarrier, {
+    enter: () => 0,
+    exit: () => {},
+    awaitReceived: () => Effect.sync(() => waiting.splice(0).forEach((d) => Deferred.doneUnsafe(d, Effect.void))),
+    stats: () => ({ waiters: 0, unfinished: 0 })
+  })
+  /**
+   * Waits until a scan starts after this call, so the scan running now (if any) has finished. Advances the
+   * clock one scan period first so that one comes: either its sleep ends, or, when the scan running now
+   * ends after that time, the next one starts at once.
+   */
+  const afterScan = (periodMs: number) =>
+    Effect.gen(function*() {
+      const started = Deferred.makeUnsafe<void>()
+      waiting.push(started)
+      yield* TestClock.adjust(periodMs)
+      yield* Deferred.await(started)
+    })
+  return { layer, afterScan }
+}
+
 describe("schedule", () => {
   it("scans every timeout/4, at least every disconnect grace/2; never when both are 0", () => {
     const w = (reapTimeoutMs: number, disconnectGraceMs: number) => ({ reapTimeoutMs, registrationGraceMs: 3_600_000, disconnectGraceMs })
@@ -212,8 +239,9 @@ describe("reap windows", () => {
 })
 
 describe("connection loss", () => {
-  it.effect("the last bound connection closing makes the instance suspect; silent past the disconnect grace it is reaped", () =>
-    Effect.gen(function*() {
+  it.effect("the last bound connection closing makes the instance suspect; silent past the disconnect grace it is reaped", () => {
+    const probe = scanProbe()
+    return Effect.gen(function*() {
       const connections = yield* Connections
       const reaper = yield* Reaper
       yield* registerServed(20)
@@ -226,10 +254,12 @@ describe("connection loss", () => {
       assert.isTrue(yield* registered(20), "not before the grace")
       yield* TestClock.adjust("5 seconds")
       assert.isFalse(yield* registered(20))
-      // The scan finishes after the mapping's munmap (real async work), then forgets the instance.
-      yield* Effect.promise(() => new Promise((resolve) => setTimeout(resolve, 100)))
+      // The scan finishes after the mapping's munmap (real async work), then forgets the instance:
+      // wait for the next scan to start, not for a timer.
+      yield* probe.afterScan(5_000)
       assert.strictEqual(connections.stats().suspects, 0)
-    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv({}, probe.layer)))
+  })
 
   it.effect("a message naming the instance from a connected routing id binds it and clears the suspicion", () =>
     Effect.gen(function*() {
