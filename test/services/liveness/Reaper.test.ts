@@ -4,17 +4,15 @@
  * every 30 s), registration grace 3600 s, disconnect grace 10 s.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Deferred, Effect, Layer, Metric } from "effect"
-import { PrometheusMetrics } from "effect/observability"
+import { Deferred, Effect, Layer } from "effect"
 import { TestClock } from "effect/testing"
 import { Connections } from "../../../src/services/liveness/Connections.ts"
 import { LmcacheDrivenTransfer } from "../../../src/services/server/LmcacheDrivenTransfer.ts"
 import { Management } from "../../../src/services/server/Management.ts"
 import { Reaper, scanPeriodMs } from "../../../src/services/liveness/Reaper.ts"
 import { RequestBarrier } from "../../../src/services/liveness/RequestBarrier.ts"
-import { captureLogs, type CapturedLog } from "../../support/FakeMqClient.ts"
 import { emptyKey, id, livenessEnv, workerCache } from "../../support/LivenessEnv.ts"
-import { stallWarnings, stoppedBetween } from "./StoppedClock.ts"
+import { observeStalls, stoppedBetween } from "./StoppedClock.ts"
 
 /** Registers instance `n`, then PINGs and transfers once: both flags latched. */
 const registerServed = (n: number) =>
@@ -61,12 +59,6 @@ const scanProbe = () => {
       }),
     stats: () => ({ waiters: 0, unfinished: 0 })
   })
-  /** Waits until a scan starts after this call. */
-  const nextScan = Effect.suspend(() => {
-    const started = Deferred.makeUnsafe<void>()
-    waiting.push(started)
-    return Deferred.await(started)
-  })
   /**
    * Waits until a scan starts after this call, so the scan running now (if any) has finished. Advances the
    * clock one scan period first so that one comes: either its sleep ends, or, when the scan running now
@@ -90,7 +82,7 @@ const scanProbe = () => {
     if (held !== undefined) Deferred.doneUnsafe(held, Effect.void)
     return Deferred.await(started)
   })
-  return { layer, nextScan, afterScan, holdScans, releaseScans }
+  return { layer, afterScan, holdScans, releaseScans }
 }
 
 describe("schedule", () => {
@@ -340,20 +332,13 @@ describe("server stalls seen by the reaper", () => {
    */
   const lateBy = (heldMs: number) => {
     const probe = scanProbe()
-    const logs: Array<CapturedLog> = []
-    return Effect.gen(function*() {
+    return observeStalls(Effect.gen(function*() {
       yield* TestClock.adjust("4 seconds")
       probe.holdScans()
       yield* TestClock.adjust("1 second")
       yield* TestClock.adjust(heldMs)
       yield* probe.releaseScans
-      return { warnings: stallWarnings(logs), metrics: yield* PrometheusMetrics.format() }
-    }).pipe(
-      Effect.scoped,
-      Effect.provide(livenessEnv({}, probe.layer)),
-      Effect.provide(captureLogs(logs)),
-      Effect.provideService(Metric.MetricRegistry, new Map())
-    )
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv({}, probe.layer))))
   }
 
   it.effect("a scan late by exactly one period: no WARNING, nothing counted", () =>
