@@ -15,6 +15,11 @@
  * assembly builds it after the modules behind them: at shutdown the reaper
  * stops before any of them releases state.
  *
+ * A scheduled scan that starts more than one period late is a stall of the
+ * server itself: told once (WARNING, `mpcache_server_stalls_total`) through
+ * ServerStalls, shared with the event-loop ticker forked beside the loop
+ * (Stalls.ts).
+ *
  * It also answers the `worker_liveness` and `instances` blocks of
  * `/api/status`: the windows, whether it runs, what it tracks, and each
  * instance's state by Rule.ts.
@@ -25,6 +30,7 @@ import { ServerConfig } from "../server/ServerConfig.ts"
 import { Connections } from "./Connections.ts"
 import { LivenessTargets, type InstanceSummary, type ReapedInstance } from "./LivenessTarget.ts"
 import { RequestBarrier } from "./RequestBarrier.ts"
+import { formatStallSeconds, ServerStalls, watchEventLoop } from "./Stalls.ts"
 import { disconnectReapingOn, stateOf, timeReapingOn, windowsOf, type InstanceState, type ReapReason, type Windows } from "./Rule.ts"
 
 const reapsTotal = Metric.counter("mpcache_reaps_total", { description: "Instances reaped, by reason", incremental: true })
@@ -72,8 +78,11 @@ export class Reaper extends Context.Service<Reaper, {
   /** `worker_liveness` and `instances` blocks of `/api/status`. */
   readonly status: () => Effect.Effect<Record<string, unknown>>
 }>()("mpcache/services/Reaper") {
-  /** The reaper over the targets in context; its loop lives exactly as long as this layer. */
-  static readonly layer = Layer.effect(this, Effect.suspend(() => make))
+  /**
+   * The reaper over the targets in context; its loop and the event-loop
+   * ticker (Stalls.ts) live exactly as long as this layer.
+   */
+  static readonly layer = Layer.effect(this, Effect.suspend(() => make)).pipe(Layer.provide(ServerStalls.layer))
 }
 
 const make = Effect.gen(function*() {
@@ -81,6 +90,7 @@ const make = Effect.gen(function*() {
   const targets = yield* LivenessTargets
   const connections = yield* Connections
   const barrier = yield* RequestBarrier
+  const stalls = yield* ServerStalls
   const windows = windowsOf(config)
 
   const trackedCount = Effect.map(
@@ -121,7 +131,8 @@ const make = Effect.gen(function*() {
   /**
    * The reaper loop: scans on a fixed grid, and at once when a suspect's
    * disconnect grace runs out. A late scheduled scan judges at the time it
-   * was due.
+   * was due, and one late by more than a period is a stall of the server
+   * (one WARNING, ServerStalls).
    */
   const reaper = Effect.gen(function*() {
     let due = (yield* Clock.currentTimeMillis) + everyMs
@@ -132,11 +143,22 @@ const make = Effect.gen(function*() {
         Effect.as(Queue.take(connections.graceExpired), true)
       )
       const start = yield* Clock.currentTimeMillis
+      // A grace signal that wins the race once the scheduled time has passed (both woke after a pause)
+      // is that scheduled scan too: judged at its time, or the pause would count as silence.
+      const scheduled = !woken || start >= due
+      if (scheduled && start - due > everyMs) {
+        yield* stalls.report({
+          source: "reaper",
+          fromMs: due,
+          toMs: start,
+          what: `reaper scan started ${formatStallSeconds(start - due)} s late, period ${everyMs / 1000} s`
+        })
+      }
       yield* barrier.awaitReceived(BARRIER_TIMEOUT)
       // A scheduled scan is judged at the time it was due: neither the server's own lateness (a blocked
       // event loop, a stopped process) nor the wait for already received requests counts as silence.
-      yield* Effect.uninterruptible(scan(woken ? start : due))
-      if (!woken) {
+      yield* Effect.uninterruptible(scan(scheduled ? due : start))
+      if (scheduled) {
         due += everyMs
         if (due <= start) due = start + everyMs
       }
@@ -148,6 +170,8 @@ const make = Effect.gen(function*() {
 
   if (reaperEnabled) {
     yield* Effect.forkScoped(reaper)
+    // Only with the reaper: the WARNING speaks of liveness deadlines.
+    yield* Effect.forkScoped(watchEventLoop.pipe(Effect.annotateLogs({ fiber: "event-loop-watch" })))
     yield* Effect.logInfo(
       `reaper: scanning every ${everyMs / 1000} s (reap timeout ${config.workerReapTimeoutSeconds} s, registration grace ${config.workerRegistrationGraceSeconds} s, disconnect grace ${config.workerDisconnectGraceSeconds} s)`
     )

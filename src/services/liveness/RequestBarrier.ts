@@ -17,18 +17,22 @@ export class RequestBarrier extends Context.Service<RequestBarrier, {
    * until every request received so far has finished, at most `timeout`.
    */
   readonly awaitReceived: (timeout: Duration.Input) => Effect.Effect<void>
+  /** Scans waiting and requests not yet finished (tests, status): both return to 0 when idle. */
+  readonly stats: () => { readonly waiters: number; readonly unfinished: number }
 }>()("mpcache/services/RequestBarrier") {
   static readonly layer = Layer.sync(this, () => {
     let next = 0
     const unfinished = new Set<number>()
-    const waiters: Array<{ readonly upTo: number; readonly done: Deferred.Deferred<void> }> = []
+    // A Set: a waiter leaves it when released, and also when its wait ends otherwise (timeout,
+    // interrupt), so a request that never finishes cannot pile waiters up for the server's life.
+    const waiters = new Set<{ readonly upTo: number; readonly done: Deferred.Deferred<void> }>()
     const settle = () => {
       let min = Infinity
       for (const s of unfinished) if (s < min) min = s
-      for (let i = waiters.length - 1; i >= 0; i--) {
-        if (waiters[i]!.upTo < min) {
-          Deferred.doneUnsafe(waiters[i]!.done, Effect.void)
-          waiters.splice(i, 1)
+      for (const w of waiters) {
+        if (w.upTo < min) {
+          Deferred.doneUnsafe(w.done, Effect.void)
+          waiters.delete(w)
         }
       }
     }
@@ -41,19 +45,28 @@ export class RequestBarrier extends Context.Service<RequestBarrier, {
       exit: (seq) => {
         unfinished.delete(seq)
         // Per request: the scan over the unfinished set is only worth it when a scan waits.
-        if (waiters.length > 0) settle()
+        if (waiters.size > 0) settle()
       },
       awaitReceived: (timeout) =>
         Effect.gen(function*() {
           // One turn of the event loop: the receive loop reads what libzmq has buffered.
           yield* Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
-          const done = yield* Deferred.make<void>()
-          waiters.push({ upTo: next - 1, done })
+          const waiter = { upTo: next - 1, done: yield* Deferred.make<void>() }
+          waiters.add(waiter)
           settle()
-          yield* Deferred.await(done).pipe(Effect.timeoutOrElse({ duration: timeout, orElse: () => Effect.void }))
-        })
+          yield* Deferred.await(waiter.done).pipe(
+            Effect.timeoutOrElse({ duration: timeout, orElse: () => Effect.void }),
+            Effect.ensuring(Effect.sync(() => waiters.delete(waiter)))
+          )
+        }),
+      stats: () => ({ waiters: waiters.size, unfinished: unfinished.size })
     }
   })
   /** No MQ server in front (unit tests): nothing to wait for. */
-  static readonly layerNoop = Layer.succeed(this, { enter: () => 0, exit: () => {}, awaitReceived: () => Effect.void })
+  static readonly layerNoop = Layer.succeed(this, {
+    enter: () => 0,
+    exit: () => {},
+    awaitReceived: () => Effect.void,
+    stats: () => ({ waiters: 0, unfinished: 0 })
+  })
 }

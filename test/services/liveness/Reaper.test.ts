@@ -12,6 +12,7 @@ import { Management } from "../../../src/services/server/Management.ts"
 import { Reaper, scanPeriodMs } from "../../../src/services/liveness/Reaper.ts"
 import { RequestBarrier } from "../../../src/services/liveness/RequestBarrier.ts"
 import { emptyKey, id, livenessEnv, workerCache } from "../../support/LivenessEnv.ts"
+import { observeStalls, stoppedBetween } from "./StoppedClock.ts"
 
 /** Registers instance `n`, then PINGs and transfers once: both flags latched. */
 const registerServed = (n: number) =>
@@ -39,6 +40,50 @@ const advance = (totalSeconds: number, stepSeconds: number, each: Effect.Effect<
       yield* each
     }
   })
+
+/**
+ * A request barrier that tells when a scan starts, and can hold scans. The loop is sequential, so a scan
+ * starting means every earlier scan has finished, its releases (real munmaps) included: tests wait on
+ * that, never on a timer.
+ */
+const scanProbe = () => {
+  const waiting: Array<Deferred.Deferred<void>> = []
+  let hold: Deferred.Deferred<void> | undefined
+  const layer = Layer.succeed(RequestBarrier, {
+    enter: () => 0,
+    exit: () => {},
+    awaitReceived: () =>
+      Effect.suspend(() => {
+        waiting.splice(0).forEach((d) => Deferred.doneUnsafe(d, Effect.void))
+        return hold === undefined ? Effect.void : Deferred.await(hold)
+      }),
+    stats: () => ({ waiters: 0, unfinished: 0 })
+  })
+  /**
+   * Waits until a scan starts after this call, so the scan running now (if any) has finished. Advances the
+   * clock one scan period first so that one comes: either its sleep ends, or, when the scan running now
+   * ends after that time, the next one starts at once.
+   */
+  const afterScan = (periodMs: number) =>
+    Effect.gen(function*() {
+      const started = Deferred.makeUnsafe<void>()
+      waiting.push(started)
+      yield* TestClock.adjust(periodMs)
+      yield* Deferred.await(started)
+    })
+  /** Scans from now on wait before judging, until `release`: the reaper stalls while the clock runs. */
+  const holdScans = () => void (hold = Deferred.makeUnsafe<void>())
+  /** Lets the held scan go on, and waits until the next scan has started. */
+  const releaseScans = Effect.suspend(() => {
+    const held = hold
+    hold = undefined
+    const started = Deferred.makeUnsafe<void>()
+    waiting.push(started)
+    if (held !== undefined) Deferred.doneUnsafe(held, Effect.void)
+    return Deferred.await(started)
+  })
+  return { layer, afterScan, holdScans, releaseScans }
+}
 
 describe("schedule", () => {
   it("scans every timeout/4, at least every disconnect grace/2; never when both are 0", () => {
@@ -190,7 +235,8 @@ describe("reap windows", () => {
     const barrier = Layer.succeed(RequestBarrier, {
       enter: () => 0,
       exit: () => {},
-      awaitReceived: () => (gate.held ? Deferred.await(gate.release) : Effect.void)
+      awaitReceived: () => (gate.held ? Deferred.await(gate.release) : Effect.void),
+      stats: () => ({ waiters: 0, unfinished: 0 })
     })
     return Effect.gen(function*() {
       const management = yield* Management
@@ -211,8 +257,9 @@ describe("reap windows", () => {
 })
 
 describe("connection loss", () => {
-  it.effect("the last bound connection closing makes the instance suspect; silent past the disconnect grace it is reaped", () =>
-    Effect.gen(function*() {
+  it.effect("the last bound connection closing makes the instance suspect; silent past the disconnect grace it is reaped", () => {
+    const probe = scanProbe()
+    return Effect.gen(function*() {
       const connections = yield* Connections
       const reaper = yield* Reaper
       yield* registerServed(20)
@@ -225,10 +272,12 @@ describe("connection loss", () => {
       assert.isTrue(yield* registered(20), "not before the grace")
       yield* TestClock.adjust("5 seconds")
       assert.isFalse(yield* registered(20))
-      // The scan finishes after the mapping's munmap (real async work), then forgets the instance.
-      yield* Effect.promise(() => new Promise((resolve) => setTimeout(resolve, 100)))
+      // The scan finishes after the mapping's munmap (real async work), then forgets the instance:
+      // wait for the next scan to start, not for a timer.
+      yield* probe.afterScan(5_000)
       assert.strictEqual(connections.stats().suspects, 0)
-    }).pipe(Effect.scoped, Effect.provide(livenessEnv())))
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv({}, probe.layer)))
+  })
 
   it.effect("a message naming the instance from a connected routing id binds it and clears the suspicion", () =>
     Effect.gen(function*() {
@@ -275,3 +324,69 @@ describe("connection loss", () => {
       assert.isTrue(yield* registered(23))
     }).pipe(Effect.scoped, Effect.provide(livenessEnv({ workerDisconnectGraceSeconds: 0 }))))
 })
+
+describe("server stalls seen by the reaper", () => {
+  /**
+   * The scan due at 5 s (defaults: a 5 s period) is held for `heldMs`, so the next one, due at 10 s, starts
+   * at 5 s + `heldMs`. The event-loop ticker runs on time meanwhile: only the reaper sees this stall.
+   */
+  const lateBy = (heldMs: number) => {
+    const probe = scanProbe()
+    return observeStalls(Effect.gen(function*() {
+      yield* TestClock.adjust("4 seconds")
+      probe.holdScans()
+      yield* TestClock.adjust("1 second")
+      yield* TestClock.adjust(heldMs)
+      yield* probe.releaseScans
+    }).pipe(Effect.scoped, Effect.provide(livenessEnv({}, probe.layer))))
+  }
+
+  it.effect("a scan late by exactly one period: no WARNING, nothing counted", () =>
+    Effect.gen(function*() {
+      const { warnings, metrics } = yield* lateBy(10_000)
+      assert.deepStrictEqual(warnings, [])
+      assert.notMatch(metrics, /mpcache_server_stalls_total/)
+    }))
+
+  it.effect("a scan late by one period + 1 ms: one WARNING with the figures, counted once", () =>
+    Effect.gen(function*() {
+      const { warnings, metrics } = yield* lateBy(10_001)
+      assert.deepStrictEqual(warnings, [
+        "server stalled for 5.001 s (reaper scan started 5.001 s late, period 5 s); liveness deadlines were extended by 5.001 s"
+      ])
+      assert.match(metrics, /^mpcache_server_stalls_total\{source="reaper"\} 1$/m)
+      assert.notMatch(metrics, /mpcache_server_stalls_total\{source="event_loop"\}/)
+      assert.match(metrics, /^mpcache_server_stall_seconds_sum 5\.001$/m)
+    }))
+
+  it.effect("a suspect's grace that wakes the reaper after a pause does not make the pause silence: judged when the scan was due", () =>
+    Effect.gen(function*() {
+      // Period 5 s. Instance 30 pinged at 5 s (its timeout ends at 125 s); 31 suspect from 110 s (its grace
+      // ends at 120.001 s). The process is stopped from 120 s (after that scan) to 200 s: the grace signal
+      // and the scan due at 125 s both wake at 200 s, the grace one first.
+      const { result, warnings } = yield* stoppedBetween(
+        120_000,
+        200_000,
+        Effect.gen(function*() {
+          const connections = yield* Connections
+          const management = yield* Management
+          yield* registerServed(30)
+          yield* registerServed(31)
+          yield* TestClock.adjust("5 seconds")
+          yield* management.ping(id(30))
+          yield* connections.events.connected("peer-31")
+          yield* connections.events.instanceMessage("peer-31", id(31))
+          yield* TestClock.adjust("105 seconds")
+          yield* connections.events.disconnected("peer-31")
+          yield* TestClock.adjust("90 seconds")
+          return [yield* registered(30), yield* registered(31)]
+        }).pipe(Effect.scoped, Effect.provide(livenessEnv()))
+      )
+      assert.deepStrictEqual(result, [true, false], "30 judged at 125 s (silent 120 s), 31 past its grace")
+      // The reaper ran first after the pause (woken by the grace signal): its report is the one told.
+      assert.deepStrictEqual(warnings, [
+        "server stalled for 75.000 s (reaper scan started 75.000 s late, period 5 s); liveness deadlines were extended by 75.000 s"
+      ])
+    }))
+})
+

@@ -1,0 +1,108 @@
+/**
+ * The server's own stalls, told to operators (DESIGN §5 "the server's own
+ * stalls never count as a worker's silence"; issue 18 "operators must see
+ * what the server decided").
+ *
+ * Two detectors see a stall, both on the Clock (so TestClock drives them):
+ * the reaper, whose scheduled scan starts later than one scan period after
+ * it was due (Reaper.ts), and `watchEventLoop`, a ticker that measures its
+ * own lateness and calls more than a second late a stall (a blocked event
+ * loop, a stopped process). Each reports the interval it saw, in Clock
+ * millis, to `ServerStalls`, which logs one WARNING ("server stalled for
+ * X s (…); liveness deadlines were extended by X s") and counts it in
+ * `mpcache_server_stalls_total{source}` and `mpcache_server_stall_seconds`.
+ *
+ * One pause is told once: both detectors see a stopped process, and their
+ * intervals both end when it runs again, so a report whose interval starts
+ * before the end of the last one told is the same pause and is dropped,
+ * whichever detector came first (after a SIGCONT, the ticker usually: its
+ * tick was due first, its period being shorter).
+ */
+import { Clock, Context, Effect, Layer, Metric } from "effect"
+
+/** Which detector saw a stall: the metric's `source` label. */
+export type StallSource = "reaper" | "event_loop"
+
+/** One stall as a detector saw it. */
+export interface Stall {
+  readonly source: StallSource
+  /** When the detector should have run (Clock millis). */
+  readonly fromMs: number
+  /** When it ran (Clock millis): `toMs − fromMs` is how long the server was stopped, at least. */
+  readonly toMs: number
+  /** What was late, for the WARNING's parenthesis ("reaper scan started 5.001 s late, period 5 s"). */
+  readonly what: string
+}
+
+const stallsTotal = Metric.counter("mpcache_server_stalls_total", {
+  description: "Stalls of the server itself (reaper scan late by more than a period, event loop late by more than 1 s), by detector",
+  incremental: true
+})
+const stallsBy: Record<StallSource, Metric.Metric<number, unknown>> = {
+  reaper: Metric.withAttributes(stallsTotal, { source: "reaper" }),
+  event_loop: Metric.withAttributes(stallsTotal, { source: "event_loop" })
+}
+const stallSeconds = Metric.histogram("mpcache_server_stall_seconds", {
+  description: "How long each reported stall of the server lasted",
+  boundaries: Metric.exponentialBoundaries({ start: 1, factor: 2, count: 10 })
+})
+
+/** Seconds with millisecond precision, as the WARNINGs print them. */
+export const formatStallSeconds = (ms: number): string => (ms / 1000).toFixed(3)
+
+/** Where the detectors report the server's stalls: one WARNING and one count per pause. */
+export class ServerStalls extends Context.Service<ServerStalls, {
+  /**
+   * Tells `stall` (one WARNING, the metrics) unless its interval overlaps
+   * the last one told (the same pause, seen by the other detector).
+   * Returns whether it was told.
+   */
+  readonly report: (stall: Stall) => Effect.Effect<boolean>
+}>()("mpcache/services/ServerStalls") {
+  /** The reporter; the detectors are the reaper's loop and `watchEventLoop`, forked by the Reaper. */
+  static readonly layer = Layer.sync(this, () => {
+    let toldUntilMs = -Infinity
+    return {
+      report: (stall) =>
+        Effect.gen(function*() {
+          if (stall.fromMs < toldUntilMs) return false
+          toldUntilMs = stall.toMs
+          const ms = stall.toMs - stall.fromMs
+          const s = formatStallSeconds(ms)
+          yield* Effect.logWarning(`server stalled for ${s} s (${stall.what}); liveness deadlines were extended by ${s} s`).pipe(
+            Effect.annotateLogs({ source: stall.source, stalled_seconds: ms / 1000 })
+          )
+          yield* Metric.update(stallsBy[stall.source], 1)
+          yield* Metric.update(stallSeconds, ms / 1000)
+          return true
+        })
+    }
+  })
+}
+
+/** The event-loop ticker's period, ms: short, so its lateness is close to the whole pause. */
+export const EVENT_LOOP_TICK_MS = 250
+/** A tick later than this, ms, is a stall (issue 18: "an event-loop delay over a second"). */
+export const EVENT_LOOP_STALL_MS = 1000
+
+/**
+ * The event-loop ticker: sleeps `EVENT_LOOP_TICK_MS`, and reports a stall
+ * when it wakes more than `EVENT_LOOP_STALL_MS` after it was due. Runs until
+ * interrupted (fork it in a scope).
+ */
+export const watchEventLoop: Effect.Effect<never, never, ServerStalls> = Effect.gen(function*() {
+  const stalls = yield* ServerStalls
+  while (true) {
+    const dueMs = (yield* Clock.currentTimeMillis) + EVENT_LOOP_TICK_MS
+    yield* Effect.sleep(EVENT_LOOP_TICK_MS)
+    const nowMs = yield* Clock.currentTimeMillis
+    if (nowMs - dueMs > EVENT_LOOP_STALL_MS) {
+      yield* stalls.report({
+        source: "event_loop",
+        fromMs: dueMs,
+        toMs: nowMs,
+        what: `event loop ${formatStallSeconds(nowMs - dueMs)} s late`
+      })
+    }
+  }
+})

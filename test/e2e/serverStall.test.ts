@@ -1,0 +1,41 @@
+/**
+ * The server's own stall end to end (issue 18 "operators must see what the
+ * server decided"): a real server process stopped with SIGSTOP and resumed
+ * with SIGCONT logs one WARNING with how long it was stopped, and /metrics
+ * counts it once.
+ */
+import { randomUUID } from "node:crypto"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { startCli } from "../support/Cli.ts"
+
+describe("server stall end to end", () => {
+  it.live("SIGSTOP the server for 2.5 s, then SIGCONT: one WARNING with the figures, mpcache_server_stalls_total 1", () =>
+    Effect.scoped(Effect.gen(function*() {
+      // A 1 s disconnect grace: the reaper scans every 0.5 s, so both detectors see the pause.
+      const server = yield* startCli([
+        "serve", "--endpoint", `ipc://${join(tmpdir(), `mpcache-stall-${randomUUID()}.sock`)}`, "--http-port", "0", "--chunk-size", "64",
+        "--worker-disconnect-grace-seconds", "1"
+      ])
+      const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/)
+      yield* server.waitForStderr(/reaper: scanning every 0\.5 s/)
+      server.child.kill("SIGSTOP")
+      yield* Effect.sleep("2500 millis")
+      server.child.kill("SIGCONT")
+      const [, stalled, extended] = yield* server.waitForStderr(
+        /server stalled for (\d+\.\d{3}) s \([^)]*\); liveness deadlines were extended by (\d+\.\d{3}) s/,
+        10_000
+      )
+      assert.strictEqual(extended, stalled)
+      // At least the stop less one detector period (0.5 s), and not much more than the stop.
+      assert.isAtLeast(Number(stalled), 2.0)
+      assert.isAtMost(Number(stalled), 5.0)
+      const metrics = yield* Effect.promise(() => fetch(`http://127.0.0.1:${port}/metrics`).then((r) => r.text()))
+      const counted = metrics.split("\n").filter((l) => l.startsWith("mpcache_server_stalls_total{"))
+      assert.strictEqual(counted.length, 1, metrics)
+      assert.match(counted[0]!, /^mpcache_server_stalls_total\{source="(reaper|event_loop)"\} 1$/)
+      assert.strictEqual(server.stderr().match(/server stalled for/g)?.length, 1)
+    })), 30_000)
+})
