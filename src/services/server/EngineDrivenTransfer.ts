@@ -58,8 +58,15 @@
  * range (upstream keys by `(instance_id, key)` without request_id; keying by
  * the request keeps two requests of the same tokens apart). A second PREPARE
  * of the same pending key replaces the first (its reservations are dropped,
- * its locks released). Nothing expires on its own: an entry's pending state
- * goes with the entry (unregister, reap, shutdown).
+ * its locks released). An entry's pending state goes with the entry
+ * (unregister, reap, shutdown), and a PREPARE that is never committed is
+ * released on its own once it is older than `--prepare-ttl-seconds`
+ * (default 60; issue 18): 1 ms past the TTL a timer drops its reservations
+ * (nothing published) or releases its read locks, logging a WARNING and
+ * counting `mpcache_engine_driven_prepare_expired_total`; a COMMIT arriving
+ * later answers false and publishes nothing, even when it beats the timer.
+ * (The TTL does not stretch over the server's own stalls: it bounds what a
+ * worker may hold, not a worker's silence.)
  *
  * **Transfers** (AFFINITY): a key is moved chunk by chunk over the complete
  * chunks of `[start, end)`; `start` must be chunk-aligned, `worker_id` must
@@ -76,14 +83,19 @@
  *   the first chunk that does not fit (a WARNING), and the slots cover the
  *   chunks before it.
  * - COMMIT_STORE publishes the pending write → true; false when there is
- *   none (never prepared, already committed, replaced) or when a reservation
- *   was dropped meanwhile (CLEAR force).
+ *   none (never prepared, already committed, replaced, expired) or when a
+ *   reservation was dropped meanwhile (CLEAR force). A worker that gives up
+ *   after PREPARE_STORE aborts with a COMMIT_STORE whose `cpu_data` is not
+ *   empty but shorter than one chunk object (one byte; Op.ts
+ *   CommitStore): the reservations are dropped at once, nothing published,
+ *   → false.
  * - PREPARE_RETRIEVE takes the read locks LOOKUP's prefetch holds for
  *   `request_id` (or fresh ones) for every chunk; a chunk not in L1 answers
  *   `{success: false, data: empty, context: {}}` with nothing locked.
- * - COMMIT_RETRIEVE releases them → true; false when none are pending.
+ * - COMMIT_RETRIEVE releases them → true; false when none are pending
+ *   (never prepared, already committed, expired).
  */
-import { Context, Effect, Layer, Metric, Scope } from "effect"
+import { Clock, Context, Duration, Effect, Fiber, Layer, Metric, Scope } from "effect"
 import { type EngineDrivenTransport, ServerConfig } from "./ServerConfig.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import { dtypeBytes } from "../../schema/Dtype.ts"
@@ -124,14 +136,36 @@ const sameRegistration = (a: RegisterEngineDrivenContext, b: RegisterEngineDrive
   a.block_size === b.block_size && a.num_layers === b.num_layers && a.hidden_dim_size === b.hidden_dim_size &&
   a.dtype_str === b.dtype_str && a.use_mla === b.use_mla
 
+/**
+ * What every pending PREPARE carries for its expiry (issue 18): `seq` tells
+ * this PREPARE from a later one of the same pending key, `preparedAtMs` is
+ * when it was recorded (Clock ms), `timer` the fiber that releases it once
+ * it is older than the prepare TTL.
+ */
+interface Pending {
+  readonly seq: number
+  readonly preparedAtMs: number
+  readonly timer: Fiber.Fiber<void>
+}
+
 /** A PREPARE_STORE waiting for its COMMIT_STORE: reservations in chunk order. */
-interface PendingWrite {
+interface PendingWrite extends Pending {
   readonly reservations: ReadonlyArray<Reservation>
 }
 
 /** A PREPARE_RETRIEVE (shm) waiting for its COMMIT_RETRIEVE: read locks in chunk order. */
-interface PendingRead {
+interface PendingRead extends Pending {
   readonly handles: ReadonlyArray<ReadHandle>
+}
+
+/**
+ * How long a PREPARE may wait for its COMMIT (`--prepare-ttl-seconds`, in
+ * ms) and the Scope its expiry timers run in (the entry's: closing it stops
+ * them).
+ */
+export interface PrepareExpiry {
+  readonly ttlMs: number
+  readonly scope: Scope.Scope
 }
 
 /**
@@ -168,6 +202,8 @@ export interface TransferStrategy {
   readonly pendingStores: () => { readonly requests: number; readonly chunks: number }
   /** Pending PREPARE_RETRIEVEs and the read locks they hold. */
   readonly pendingRetrieves: () => { readonly requests: number; readonly chunks: number }
+  /** PREPAREs released by the prepare TTL so far: stores (reservations dropped) and retrieves (locks released). */
+  readonly expired: () => { readonly stores: number; readonly retrieves: number }
 }
 
 const chunksTotal = Metric.counter("mpcache_engine_driven_chunks_total", {
@@ -184,38 +220,95 @@ const retrieved = {
   bytes: Metric.withAttributes(bytesTotal, { direction: "retrieve" })
 }
 
+const expiredTotal = Metric.counter("mpcache_engine_driven_prepare_expired_total", {
+  description: "Engine-driven PREPAREs released because no COMMIT came within --prepare-ttl-seconds, by direction",
+  incremental: true
+})
+const expiredStores = Metric.withAttributes(expiredTotal, { direction: "store" })
+const expiredRetrieves = Metric.withAttributes(expiredTotal, { direction: "retrieve" })
+
 const EMPTY = new Uint8Array(0)
 
 /**
  * A context's strategy over `l1` and `lookup` for objects of `layout`.
- * `label` names the instance in logs.
+ * `label` names the instance in logs. A pending PREPARE older than
+ * `expiry.ttlMs` (strictly: `now − prepared > ttl`) is released by a timer
+ * forked in `expiry.scope`, and a COMMIT arriving after that answers false
+ * (issue 18).
  */
 export const makeTransferStrategy = (
   transport: EngineDrivenTransport,
   layout: EngineDrivenLayout,
   l1: L1Store["Service"],
   lookup: Lookup["Service"],
-  label: string
+  label: string,
+  expiry: PrepareExpiry
 ): TransferStrategy => {
   const writes = new Map<string, PendingWrite>()
   const reads = new Map<string, PendingRead>()
   let open = true
+  let seq = 0
+  const expired = { stores: 0, retrieves: 0 }
   const { chunkBytes } = layout
+  const ttlSeconds = expiry.ttlMs / 1000
 
   const slotOf = (offset: number): Slot => ({ offset, length: chunkBytes, shape: layout.objectShape, dtype: layout.dtype })
-  const abortAll = (w: PendingWrite) => Effect.forEach(w.reservations, (r) => l1.abort(r), { discard: true })
-  const unlockAll = (r: PendingRead) => Effect.sync(() => r.handles.forEach((h) => lookup.release(h)))
+  // A pending record leaves its map before it is dropped, so each is dropped once; its timer goes with it.
+  const abortAll = (w: { readonly reservations: ReadonlyArray<Reservation> }) =>
+    Effect.forEach(w.reservations, (r) => l1.abort(r), { discard: true })
+  const unlockAll = (r: { readonly handles: ReadonlyArray<ReadHandle> }) => Effect.sync(() => r.handles.forEach((h) => lookup.release(h)))
+  const dropWrite = (w: PendingWrite) => Effect.andThen(abortAll(w), Fiber.interrupt(w.timer))
+  const dropRead = (r: PendingRead) => Effect.andThen(unlockAll(r), Fiber.interrupt(r.timer))
   const describe = (pendingKey: string) => {
     const [requestId, rank, start, end] = pendingKey.split("\u0000")
     return `request ${requestId} (rank ${rank}, tokens [${start}, ${end}))`
   }
+  const isExpired = (p: Pending, nowMs: number) => nowMs - p.preparedAtMs > expiry.ttlMs
+
+  /**
+   * Starts the timer of a PREPARE about to be recorded as number `n`: 1 ms
+   * past the TTL it takes the record out of `map` if it is still that one
+   * (in one synchronous step, so a COMMIT either got it first or finds
+   * nothing) and releases it; uninterruptible once woken, so a release is
+   * never cut in half.
+   */
+  const startTimer = <P extends Pending>(map: Map<string, P>, pendingKey: string, n: number, release: (p: P) => Effect.Effect<void>) =>
+    Effect.sleep(Duration.millis(expiry.ttlMs + 1)).pipe(
+      Effect.andThen(Effect.uninterruptible(Effect.suspend(() => {
+        const p = map.get(pendingKey)
+        if (p === undefined || p.seq !== n) return Effect.void
+        map.delete(pendingKey)
+        return release(p)
+      }))),
+      Effect.forkIn(expiry.scope)
+    )
+
+  const expireWrite = (pendingKey: string, w: PendingWrite) =>
+    Effect.gen(function*() {
+      expired.stores++
+      yield* abortAll(w)
+      yield* Metric.update(expiredStores, 1)
+      yield* Effect.logWarning(
+        `prepare_store: ${label}: ${describe(pendingKey)} was not committed within ${ttlSeconds} s (--prepare-ttl-seconds); its ${w.reservations.length} reservation(s) are dropped, nothing published`
+      )
+    })
+
+  const expireRead = (pendingKey: string, r: PendingRead) =>
+    Effect.gen(function*() {
+      expired.retrieves++
+      yield* unlockAll(r)
+      yield* Metric.update(expiredRetrieves, 1)
+      yield* Effect.logWarning(
+        `prepare_retrieve: ${label}: ${describe(pendingKey)} was not committed within ${ttlSeconds} s (--prepare-ttl-seconds); its ${r.handles.length} read lock(s) are released`
+      )
+    })
 
   const prepareStore = (pendingKey: string, objectKeys: ReadonlyArray<ObjectKey>) =>
     Effect.gen(function*() {
       const replaced = writes.get(pendingKey)
       if (replaced !== undefined) {
         writes.delete(pendingKey)
-        yield* abortAll(replaced)
+        yield* dropWrite(replaced)
         yield* Effect.logWarning(`prepare_store: ${label}: ${describe(pendingKey)} was prepared again before its commit; the first reservation is dropped`)
       }
       const reservations: Array<Reservation> = []
@@ -233,17 +326,22 @@ export const makeTransferStrategy = (
           indices.push(i)
         }
       }
+      // The timer starts before the record exists: it releases only the record numbered n, if still held.
+      const n = ++seq
+      const preparedAtMs = yield* Clock.currentTimeMillis
+      const timer = reservations.length > 0 ? yield* startTimer(writes, pendingKey, n, (w) => expireWrite(pendingKey, w)) : undefined
       // Inserted in the same synchronous step as the open check: a release either ran before (abort here) or sees it.
       const inserted = yield* Effect.sync(() => {
         if (!open) return { accepted: false, displaced: undefined }
         const displaced = writes.get(pendingKey)
-        if (reservations.length > 0) writes.set(pendingKey, { reservations })
+        if (timer !== undefined) writes.set(pendingKey, { reservations, seq: n, preparedAtMs, timer })
         else writes.delete(pendingKey)
         return { accepted: true, displaced }
       })
-      if (inserted.displaced !== undefined) yield* abortAll(inserted.displaced)
+      if (inserted.displaced !== undefined) yield* dropWrite(inserted.displaced)
       if (!inserted.accepted) {
         yield* abortAll({ reservations })
+        if (timer !== undefined) yield* Fiber.interrupt(timer)
         return undefined
       }
       return { context: { slots: reservations.map((r) => slotOf(r.offset)), chunk_indices: indices } }
@@ -252,12 +350,19 @@ export const makeTransferStrategy = (
   const commitStore = (pendingKey: string, cpuData: Uint8Array) =>
     Effect.gen(function*() {
       if (!open) return undefined
+      const now = yield* Clock.currentTimeMillis
       const w = writes.get(pendingKey)
       if (w === undefined) {
-        yield* Effect.logWarning(`commit_store: ${label}: no pending store for ${describe(pendingKey)}; nothing published`)
+        yield* Effect.logWarning(`commit_store: ${label}: no pending store for ${describe(pendingKey)} (never prepared, already committed, aborted or expired); nothing published`)
         return false
       }
       writes.delete(pendingKey)
+      yield* Fiber.interrupt(w.timer)
+      if (isExpired(w, now)) {
+        // Its timer is due but has not run yet: the COMMIT is late all the same.
+        yield* expireWrite(pendingKey, w)
+        return false
+      }
       if (cpuData.length === 0 && transport === "inline") {
         yield* abortAll(w)
         yield* Effect.logWarning(
@@ -269,6 +374,13 @@ export const makeTransferStrategy = (
         const expected = w.reservations.length * chunkBytes
         if (cpuData.length !== expected) {
           yield* abortAll(w)
+          // Shorter than one chunk object: bytes of no chunk at all, the worker's abort (Op.ts CommitStore).
+          if (cpuData.length < chunkBytes) {
+            yield* Effect.logInfo(
+              `commit_store: ${label}: the worker aborted ${describe(pendingKey)}; its ${w.reservations.length} reservation(s) are dropped, nothing published`
+            )
+            return false
+          }
           yield* Effect.logWarning(
             `commit_store: ${label}: cpu_data of ${describe(pendingKey)} has ${cpuData.length} bytes; its ${w.reservations.length} reserved chunk(s) of ${chunkBytes} bytes need ${expected}; nothing published`
           )
@@ -321,19 +433,23 @@ export const makeTransferStrategy = (
         yield* releaseTaken
         return { success: true, data, context: { slots: [], chunk_indices: chunkIndices } } satisfies PrepareRetrieveResponse
       }
+      const n = ++seq
+      const preparedAtMs = yield* Clock.currentTimeMillis
+      const timer = yield* startTimer(reads, pendingKey, n, (r) => expireRead(pendingKey, r))
       // Recorded in the same synchronous step as the open check (see prepareStore).
       const recorded = yield* Effect.sync(() => {
         if (!open) return { accepted: false, replaced: undefined }
         const replaced = reads.get(pendingKey)
-        reads.set(pendingKey, { handles })
+        reads.set(pendingKey, { handles, seq: n, preparedAtMs, timer })
         return { accepted: true, replaced }
       })
       if (!recorded.accepted) {
         yield* releaseTaken
+        yield* Fiber.interrupt(timer)
         return undefined
       }
       if (recorded.replaced !== undefined) {
-        yield* unlockAll(recorded.replaced)
+        yield* dropRead(recorded.replaced)
         yield* Effect.logWarning(`prepare_retrieve: ${label}: ${describe(pendingKey)} was prepared again before its commit; the first locks are released`)
       }
       return {
@@ -347,12 +463,19 @@ export const makeTransferStrategy = (
     Effect.gen(function*() {
       if (!open) return undefined
       if (transport === "inline") return true
+      const now = yield* Clock.currentTimeMillis
       const r = reads.get(pendingKey)
       if (r === undefined) {
-        yield* Effect.logWarning(`commit_retrieve: ${label}: no pending retrieve for ${describe(pendingKey)}`)
+        yield* Effect.logWarning(`commit_retrieve: ${label}: no pending retrieve for ${describe(pendingKey)} (never prepared, already committed or expired)`)
         return false
       }
       reads.delete(pendingKey)
+      yield* Fiber.interrupt(r.timer)
+      if (isExpired(r, now)) {
+        // Late: the locks were due for release, so the bytes copied out may have changed meanwhile.
+        yield* expireRead(pendingKey, r)
+        return false
+      }
       yield* unlockAll(r)
       return true
     })
@@ -363,8 +486,8 @@ export const makeTransferStrategy = (
     const r = [...reads.values()]
     writes.clear()
     reads.clear()
-    return Effect.forEach(w, abortAll, { discard: true }).pipe(
-      Effect.andThen(Effect.forEach(r, unlockAll, { discard: true })),
+    return Effect.forEach(w, dropWrite, { discard: true }).pipe(
+      Effect.andThen(Effect.forEach(r, dropRead, { discard: true })),
       Effect.andThen(
         w.length + r.length === 0
           ? Effect.void
@@ -388,7 +511,8 @@ export const makeTransferStrategy = (
     release,
     isOpen: () => open,
     pendingStores: () => count(writes, (w) => w.reservations.length),
-    pendingRetrieves: () => count(reads, (r) => r.handles.length)
+    pendingRetrieves: () => count(reads, (r) => r.handles.length),
+    expired: () => ({ ...expired })
   }
 }
 
@@ -501,7 +625,10 @@ const make = Effect.gen(function*() {
       }
       yield* layouts.register(p.model_name, p.world_size, kvLayout)
       yield* Scope.addFinalizer(scope, layouts.unregister(p.model_name, p.world_size))
-      const strategy = makeTransferStrategy(transport, layout, l1, lookup, `engine-driven instance ${formatInstanceId(p.instance_id)}`)
+      const strategy = makeTransferStrategy(transport, layout, l1, lookup, `engine-driven instance ${formatInstanceId(p.instance_id)}`, {
+        ttlMs: config.prepareTtlSeconds * 1000,
+        scope
+      })
       yield* Scope.addFinalizer(scope, strategy.release)
       return { registration: p, layout, strategy, scope } satisfies EngineDrivenContext
     })
