@@ -17,7 +17,7 @@
  * is pending, reserved or locked.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Context, Effect, Exit, Fiber, Layer, Random, Scope } from "effect"
+import { Clock, Context, Effect, Exit, Layer, Random, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { NativeMemoryLive } from "../../../src/layers/NativeMemory.ts"
 import { ServerConfig } from "../../../src/services/server/ServerConfig.ts"
@@ -27,6 +27,7 @@ import { type EngineDrivenContext, EngineDrivenTransfer } from "../../../src/ser
 import { L1Store, type ReadHandle, type Reservation } from "../../../src/services/server/L1Store.ts"
 import { LayoutRegistry } from "../../../src/services/server/LayoutRegistry.ts"
 import { Lookup } from "../../../src/services/server/Lookup.ts"
+import { makeOutcomes, runClockedRace } from "../../support/Race.ts"
 
 const IDS = [1, 2, 3]
 const FIBERS = 24
@@ -46,6 +47,28 @@ const key = (r: number): CacheKey => ({
   cache_salt: ""
 })
 
+/** The one layout every instance of the races registers. */
+const registration = (n: number) => ({
+  instance_id: makeInstanceId(BigInt(n)),
+  model_name: "race",
+  world_size: 1,
+  block_size: 16,
+  num_layers: 2,
+  hidden_dim_size: 8,
+  dtype_str: "float16" as const,
+  use_mla: false
+})
+
+/** REGISTER of instance `n`, remembering the context it then holds (to judge released ones afterwards). */
+const registerRemembering = (ed: EngineDrivenTransfer["Service"], created: Set<EngineDrivenContext>, n: number) =>
+  ed.register(registration(n)).pipe(
+    Effect.andThen(ed.contextOf(makeInstanceId(BigInt(n)))),
+    Effect.map((c) => {
+      if (c !== undefined) created.add(c)
+      return "register"
+    })
+  )
+
 describe("engine-driven liveness race", () => {
   it.live("register / prepare / commit / unregister / reap of the same ids at once: never a context without its strategy, nothing leaked", () =>
     Effect.gen(function*() {
@@ -62,18 +85,7 @@ describe("engine-driven liveness race", () => {
       const l1 = Context.get(ctx, L1Store)
       const layouts = Context.get(ctx, LayoutRegistry)
       const created = new Set<EngineDrivenContext>()
-      const outcomes = new Map<string, number>()
-      const count = (k: string) => outcomes.set(k, (outcomes.get(k) ?? 0) + 1)
-      const registration = (n: number) => ({
-        instance_id: makeInstanceId(BigInt(n)),
-        model_name: "race",
-        world_size: 1,
-        block_size: 16,
-        num_layers: 2,
-        hidden_dim_size: 8,
-        dtype_str: "float16" as const,
-        use_mla: false
-      })
+      const { outcomes, record } = makeOutcomes("")
 
       const op = Effect.gen(function*() {
         const n = IDS[yield* Random.nextIntBetween(0, IDS.length - 1)]!
@@ -85,13 +97,7 @@ describe("engine-driven liveness race", () => {
         yield* Effect.sleep(`${yield* Random.nextIntBetween(0, 2)} millis`)
         const exit = yield* Effect.exit(
           which === 0
-            ? ed.register(registration(n)).pipe(
-              Effect.andThen(ed.contextOf(id)),
-              Effect.map((c) => {
-                if (c !== undefined) created.add(c)
-                return "register"
-              })
-            )
+            ? registerRemembering(ed, created, n)
             : which === 1
             ? ed.prepareStore(k, id).pipe(
               Effect.tap(() => Effect.sleep(`${n} millis`)),
@@ -120,12 +126,7 @@ describe("engine-driven liveness race", () => {
               disconnectGraceMs: 0
             }).pipe(Effect.map((r) => `reap:${r.length > 0}`))
         )
-        if (Exit.isSuccess(exit)) count(exit.value)
-        else {
-          const reason = exit.cause.reasons[0]
-          assert.strictEqual(reason?._tag, "Fail", `no defect: ${String(exit.cause)}`)
-          count(`fail:${reason?._tag === "Fail" ? (reason.error as { _tag: string })._tag : "?"}`)
-        }
+        record(exit)
       })
 
       yield* Effect.forEach(
@@ -223,19 +224,8 @@ describe("engine-driven PREPARE-expiry race (issue 18)", () => {
         const ed = Context.get(ctx, EngineDrivenTransfer)
         const l1 = Context.get(ctx, L1Store)
         const created = new Set<EngineDrivenContext>()
-        const outcomes = new Map<string, number>()
-        const count = (k: string) => outcomes.set(k, (outcomes.get(k) ?? 0) + 1)
+        const { outcomes, record, seen } = makeOutcomes(`seed ${seed}: `)
         const late: Array<string> = []
-        const registration = (n: number) => ({
-          instance_id: makeInstanceId(BigInt(n)),
-          model_name: "race",
-          world_size: 1,
-          block_size: 16,
-          num_layers: 2,
-          hidden_dim_size: 8,
-          dtype_str: "float16" as const,
-          use_mla: false
-        })
         const now = Clock.currentTimeMillis
         let requests = 0
 
@@ -253,13 +243,7 @@ describe("engine-driven PREPARE-expiry race (issue 18)", () => {
           yield* Effect.sleep(`${yield* Random.nextIntBetween(0, 2)} millis`)
           const exit = yield* Effect.exit(
             which === 0
-              ? ed.register(registration(n)).pipe(
-                Effect.andThen(ed.contextOf(id)),
-                Effect.map((c) => {
-                  if (c !== undefined) created.add(c)
-                  return "register"
-                })
-              )
+              ? registerRemembering(ed, created, n)
               : which === 1
               ? Effect.gen(function*() {
                 const prepared = yield* ed.prepareStore(k, id)
@@ -291,30 +275,10 @@ describe("engine-driven PREPARE-expiry race (issue 18)", () => {
                   disconnectGraceMs: 0
                 })).pipe(Effect.map((r) => `reap:${r.length > 0}`))
           )
-          if (Exit.isSuccess(exit)) count(exit.value)
-          else {
-            const reason = exit.cause.reasons[0]
-            assert.strictEqual(reason?._tag, "Fail", `seed ${seed}: no defect: ${String(exit.cause)}`)
-            count(`fail:${reason?._tag === "Fail" ? (reason.error as { _tag: string })._tag : "?"}`)
-          }
+          record(exit)
         })
 
-        let running = true
-        // Time moves one millisecond per scheduler turn while the fibers run.
-        const driver = yield* Effect.forkChild(Effect.whileLoop({
-          while: () => running,
-          body: () => Effect.andThen(TestClock.adjust("1 millis"), Effect.yieldNow),
-          step: () => {}
-        }))
-        yield* Effect.forEach(
-          Array.from({ length: FIBERS }, (_, i) => i),
-          () => Effect.repeat(op, { times: OPS_PER_FIBER - 1 }),
-          { concurrency: "unbounded", discard: true }
-        ).pipe(Random.withSeed(seed))
-        running = false
-        yield* Fiber.join(driver)
-
-        const seen = `seed ${seed}: ${JSON.stringify([...outcomes])}`
+        yield* runClockedRace(op, { fibers: FIBERS, opsPerFiber: OPS_PER_FIBER, seed })
         assert.deepStrictEqual(late, [], `seed ${seed}: no COMMIT published after the TTL or after an abort: ${JSON.stringify(late)}`)
         // Past the TTL nothing is pending anywhere, live contexts included.
         yield* TestClock.adjust(`${TTL_MS + 1} millis`)
@@ -326,21 +290,21 @@ describe("engine-driven PREPARE-expiry race (issue 18)", () => {
           live.add(c)
         }
         for (const c of created) {
-          assert.deepStrictEqual([c.strategy.pendingStores().requests, c.strategy.pendingRetrieves().requests], [0, 0], seen)
+          assert.deepStrictEqual([c.strategy.pendingStores().requests, c.strategy.pendingRetrieves().requests], [0, 0], seen())
         }
         const block = (yield* ed.status())["engine_driven"] as { pending_stores: number; pending_retrieves: number }
-        assert.deepStrictEqual([block.pending_stores, block.pending_retrieves, l1.stats().reservedObjects, l1.stats().lockedObjects], [0, 0, 0, 0], seen)
+        assert.deepStrictEqual([block.pending_stores, block.pending_retrieves, l1.stats().reservedObjects, l1.stats().lockedObjects], [0, 0, 0, 0], seen())
         // Every reservation was finished exactly once, every read lock released exactly once.
         const twice = [...finished.values()].filter((how) => how.length !== 1).map((how) => how.join("+") || "never")
-        assert.deepStrictEqual(twice, [], seen)
-        assert.deepStrictEqual([...released.values()].filter((c) => c !== 1), [], seen)
+        assert.deepStrictEqual(twice, [], seen())
+        assert.deepStrictEqual([...released.values()].filter((c) => c !== 1), [], seen())
         const expired = [...created].reduce((a, c) => a + c.strategy.expired().stores + c.strategy.expired().retrieves, 0)
 
         yield* Effect.forEach(IDS, (n) => ed.unregister(makeInstanceId(BigInt(n))), { discard: true })
         yield* Scope.close(moduleScope, Exit.void)
-        assert.isTrue(expired > 0, `some PREPARE expired: ${seen}`)
+        assert.isTrue(expired > 0, `some PREPARE expired: ${seen()}`)
         for (const k of ["register", "prepare_store+commit:true", "prepare_store+commit:false", "prepare_store+abort:false", "prepare_retrieve+commit:true", "prepare_retrieve+commit:false", "reap:true", "unregister", "fail:NotRegistered"]) {
-          assert.isTrue(outcomes.has(k), `${k} happened: ${seen}`)
+          assert.isTrue(outcomes.has(k), `${k} happened: ${seen()}`)
         }
       }), 60_000)
   }

@@ -13,8 +13,7 @@
  */
 import { randomUUID } from "node:crypto"
 import { assert, describe, it } from "@effect/vitest"
-import { Clock, Context, Effect, Exit, Fiber, Layer, Random, Scheduler, Scope } from "effect"
-import { TestClock } from "effect/testing"
+import { Clock, Context, Effect, Exit, Layer, Random, Scope } from "effect"
 import { NativeMemoryLive } from "../../../src/layers/NativeMemory.ts"
 import { ServerConfig } from "../../../src/services/server/ServerConfig.ts"
 import type { ShmMapping } from "../../../src/native/Native.ts"
@@ -27,6 +26,7 @@ import { Lookup } from "../../../src/services/server/Lookup.ts"
 import { makePagedKvCache, type PagedKvCache } from "../../../src/services/client/PagedKvCache.ts"
 import { writeTokens } from "../../support/KvData.ts"
 import { nativeProbe } from "../../support/NativeProbe.ts"
+import { makeOutcomes, runClockedRace } from "../../support/Race.ts"
 
 const IDS = [1, 2, 3]
 const FIBERS = 24
@@ -44,36 +44,45 @@ const key = (n: number): CacheKey => ({
   cache_salt: ""
 })
 
+/**
+ * Each id's KV cache (tokens written), and the module over them in a Scope
+ * of its own (closed by the test, or at the latest when the test ends),
+ * recording every mapping it opens.
+ */
+const setup = Effect.gen(function*() {
+  const caches = new Map<number, PagedKvCache>()
+  for (const n of IDS) {
+    const cache = yield* makePagedKvCache({
+      namePrefix: `mpcache-race-${randomUUID()}`,
+      numLayers: 2,
+      numBlocks: 8,
+      blockSizeTokens: 16,
+      numHeads: 1,
+      headSize: 16,
+      dtype: "float16"
+    })
+    yield* writeTokens(cache, n, [1, 2])
+    caches.set(n, cache)
+  }
+  const opened: Array<ShmMapping> = []
+  const moduleScope = yield* Scope.make()
+  yield* Effect.addFinalizer(() => Scope.close(moduleScope, Exit.void))
+  const ctx = yield* Layer.buildWithScope(
+    LmcacheDrivenTransfer.layer.pipe(
+      Layer.provideMerge(Lookup.layer),
+      Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(nativeProbe(opened)))),
+      Layer.provideMerge(ServerConfig.layerTest({ chunkSize: 32 }))
+    ),
+    moduleScope
+  )
+  return { caches, opened, moduleScope, transfer: Context.get(ctx, LmcacheDrivenTransfer) }
+})
+
 describe("liveness race", () => {
   it.live("register / store / retrieve / unregister / reap of the same ids at once: one release per mapping, no entry without resources", () =>
     Effect.gen(function*() {
-      const caches = new Map<number, PagedKvCache>()
-      for (const n of IDS) {
-        const cache = yield* makePagedKvCache({
-          namePrefix: `mpcache-race-${randomUUID()}`,
-          numLayers: 2,
-          numBlocks: 8,
-          blockSizeTokens: 16,
-          numHeads: 1,
-          headSize: 16,
-          dtype: "float16"
-        })
-        yield* writeTokens(cache, n, [1, 2])
-        caches.set(n, cache)
-      }
-      const opened: Array<ShmMapping> = []
-      const moduleScope = yield* Scope.make()
-      const ctx = yield* Layer.buildWithScope(
-        LmcacheDrivenTransfer.layer.pipe(
-          Layer.provideMerge(Lookup.layer),
-          Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(nativeProbe(opened)))),
-          Layer.provideMerge(ServerConfig.layerTest({ chunkSize: 32 }))
-        ),
-        moduleScope
-      )
-      const transfer = Context.get(ctx, LmcacheDrivenTransfer)
-      const outcomes = new Map<string, number>()
-      const count = (k: string) => outcomes.set(k, (outcomes.get(k) ?? 0) + 1)
+      const { caches, opened, moduleScope, transfer } = yield* setup
+      const { outcomes, record } = makeOutcomes("")
 
       const op = Effect.gen(function*() {
         const n = IDS[yield* Random.nextIntBetween(0, IDS.length - 1)]!
@@ -97,12 +106,7 @@ describe("liveness race", () => {
               disconnectGraceMs: 0
             }).pipe(Effect.map((r) => `reap:${r.length}`))
         )
-        if (Exit.isSuccess(exit)) count(exit.value)
-        else {
-          const reason = exit.cause.reasons[0]
-          assert.strictEqual(reason?._tag, "Fail", `no defect: ${String(exit.cause)}`)
-          count(`fail:${reason?._tag === "Fail" ? (reason.error as { _tag: string })._tag : "?"}`)
-        }
+        record(exit)
       })
 
       yield* Effect.forEach(
@@ -134,34 +138,8 @@ describe("register / reap-refresh race (issue 18)", () => {
   for (const seed of REFRESH_SEEDS) {
     it.effect(`seed ${seed}: a REGISTER of a held id racing a reap: success means held right after, with its mappings; one release per mapping`, () =>
       Effect.gen(function*() {
-        const caches = new Map<number, PagedKvCache>()
-        for (const n of IDS) {
-          const cache = yield* makePagedKvCache({
-            namePrefix: `mpcache-race-${randomUUID()}`,
-            numLayers: 2,
-            numBlocks: 8,
-            blockSizeTokens: 16,
-            numHeads: 1,
-            headSize: 16,
-            dtype: "float16"
-          })
-          yield* writeTokens(cache, n, [1, 2])
-          caches.set(n, cache)
-        }
-        const opened: Array<ShmMapping> = []
-        const moduleScope = yield* Scope.make()
-        yield* Effect.addFinalizer(() => Scope.close(moduleScope, Exit.void))
-        const ctx = yield* Layer.buildWithScope(
-          LmcacheDrivenTransfer.layer.pipe(
-            Layer.provideMerge(Lookup.layer),
-            Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(nativeProbe(opened)))),
-            Layer.provideMerge(ServerConfig.layerTest({ chunkSize: 32 }))
-          ),
-          moduleScope
-        )
-        const transfer = Context.get(ctx, LmcacheDrivenTransfer)
-        const outcomes = new Map<string, number>()
-        const count = (k: string) => outcomes.set(k, (outcomes.get(k) ?? 0) + 1)
+        const { caches, opened, moduleScope, transfer } = yield* setup
+        const { outcomes, record, seen } = makeOutcomes(`seed ${seed}: `)
         const broken: Array<string> = []
         let forced = 0
 
@@ -228,39 +206,16 @@ describe("register / reap-refresh race (issue 18)", () => {
                 })).pipe(Effect.map((r) => `reap:${r.length > 0}`))
               : transfer.store(key(yield* Random.nextIntBetween(0, 50)), id, [[1, 2]]).pipe(Effect.map((ok) => `store:${ok}`))
           )
-          if (Exit.isSuccess(exit)) count(exit.value)
-          else {
-            const reason = exit.cause.reasons[0]
-            assert.strictEqual(reason?._tag, "Fail", `seed ${seed}: no defect: ${String(exit.cause)}`)
-            count(`fail:${reason?._tag === "Fail" ? (reason.error as { _tag: string })._tag : "?"}`)
-          }
+          record(exit)
         })
 
-        let running = true
-        // Time moves one millisecond per scheduler turn while the fibers run.
-        const driver = yield* Effect.forkChild(Effect.whileLoop({
-          while: () => running,
-          body: () => Effect.andThen(TestClock.adjust("1 millis"), Effect.yieldNow),
-          step: () => {}
-        }))
-        yield* Effect.forEach(
-          Array.from({ length: FIBERS }, (_, i) => i),
-          () => Effect.repeat(op, { times: OPS_PER_FIBER - 1 }),
-          { concurrency: "unbounded", discard: true }
-        ).pipe(
-          Random.withSeed(seed),
-          // Yield every few steps, so a reap lands between a REGISTER's look-up and its refresh.
-          Effect.provideService(Scheduler.MaxOpsBeforeYield, 4)
-        )
-        running = false
-        yield* Fiber.join(driver)
-
-        const seen = `seed ${seed}: ${JSON.stringify([...outcomes])}`
-        assert.deepStrictEqual(broken, [], seen)
-        assert.isTrue(opened.every((m) => m.releases() <= 1), seen)
+        // Fibers yield every few steps: more interleavings around the REGISTERs.
+        yield* runClockedRace(op, { fibers: FIBERS, opsPerFiber: OPS_PER_FIBER, seed, maxOpsBeforeYield: 4 })
+        assert.deepStrictEqual(broken, [], seen())
+        assert.isTrue(opened.every((m) => m.releases() <= 1), seen())
         yield* Scope.close(moduleScope, Exit.void)
-        assert.deepStrictEqual(opened.map((m) => m.releases()), opened.map(() => 1), seen)
-        for (const k of ["register:held", "register:new", "register:reaped-inside", "reap:true", "store:true"]) assert.isTrue(outcomes.has(k), `${k} happened: ${seen}`)
+        assert.deepStrictEqual(opened.map((m) => m.releases()), opened.map(() => 1), seen())
+        for (const k of ["register:held", "register:new", "register:reaped-inside", "reap:true", "store:true"]) assert.isTrue(outcomes.has(k), `${k} happened: ${seen()}`)
       }).pipe(Effect.provide(NativeMemoryLive)), 60_000)
   }
 })
