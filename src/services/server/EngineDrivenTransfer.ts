@@ -61,7 +61,9 @@
  * its locks released). An entry's pending state goes with the entry
  * (unregister, reap, shutdown), and a PREPARE that is never committed is
  * released on its own once it is older than `--prepare-ttl-seconds`
- * (default 60; issue 18): 1 ms past the TTL a timer drops its reservations
+ * (default 60; issue 18): 1 ms past the TTL the strategy's expiry timer
+ * (one per strategy and direction, sleeping until the oldest pending
+ * PREPARE is due) drops its reservations
  * (nothing published) or releases its read locks, logging a WARNING and
  * counting `mpcache_engine_driven_prepare_expired_total`; a COMMIT arriving
  * later answers false and publishes nothing, even when it beats the timer.
@@ -95,7 +97,7 @@
  * - COMMIT_RETRIEVE releases them → true; false when none are pending
  *   (never prepared, already committed, expired).
  */
-import { Clock, Context, Duration, Effect, Fiber, Layer, Metric, Scope } from "effect"
+import { Clock, Context, Duration, Effect, Layer, Metric, Scope } from "effect"
 import { type EngineDrivenTransport, ServerConfig } from "./ServerConfig.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import { dtypeBytes } from "../../schema/Dtype.ts"
@@ -136,16 +138,9 @@ const sameRegistration = (a: RegisterEngineDrivenContext, b: RegisterEngineDrive
   a.block_size === b.block_size && a.num_layers === b.num_layers && a.hidden_dim_size === b.hidden_dim_size &&
   a.dtype_str === b.dtype_str && a.use_mla === b.use_mla
 
-/**
- * What every pending PREPARE carries for its expiry (issue 18): `seq` tells
- * this PREPARE from a later one of the same pending key, `preparedAtMs` is
- * when it was recorded (Clock ms), `timer` the fiber that releases it once
- * it is older than the prepare TTL.
- */
+/** What every pending PREPARE carries for its expiry (issue 18): when it was recorded (Clock ms). */
 interface Pending {
-  readonly seq: number
   readonly preparedAtMs: number
-  readonly timer: Fiber.Fiber<void>
 }
 
 /** A PREPARE_STORE waiting for its COMMIT_STORE: reservations in chunk order. */
@@ -233,7 +228,7 @@ const EMPTY = new Uint8Array(0)
  * A context's strategy over `l1` and `lookup` for objects of `layout`.
  * `label` names the instance in logs. A pending PREPARE older than
  * `expiry.ttlMs` (strictly: `now − prepared > ttl`) is released by a timer
- * forked in `expiry.scope`, and a COMMIT arriving after that answers false
+ * fiber forked in `expiry.scope`, and a COMMIT arriving after that answers false
  * (issue 18).
  */
 export const makeTransferStrategy = (
@@ -247,18 +242,15 @@ export const makeTransferStrategy = (
   const writes = new Map<string, PendingWrite>()
   const reads = new Map<string, PendingRead>()
   let open = true
-  let seq = 0
   const expired = { stores: 0, retrieves: 0 }
   const { chunkBytes } = layout
   const ttlSeconds = expiry.ttlMs / 1000
 
   const slotOf = (offset: number): Slot => ({ offset, length: chunkBytes, shape: layout.objectShape, dtype: layout.dtype })
-  // A pending record leaves its map before it is dropped, so each is dropped once; its timer goes with it.
+  // A pending record leaves its map before it is dropped, so each is dropped once.
   const abortAll = (w: { readonly reservations: ReadonlyArray<Reservation> }) =>
     Effect.forEach(w.reservations, (r) => l1.abort(r), { discard: true })
   const unlockAll = (r: { readonly handles: ReadonlyArray<ReadHandle> }) => Effect.sync(() => r.handles.forEach((h) => lookup.release(h)))
-  const dropWrite = (w: PendingWrite) => Effect.andThen(abortAll(w), Fiber.interrupt(w.timer))
-  const dropRead = (r: PendingRead) => Effect.andThen(unlockAll(r), Fiber.interrupt(r.timer))
   const describe = (pendingKey: string) => {
     const [requestId, rank, start, end] = pendingKey.split("\u0000")
     return `request ${requestId} (rank ${rank}, tokens [${start}, ${end}))`
@@ -266,22 +258,48 @@ export const makeTransferStrategy = (
   const isExpired = (p: Pending, nowMs: number) => nowMs - p.preparedAtMs > expiry.ttlMs
 
   /**
-   * Starts the timer of a PREPARE about to be recorded as number `n`: 1 ms
-   * past the TTL it takes the record out of `map` if it is still that one
-   * (in one synchronous step, so a COMMIT either got it first or finds
-   * nothing) and releases it; uninterruptible once woken, so a release is
-   * never cut in half.
+   * The expiry timer of one map of pending PREPAREs, as the effect to run
+   * after an insert: forks the timer fiber unless it runs. It sleeps until
+   * the oldest record is 1 ms past the TTL, then takes every record past it out of the map and releases
+   * them, in one uninterruptible step (a COMMIT either got a record first or
+   * finds nothing; a release is never cut in half), and stops once the map is
+   * empty. Records are kept in insertion order, which is the order of their
+   * `preparedAtMs` (each is inserted at the clock's now, read in the same
+   * synchronous step; a PREPARE again re-inserts), so only the due ones at
+   * the front are looked at.
    */
-  const startTimer = <P extends Pending>(map: Map<string, P>, pendingKey: string, n: number, release: (p: P) => Effect.Effect<void>) =>
-    Effect.sleep(Duration.millis(expiry.ttlMs + 1)).pipe(
-      Effect.andThen(Effect.uninterruptible(Effect.suspend(() => {
-        const p = map.get(pendingKey)
-        if (p === undefined || p.seq !== n) return Effect.void
-        map.delete(pendingKey)
-        return release(p)
-      }))),
-      Effect.forkIn(expiry.scope)
-    )
+  const expiryTimer = <P extends Pending>(map: Map<string, P>, release: (pendingKey: string, p: P) => Effect.Effect<void>) => {
+    let running = false
+    const step = (nowMs: number) =>
+      Effect.uninterruptible(Effect.suspend(() => {
+        const due: Array<readonly [string, P]> = []
+        let oldest: number | undefined
+        for (const [pendingKey, p] of map) {
+          if (!isExpired(p, nowMs)) {
+            oldest = p.preparedAtMs
+            break
+          }
+          due.push([pendingKey, p])
+        }
+        for (const [pendingKey] of due) map.delete(pendingKey)
+        // Stopped in the same synchronous step as the look that found nothing left: a later insert restarts it.
+        if (oldest === undefined) running = false
+        return Effect.as(Effect.forEach(due, ([pendingKey, p]) => release(pendingKey, p), { discard: true }), oldest)
+      }))
+    const loop = Effect.gen(function*() {
+      while (true) {
+        const nowMs = yield* Clock.currentTimeMillis
+        const oldest = yield* step(nowMs)
+        if (oldest === undefined) return
+        yield* Effect.sleep(Duration.millis(oldest + expiry.ttlMs + 1 - nowMs))
+      }
+    })
+    return Effect.suspend(() => {
+      if (running || map.size === 0) return Effect.void
+      running = true
+      return Effect.asVoid(Effect.forkIn(loop, expiry.scope))
+    })
+  }
 
   const expireWrite = (pendingKey: string, w: PendingWrite) =>
     Effect.gen(function*() {
@@ -302,13 +320,15 @@ export const makeTransferStrategy = (
         `prepare_retrieve: ${label}: ${describe(pendingKey)} was not committed within ${ttlSeconds} s (--prepare-ttl-seconds); its ${r.handles.length} read lock(s) are released`
       )
     })
+  const writeExpiry = expiryTimer(writes, expireWrite)
+  const readExpiry = expiryTimer(reads, expireRead)
 
   const prepareStore = (pendingKey: string, objectKeys: ReadonlyArray<ObjectKey>) =>
     Effect.gen(function*() {
       const replaced = writes.get(pendingKey)
       if (replaced !== undefined) {
         writes.delete(pendingKey)
-        yield* dropWrite(replaced)
+        yield* abortAll(replaced)
         yield* Effect.logWarning(`prepare_store: ${label}: ${describe(pendingKey)} was prepared again before its commit; the first reservation is dropped`)
       }
       const reservations: Array<Reservation> = []
@@ -326,24 +346,23 @@ export const makeTransferStrategy = (
           indices.push(i)
         }
       }
-      // The timer starts before the record exists: it releases only the record numbered n, if still held.
-      const n = ++seq
-      const preparedAtMs = yield* Clock.currentTimeMillis
-      const timer = reservations.length > 0 ? yield* startTimer(writes, pendingKey, n, (w) => expireWrite(pendingKey, w)) : undefined
       // Inserted in the same synchronous step as the open check: a release either ran before (abort here) or sees it.
-      const inserted = yield* Effect.sync(() => {
+      // The time is read in that step too, so the map's order is the order of preparedAtMs (see expiryTimer).
+      const inserted = yield* Clock.clockWith((clock) => Effect.sync(() => {
         if (!open) return { accepted: false, displaced: undefined }
+        const preparedAtMs = clock.currentTimeMillisUnsafe()
         const displaced = writes.get(pendingKey)
-        if (timer !== undefined) writes.set(pendingKey, { reservations, seq: n, preparedAtMs, timer })
-        else writes.delete(pendingKey)
+        // Deleted first so that the record goes to the end of the map's order (see expiryTimer).
+        writes.delete(pendingKey)
+        if (reservations.length > 0) writes.set(pendingKey, { reservations, preparedAtMs })
         return { accepted: true, displaced }
-      })
-      if (inserted.displaced !== undefined) yield* dropWrite(inserted.displaced)
+      }))
+      if (inserted.displaced !== undefined) yield* abortAll(inserted.displaced)
       if (!inserted.accepted) {
         yield* abortAll({ reservations })
-        if (timer !== undefined) yield* Fiber.interrupt(timer)
         return undefined
       }
+      yield* writeExpiry
       return { context: { slots: reservations.map((r) => slotOf(r.offset)), chunk_indices: indices } }
     })
 
@@ -357,9 +376,8 @@ export const makeTransferStrategy = (
         return false
       }
       writes.delete(pendingKey)
-      yield* Fiber.interrupt(w.timer)
       if (isExpired(w, now)) {
-        // Its timer is due but has not run yet: the COMMIT is late all the same.
+        // The expiry timer is due but has not run yet: the COMMIT is late all the same.
         yield* expireWrite(pendingKey, w)
         return false
       }
@@ -433,23 +451,21 @@ export const makeTransferStrategy = (
         yield* releaseTaken
         return { success: true, data, context: { slots: [], chunk_indices: chunkIndices } } satisfies PrepareRetrieveResponse
       }
-      const n = ++seq
-      const preparedAtMs = yield* Clock.currentTimeMillis
-      const timer = yield* startTimer(reads, pendingKey, n, (r) => expireRead(pendingKey, r))
-      // Recorded in the same synchronous step as the open check (see prepareStore).
-      const recorded = yield* Effect.sync(() => {
+      // Recorded in the same synchronous step as the open check, at that step's time (see prepareStore).
+      const recorded = yield* Clock.clockWith((clock) => Effect.sync(() => {
         if (!open) return { accepted: false, replaced: undefined }
         const replaced = reads.get(pendingKey)
-        reads.set(pendingKey, { handles, seq: n, preparedAtMs, timer })
+        reads.delete(pendingKey)
+        reads.set(pendingKey, { handles, preparedAtMs: clock.currentTimeMillisUnsafe() })
         return { accepted: true, replaced }
-      })
+      }))
       if (!recorded.accepted) {
         yield* releaseTaken
-        yield* Fiber.interrupt(timer)
         return undefined
       }
+      yield* readExpiry
       if (recorded.replaced !== undefined) {
-        yield* dropRead(recorded.replaced)
+        yield* unlockAll(recorded.replaced)
         yield* Effect.logWarning(`prepare_retrieve: ${label}: ${describe(pendingKey)} was prepared again before its commit; the first locks are released`)
       }
       return {
@@ -470,7 +486,6 @@ export const makeTransferStrategy = (
         return false
       }
       reads.delete(pendingKey)
-      yield* Fiber.interrupt(r.timer)
       if (isExpired(r, now)) {
         // Late: the locks were due for release, so the bytes copied out may have changed meanwhile.
         yield* expireRead(pendingKey, r)
@@ -486,8 +501,8 @@ export const makeTransferStrategy = (
     const r = [...reads.values()]
     writes.clear()
     reads.clear()
-    return Effect.forEach(w, dropWrite, { discard: true }).pipe(
-      Effect.andThen(Effect.forEach(r, dropRead, { discard: true })),
+    return Effect.forEach(w, abortAll, { discard: true }).pipe(
+      Effect.andThen(Effect.forEach(r, unlockAll, { discard: true })),
       Effect.andThen(
         w.length + r.length === 0
           ? Effect.void
