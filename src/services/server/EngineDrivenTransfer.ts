@@ -63,8 +63,8 @@
  * released on its own once it is older than `--prepare-ttl-seconds`
  * (default 60; issue 18): 1 ms past the TTL the strategy's expiry timer
  * (one per strategy and direction, sleeping until the oldest pending
- * PREPARE is due) drops its reservations
- * (nothing published) or releases its read locks, logging a WARNING and
+ * PREPARE is due) drops its reservations (nothing published) or releases
+ * its read locks, logging a WARNING and
  * counting `mpcache_engine_driven_prepare_expired_total`; a COMMIT arriving
  * later answers false and publishes nothing, even when it beats the timer.
  * (The TTL does not stretch over the server's own stalls: it bounds what a
@@ -228,8 +228,8 @@ const EMPTY = new Uint8Array(0)
  * A context's strategy over `l1` and `lookup` for objects of `layout`.
  * `label` names the instance in logs. A pending PREPARE older than
  * `expiry.ttlMs` (strictly: `now − prepared > ttl`) is released by a timer
- * fiber forked in `expiry.scope`, and a COMMIT arriving after that answers false
- * (issue 18).
+ * fiber forked in `expiry.scope`, and a COMMIT arriving after that answers
+ * false (issue 18).
  */
 export const makeTransferStrategy = (
   transport: EngineDrivenTransport,
@@ -260,10 +260,10 @@ export const makeTransferStrategy = (
   /**
    * The expiry timer of one map of pending PREPAREs, as the effect to run
    * after an insert: forks the timer fiber unless it runs. It sleeps until
-   * the oldest record is 1 ms past the TTL, then takes every record past it out of the map and releases
-   * them, in one uninterruptible step (a COMMIT either got a record first or
-   * finds nothing; a release is never cut in half), and stops once the map is
-   * empty. Records are kept in insertion order, which is the order of their
+   * the oldest record is 1 ms past the TTL, then takes every record past it
+   * out of the map and releases them, in one uninterruptible step (a COMMIT
+   * either got a record first or finds nothing; a release is never cut in
+   * half), and stops once the map is empty. Records are kept in insertion order, which is the order of their
    * `preparedAtMs` (each is inserted at the clock's now, read in the same
    * synchronous step; a PREPARE again re-inserts), so only the due ones at
    * the front are looked at.
