@@ -160,6 +160,18 @@ export const PrepareStore = op({
   response: PrepareStoreResponse
 })
 
+/**
+ * COMMIT_STORE publishes a PREPARE_STORE: empty `cpu_data` when the worker
+ * copied into the pool's slots (shm), else the reserved chunks' bytes
+ * concatenated (inline). **Abort** (issue 18): the protocol has no
+ * ABORT_STORE (upstream added one later, outside the frozen numbering), so a
+ * worker that gives up after PREPARE_STORE sends COMMIT_STORE with a
+ * `cpu_data` that is not empty but shorter than one chunk object — one zero
+ * byte — which can carry no chunk: the server drops the reservations,
+ * publishes nothing and answers false, as for any `cpu_data` of the wrong
+ * length. (A layout whose chunk object is a single byte has no such length;
+ * its worker sends slots + 1 bytes, a wrong length all the same.)
+ */
 export const CommitStore = op({
   id: 17,
   name: "commit_store",

@@ -89,6 +89,12 @@ const serveFlags = {
       "Engine-driven transfers: shm (workers map the L1 pool and copy through slots) or inline (KV bytes in the messages)"
     ),
     Flag.withDefault<EngineDrivenTransport>(defaults.engineDrivenTransport)
+  ),
+  prepareTtlSeconds: seconds(
+    "prepare-ttl-seconds",
+    "Release an engine-driven PREPARE_STORE / PREPARE_RETRIEVE not committed within this long; > 0",
+    defaults.prepareTtlSeconds,
+    rules.prepareTtl
   )
 }
 
@@ -112,7 +118,8 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   workerRegistrationGraceSeconds: f.workerRegistrationGraceSeconds,
   workerDisconnectGraceSeconds: f.workerDisconnectGraceSeconds,
   lookupLockTtlSeconds: f.lookupLockTtlSeconds,
-  engineDrivenTransport: f.engineDrivenTransport
+  engineDrivenTransport: f.engineDrivenTransport,
+  prepareTtlSeconds: f.prepareTtlSeconds
 })
 
 /** Logs why the server cannot start as its last line and fails with exit status 1. */
@@ -135,7 +142,8 @@ export const serve = Command.make("serve", serveFlags, (flags) =>
       worker_reap_timeout_seconds: config.workerReapTimeoutSeconds,
       worker_registration_grace_seconds: config.workerRegistrationGraceSeconds,
       worker_disconnect_grace_seconds: config.workerDisconnectGraceSeconds,
-      engine_driven_transport: config.engineDrivenTransport
+      engine_driven_transport: config.engineDrivenTransport,
+      prepare_ttl_seconds: config.prepareTtlSeconds
     })
     yield* Layer.launch(ServerLive(config)).pipe(
       Effect.onInterrupt(() => Effect.logInfo("shutting down: stopped receiving, draining in-flight requests")),

@@ -12,7 +12,11 @@
  *   `[num_layers, chunk_size, hidden]` with MLA, `chunkBytes` bytes), which
  *   is copied into its slot of the mapped pool (native scatter, off the JS
  *   thread) and published by COMMIT_STORE with empty `cpu_data` — or, inline,
- *   sent concatenated in COMMIT_STORE's `cpu_data`.
+ *   sent concatenated in COMMIT_STORE's `cpu_data`. A local failure after
+ *   PREPARE_STORE (slots that do not fit this layout, a chunk of the wrong
+ *   length, a failed copy) first aborts it (COMMIT_STORE with a one-byte
+ *   `cpu_data`, Op.ts; issue 18), so the server drops the reservations at
+ *   once rather than after its prepare TTL.
  * - `retrieve(request)`: PREPARE_RETRIEVE read-locks the chunks (those
  *   LOOKUP's prefetch locked for the request); they are copied out of their
  *   slots (native gather) — or taken from the inline `data` — and
@@ -37,8 +41,9 @@
  * Shutdown (the Scope closing): stop the heartbeat, UNREGISTER the context
  * (a failure only logs a WARNING), then unmap the pool.
  */
-import { Effect, Exit, Scope } from "effect"
+import { Cause, Effect, Exit, Scope } from "effect"
 import { NativeMemory, type NativeError, type ShmMapping } from "../../native/Native.ts"
+import type { CacheKey } from "../../schema/CacheKey.ts"
 import type { Dtype } from "../../schema/Dtype.ts"
 import type { EngineDrivenPool, RegisterEngineDrivenContext, Slot } from "../../schema/EngineDriven.ts"
 import {
@@ -102,7 +107,8 @@ export interface EngineDrivenWorkerAdapterShape extends SessionView {
    * gives chunk i of the range (called only for those). True when every
    * wanted chunk was published (or none was wanted); false at once, nothing
    * sent, in degraded mode. Fails with InvalidArgument when a chunk has the
-   * wrong length or the server's slots do not fit this layout.
+   * wrong length or the server's slots do not fit this layout (the
+   * PREPARE_STORE aborted first).
    */
   readonly store: (
     request: EngineDrivenRequest,
@@ -218,13 +224,36 @@ export const makeEngineDrivenWorkerAdapterWith = (
 
     const chunkCount = (r: EngineDrivenRequest) => Math.max(0, Math.floor((r.end - r.start) / chunkSizeTokens))
 
-    const store = (r: EngineDrivenRequest, chunkOf: (chunkIndex: number) => Uint8Array) =>
+    /**
+     * COMMIT_STORE's abort (Op.ts CommitStore): one byte, shorter than any
+     * chunk object; with one-byte objects, a length no store of `slots`
+     * chunks has.
+     */
+    const abortData = (slots: number) => new Uint8Array(chunkBytes > 1 ? 1 : slots + 1)
+
+    /**
+     * Takes back a PREPARE_STORE this worker cannot complete: the server drops
+     * the reservations now instead of holding them until its prepare TTL. Not
+     * on a plain interruption (the worker is going away; UNREGISTER or the TTL
+     * releases them), and a failed abort only logs a WARNING (the TTL remains).
+     */
+    const abortStore = (key: CacheKey, slots: number, cause: Cause.Cause<unknown>) =>
+      Cause.hasInterruptsOnly(cause) ? Effect.void : request(CommitStore, [key, instanceId, abortData(slots)]).pipe(
+        Effect.catchCause((c) =>
+          Effect.logWarning(
+            `${label}: store of request ${key.request_id}: the abort of its PREPARE_STORE failed (${Cause.pretty(c).split("\n")[0]}); the server releases the reservations after its prepare TTL`
+          )
+        )
+      )
+
+    /** Copies the wanted chunks into their slots (shm) → the COMMIT_STORE's cpu_data: empty, or the chunks (inline). */
+    const fillSlots = (
+      r: EngineDrivenRequest,
+      slots: ReadonlyArray<Slot>,
+      indices: ReadonlyArray<number>,
+      chunkOf: (chunkIndex: number) => Uint8Array
+    ) =>
       Effect.gen(function*() {
-        if (!(yield* beforeTransfer)) return false
-        const key = keyOf(r)
-        const prepared = yield* request(PrepareStore, [key, instanceId])
-        const { slots, chunk_indices: indices } = prepared.context
-        if (indices.length === 0) return true
         const bad = badSlots("prepare_store", slots, indices, chunkCount(r))
         if (bad !== undefined) return yield* new InvalidArgument({ message: bad })
         const chunks = indices.map((i) => chunkOf(i))
@@ -241,11 +270,25 @@ export const makeEngineDrivenWorkerAdapterWith = (
             (c, j) => native.scatter(p.mapping, Float64Array.of(slots[j]!.offset, 0, chunkBytes), c),
             { concurrency: "unbounded", discard: true }
           )
-          return yield* request(CommitStore, [key, instanceId, new Uint8Array(0)])
+          return new Uint8Array(0)
         }
         const data = Buffer.allocUnsafeSlow(chunks.length * chunkBytes)
         chunks.forEach((c, j) => data.set(c, j * chunkBytes))
-        return yield* request(CommitStore, [key, instanceId, data])
+        return data
+      })
+
+    const store = (r: EngineDrivenRequest, chunkOf: (chunkIndex: number) => Uint8Array) =>
+      Effect.gen(function*() {
+        if (!(yield* beforeTransfer)) return false
+        const key = keyOf(r)
+        const prepared = yield* request(PrepareStore, [key, instanceId])
+        const { slots, chunk_indices: indices } = prepared.context
+        if (slots.length === 0 && indices.length === 0) return true
+        // From here the server holds reservations for this request: a local failure aborts them (issue 18).
+        const cpuData = yield* fillSlots(r, slots, indices, chunkOf).pipe(
+          Effect.onError((cause) => abortStore(key, slots.length, cause))
+        )
+        return yield* request(CommitStore, [key, instanceId, cpuData])
       })
 
     const retrieve = (r: EngineDrivenRequest) =>

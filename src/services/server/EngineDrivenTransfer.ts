@@ -58,8 +58,17 @@
  * range (upstream keys by `(instance_id, key)` without request_id; keying by
  * the request keeps two requests of the same tokens apart). A second PREPARE
  * of the same pending key replaces the first (its reservations are dropped,
- * its locks released). Nothing expires on its own: an entry's pending state
- * goes with the entry (unregister, reap, shutdown).
+ * its locks released). An entry's pending state goes with the entry
+ * (unregister, reap, shutdown), and a PREPARE that is never committed is
+ * released on its own once it is older than `--prepare-ttl-seconds`
+ * (default 60; issue 18): 1 ms past the TTL the strategy's expiry timer
+ * (one per strategy and direction, sleeping until the oldest pending
+ * PREPARE is due) drops its reservations (nothing published) or releases
+ * its read locks, logging a WARNING and
+ * counting `mpcache_engine_driven_prepare_expired_total`; a COMMIT arriving
+ * later answers false and publishes nothing, even when it beats the timer.
+ * (The TTL does not stretch over the server's own stalls: it bounds what a
+ * worker may hold, not a worker's silence.)
  *
  * **Transfers** (AFFINITY): a key is moved chunk by chunk over the complete
  * chunks of `[start, end)`; `start` must be chunk-aligned, `worker_id` must
@@ -76,14 +85,19 @@
  *   the first chunk that does not fit (a WARNING), and the slots cover the
  *   chunks before it.
  * - COMMIT_STORE publishes the pending write → true; false when there is
- *   none (never prepared, already committed, replaced) or when a reservation
- *   was dropped meanwhile (CLEAR force).
+ *   none (never prepared, already committed, replaced, expired) or when a
+ *   reservation was dropped meanwhile (CLEAR force). A worker that gives up
+ *   after PREPARE_STORE aborts with a COMMIT_STORE whose `cpu_data` is not
+ *   empty but shorter than one chunk object (one byte; Op.ts
+ *   CommitStore): the reservations are dropped at once, nothing published,
+ *   → false.
  * - PREPARE_RETRIEVE takes the read locks LOOKUP's prefetch holds for
  *   `request_id` (or fresh ones) for every chunk; a chunk not in L1 answers
  *   `{success: false, data: empty, context: {}}` with nothing locked.
- * - COMMIT_RETRIEVE releases them → true; false when none are pending.
+ * - COMMIT_RETRIEVE releases them → true; false when none are pending
+ *   (never prepared, already committed, expired).
  */
-import { Context, Effect, Layer, Metric, Scope } from "effect"
+import { Clock, Context, Duration, Effect, Layer, Metric, Scope } from "effect"
 import { type EngineDrivenTransport, ServerConfig } from "./ServerConfig.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import { dtypeBytes } from "../../schema/Dtype.ts"
@@ -124,14 +138,29 @@ const sameRegistration = (a: RegisterEngineDrivenContext, b: RegisterEngineDrive
   a.block_size === b.block_size && a.num_layers === b.num_layers && a.hidden_dim_size === b.hidden_dim_size &&
   a.dtype_str === b.dtype_str && a.use_mla === b.use_mla
 
+/** What every pending PREPARE carries for its expiry (issue 18): when it was recorded (Clock ms). */
+interface Pending {
+  readonly preparedAtMs: number
+}
+
 /** A PREPARE_STORE waiting for its COMMIT_STORE: reservations in chunk order. */
-interface PendingWrite {
+interface PendingWrite extends Pending {
   readonly reservations: ReadonlyArray<Reservation>
 }
 
 /** A PREPARE_RETRIEVE (shm) waiting for its COMMIT_RETRIEVE: read locks in chunk order. */
-interface PendingRead {
+interface PendingRead extends Pending {
   readonly handles: ReadonlyArray<ReadHandle>
+}
+
+/**
+ * How long a PREPARE may wait for its COMMIT (`--prepare-ttl-seconds`, in
+ * ms) and the Scope its expiry timers run in (the entry's: closing it stops
+ * them).
+ */
+export interface PrepareExpiry {
+  readonly ttlMs: number
+  readonly scope: Scope.Scope
 }
 
 /**
@@ -168,6 +197,8 @@ export interface TransferStrategy {
   readonly pendingStores: () => { readonly requests: number; readonly chunks: number }
   /** Pending PREPARE_RETRIEVEs and the read locks they hold. */
   readonly pendingRetrieves: () => { readonly requests: number; readonly chunks: number }
+  /** PREPAREs released by the prepare TTL so far: stores (reservations dropped) and retrieves (locks released). */
+  readonly expired: () => { readonly stores: number; readonly retrieves: number }
 }
 
 const chunksTotal = Metric.counter("mpcache_engine_driven_chunks_total", {
@@ -184,31 +215,113 @@ const retrieved = {
   bytes: Metric.withAttributes(bytesTotal, { direction: "retrieve" })
 }
 
+const expiredTotal = Metric.counter("mpcache_engine_driven_prepare_expired_total", {
+  description: "Engine-driven PREPAREs released because no COMMIT came within --prepare-ttl-seconds, by direction",
+  incremental: true
+})
+const expiredStores = Metric.withAttributes(expiredTotal, { direction: "store" })
+const expiredRetrieves = Metric.withAttributes(expiredTotal, { direction: "retrieve" })
+
 const EMPTY = new Uint8Array(0)
 
 /**
  * A context's strategy over `l1` and `lookup` for objects of `layout`.
- * `label` names the instance in logs.
+ * `label` names the instance in logs. A pending PREPARE older than
+ * `expiry.ttlMs` (strictly: `now − prepared > ttl`) is released by a timer
+ * fiber forked in `expiry.scope`, and a COMMIT arriving after that answers
+ * false (issue 18).
  */
 export const makeTransferStrategy = (
   transport: EngineDrivenTransport,
   layout: EngineDrivenLayout,
   l1: L1Store["Service"],
   lookup: Lookup["Service"],
-  label: string
+  label: string,
+  expiry: PrepareExpiry
 ): TransferStrategy => {
   const writes = new Map<string, PendingWrite>()
   const reads = new Map<string, PendingRead>()
   let open = true
+  const expired = { stores: 0, retrieves: 0 }
   const { chunkBytes } = layout
+  const ttlSeconds = expiry.ttlMs / 1000
 
   const slotOf = (offset: number): Slot => ({ offset, length: chunkBytes, shape: layout.objectShape, dtype: layout.dtype })
-  const abortAll = (w: PendingWrite) => Effect.forEach(w.reservations, (r) => l1.abort(r), { discard: true })
-  const unlockAll = (r: PendingRead) => Effect.sync(() => r.handles.forEach((h) => lookup.release(h)))
+  // A pending record leaves its map before it is dropped, so each is dropped once.
+  const abortAll = (w: { readonly reservations: ReadonlyArray<Reservation> }) =>
+    Effect.forEach(w.reservations, (r) => l1.abort(r), { discard: true })
+  const unlockAll = (r: { readonly handles: ReadonlyArray<ReadHandle> }) => Effect.sync(() => r.handles.forEach((h) => lookup.release(h)))
   const describe = (pendingKey: string) => {
     const [requestId, rank, start, end] = pendingKey.split("\u0000")
     return `request ${requestId} (rank ${rank}, tokens [${start}, ${end}))`
   }
+  const isExpired = (p: Pending, nowMs: number) => nowMs - p.preparedAtMs > expiry.ttlMs
+
+  /**
+   * The expiry timer of one map of pending PREPAREs, as the effect to run
+   * after an insert: forks the timer fiber unless it runs. It sleeps until
+   * the oldest record is 1 ms past the TTL, then takes every record past it
+   * out of the map and releases them, in one uninterruptible step (a COMMIT
+   * either got a record first or finds nothing; a release is never cut in
+   * half), and stops once the map is empty. Records are kept in insertion order, which is the order of their
+   * `preparedAtMs` (each is inserted at the clock's now, read in the same
+   * synchronous step; a PREPARE again re-inserts), so only the due ones at
+   * the front are looked at.
+   */
+  const expiryTimer = <P extends Pending>(map: Map<string, P>, release: (pendingKey: string, p: P) => Effect.Effect<void>) => {
+    let running = false
+    const step = (nowMs: number) =>
+      Effect.uninterruptible(Effect.suspend(() => {
+        const due: Array<readonly [string, P]> = []
+        let oldest: number | undefined
+        for (const [pendingKey, p] of map) {
+          if (!isExpired(p, nowMs)) {
+            oldest = p.preparedAtMs
+            break
+          }
+          due.push([pendingKey, p])
+        }
+        for (const [pendingKey] of due) map.delete(pendingKey)
+        // Stopped in the same synchronous step as the look that found nothing left: a later insert restarts it.
+        if (oldest === undefined) running = false
+        return Effect.as(Effect.forEach(due, ([pendingKey, p]) => release(pendingKey, p), { discard: true }), oldest)
+      }))
+    const loop = Effect.gen(function*() {
+      while (true) {
+        const nowMs = yield* Clock.currentTimeMillis
+        const oldest = yield* step(nowMs)
+        if (oldest === undefined) return
+        yield* Effect.sleep(Duration.millis(oldest + expiry.ttlMs + 1 - nowMs))
+      }
+    })
+    return Effect.suspend(() => {
+      if (running || map.size === 0) return Effect.void
+      running = true
+      return Effect.asVoid(Effect.forkIn(loop, expiry.scope))
+    })
+  }
+
+  const expireWrite = (pendingKey: string, w: PendingWrite) =>
+    Effect.gen(function*() {
+      expired.stores++
+      yield* abortAll(w)
+      yield* Metric.update(expiredStores, 1)
+      yield* Effect.logWarning(
+        `prepare_store: ${label}: ${describe(pendingKey)} was not committed within ${ttlSeconds} s (--prepare-ttl-seconds); its ${w.reservations.length} reservation(s) are dropped, nothing published`
+      )
+    })
+
+  const expireRead = (pendingKey: string, r: PendingRead) =>
+    Effect.gen(function*() {
+      expired.retrieves++
+      yield* unlockAll(r)
+      yield* Metric.update(expiredRetrieves, 1)
+      yield* Effect.logWarning(
+        `prepare_retrieve: ${label}: ${describe(pendingKey)} was not committed within ${ttlSeconds} s (--prepare-ttl-seconds); its ${r.handles.length} read lock(s) are released`
+      )
+    })
+  const writeExpiry = expiryTimer(writes, expireWrite)
+  const readExpiry = expiryTimer(reads, expireRead)
 
   const prepareStore = (pendingKey: string, objectKeys: ReadonlyArray<ObjectKey>) =>
     Effect.gen(function*() {
@@ -234,30 +347,40 @@ export const makeTransferStrategy = (
         }
       }
       // Inserted in the same synchronous step as the open check: a release either ran before (abort here) or sees it.
-      const inserted = yield* Effect.sync(() => {
+      // The time is read in that step too, so the map's order is the order of preparedAtMs (see expiryTimer).
+      const inserted = yield* Clock.clockWith((clock) => Effect.sync(() => {
         if (!open) return { accepted: false, displaced: undefined }
+        const preparedAtMs = clock.currentTimeMillisUnsafe()
         const displaced = writes.get(pendingKey)
-        if (reservations.length > 0) writes.set(pendingKey, { reservations })
-        else writes.delete(pendingKey)
+        // Deleted first so that the record goes to the end of the map's order (see expiryTimer).
+        writes.delete(pendingKey)
+        if (reservations.length > 0) writes.set(pendingKey, { reservations, preparedAtMs })
         return { accepted: true, displaced }
-      })
+      }))
       if (inserted.displaced !== undefined) yield* abortAll(inserted.displaced)
       if (!inserted.accepted) {
         yield* abortAll({ reservations })
         return undefined
       }
+      yield* writeExpiry
       return { context: { slots: reservations.map((r) => slotOf(r.offset)), chunk_indices: indices } }
     })
 
   const commitStore = (pendingKey: string, cpuData: Uint8Array) =>
     Effect.gen(function*() {
       if (!open) return undefined
+      const now = yield* Clock.currentTimeMillis
       const w = writes.get(pendingKey)
       if (w === undefined) {
-        yield* Effect.logWarning(`commit_store: ${label}: no pending store for ${describe(pendingKey)}; nothing published`)
+        yield* Effect.logWarning(`commit_store: ${label}: no pending store for ${describe(pendingKey)} (never prepared, already committed, aborted or expired); nothing published`)
         return false
       }
       writes.delete(pendingKey)
+      if (isExpired(w, now)) {
+        // The expiry timer is due but has not run yet: the COMMIT is late all the same.
+        yield* expireWrite(pendingKey, w)
+        return false
+      }
       if (cpuData.length === 0 && transport === "inline") {
         yield* abortAll(w)
         yield* Effect.logWarning(
@@ -269,6 +392,13 @@ export const makeTransferStrategy = (
         const expected = w.reservations.length * chunkBytes
         if (cpuData.length !== expected) {
           yield* abortAll(w)
+          // Shorter than one chunk object: bytes of no chunk at all, the worker's abort (Op.ts CommitStore).
+          if (cpuData.length < chunkBytes) {
+            yield* Effect.logInfo(
+              `commit_store: ${label}: the worker aborted ${describe(pendingKey)}; its ${w.reservations.length} reservation(s) are dropped, nothing published`
+            )
+            return false
+          }
           yield* Effect.logWarning(
             `commit_store: ${label}: cpu_data of ${describe(pendingKey)} has ${cpuData.length} bytes; its ${w.reservations.length} reserved chunk(s) of ${chunkBytes} bytes need ${expected}; nothing published`
           )
@@ -321,17 +451,19 @@ export const makeTransferStrategy = (
         yield* releaseTaken
         return { success: true, data, context: { slots: [], chunk_indices: chunkIndices } } satisfies PrepareRetrieveResponse
       }
-      // Recorded in the same synchronous step as the open check (see prepareStore).
-      const recorded = yield* Effect.sync(() => {
+      // Recorded in the same synchronous step as the open check, at that step's time (see prepareStore).
+      const recorded = yield* Clock.clockWith((clock) => Effect.sync(() => {
         if (!open) return { accepted: false, replaced: undefined }
         const replaced = reads.get(pendingKey)
-        reads.set(pendingKey, { handles })
+        reads.delete(pendingKey)
+        reads.set(pendingKey, { handles, preparedAtMs: clock.currentTimeMillisUnsafe() })
         return { accepted: true, replaced }
-      })
+      }))
       if (!recorded.accepted) {
         yield* releaseTaken
         return undefined
       }
+      yield* readExpiry
       if (recorded.replaced !== undefined) {
         yield* unlockAll(recorded.replaced)
         yield* Effect.logWarning(`prepare_retrieve: ${label}: ${describe(pendingKey)} was prepared again before its commit; the first locks are released`)
@@ -347,12 +479,18 @@ export const makeTransferStrategy = (
     Effect.gen(function*() {
       if (!open) return undefined
       if (transport === "inline") return true
+      const now = yield* Clock.currentTimeMillis
       const r = reads.get(pendingKey)
       if (r === undefined) {
-        yield* Effect.logWarning(`commit_retrieve: ${label}: no pending retrieve for ${describe(pendingKey)}`)
+        yield* Effect.logWarning(`commit_retrieve: ${label}: no pending retrieve for ${describe(pendingKey)} (never prepared, already committed or expired)`)
         return false
       }
       reads.delete(pendingKey)
+      if (isExpired(r, now)) {
+        // Late: the locks were due for release, so the bytes copied out may have changed meanwhile.
+        yield* expireRead(pendingKey, r)
+        return false
+      }
       yield* unlockAll(r)
       return true
     })
@@ -388,7 +526,8 @@ export const makeTransferStrategy = (
     release,
     isOpen: () => open,
     pendingStores: () => count(writes, (w) => w.reservations.length),
-    pendingRetrieves: () => count(reads, (r) => r.handles.length)
+    pendingRetrieves: () => count(reads, (r) => r.handles.length),
+    expired: () => ({ ...expired })
   }
 }
 
@@ -501,7 +640,10 @@ const make = Effect.gen(function*() {
       }
       yield* layouts.register(p.model_name, p.world_size, kvLayout)
       yield* Scope.addFinalizer(scope, layouts.unregister(p.model_name, p.world_size))
-      const strategy = makeTransferStrategy(transport, layout, l1, lookup, `engine-driven instance ${formatInstanceId(p.instance_id)}`)
+      const strategy = makeTransferStrategy(transport, layout, l1, lookup, `engine-driven instance ${formatInstanceId(p.instance_id)}`, {
+        ttlMs: config.prepareTtlSeconds * 1000,
+        scope
+      })
       yield* Scope.addFinalizer(scope, strategy.release)
       return { registration: p, layout, strategy, scope } satisfies EngineDrivenContext
     })

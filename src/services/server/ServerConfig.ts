@@ -49,6 +49,12 @@ export interface ServerConfigShape {
   readonly lookupLockTtlSeconds: number
   /** Engine-driven transport (`--engine-driven-transport`, default shm). */
   readonly engineDrivenTransport: EngineDrivenTransport
+  /**
+   * A PREPARE_STORE / PREPARE_RETRIEVE not committed within this many seconds
+   * is released (`--prepare-ttl-seconds`, default 60, > 0; issue 18): its
+   * reservations dropped or read locks released, a late COMMIT answers false.
+   */
+  readonly prepareTtlSeconds: number
 }
 
 /** Flag values as parsed, before the cross-flag rules. */
@@ -70,6 +76,7 @@ export interface ServerConfigInput {
   readonly workerDisconnectGraceSeconds: number
   readonly lookupLockTtlSeconds: number
   readonly engineDrivenTransport: EngineDrivenTransport
+  readonly prepareTtlSeconds: number
 }
 
 /** Defaults of DESIGN §5 and §7 (upstream: port 5555, chunk 256, reap 120 s, grace 3600 s). */
@@ -90,7 +97,8 @@ export const defaults: ServerConfigInput = {
   workerRegistrationGraceSeconds: 3600,
   workerDisconnectGraceSeconds: 10,
   lookupLockTtlSeconds: 300,
-  engineDrivenTransport: "shm"
+  engineDrivenTransport: "shm",
+  prepareTtlSeconds: 60
 }
 
 /** One broken rule: the flag and what it must be. */
@@ -127,6 +135,8 @@ export const rules = {
       : `worker reap timeout must be 0 (disabled) or at least 30 seconds (got ${n}); keep it at least 3 × the workers' heartbeat interval`,
   lockTtl: (n: number) =>
     Number.isFinite(n) && n >= 1 ? undefined : `lookup lock TTL must be at least 1 second (got ${n})`,
+  prepareTtl: (n: number) =>
+    Number.isFinite(n) && n > 0 ? undefined : `prepare TTL must be a number of seconds above 0 (got ${n})`,
   disconnectGrace: (n: number) =>
     Number.isFinite(n) && n >= 0 ? undefined : `worker disconnect grace must be 0 (disabled) or a positive number of seconds (got ${n})`,
   engineDrivenTransport: (s: string) =>
@@ -165,6 +175,7 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
   check("worker-disconnect-grace-seconds", rules.disconnectGrace(input.workerDisconnectGraceSeconds))
   check("lookup-lock-ttl-seconds", rules.lockTtl(input.lookupLockTtlSeconds))
   check("engine-driven-transport", rules.engineDrivenTransport(input.engineDrivenTransport))
+  check("prepare-ttl-seconds", rules.prepareTtl(input.prepareTtlSeconds))
   if (issues.length > 0) return { issues }
   const host = input.host.includes(":") && !input.host.startsWith("[") ? `[${input.host}]` : input.host
   return {
@@ -182,7 +193,8 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
       workerRegistrationGraceSeconds: grace,
       workerDisconnectGraceSeconds: input.workerDisconnectGraceSeconds,
       lookupLockTtlSeconds: input.lookupLockTtlSeconds,
-      engineDrivenTransport: input.engineDrivenTransport
+      engineDrivenTransport: input.engineDrivenTransport,
+      prepareTtlSeconds: input.prepareTtlSeconds
     }
   }
 }

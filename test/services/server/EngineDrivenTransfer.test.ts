@@ -444,3 +444,116 @@ describe("releasing an entry", () => {
       assert.deepStrictEqual([l1.stats().reservedObjects, l1.stats().lockedObjects], [0, 0])
     }).pipe(Effect.scoped, Effect.provide(ServerConfig.layerTest({ chunkSize: CHUNK, l1SizeGb: (32 * CHUNK_BYTES) / 2 ** 30 }))))
 })
+
+describe("prepare TTL (issue 18)", () => {
+  /** `engine_driven.pending_*` of /api/status and L1's reserved and locked objects. */
+  const pending = Effect.gen(function*() {
+    const ed = yield* EngineDrivenTransfer
+    const l1 = yield* L1Store
+    const block = (yield* ed.status())["engine_driven"] as { pending_stores: number; pending_retrieves: number }
+    return {
+      stores: block.pending_stores,
+      retrieves: block.pending_retrieves,
+      reserved: l1.stats().reservedObjects,
+      locked: l1.stats().lockedObjects
+    }
+  })
+
+  it.effect("a PREPARE_STORE never committed is kept at the TTL and released 1 ms past it; the late COMMIT answers false and publishes nothing", () =>
+    Effect.gen(function*() {
+      const ed = yield* EngineDrivenTransfer
+      const native = yield* NativeMemory
+      const l1 = yield* L1Store
+      yield* ed.register(registration(1))
+      const prepared = yield* ed.prepareStore(key(), id(1))
+      assert.deepStrictEqual(prepared.context.chunk_indices, [0, 1, 2, 3])
+      // The worker copies its chunks, then never commits.
+      const view = yield* workerView
+      yield* Effect.forEach(prepared.context.slots, (s, j) => native.scatter(view, Float64Array.of(s.offset, 0, s.length), chunkContent(6, j)))
+      yield* TestClock.adjust("5 seconds")
+      assert.deepStrictEqual(yield* pending, { stores: 1, retrieves: 0, reserved: 4, locked: 0 })
+      yield* TestClock.adjust("1 millis")
+      assert.deepStrictEqual(yield* pending, { stores: 0, retrieves: 0, reserved: 0, locked: 0 })
+      assert.deepStrictEqual((yield* ed.contextOf(id(1)))!.strategy.expired(), { stores: 1, retrieves: 0 })
+      assert.isFalse(yield* ed.commitStore(key(), id(1), new Uint8Array(0)))
+      assert.deepStrictEqual([l1.stats().objects, l1.stats().usedBytes], [0, 0])
+      assert.strictEqual(yield* lookupHits(key({ request_id: "after" })), 0)
+      // The chunks can be prepared afresh.
+      assert.deepStrictEqual((yield* ed.prepareStore(key({ request_id: "r2" }), id(1))).context.chunk_indices, [0, 1, 2, 3])
+    }).pipe(Effect.scoped, Effect.provide(env({ prepareTtlSeconds: 5 }))))
+
+  it.effect("a PREPARE_RETRIEVE never committed keeps its read locks for the TTL (default 60 s), releases them 1 ms past it; the late COMMIT answers false", () =>
+    Effect.gen(function*() {
+      const ed = yield* EngineDrivenTransfer
+      yield* ed.register(registration(1))
+      yield* storeShm(1, key(), 2)
+      const r = yield* ed.prepareRetrieve(key({ request_id: "s" }), id(1))
+      assert.isTrue(r.success)
+      yield* TestClock.adjust("60 seconds")
+      assert.deepStrictEqual(yield* pending, { stores: 0, retrieves: 1, reserved: 0, locked: 4 })
+      yield* TestClock.adjust("1 millis")
+      assert.deepStrictEqual(yield* pending, { stores: 0, retrieves: 0, reserved: 0, locked: 0 })
+      assert.deepStrictEqual((yield* ed.contextOf(id(1)))!.strategy.expired(), { stores: 0, retrieves: 1 })
+      assert.isFalse(yield* ed.commitRetrieve(key({ request_id: "s" }), id(1)))
+      // The published chunks stay.
+      assert.strictEqual(yield* lookupHits(key({ request_id: "after" })), 4)
+    }).pipe(Effect.scoped, Effect.provide(env())))
+
+  it.effect("a COMMIT at exactly the TTL still works, and nothing expires after it", () =>
+    Effect.gen(function*() {
+      const ed = yield* EngineDrivenTransfer
+      const l1 = yield* L1Store
+      yield* ed.register(registration(1))
+      yield* ed.prepareStore(key({ end: 64 }), id(1))
+      yield* TestClock.adjust("60 seconds")
+      assert.isTrue(yield* ed.commitStore(key({ end: 64 }), id(1), Buffer.concat([chunkContent(3, 0), chunkContent(3, 1)])))
+      yield* storeShm(1, key({ start: 64, end: 128, request_id: "r3" }), 3)
+      yield* ed.prepareRetrieve(key({ request_id: "s" }), id(1))
+      yield* TestClock.adjust("60 seconds")
+      assert.isTrue(yield* ed.commitRetrieve(key({ request_id: "s" }), id(1)))
+      yield* TestClock.adjust("10 minutes")
+      assert.deepStrictEqual(yield* pending, { stores: 0, retrieves: 0, reserved: 0, locked: 0 })
+      assert.deepStrictEqual((yield* ed.contextOf(id(1)))!.strategy.expired(), { stores: 0, retrieves: 0 })
+      assert.strictEqual(l1.stats().objects, 4)
+      assert.strictEqual(yield* lookupHits(key({ request_id: "after" })), 4)
+    }).pipe(Effect.scoped, Effect.provide(env())))
+
+  it.effect("a PREPARE again of the same pending key restarts the TTL: the first one's timer releases nothing", () =>
+    Effect.gen(function*() {
+      const ed = yield* EngineDrivenTransfer
+      yield* ed.register(registration(1))
+      yield* ed.prepareStore(key(), id(1))
+      yield* TestClock.adjust("30 seconds")
+      yield* ed.prepareStore(key(), id(1))
+      yield* TestClock.adjust("30001 millis")
+      assert.deepStrictEqual(yield* pending, { stores: 1, retrieves: 0, reserved: 4, locked: 0 })
+      yield* TestClock.adjust("30 seconds")
+      assert.deepStrictEqual(yield* pending, { stores: 0, retrieves: 0, reserved: 0, locked: 0 })
+      assert.deepStrictEqual((yield* ed.contextOf(id(1)))!.strategy.expired(), { stores: 1, retrieves: 0 })
+    }).pipe(Effect.provide(env())))
+
+  it.effect("a worker's abort (COMMIT_STORE with one byte) drops the reservations at once and answers false", () =>
+    Effect.gen(function*() {
+      const ed = yield* EngineDrivenTransfer
+      const l1 = yield* L1Store
+      yield* ed.register(registration(1))
+      yield* ed.prepareStore(key(), id(1))
+      assert.isFalse(yield* ed.commitStore(key(), id(1), new Uint8Array(1)))
+      assert.deepStrictEqual(yield* pending, { stores: 0, retrieves: 0, reserved: 0, locked: 0 })
+      assert.strictEqual(l1.stats().objects, 0)
+      yield* TestClock.adjust("61 seconds")
+      assert.deepStrictEqual((yield* ed.contextOf(id(1)))!.strategy.expired(), { stores: 0, retrieves: 0 })
+    }).pipe(Effect.provide(env())))
+
+  it.effect("unregister before the TTL releases once; the timers die with the entry", () =>
+    Effect.gen(function*() {
+      const ed = yield* EngineDrivenTransfer
+      yield* ed.register(registration(1))
+      yield* ed.prepareStore(key(), id(1))
+      const context = (yield* ed.contextOf(id(1)))!
+      yield* ed.unregister(id(1))
+      assert.deepStrictEqual(yield* pending, { stores: 0, retrieves: 0, reserved: 0, locked: 0 })
+      yield* TestClock.adjust("61 seconds")
+      assert.deepStrictEqual(context.strategy.expired(), { stores: 0, retrieves: 0 })
+    }).pipe(Effect.provide(env())))
+})

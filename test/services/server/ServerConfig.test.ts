@@ -54,6 +54,14 @@ describe("ServerConfig rules (DESIGN §5, upstream MPServerConfig)", () => {
     ])
   })
 
+  it("--prepare-ttl-seconds defaults to 60 and must be above 0 (issue 18)", () => {
+    const r = validate(defaults)
+    assert.isTrue("config" in r && r.config.prepareTtlSeconds === 60)
+    assert.deepStrictEqual(issues({ prepareTtlSeconds: 0.5 }), [])
+    assert.deepStrictEqual(issues({ prepareTtlSeconds: 0 }), ["--prepare-ttl-seconds: prepare TTL must be a number of seconds above 0 (got 0)"])
+    assert.deepStrictEqual(issues({ prepareTtlSeconds: Number.NaN }), ["--prepare-ttl-seconds: prepare TTL must be a number of seconds above 0 (got NaN)"])
+  })
+
   it("an explicit endpoint wins over host and port; pools default to --max-workers", () => {
     const r = validate({ ...defaults, endpoint: "ipc:///tmp/x.sock", maxWorkers: 2, maxGpuWorkers: 8 })
     assert.isTrue("config" in r && r.config.endpoint === "ipc:///tmp/x.sock" && r.config.maxCpuWorkers === 2 && r.config.maxGpuWorkers === 8)
