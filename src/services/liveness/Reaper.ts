@@ -15,15 +15,17 @@
  * assembly builds it after the modules behind them: at shutdown the reaper
  * stops before any of them releases state.
  *
- * It also answers the `worker_liveness` and `instances` blocks of
- * `/api/status`: the windows, whether it runs, what it tracks, and each
- * instance's state by Rule.ts.
+ * It also answers the `worker_liveness`, `instances` and `recent_reaps`
+ * blocks of `/api/status`: the windows, whether it runs, what it tracks,
+ * each instance's state by Rule.ts, and the last 50 reaps (RecentReaps.ts,
+ * issue 17).
  */
 import { Clock, Context, Effect, Layer, Metric, Queue } from "effect"
 import { formatInstanceId } from "../../schema/InstanceId.ts"
 import { ServerConfig } from "../server/ServerConfig.ts"
 import { Connections } from "./Connections.ts"
 import { LivenessTargets, type InstanceSummary, type ReapedInstance } from "./LivenessTarget.ts"
+import { makeRecentReaps } from "./RecentReaps.ts"
 import { RequestBarrier } from "./RequestBarrier.ts"
 import { disconnectReapingOn, stateOf, timeReapingOn, windowsOf, type InstanceState, type ReapReason, type Windows } from "./Rule.ts"
 
@@ -69,7 +71,7 @@ export class Reaper extends Context.Service<Reaper, {
   readonly scan: (judgeAtMs: number) => Effect.Effect<ReadonlyArray<ReapedInstance>>
   /** Whether the reaper runs (timeout or disconnect grace above 0). */
   readonly reaperEnabled: boolean
-  /** `worker_liveness` and `instances` blocks of `/api/status`. */
+  /** `worker_liveness`, `instances` and `recent_reaps` (oldest first, at most 50) blocks of `/api/status`. */
   readonly status: () => Effect.Effect<Record<string, unknown>>
 }>()("mpcache/services/Reaper") {
   /** The reaper over the targets in context; its loop lives exactly as long as this layer. */
@@ -82,6 +84,7 @@ const make = Effect.gen(function*() {
   const connections = yield* Connections
   const barrier = yield* RequestBarrier
   const windows = windowsOf(config)
+  const recentReaps = makeRecentReaps()
 
   const trackedCount = Effect.map(
     Effect.forEach(targets, (t) => t.trackedInstanceCount()),
@@ -102,6 +105,14 @@ const make = Effect.gen(function*() {
             { instance_id: formatInstanceId(r.id), silent_seconds: r.silentMs / 1000, window_seconds: r.windowMs / 1000, reason: r.reason, module: target.name }
           )
           yield* Metric.update(reapsBy[r.reason], 1)
+          recentReaps.add({
+            instance_id: formatInstanceId(r.id),
+            reason: r.reason,
+            reaped_at_ms: judgeAtMs,
+            silent_seconds: r.silentMs / 1000,
+            window_seconds: r.windowMs / 1000,
+            module: target.name
+          })
         }
       }
       for (const r of reaped) {
@@ -177,7 +188,8 @@ const make = Effect.gen(function*() {
           disconnect_grace_seconds: config.workerDisconnectGraceSeconds,
           tracked_instances: tracked
         },
-        instances
+        instances,
+        recent_reaps: recentReaps.list()
       }
     })
 
