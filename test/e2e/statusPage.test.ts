@@ -21,11 +21,12 @@ import { eventually, getText, ipcEndpoint, startServer, startWorker, statusOf } 
 
 const CHROMIUM = process.env["MPCACHE_CHROMIUM"] ?? "/usr/bin/chromium"
 const hasChromium = existsSync(CHROMIUM)
+const MISSING =
+  `SKIPPED: no Chromium at ${CHROMIUM}; install it with \`apt-get update && apt-get install -y chromium\` (.ci/run does) or set MPCACHE_CHROMIUM`
 if (!hasChromium) {
-  console.warn(
-    `\n*** statusPage.test.ts: SKIPPING the browser test of the status page: no Chromium at ${CHROMIUM}. ` +
-      `Install it with \`apt-get update && apt-get install -y chromium\` (.ci/run does), or set MPCACHE_CHROMIUM. ***\n`
-  )
+  // Straight to the process's stderr: the config silences console output of passing files.
+  process.stderr.write(`\n*** statusPage.test.ts: the status page's browser test is ${MISSING} ***\n\n`)
+  console.warn(`statusPage.test.ts: the browser test is ${MISSING}`)
 }
 
 /** A fresh headless Chromium profile under `dir`, closed with the scope. */
@@ -125,7 +126,8 @@ describe("status page", () => {
     })), 60_000)
 
   it.live.skipIf(!hasChromium)(
-    "in Chromium: two workers active; one SIGKILLed goes suspect, then leaves the instances and appears in the reaps (disconnect, 2 s)",
+    "in Chromium: two workers active; one SIGKILLed goes suspect, then leaves the instances and appears in the reaps (disconnect, 2 s)" +
+      (hasChromium ? "" : ` — ${MISSING}`),
     () =>
       Effect.scoped(Effect.gen(function*() {
         const dir = mkdtempSync(join(tmpdir(), "mpcache-status-page-"))
