@@ -1,5 +1,6 @@
 /**
  * The HTTP frontend (DESIGN §7; upstream `http_server.py`):
+ *   GET /                 the live status page (StatusPage.ts, issue 17): HTML polling /api/status every second
  *   GET /api/healthcheck  200 {"status":"healthy"} while the server runs
  *   GET /api/status       version, endpoint, chunk size, pools, uptime (+ module blocks)
  *   GET /metrics          Prometheus text
@@ -14,6 +15,7 @@ import { PrometheusMetrics } from "effect/observability"
 import { MqServer } from "../services/server/MqServer.ts"
 import { PROTOCOL_VERSION, VERSION } from "../version.ts"
 import { ServerConfig } from "../services/server/ServerConfig.ts"
+import { STATUS_PAGE_CSP, STATUS_PAGE_HTML } from "./StatusPage.ts"
 
 /** Extra blocks merged into `/api/status` by modules (liveness, native memory, instances …). */
 export class StatusBlocks extends Context.Service<StatusBlocks, ReadonlyArray<Effect.Effect<Record<string, unknown>>>>()(
@@ -63,7 +65,14 @@ const jsonBigInt = (value: unknown): HttpServerResponse.HttpServerResponse =>
     { contentType: "application/json" }
   )
 
+/** The status page: self-contained, and its CSP forbids anything but itself and same-origin fetches. */
+const statusPage = HttpServerResponse.text(STATUS_PAGE_HTML, {
+  contentType: "text/html; charset=utf-8",
+  headers: { "content-security-policy": STATUS_PAGE_CSP, "cache-control": "no-store" }
+})
+
 const Routes = Layer.mergeAll(
+  HttpRouter.add("GET", "/", statusPage),
   HttpRouter.add("GET", "/api/healthcheck", HttpServerResponse.jsonUnsafe({ status: "healthy" })),
   HttpRouter.add("GET", "/api/status", statusDocument.pipe(Effect.map(jsonBigInt))),
   PrometheusMetrics.layerHttp({ path: "/metrics" })

@@ -19,12 +19,13 @@ import { fileURLToPath } from "node:url"
 import { Clock, Effect, Fiber, Queue, Random, Ref, Schema } from "effect"
 import { dtypeBytes } from "../schema/Dtype.ts"
 import { makeSchedulerAdapter } from "../services/client/SchedulerAdapter.ts"
-import { perfectLru } from "./LruSim.ts"
+import { perfectLruCumulative } from "./LruSim.ts"
 import type { Done, RunRequest, TransferMode, WorkerSettings } from "./Messages.ts"
 import { Samples, promCounters } from "./Stats.ts"
 import type { ModelPreset } from "./Synth.ts"
 import { tokensFor } from "./Synth.ts"
 import { readTrace, type TraceIssue, type TraceRequest } from "./Trace.ts"
+import { TimelineRecorder, type ReplayTimeline } from "./Timeline.ts"
 import { spawnWorker, WorkerDied, type WorkerHandle } from "./WorkerPool.ts"
 
 export interface ReplayOptions {
@@ -98,6 +99,12 @@ export interface ReplaySummary {
   readonly trace_issues: ReadonlyArray<TraceIssue>
   /** Requests of the slice skipped because they are longer than `--max-input-tokens`. */
   readonly skipped_long_requests: { readonly count: number; readonly max_input_tokens: number | null }
+}
+
+/** A finished replay: the summary, and what happened over time (the data of `--report`, Timeline.ts). */
+export interface ReplayRun {
+  readonly summary: ReplaySummary
+  readonly timeline: ReplayTimeline
 }
 
 const MAIN = fileURLToPath(new URL("../cli/main.ts", import.meta.url))
@@ -178,7 +185,8 @@ const removeSegments = (prefix: string): void => {
 const round = (x: number, digits = 3) => Math.round(x * 10 ** digits) / 10 ** digits
 
 /**
- * Runs the replay. Fails with ReplayError when the trace has nothing usable,
+ * Runs the replay; returns its summary and timeline. Fails with ReplayError
+ * when the trace has nothing usable,
  * or the server or the first workers cannot start; everything that goes
  * wrong later is counted in the summary.
  */
@@ -300,13 +308,24 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
           lookedUp += full
           hit += hitTokens / chunk
           done++
+          const atMs = yield* Clock.currentTimeMillis
           if (m._tag === "Failed") {
             failed++
             if (failures.length < 20) failures.push({ request: r.index, message: m.message })
+            timeline.complete({ atMs, latencyMs: undefined, lookedUpChunks: full, hitChunks: hitTokens / chunk, bytesStored: 0, bytesRetrieved: 0 })
             return
           }
           record(r, m)
-          lat.request.add(performance.now() - t0)
+          const latencyMs = performance.now() - t0
+          lat.request.add(latencyMs)
+          timeline.complete({
+            atMs,
+            latencyMs,
+            lookedUpChunks: full,
+            hitChunks: hitTokens / chunk,
+            bytesStored: m.storedBytes,
+            bytesRetrieved: m.retrievedBytes
+          })
           return
         }
       })
@@ -334,11 +353,20 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
           yield* Effect.uninterruptible(Effect.gen(function*() {
             victim.child.kill("SIGKILL")
             killed++
+            const killedAt = yield* Clock.currentTimeMillis
+            timeline.event(killedAt, { kind: "kill", slot: victim.slot, instance_id: victim.instanceId })
+            timeline.sampleAlive(killedAt, alive().length)
             // A killed worker cannot unlink its own segments; like an engine's supervisor, we do.
             // The server's mappings stay valid until it reaps the instance.
             removeSegments(victim.namePrefix)
             yield* start.pipe(
-              Effect.tap(() => Effect.sync(() => replaced++)),
+              Effect.tap((w) =>
+                Effect.map(Clock.currentTimeMillis, (at) => {
+                  replaced++
+                  timeline.event(at, { kind: "replace", slot: w.slot, instance_id: w.instanceId })
+                  timeline.sampleAlive(at, alive().length)
+                })
+              ),
               Effect.catch((e) => Effect.logWarning(`replacement worker failed to start: ${e.message}`))
             )
           }))
@@ -353,7 +381,13 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
           const victim = candidates[yield* Random.nextIntBetween(0, candidates.length - 1)]!
           victim.child.kill("SIGSTOP")
           paused++
-          yield* Effect.sleep(`${o.pauseSeconds} seconds`).pipe(Effect.ensuring(Effect.sync(() => void victim.child.kill("SIGCONT"))))
+          timeline.event(yield* Clock.currentTimeMillis, { kind: "pause", slot: victim.slot, instance_id: victim.instanceId })
+          yield* Effect.sleep(`${o.pauseSeconds} seconds`).pipe(
+            Effect.ensuring(Effect.gen(function*() {
+              victim.child.kill("SIGCONT")
+              timeline.event(yield* Clock.currentTimeMillis, { kind: "resume", slot: victim.slot, instance_id: victim.instanceId })
+            }))
+          )
         }
       })
 
@@ -371,7 +405,22 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     })
 
     const startedMs = yield* Clock.currentTimeMillis
-    const chaos: Array<Fiber.Fiber<unknown>> = []
+    const timeline = new TimelineRecorder(startedMs)
+    timeline.sampleAlive(startedMs, alive().length)
+    /** The server's recent reaps into the timeline (its ring holds 50: read every second). */
+    const recordReaps = (doc: { readonly recent_reaps: ReadonlyArray<{ instance_id: string; reason: string; reaped_at_ms: number }> }) =>
+      doc.recent_reaps.forEach((r) => timeline.reap(r))
+    // Workers alive every 250 ms, reaps every second: the report's timeline.
+    const sampler = yield* Effect.forkChild(
+      Effect.gen(function*() {
+        for (let tick = 1;; tick++) {
+          yield* Effect.sleep("250 millis")
+          timeline.sampleAlive(yield* Clock.currentTimeMillis, alive().length)
+          if (tick % 4 === 0) yield* getStatus(httpUrl).pipe(Effect.map(recordReaps), Effect.ignore)
+        }
+      })
+    )
+    const chaos: Array<Fiber.Fiber<unknown>> = [sampler]
     if (o.killEverySeconds !== undefined) chaos.push(yield* Effect.forkChild(killer(o.killEverySeconds)))
     if (o.pauseEverySeconds !== undefined) chaos.push(yield* Effect.forkChild(pauser(o.pauseEverySeconds)))
     const progress = o.progress
@@ -418,13 +467,17 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     // Every live worker unregisters; then nothing may stay mapped.
     yield* Effect.forEach(all, (w) => w.shutdown(10_000), { concurrency: "unbounded", discard: true })
     const after = yield* status
+    recordReaps(after)
+    const endedMs = yield* Clock.currentTimeMillis
     const openMappings = after.native.open_mappings
     const finalReaps = yield* reapsNow.pipe(Effect.catch(() => Ref.get(reapsSeen)))
     const reaped: Record<string, number> = {}
     for (const reason of ["timeout", "grace", "disconnect"]) reaped[reason] = (finalReaps[reason] ?? 0) - (baseReaps[reason] ?? 0)
     if (o.progress) onProgress(yield* progressLine.pipe(Effect.orElseSucceed(() => "")), true)
 
-    const lru = perfectLru(requests, chunk, capacityChunks)
+    const lruSteps = perfectLruCumulative(requests, chunk, capacityChunks)
+    const [lruLookedUp, lruHits] = lruSteps[lruSteps.length - 1] ?? [0, 0]
+    const lru = { hitRatio: lruLookedUp === 0 ? 0 : lruHits / lruLookedUp }
     const q = (s: Samples) => ({ p50: round(s.quantile(0.5)), p99: round(s.quantile(0.99)), mean: round(s.mean()) })
     const summary: ReplaySummary = {
       trace: o.tracePath,
@@ -454,5 +507,6 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       trace_issues: issues,
       skipped_long_requests: { count: slice.length - requests.length, max_input_tokens: limit ?? null }
     }
-    return summary
+    const run: ReplayRun = { summary, timeline: timeline.build(endedMs, lruSteps) }
+    return run
   })

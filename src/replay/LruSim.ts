@@ -34,7 +34,23 @@ export const perfectLru = (
   chunkSizeTokens: number,
   capacityChunks: number
 ): LruResult => {
+  const steps = perfectLruCumulative(requests, chunkSizeTokens, capacityChunks)
+  const [lookedUp, hits] = steps[steps.length - 1] ?? [0, 0]
+  return { lookedUpChunks: lookedUp, hitChunks: hits, hitRatio: lookedUp === 0 ? 0 : hits / lookedUp }
+}
+
+/**
+ * The same simulation, step by step: element i is the cumulative
+ * `[lookedUpChunks, hitChunks]` after request i (the replay report's
+ * perfect-LRU line, issue 17).
+ */
+export const perfectLruCumulative = (
+  requests: ReadonlyArray<{ readonly hashIds: ReadonlyArray<number>; readonly inputLength: number }>,
+  chunkSizeTokens: number,
+  capacityChunks: number
+): Array<readonly [number, number]> => {
   const cache = new Map<string, true>()
+  const out: Array<readonly [number, number]> = []
   let lookedUp = 0
   let hits = 0
   for (const r of requests) {
@@ -48,6 +64,7 @@ export const perfectLru = (
       cache.set(k, true)
     }
     while (cache.size > capacityChunks) cache.delete(cache.keys().next().value!)
+    out.push([lookedUp, hits])
   }
-  return { lookedUpChunks: lookedUp, hitChunks: hits, hitRatio: lookedUp === 0 ? 0 : hits / lookedUp }
+  return out
 }

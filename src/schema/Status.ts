@@ -54,6 +54,21 @@ export const StatusInstance = Schema.StructWithRest(
 )
 export type StatusInstance = typeof StatusInstance.Type
 
+/**
+ * One of the last reaps (issue 17), oldest first in `recent_reaps`; the
+ * server keeps at most 50. `reaped_at_ms` is the reaper's judging time in
+ * Unix epoch milliseconds; `module` the liveness target that held it.
+ */
+export const StatusReap = Schema.Struct({
+  instance_id: Schema.String,
+  reason: Schema.Literals(["timeout", "grace", "disconnect"]),
+  reaped_at_ms: Schema.Finite,
+  silent_seconds: Seconds,
+  window_seconds: Seconds,
+  module: Schema.String
+})
+export type StatusReap = typeof StatusReap.Type
+
 /** The whole document. */
 export const StatusDocument = Schema.Struct({
   is_healthy: Schema.Boolean,
@@ -70,6 +85,8 @@ export const StatusDocument = Schema.Struct({
   ops: Schema.Array(StatusOp),
   worker_liveness: StatusWorkerLiveness,
   instances: Schema.Array(StatusInstance),
+  /** The last reaps, oldest first, at most 50 (issue 17). */
+  recent_reaps: Schema.Array(StatusReap),
   /** Mappings of workers' memory (the server's own L1 pool is under `l1`). */
   native: Schema.Struct({ open_mappings: Count, mapped_bytes: Count }),
   l1: Schema.Struct({
@@ -82,7 +99,19 @@ export const StatusDocument = Schema.Struct({
     locked_objects: Count,
     evictions: Count
   }),
-  lookup: Schema.Struct({ sessions: Count, held_locks: Count, pending_jobs: Count }),
+  /**
+   * Lookup sessions, plus totals since start (issue 17): LOOKUP requests, and
+   * chunks looked up and found in L1, per rank; the L1 hit ratio is
+   * `hit_chunks / looked_up_chunks`.
+   */
+  lookup: Schema.Struct({
+    sessions: Count,
+    held_locks: Count,
+    pending_jobs: Count,
+    lookups: Count,
+    looked_up_chunks: Count,
+    hit_chunks: Count
+  }),
   engine_driven: Schema.Struct({
     transport: Schema.Literals(["shm", "inline"]),
     pool: Schema.NullOr(Schema.String),

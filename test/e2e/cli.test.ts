@@ -10,6 +10,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { VERSION } from "../../src/version.ts"
 import { runCli, startCli } from "../support/Cli.ts"
+import { eventually, ipcEndpoint as fleetEndpoint, startServer, startWorker, statusOf } from "../support/LiveFleet.ts"
 
 const ipcEndpoint = () => `ipc://${join(tmpdir(), `mpcache-test-${randomUUID()}.sock`)}`
 
@@ -76,12 +77,12 @@ describe("mpcache serve and the client commands", () => {
       assert.include(server.stderr(), "shutting down")
     })))
 
-  it.live("status reads /api/status from the HTTP frontend", () =>
+  it.live("status --json prints /api/status from the HTTP frontend", () =>
     Effect.scoped(Effect.gen(function*() {
       const endpoint = ipcEndpoint()
       const server = yield* startCli(["serve", "--endpoint", endpoint, "--http-port", "0", "--log-format", "json"])
       const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/)
-      const status = yield* runCli(["status", "--http-port", port!])
+      const status = yield* runCli(["status", "--http-port", port!, "--json"])
       assert.strictEqual(status.code, 0)
       const doc = JSON.parse(status.stdout) as Record<string, unknown>
       assert.strictEqual(doc["version"], VERSION)
@@ -95,6 +96,37 @@ describe("mpcache serve and the client commands", () => {
       const sigint = yield* server.stop("SIGINT")
       assert.deepStrictEqual(sigint, { code: 0, signal: null })
     })))
+
+  it.live("status prints a summary by default: server, liveness and L1 lines, reaps, one row per instance with its state", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const endpoint = fleetEndpoint()
+      const { httpPort } = yield* startServer(endpoint, ["--worker-disconnect-grace-seconds", "1"])
+      const idle = yield* runCli(["status", "--http-port", String(httpPort)])
+      assert.strictEqual(idle.code, 0, idle.stderr)
+      const idleLines = idle.stdout.split("\n")
+      assert.match(idleLines[0]!, new RegExp(`^mpcache ${VERSION.replace(/\./g, "\\.")} \\(protocol \\d+\\) · ${endpoint} · up \\d+s · 0 peers$`))
+      assert.strictEqual(
+        idleLines[1],
+        "liveness  reaper on · reap timeout 120 s · registration grace 3600 s · disconnect grace 1 s · 0 tracked"
+      )
+      assert.strictEqual(idleLines[2], "L1        0 B of 1.0 GiB (0.0%) · 0 objects · 0 evictions · hit ratio — (no lookups yet) · L2 off")
+      assert.strictEqual(idleLines[3], "reaps     0 recent")
+      assert.strictEqual(idleLines[5], "no registered instances")
+
+      const a = yield* startWorker(endpoint, 500, 60_000)
+      const b = yield* startWorker(endpoint, 500, 60_000)
+      yield* eventually(statusOf(httpPort), (d) => d.instances.filter((i) => i.state === "active").length === 2, 5_000)
+      a.worker.child.kill("SIGKILL")
+      yield* eventually(statusOf(httpPort), (d) => d.recent_reaps.length === 1 && d.instances.length === 1, 10_000)
+      const r = yield* runCli(["status", "--http-port", String(httpPort)])
+      assert.strictEqual(r.code, 0, r.stderr)
+      const lines = r.stdout.trimEnd().split("\n")
+      assert.match(lines[3]!, new RegExp(`^reaps     1 recent · last: ${a.instanceId} disconnect after \\d+\\.\\d s silent \\(window 1 s\\)$`))
+      assert.match(lines[5]!, /^INSTANCE ID +KIND +TENANT +MODEL +STATE +LAST SEEN +FLAGS$/)
+      assert.strictEqual(lines.length, 7)
+      assert.deepStrictEqual(lines[6]!.split(/ {2,}/).filter((c, i) => i !== 5), [b.instanceId, "kv_cache", "—", "liveness-e2e", "active", "ping,transfer"])
+      assert.match(lines[6]!.split(/ {2,}/)[5]!, /^\d+\.\d s$/)
+    })), 60_000)
 
   it.live("a client command with no server exits 1 and says what timed out", () =>
     Effect.gen(function*() {

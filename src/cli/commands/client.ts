@@ -1,7 +1,8 @@
 /**
  * Commands that talk to a running server (DESIGN §7; upstream MP CLI,
  * reference §7): `ping`, `noop`, `get-chunk-size`, `clear`, `end-session`
- * over ZeroMQ and `status` over HTTP. Each opens a fresh client, waits at
+ * over ZeroMQ and `status` over HTTP (a readable summary, StatusSummary.ts;
+ * the raw document with `--json`). Each opens a fresh client, waits at
  * most `--timeout-seconds` (5), prints the answer on stdout and exits 0, or
  * prints why on stderr and exits 1.
  */
@@ -11,9 +12,11 @@ import { HttpClient, HttpClientRequest } from "effect/http"
 import { FetchHttpClient } from "effect/http"
 import { loggerLayer } from "../../layers/Logging.ts"
 import { makeInstanceId } from "../../schema/InstanceId.ts"
+import { decodeStatusDocument } from "../../schema/Status.ts"
 import { Clear, EndSession, GetChunkSize, Noop, Ping } from "../../schema/Op.ts"
 import { makeMqClient, type MqClientShape } from "../../services/client/MqClient.ts"
 import { CommandFailed } from "../CommandFailed.ts"
+import { formatStatus } from "../StatusSummary.ts"
 import * as F from "./flags.ts"
 
 const connection = { host: F.host, port: F.port, endpoint: F.endpoint, timeoutSeconds: F.timeoutSeconds }
@@ -83,7 +86,12 @@ export const endSession = Command.make(
 
 export const status = Command.make(
   "status",
-  { httpHost: F.httpHost, httpPort: F.httpPort, timeoutSeconds: F.timeoutSeconds },
+  {
+    httpHost: F.httpHost,
+    httpPort: F.httpPort,
+    timeoutSeconds: F.timeoutSeconds,
+    json: Flag.Boolean("json").pipe(Flag.withDescription("Print the raw /api/status JSON instead of the summary"), Flag.withDefault(false))
+  },
   (f) =>
     Effect.gen(function*() {
       const host = f.httpHost.includes(":") && !f.httpHost.startsWith("[") ? `[${f.httpHost}]` : f.httpHost
@@ -94,7 +102,12 @@ export const status = Command.make(
       )
       const body = yield* response.json
       if (response.status !== 200) return yield* Effect.fail(new Error(`GET ${url} answered ${response.status}`))
-      return JSON.stringify(body, null, 2)
+      if (f.json) return JSON.stringify(body, null, 2)
+      // The summary needs the document's shape: a server of another version fails naming the field.
+      const doc = yield* decodeStatusDocument(body).pipe(
+        Effect.mapError((e) => new Error(`${url} is not a status document this client reads (try --json): ${e.message}`))
+      )
+      return formatStatus(doc)
     }).pipe(
       Effect.matchEffect({
         onFailure: (e) => fail(`status: ${e instanceof Error ? e.message : String(e)}`),
@@ -103,4 +116,4 @@ export const status = Command.make(
       Effect.provide(FetchHttpClient.layer),
       Effect.provide(loggerLayer("pretty"))
     )
-).pipe(Command.withDescription("Prints the server's /api/status"))
+).pipe(Command.withDescription("Prints a summary of the server's /api/status (instances and their states); --json: the raw document"))

@@ -2,14 +2,19 @@
  * `mpcache replay`: runs a production trace (by default the Mooncake
  * conversation trace shipped in data/) through real worker processes, with
  * optional churn, and prints what happened. Exit status 1 when contexts
- * leaked, mappings stayed open, or any retrieved byte was wrong.
+ * leaked, mappings stayed open, or any retrieved byte was wrong. With
+ * `--report PATH.html` it also writes the run as one self-contained HTML
+ * file of SVG charts (ReportHtml.ts, issue 17), before the checks decide the
+ * exit status.
  */
+import { writeFileSync } from "node:fs"
 import { fileURLToPath } from "node:url"
 import { Console, Effect, Option } from "effect"
 import { CliError, Command, Flag } from "effect/cli"
 import { loggerLayer } from "../../layers/Logging.ts"
 import { runReplay } from "../../replay/Driver.ts"
 import { formatSummary, mustBeZero } from "../../replay/Report.ts"
+import { reportHtml } from "../../replay/ReportHtml.ts"
 import { MODEL_PRESETS } from "../../replay/Synth.ts"
 import { CommandFailed } from "../CommandFailed.ts"
 
@@ -69,12 +74,16 @@ const flags = {
     Flag.filter((n) => n > 0, (n) => `must be above 0 (got ${n})`)
   ),
   chunkSize: Flag.Int("chunk-size").pipe(Flag.withDescription("Chunk size of the replay's own server, tokens"), Flag.withDefault(256)),
-  json: Flag.Boolean("json").pipe(Flag.withDescription("Print the summary as JSON on stdout"), Flag.withDefault(false))
+  json: Flag.Boolean("json").pipe(Flag.withDescription("Print the summary as JSON on stdout"), Flag.withDefault(false)),
+  report: Flag.String("report").pipe(
+    Flag.withDescription("Also write an HTML report with charts (latency, hit ratio vs a perfect LRU, workers and churn, bytes) to this path"),
+    Flag.optional
+  )
 }
 
 export const replay = Command.make("replay", flags, (f) =>
   Effect.gen(function*() {
-    const summary = yield* Effect.scoped(
+    const { summary, timeline } = yield* Effect.scoped(
       runReplay(
         {
           tracePath: f.trace,
@@ -111,6 +120,14 @@ export const replay = Command.make("replay", flags, (f) =>
       )
     )
     yield* Console.log(f.json ? JSON.stringify(summary, null, 2) : formatSummary(summary))
+    if (Option.isSome(f.report)) {
+      const path = f.report.value
+      yield* Effect.try({
+        try: () => writeFileSync(path, reportHtml(summary, timeline)),
+        catch: (e) => new CommandFailed({ message: `cannot write --report ${path}: ${e instanceof Error ? e.message : String(e)}`, exitCode: 1 })
+      }).pipe(Effect.tapError((e) => Console.error(`mpcache replay: ${e.message}`)))
+      yield* Console.error(`mpcache replay: report written to ${path}`)
+    }
     const bad = Object.entries(mustBeZero(summary)).filter(([, v]) => v !== 0)
     if (bad.length > 0) {
       const message = `replay failed its checks: ${bad.map(([k, v]) => `${k} = ${v}`).join(", ")}`

@@ -20,15 +20,17 @@
  * ServerStalls, shared with the event-loop ticker forked beside the loop
  * (Stalls.ts).
  *
- * It also answers the `worker_liveness` and `instances` blocks of
- * `/api/status`: the windows, whether it runs, what it tracks, and each
- * instance's state by Rule.ts.
+ * It also answers the `worker_liveness`, `instances` and `recent_reaps`
+ * blocks of `/api/status`: the windows, whether it runs, what it tracks,
+ * each instance's state by Rule.ts, and the last 50 reaps (RecentReaps.ts,
+ * issue 17).
  */
 import { Clock, Context, Effect, Layer, Metric, Queue } from "effect"
 import { formatInstanceId } from "../../schema/InstanceId.ts"
 import { ServerConfig } from "../server/ServerConfig.ts"
 import { Connections } from "./Connections.ts"
 import { LivenessTargets, type InstanceSummary, type ReapedInstance } from "./LivenessTarget.ts"
+import { makeRecentReaps } from "./RecentReaps.ts"
 import { RequestBarrier } from "./RequestBarrier.ts"
 import { formatStallSeconds, ServerStalls, watchEventLoop } from "./Stalls.ts"
 import { disconnectReapingOn, stateOf, timeReapingOn, windowsOf, type InstanceState, type ReapReason, type Windows } from "./Rule.ts"
@@ -75,7 +77,7 @@ export class Reaper extends Context.Service<Reaper, {
   readonly scan: (judgeAtMs: number) => Effect.Effect<ReadonlyArray<ReapedInstance>>
   /** Whether the reaper runs (timeout or disconnect grace above 0). */
   readonly reaperEnabled: boolean
-  /** `worker_liveness` and `instances` blocks of `/api/status`. */
+  /** `worker_liveness`, `instances` and `recent_reaps` (oldest first, at most 50) blocks of `/api/status`. */
   readonly status: () => Effect.Effect<Record<string, unknown>>
 }>()("mpcache/services/Reaper") {
   /**
@@ -92,6 +94,7 @@ const make = Effect.gen(function*() {
   const barrier = yield* RequestBarrier
   const stalls = yield* ServerStalls
   const windows = windowsOf(config)
+  const recentReaps = makeRecentReaps()
 
   const trackedCount = Effect.map(
     Effect.forEach(targets, (t) => t.trackedInstanceCount()),
@@ -112,6 +115,14 @@ const make = Effect.gen(function*() {
             { instance_id: formatInstanceId(r.id), silent_seconds: r.silentMs / 1000, window_seconds: r.windowMs / 1000, reason: r.reason, module: target.name }
           )
           yield* Metric.update(reapsBy[r.reason], 1)
+          recentReaps.add({
+            instance_id: formatInstanceId(r.id),
+            reason: r.reason,
+            reaped_at_ms: judgeAtMs,
+            silent_seconds: r.silentMs / 1000,
+            window_seconds: r.windowMs / 1000,
+            module: target.name
+          })
         }
       }
       for (const r of reaped) {
@@ -201,7 +212,8 @@ const make = Effect.gen(function*() {
           disconnect_grace_seconds: config.workerDisconnectGraceSeconds,
           tracked_instances: tracked
         },
-        instances
+        instances,
+        recent_reaps: recentReaps.list()
       }
     })
 

@@ -82,6 +82,9 @@ export class Lookup extends Context.Service<Lookup, {
       // TTL like a session: one the scheduler never queries (a model nobody registered has no session)
       // must not stay for the life of the server (issue 18).
       const jobs = new Map<string, { readonly hits: number; readonly atMs: number }>()
+      // Since start, for the status page's L1 hit ratio (issue 17): LOOKUPs, and chunks looked up and
+      // found, counted per rank like mpcache_lookup_chunks_total / mpcache_lookup_hit_chunks_total.
+      const totals = { lookups: 0, lookedUpChunks: 0, hitChunks: 0 }
 
       const sessionOf = (requestId: string, nowMs: number): Session => {
         let s = sessions.get(requestId)
@@ -103,6 +106,7 @@ export class Lookup extends Context.Service<Lookup, {
           const now = yield* Clock.currentTimeMillis
           const layout = yield* layouts.get(key.model_name, key.world_size)
           yield* Metric.update(lookupsTotal, 1)
+          totals.lookups++
           if (layout === undefined) {
             jobs.set(key.request_id, { hits: 0, atMs: now })
             return yield* Effect.logWarning(
@@ -128,6 +132,8 @@ export class Lookup extends Context.Service<Lookup, {
           jobs.set(key.request_id, { hits, atMs: now })
           yield* Metric.update(lookupChunksTotal, hashes.length * ranks.length)
           yield* Metric.update(lookupHitChunksTotal, hits * ranks.length)
+          totals.lookedUpChunks += hashes.length * ranks.length
+          totals.hitChunks += hits * ranks.length
         })
 
       const queryPrefetchStatus = (requestId: string) =>
@@ -223,7 +229,16 @@ export class Lookup extends Context.Service<Lookup, {
         status: () =>
           Effect.sync(() => {
             const k = stats()
-            return { lookup: { sessions: k.sessions, held_locks: k.heldLocks, pending_jobs: k.pendingJobs } }
+            return {
+              lookup: {
+                sessions: k.sessions,
+                held_locks: k.heldLocks,
+                pending_jobs: k.pendingJobs,
+                lookups: totals.lookups,
+                looked_up_chunks: totals.lookedUpChunks,
+                hit_chunks: totals.hitChunks
+              }
+            }
           }),
         rows: [
           row(LookupOp, "NORMAL", ([key]) => lookup(key)),

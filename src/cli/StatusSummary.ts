@@ -1,0 +1,85 @@
+/**
+ * The readable summary `mpcache status` prints by default (issue 17; `--json`
+ * prints the raw `/api/status` document instead): a server line, the
+ * liveness windows, an L1 line, the reaps count, then one table row per
+ * instance. Pure: a decoded StatusDocument in, lines out.
+ *
+ *   mpcache 0.1.0 (protocol 1) · ipc:///tmp/mpcache.sock · up 1h 2m 3s · 2 peers
+ *   liveness  reaper on · reap timeout 120 s · registration grace 3600 s · disconnect grace 2 s · 2 tracked
+ *   L1        8.0 KiB of 1.0 GiB (0.0%) · 1 objects · 0 evictions · hit ratio 50.0% (1 of 2 chunks) · L2 off
+ *   reaps     1 recent · last: 2352963943 disconnect after 2.0 s silent (window 2 s)
+ *
+ *   INSTANCE ID          KIND      TENANT  MODEL  STATE    LAST SEEN  FLAGS
+ *   1350143476463376293  kv_cache  —       m      active   0.1 s      ping,transfer
+ */
+import type { StatusDocument } from "../schema/Status.ts"
+
+/** `n` bytes in binary units, one decimal (`8.0 KiB`); plain bytes below 1 KiB. */
+export const formatBytes = (n: number): string => {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"]
+  let v = n
+  let i = 0
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024
+    i++
+  }
+  return i === 0 ? `${v} B` : `${v.toFixed(1)} ${units[i]}`
+}
+
+/** Whole seconds as `1d 2h 3m 4s`, leading zero units left out. */
+export const formatUptime = (seconds: number): string => {
+  const s = Math.floor(seconds)
+  const d = Math.floor(s / 86400)
+  const h = Math.floor((s % 86400) / 3600)
+  const m = Math.floor((s % 3600) / 60)
+  const parts = [d > 0 ? `${d}d` : "", d + h > 0 ? `${h}h` : "", d + h + m > 0 ? `${m}m` : "", `${s % 60}s`]
+  return parts.filter((p) => p !== "").join(" ")
+}
+
+/** Left-aligned columns, two spaces apart; the first row is the header. */
+const table = (rows: ReadonlyArray<ReadonlyArray<string>>): Array<string> => {
+  const widths = rows[0]!.map((_, c) => Math.max(...rows.map((r) => [...r[c]!].length)))
+  return rows.map((r) => r.map((cell, c) => (c === r.length - 1 ? cell : cell.padEnd(widths[c]!))).join("  ").trimEnd())
+}
+
+/** The summary, one string of lines (no trailing newline). */
+export const formatStatus = (doc: StatusDocument): string => {
+  const w = doc.worker_liveness
+  const l1 = doc.l1
+  const lk = doc.lookup
+  const used = l1.capacity_bytes > 0 ? ` (${((100 * l1.used_bytes) / l1.capacity_bytes).toFixed(1)}%)` : ""
+  const hit = lk.looked_up_chunks > 0
+    ? `${((100 * lk.hit_chunks) / lk.looked_up_chunks).toFixed(1)}% (${lk.hit_chunks} of ${lk.looked_up_chunks} chunks)`
+    : "— (no lookups yet)"
+  const last = doc.recent_reaps[doc.recent_reaps.length - 1]
+  const lines = [
+    `mpcache ${doc.version} (protocol ${doc.protocol_version}) · ${doc.endpoint} · up ${formatUptime(doc.uptime_seconds)} · ${doc.connected_peers} peers`,
+    `liveness  reaper ${w.enabled ? "on" : "off"} · reap timeout ${w.reap_timeout_seconds} s · registration grace ${w.registration_grace_seconds} s · disconnect grace ${w.disconnect_grace_seconds} s · ${w.tracked_instances} tracked`,
+    `L1        ${formatBytes(l1.used_bytes)} of ${formatBytes(l1.capacity_bytes)}${used} · ${l1.objects} objects · ${l1.evictions} evictions · hit ratio ${hit} · L2 off`,
+    `reaps     ${doc.recent_reaps.length} recent` +
+    (last === undefined
+      ? ""
+      : ` · last: ${last.instance_id} ${last.reason} after ${last.silent_seconds.toFixed(1)} s silent (window ${last.window_seconds} s)`),
+    ""
+  ]
+  if (doc.instances.length === 0) {
+    lines.push("no registered instances")
+  } else {
+    const rows = doc.instances.map((i) => {
+      const flags = [i.has_liveness_signal ? "ping" : "", i.has_transfer_activity ? "transfer" : ""].filter((f) => f !== "")
+      const tenant = i["tenant"]
+      const model = i["model_name"]
+      return [
+        i.instance_id,
+        i.kind,
+        typeof tenant === "string" && tenant !== "" ? tenant : "—",
+        typeof model === "string" ? model : "—",
+        i.state,
+        `${i.last_seen_age_seconds.toFixed(1)} s`,
+        flags.length > 0 ? flags.join(",") : "—"
+      ]
+    })
+    lines.push(...table([["INSTANCE ID", "KIND", "TENANT", "MODEL", "STATE", "LAST SEEN", "FLAGS"], ...rows]))
+  }
+  return lines.join("\n")
+}

@@ -1,0 +1,59 @@
+/**
+ * A real server and real worker processes for end-to-end tests of what
+ * operators see (status page, dashboard): `mpcache serve` as a child
+ * process on an ipc endpoint with an ephemeral HTTP port, and
+ * worker-daemon.ts workers (shared-memory KV cache, heartbeat, a store
+ * every `storeEveryMs`). The same shapes as test/e2e/liveness.test.ts.
+ */
+import { randomUUID } from "node:crypto"
+import { readdirSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { fileURLToPath } from "node:url"
+import { Effect, Schedule } from "effect"
+import { decodeStatusDocument } from "../../src/schema/Status.ts"
+import { startCli, startScript } from "./Cli.ts"
+
+const DAEMON = fileURLToPath(new URL("./worker-daemon.ts", import.meta.url))
+
+/** A fresh ipc endpoint under the temp folder. */
+export const ipcEndpoint = () => `ipc://${join(tmpdir(), `mpcache-fleet-${randomUUID()}.sock`)}`
+
+/** `mpcache serve` with `flags`, once both its HTTP frontend and MQ server listen; stopped with the scope. */
+export const startServer = (endpoint: string, flags: ReadonlyArray<string>) =>
+  Effect.gen(function*() {
+    const server = yield* startCli(["serve", "--endpoint", endpoint, "--http-port", "0", "--chunk-size", "64", ...flags])
+    const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/)
+    yield* server.waitForStderr(/MQ server listening on/)
+    return { server, httpPort: Number(port) }
+  })
+
+/** A worker daemon, once registered and its first store succeeded; its segments unlinked with the scope. */
+export const startWorker = (endpoint: string, heartbeatIntervalMs: number, storeEveryMs: number) =>
+  Effect.gen(function*() {
+    const namePrefix = `mpcache-e2e-fleet-${randomUUID()}`
+    // Added first, so it runs last: after the worker is gone (a SIGKILLed worker cannot unlink its segments).
+    yield* Effect.addFinalizer(() =>
+      Effect.sync(() => {
+        for (const name of readdirSync("/dev/shm")) if (name.startsWith(namePrefix)) rmSync(`/dev/shm/${name}`, { force: true })
+      })
+    )
+    const worker = yield* startScript(DAEMON, [JSON.stringify({ endpoint, namePrefix, heartbeatIntervalMs, storeEveryMs })])
+    const [, instanceId] = yield* worker.waitForStdout(/"event":"registered","instanceId":"(\d+)"/, 20_000)
+    yield* worker.waitForStdout(/"event":"store","n":1,"ok":true/, 20_000)
+    return { worker, namePrefix, instanceId: instanceId! }
+  })
+
+export const getJson = (url: string) => Effect.promise(() => fetch(url).then((r) => r.json() as Promise<unknown>))
+export const getText = (url: string) => Effect.promise(() => fetch(url).then((r) => r.text()))
+
+/** `/api/status` of the server on `port`, decoded (a defect when it does not fit the schema). */
+export const statusOf = (port: number) =>
+  getJson(`http://127.0.0.1:${port}/api/status`).pipe(Effect.flatMap(decodeStatusDocument), Effect.orDie)
+
+/** Polls `check` every 100 ms until it holds, at most `timeoutMs`; then returns the last value. */
+export const eventually = <A>(check: Effect.Effect<A>, holds: (a: A) => boolean, timeoutMs: number) =>
+  check.pipe(
+    Effect.repeat({ schedule: Schedule.spaced("100 millis"), until: holds }),
+    Effect.timeoutOrElse({ duration: `${timeoutMs} millis`, orElse: () => check })
+  )
