@@ -1,10 +1,10 @@
 /**
- * `npm run bench:soak [-- --quick] [-- --summary FILE]`
+ * `npm run bench:soak [-- --quick | --scale N] [-- --summary FILE]`
  *
  * A long run of mixed traffic against one `mpcache serve`, for a fixed
  * number of requests, watching whether anything in the server grows with
  * them (issue 18, "Long-run checks"). Full counts (the default; `--quick`
- * divides every count by 100 for a smoke run):
+ * divides every count by 100 for a smoke run, `--scale N` by N):
  *
  * - 1,000,000 PINGs (raw DEALERs, bench/lib/pingClient.ts);
  * - 200,000 LOOKUP/QUERY_PREFETCH_STATUS/END_SESSION triples (SchedulerAdapter),
@@ -40,7 +40,7 @@
  */
 import { readdirSync, rmSync } from "node:fs"
 import os from "node:os"
-import { parseBenchArgs } from "./lib/args.ts"
+import { parseBenchArgs, usageError } from "./lib/args.ts"
 import { startLineChild } from "./lib/children.ts"
 import { withDeadline } from "./lib/deadline.ts"
 import { int } from "./lib/format.ts"
@@ -56,8 +56,11 @@ import type { StatusDocument } from "../src/schema/Status.ts"
 
 const HEADING = "## Soak (bench:soak)"
 
-const args = parseBenchArgs({})
-const SCALE = args.quick ? 100 : 1
+const args = parseBenchArgs({ scale: { type: "string" } })
+/** Every count is divided by this: 100 with `--quick`, `--scale N` for a run in between. */
+const SCALE = args.scale !== undefined
+  ? (Number(args.scale) >= 1 ? Number(args.scale) : usageError(`--scale must be a number ≥ 1, got ${args.scale}`))
+  : args.quick ? 100 : 1
 
 /** The issue's counts; `--quick` divides each by 100. */
 const FULL_COUNTS = { ping: 1_000_000, sessions: 200_000, unended: 100_000, prepare: 50_000, register: 2_000, kill: 500 } as const
@@ -89,7 +92,7 @@ const READY_TIMEOUT_MS = 60_000
 const WORKER_READY_TIMEOUT_MS = 60_000
 const STOP_TIMEOUT_MS = 15_000
 /** A step that takes longer fails the run (the counts bound it; this bounds a stuck one). */
-const STEP_TIMEOUT_MS = args.quick ? 300_000 : 1_800_000
+const STEP_TIMEOUT_MS = Math.max(300_000, 1_800_000 / SCALE)
 /** How long the counters may take to come back once the load stops: the TTLs, the sweeps and a scan, with slack. */
 const SETTLE_TIMEOUT_MS = (LOCK_TTL_S * 1.25 + PREPARE_TTL_S * 1.25 + DISCONNECT_GRACE_S + 15) * 1000
 const MIB = 2 ** 20
@@ -228,7 +231,7 @@ interface Report {
   readonly samples: ReadonlyArray<Sample>
   readonly settled: { readonly counters: Counters; readonly seconds: number; readonly heap: HeapSample; readonly rss: number }
   readonly empty: Counters
-  readonly teardown: { readonly counters: Counters; readonly seconds: number }
+  readonly teardown: { readonly counters: Counters; readonly seconds: number; readonly heap: HeapSample }
   readonly totals: Record<Kind, number>
   readonly misses: number
   readonly reserved: number
@@ -273,7 +276,7 @@ const section = (r: Report): string => {
   return [
     HEADING,
     "",
-    `Measured ${measuredDate()} · ${nodeAndCpu()} · transport ipc · ${args.quick ? "`--quick` (every count ÷ 100)" : "full counts"} · ` +
+    `Measured ${measuredDate()} · ${nodeAndCpu()} · transport ipc · ${SCALE === 1 ? "full counts" : `${args.quick ? "`--quick`" : `\`--scale ${SCALE}\``} (every count ÷ ${SCALE})`} · ` +
     `${r.seconds.toFixed(0)} s · load average ${loadText(r.loadBefore)} before, ${loadText(r.loadAfter)} after.`,
     "",
     `Load (${int(total)} wire requests): ` + KINDS.map((k) => `${int(r.totals[k])} ${KIND_TEXT[k]}`).join(", ") + ".",
@@ -308,7 +311,7 @@ const section = (r: Report): string => {
     `**Heap slope after warm-up: ${perK(f.heap.slope)} B per 1,000 requests** (standard error ${perK(f.heap.slopeSe)}; residual sd ` +
     `${mib(f.heap.residualSd)} MiB; ${mib(f.heap.slope * f.span)} MiB over the fitted ${int(f.span)} requests) — ` +
     `${heapFlat(f.heap, total) ? "flat within noise" : "**grows**"}. RSS slope: ${perK(f.rss.slope)} B per 1,000 requests ` +
-    `(standard error ${perK(f.rss.slopeSe)}; RSS includes the L1 pages the run touched). Settled heap ${mib(r.settled.heap.heapUsed)} MiB, RSS ${mib(r.settled.rss)} MiB.`,
+    `(standard error ${perK(f.rss.slopeSe)}; RSS includes the L1 pages the run touched). Heap settled ${mib(r.settled.heap.heapUsed)} MiB (RSS ${mib(r.settled.rss)} MiB); after the load processes closed ${mib(r.teardown.heap.heapUsed)} MiB.`,
     "",
     `Counters settled (load processes still connected, ${r.settled.seconds.toFixed(1)} s after the last step): ` +
     (notBack.length === 0 ? "**all back to the baseline**" : `**not back: ${notBack.map((c) => `${c} ${r.settled.counters[c]} (baseline ${base[c]})`).join(", ")}**`) +
@@ -322,7 +325,7 @@ const section = (r: Report): string => {
     `Server WARN/ERROR lines: ${int(r.warnings.count)}` +
     (r.warnings.kinds.length === 0 ? "." : ` — ${r.warnings.kinds.map(([k, n]) => `${int(n)} × "${k}"`).join("; ")}.`),
     "",
-    "Reproduce: `npm run bench:soak` (full counts; `-- --quick` divides every count by 100).",
+    "Reproduce: `npm run bench:soak` (full counts; `-- --quick` divides every count by 100, `-- --scale N` by N).",
     ""
   ].join("\n")
 }
@@ -336,7 +339,7 @@ const summaryRows = (r: Report): Array<SummaryRow> => {
   return [
     {
       bench: "soak",
-      figure: `server heap slope after warm-up, ${int(total)} mixed requests${args.quick ? " (--quick)" : ""}`,
+      figure: `server heap slope after warm-up, ${int(total)} mixed requests${SCALE === 1 ? "" : ` (counts ÷ ${SCALE})`}`,
       measured: `${perK(f.heap.slope)} B / 1,000 requests`,
       reference: `standard error ${perK(f.heap.slopeSe)}; heap ${mib(f.fitted[0]!.heap.heapUsed)} → ${mib(f.fitted.at(-1)!.heap.heapUsed)} MiB`,
       ratio: null,
@@ -456,14 +459,15 @@ const main = async (): Promise<void> => {
 
   await Promise.all([...loads.values()].map((l) => l.stop(STOP_TIMEOUT_MS)))
   const teardown = await guard(settle(s, (c) => differing(c, empty).length === 0, DISCONNECT_GRACE_S * 1000 + 10_000))
-  log(`after the load processes closed (${teardown.seconds.toFixed(1)} s): ${JSON.stringify(teardown.counters)}`)
+  const teardownHeap = await guard(s.heap())
+  log(`after the load processes closed (${teardown.seconds.toFixed(1)} s): ${JSON.stringify(teardown.counters)}; heap ${mib(teardownHeap.heapUsed)} MiB`)
 
   const report: Report = {
     prepareTtl,
     samples,
     settled,
     empty,
-    teardown,
+    teardown: { ...teardown, heap: teardownHeap },
     totals,
     misses,
     reserved,
