@@ -75,6 +75,8 @@ const log = (line: string): void => {
 const resources = makeResources(`mpcache-chaos-${process.pid}-${Date.now().toString(36)}`, { stopTimeoutMs: STOP_TIMEOUT_MS, onSignal: "kill" })
 const endpoint = resources.ipcEndpoint()
 const chaosLog = path.join(os.tmpdir(), `${resources.tag}-signals.jsonl`)
+/** Pids of the replays this run started: their workers' segments are named after them. */
+const replayPids = new Set<number>()
 resources.onCleanup(() => {
   rmSync(chaosLog, { force: true })
   // A replay stopped by force leaves its workers' segments (mpcache-replay-<its pid>-…); ours are the only ones with these pids.
@@ -87,7 +89,6 @@ resources.onCleanup(() => {
     // nothing to clean where /dev/shm cannot be listed
   }
 })
-const replayPids = new Set<number>()
 
 /** One line of bench/chaos-preload.ts's log. */
 type ChaosEvent =
