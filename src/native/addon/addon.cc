@@ -9,7 +9,8 @@
 //   cudaProbe(libraryPath?) -> Promise<{ available, reason, library, tried, devices: [{ ordinal, uuid }] }>
 //   cudaMemGetInfo(deviceUuid) -> Promise<{ free, total }>
 //   copyBatch(direction, mappings[], ranges[], buffer) -> Promise<void>   (one copy job over many mappings)
-//   stats() -> { openMappings, mappedBytes, guardedFaults }   (every backend)
+//   stats() -> { openMappings, mappedBytes }   (every backend)
+//   guardedFaults() -> copies and prefaults ended by a guarded fault since the process started
 // Loading it installs the process-wide fault guard of copies (guard.h).
 // Names are POSIX shared-memory names without their leading slash. Errors are
 // JS Errors with string `code` and `call` properties (see common.h).
@@ -40,6 +41,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("cudaProbe", Napi::Function::New<CudaProbe>(env, "cudaProbe"));
   exports.Set("cudaMemGetInfo", Napi::Function::New<CudaMemGetInfo>(env, "cudaMemGetInfo"));
   exports.Set("stats", Napi::Function::New<Stats>(env, "stats"));
+  exports.Set("guardedFaults", Napi::Function::New<GuardedFaults>(env, "guardedFaults"));
   return exports;
 }
 
