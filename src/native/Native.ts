@@ -510,7 +510,11 @@ export const toCopyError = (cause: unknown, fallbackCall: string): InvalidArgume
   })
 }
 
-/** Counts a guarded fault in {@link guardedFaultsTotal} (label `call`); other failures pass untouched. */
+/**
+ * Counts a guarded fault in {@link guardedFaultsTotal} (label `call`); other failures pass untouched.
+ * Inside the copy's uninterruptible region: a batch whose first failure interrupts its siblings still
+ * counts each of their faults, as the addon's own counter (`guardedFaults`) does.
+ */
 const countFault = <A, R>(
   copy: Effect.Effect<A, InvalidArgument | NativeError, R>
 ): Effect.Effect<A, InvalidArgument | NativeError, R> =>
@@ -576,8 +580,8 @@ export const makeNativeCalls = (addon: NativeAddon) => ({
       Effect.tryPromise({
         try: () => (direction === "gather" ? mapping.gather(ranges, buffer) : mapping.scatter(ranges, buffer)),
         catch: (e) => toCopyError(e, direction)
-      })
-    ).pipe(countFault),
+      }).pipe(countFault)
+    ),
   /** One job over several mappings (see NativeAddon.copyBatch); uninterruptible like `copy`. */
   copyBatch: (
     direction: "gather" | "scatter",
@@ -587,7 +591,8 @@ export const makeNativeCalls = (addon: NativeAddon) => ({
   ): Effect.Effect<void, InvalidArgument | NativeError> =>
     Effect.uninterruptible(
       Effect.tryPromise({ try: () => addon.copyBatch(direction, mappings, ranges, buffer), catch: (e) => toCopyError(e, direction) })
-    ).pipe(countFault),
+        .pipe(countFault)
+    ),
   prefault: (
     mapping: AddonMapping,
     offset: number,
@@ -596,7 +601,8 @@ export const makeNativeCalls = (addon: NativeAddon) => ({
   ): Effect.Effect<void, InvalidArgument | NativeError> =>
     Effect.uninterruptible(
       Effect.tryPromise({ try: () => mapping.prefault(offset, length, touch), catch: (e) => toCopyError(e, "prefault") })
-    ).pipe(countFault),
+        .pipe(countFault)
+    ),
   view: (mapping: AddonMapping): Effect.Effect<ArrayBuffer, NativeError> =>
     Effect.try({ try: () => mapping.arrayBuffer(), catch: (e) => toNativeError(e, "arrayBuffer") }),
   stats: (): { readonly openMappings: number; readonly mappedBytes: number } => addon.stats(),

@@ -97,17 +97,19 @@ void StreamCopyFence() {
 // --- the fault guard of copies of worker memory (guard.h; issue 13 item 1) --------------------------
 
 // The EFAULT failure of a guarded copy or prefault that `fault` ended: names the call, the segment, the
-// signal and where in the mapping it hit; the server turns it into invalid_argument and releases the
+// signal and the offset in the mapping of the missing page it hit (page-aligned; mappings start on a page); the server turns it into invalid_argument and releases the
 // instance. Built on the copy thread (after the longjmp, outside the handler: allocation is fine here).
 NativeFailure FaultFailure(const char* call, const std::string& name, const uint8_t* base, size_t size,
                            const GuardedFault& fault, FaultInfo* info) {
   Counters().guardedFaults.fetch_add(1);
-  const uintptr_t offset = fault.address - reinterpret_cast<uintptr_t>(base);
+  // The page that vanished, not the byte: which of a copy loop's loads faults first is the compiler's choice.
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t offset = (fault.address & ~(page - 1)) - reinterpret_cast<uintptr_t>(base);
   info->segment = name;
   info->signal = SignalName(fault.signo);
   info->offset = static_cast<double>(offset);
   return NativeFailure{"EFAULT", call,
-                       std::string(call) + " on segment " + name + ": " + info->signal + " at byte " +
+                       std::string(call) + " on segment " + name + ": " + info->signal + " on the page at byte " +
                            std::to_string(offset) + " of the " + std::to_string(size) +
                            "-byte mapping: the segment shrank below its registered size"};
 }

@@ -181,7 +181,7 @@ const make = Effect.gen(function*() {
       field: "kv_caches",
       expected: `segment ${r.segment} of at least ${r.registeredBytes} bytes (as registered)`,
       actual: r.currentBytes === undefined ? `segment ${r.segment} is gone` : `${r.currentBytes} bytes`,
-      message: `${op}: instance ${idText}: segment ${r.segment}: ${SEGMENT_SHRANK} (${r.registeredBytes} bytes registered, ${now}; ${r.call} faulted at byte ${r.offset}); its context is released: recreate the memory and register it again`
+      message: `${op}: instance ${idText}: segment ${r.segment}: ${SEGMENT_SHRANK} (${r.registeredBytes} bytes registered, ${now}; ${r.call} faulted on the page at byte ${r.offset}); its context is released: recreate the memory and register it again`
     })
   }
 
