@@ -14,6 +14,7 @@
  *   register-shrink  register, shrink at once (the background prefault of REGISTER faults), wait until the
  *                    server's /api/status counts the fault and no longer lists the instance (`httpPort`),
  *                    then STORE
+ *   register-only    REGISTER, nothing else (its outcome: --named-segments deny refuses it)
  */
 import { truncateSync } from "node:fs"
 import { Effect } from "effect"
@@ -25,7 +26,7 @@ import { writeTokens } from "./KvData.ts"
 
 interface Args {
   readonly endpoint: string
-  readonly mode: "shrink-store" | "store-shrink-retrieve" | "register-shrink"
+  readonly mode: "shrink-store" | "store-shrink-retrieve" | "register-shrink" | "register-only"
   readonly namePrefix: string
   /** KV geometry of the cache (PagedKvCache options). */
   readonly geometry: {
@@ -82,6 +83,7 @@ const program = Effect.gen(function*() {
   const end = Math.floor(args.tokenCount / worker.chunkSizeTokens) * worker.chunkSizeTokens
   const request = { requestId: args.requestId, tokenIds, start: 0, end, blockIds: args.blockIds }
   const base = { instanceId: worker.instanceId.toString(), pid: process.pid, segment, registeredBytes, shrunkBytes }
+  if (args.mode === "register-only") return { ...base, register: yield* outcome(worker.registerKvCaches(cache.descriptors)) }
   if (args.mode === "register-shrink") {
     const before = (yield* serverView(args.httpPort!)).faults
     yield* worker.registerKvCaches(cache.descriptors)

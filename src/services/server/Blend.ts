@@ -97,7 +97,7 @@ import { sameDescriptors, type PagedKvGeometry } from "../kv/KvCacheLayout.ts"
 import type { ReadHandle } from "./L1Store.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
 import { makeMirroredInstances } from "./InstanceModule.ts"
-import { type ContextEntry, LmcacheDrivenTransfer } from "./LmcacheDrivenTransfer.ts"
+import { type ContextEntry, LmcacheDrivenTransfer, namedSegmentsDenied } from "./LmcacheDrivenTransfer.ts"
 import { Lookup } from "./Lookup.ts"
 import {
   isRotatableDtype,
@@ -352,6 +352,9 @@ const make = Effect.gen(function*() {
       const op = "cb_register_rope"
       const entry = yield* transfer.contextOf(id)
       if (entry === undefined) return yield* noKvContext(op, id)
+      // --named-segments deny (issue 13 item 3): the cos/sin tables are named segments too.
+      const named = caches.findIndex((d) => d.kind === "cpu_shm")
+      if (config.namedSegments === "deny" && named >= 0) return yield* namedSegmentsDenied(op, id, `cos_sin_caches[${named}]`)
       const registered = yield* states.register(id, {
         same: (held) =>
           sameDescriptors(held.descriptors, caches) && held.headSize === headSize && held.isNeoxStyle === isNeoxStyle &&

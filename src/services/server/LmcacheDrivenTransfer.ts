@@ -121,6 +121,21 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
   static readonly layer = Layer.effect(this, Effect.suspend(() => make))
 }
 
+/**
+ * The refusal of a named segment under `--named-segments deny` (issue 13
+ * item 3): invalid_argument for `op` naming the instance and the descriptor
+ * `field` ("kv_caches[2]"), expected/actual the descriptor kinds.
+ */
+export const namedSegmentsDenied = (op: string, id: InstanceId, field: string): InvalidArgument =>
+  new InvalidArgument({
+    op,
+    instance_id: formatInstanceId(id),
+    field: `${field}.kind`,
+    expected: "a descriptor kind other than cpu_shm",
+    actual: "cpu_shm",
+    message: `${op}: instance ${formatInstanceId(id)}: ${field} is a named shared-memory segment (cpu_shm), and named segments are disabled on this server (--named-segments deny)`
+  })
+
 /** What a fault left for later requests of the id: the segment, its registered and current bytes, where it hit. */
 interface FaultRecord {
   readonly segment: string
@@ -162,8 +177,39 @@ const make = Effect.gen(function*() {
         dtype: e.geometry.dtype,
         segments: [...e.mappings.keys()]
       }
-    })
+    }),
+    onReaped: (reaped) =>
+      config.unlinkReapedSegments
+        ? Effect.forEach(
+          reaped,
+          (r) => (r.reason === "disconnect" || r.reason === "timeout" ? unlinkReapedNames(r.id, r.entry) : Effect.void),
+          { discard: true }
+        )
+        : Effect.void
   })
+
+  /**
+   * `--unlink-reaped-segments` (issue 13 item 3): the cpu_shm names of a
+   * reaped context, each unlinked only while it still names the file the
+   * server mapped (st_dev/st_ino recorded at map time), so a name a restarted
+   * worker re-created is kept. Logged per name; a failure is a WARNING.
+   */
+  const unlinkReapedNames = (id: InstanceId, entry: ContextEntry) =>
+    Effect.forEach(entry.mappings, ([name, mapping]) =>
+      mapping.identity === ""
+        ? Effect.void // CUDA memory: no name
+        : native.unlinkSegmentIf(name, mapping.identity).pipe(
+          Effect.flatMap((outcome) =>
+            Effect.logInfo(
+              outcome === "unlinked"
+                ? `unlinked /dev/shm/${name} of reaped instance ${formatInstanceId(id)}`
+                : outcome === "replaced"
+                ? `kept /dev/shm/${name} of reaped instance ${formatInstanceId(id)}: the name now names another segment (re-created)`
+                : `/dev/shm/${name} of reaped instance ${formatInstanceId(id)} was already unlinked`
+            )
+          ),
+          Effect.catch((e) => Effect.logWarning(`could not unlink /dev/shm/${name} of reaped instance ${formatInstanceId(id)}: ${e.message}`))
+        ), { discard: true })
 
   // ---------------------------------------------------------------------------
   // faults (issue 13 item 1)
@@ -287,6 +333,8 @@ const make = Effect.gen(function*() {
         acquire: (scope) =>
           Effect.gen(function*() {
             if (worldSize < 1) return yield* new InvalidArgument({ message: `register_kv_cache: world_size must be ≥ 1, got ${worldSize}` })
+            const named = kvCaches.findIndex((d) => d.kind === "cpu_shm")
+            if (config.namedSegments === "deny" && named >= 0) return yield* namedSegmentsDenied(RegisterKvCache.name, id, `kv_caches[${named}]`)
             // cuda_ipc descriptors need the CUDA backend (libcudart loaded at run time; DESIGN §4).
             const cuda = kvCaches.some((d) => d.kind === "cuda_ipc") ? yield* native.cudaBackend() : undefined
             const validated = validateKvCaches(kvCaches, chunk, cuda)
