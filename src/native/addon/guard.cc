@@ -7,6 +7,7 @@
 // and raise(), both async-signal-safe. No locks, no allocation, no stdio.
 #include "guard.h"
 
+#include <pthread.h>
 #include <signal.h>
 
 #include <atomic>
@@ -75,7 +76,7 @@ void OnFault(int signo, siginfo_t* info, void* uctx) {
         // Pop before jumping, so a fault while RunGuarded returns is never sent to a dead frame.
         tlsTop = frame->prev;
         // Safe: the frames between here and RunGuarded are the signal frame and a plain copy loop (no destructors,
-        // no locks held); savemask=1 in sigsetjmp restores the mask, unblocking this signal on this thread again.
+        // no locks held). The signal stays blocked (the kernel blocked it for this handler); RunGuarded unblocks it.
         siglongjmp(frame->env, 1);
       }
     }
@@ -112,10 +113,17 @@ bool RunGuarded(const void* lo, size_t length, void (*body)(void*), void* ctx, G
   frame.prev = tlsTop;
   frame.signo = 0;
   frame.address = 0;
-  if (sigsetjmp(frame.env, 1) != 0) {
+  // savemask=0: no sigprocmask system call on the hot path (every copy job passes here). The mask is repaired on
+  // the rare path instead: the kernel blocked the signal for the handler, and leaving the handler by siglongjmp does
+  // not unblock it; a synchronous SIGBUS that arrives blocked kills the process, so unblock it before returning.
+  if (sigsetjmp(frame.env, 0) != 0) {
     // Landed from OnFault, which already popped this frame.
     fault->signo = frame.signo;
     fault->address = frame.address;
+    sigset_t delivered;
+    sigemptyset(&delivered);
+    sigaddset(&delivered, fault->signo);
+    pthread_sigmask(SIG_UNBLOCK, &delivered, nullptr);
     return false;
   }
   tlsTop = &frame;

@@ -23,7 +23,9 @@
 //     leaving them with siglongjmp sound.
 //
 // Each pool thread has its own chain, so concurrent faults on several copy
-// threads are independent; frames nest on one thread.
+// threads are independent; frames nest on one thread. Cost on the hot path:
+// a sigsetjmp without the signal mask (no system call) and two TLS stores
+// per guarded region (one per mapping per copy job).
 #pragma once
 
 #include <setjmp.h>
