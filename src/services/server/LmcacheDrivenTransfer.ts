@@ -350,7 +350,10 @@ const make = Effect.gen(function*() {
               scope
             } satisfies ContextEntry
           })
-      })
+      }).pipe(
+        // A failed REGISTER: a prefault fault's fiber waiting for the entry ends too.
+        Effect.onError(() => Deferred.interrupt(inserted))
+      )
       if (registered._tag === "Registered") {
         faults.delete(id)
         yield* Deferred.succeed(inserted, registered.entry)
