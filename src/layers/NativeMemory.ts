@@ -72,6 +72,7 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
       const base = {
         name: native.name,
         sizeBytes: native.size,
+        identity: native.identity,
         isClosed: () => native.closed,
         releases: () => releases
       }
@@ -181,6 +182,7 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
       createSegment: calls.createSegment,
       unlinkSegment: calls.unlinkSegment,
       segmentSize: calls.segmentSize,
+      unlinkSegmentIf: calls.unlinkSegmentIf,
       map: (name, nbytes) => acquire("map", `segment ${name}`, calls.openMapping(name, nbytes)),
       mapCudaIpc: (ipcHandle, deviceUuid, nbytes) =>
         acquire(
@@ -207,7 +209,8 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
       prefault: (mapping, offset, length, options) =>
         Effect.flatMap(resolve("prefault", mapping), (t) => calls.prefault(t.native, offset, length, options?.touch === true)),
       view: (mapping) => Effect.flatMap(resolve("view", mapping), (t) => calls.view(t.native)),
-      stats: calls.stats
+      stats: calls.stats,
+      guardedFaults: calls.guardedFaults
     }
     return service
   })

@@ -22,7 +22,7 @@
 import { existsSync } from "node:fs"
 import { createRequire } from "node:module"
 import { fileURLToPath } from "node:url"
-import { Context, Effect, Schema } from "effect"
+import { Context, Effect, Metric, Schema } from "effect"
 import type { Scope } from "effect"
 import { InvalidArgument } from "../schema/WireError.ts"
 
@@ -42,8 +42,44 @@ import { InvalidArgument } from "../schema/WireError.ts"
 export class NativeError extends Schema.TaggedError<NativeError>()("NativeError", {
   call: Schema.String,
   errno: Schema.String,
-  message: Schema.String
+  message: Schema.String,
+  /** A guarded fault (errno "EFAULT", see {@link isSegmentFault}): the segment whose page vanished. */
+  segment: Schema.optionalKey(Schema.String),
+  /** A guarded fault: the byte offset in that mapping where the copy hit the missing page. */
+  offset: Schema.optionalKey(Schema.Number)
 }) {}
+
+/**
+ * A NativeError of a guarded fault (issue 13 item 1, DESIGN §8): a copy
+ * (`call` "gather" / "scatter") or prefault ("prefault") of a worker's
+ * segment took SIGBUS or SIGSEGV on the mapping, because the worker shrank
+ * the segment (`ftruncate`) below the size it registered; the addon's fault
+ * guard (src/native/addon/guard.h) ended that one copy instead of the
+ * process. `segment` names it, `offset` is where in the mapping the copy
+ * hit the first missing page (bytes). The mapping stays mapped (a copy of
+ * the pages still there works); the server releases the instance.
+ *
+ * @category error handling
+ */
+export type SegmentFault = NativeError & { readonly errno: "EFAULT"; readonly segment: string; readonly offset: number }
+
+/** Whether `e` is a {@link SegmentFault}. */
+export const isSegmentFault = (e: { readonly _tag: string }): e is SegmentFault =>
+  e instanceof NativeError && e.errno === "EFAULT" && e.segment !== undefined
+
+/** What every fault reply says, after naming the instance and the segment (issue 13). */
+export const SEGMENT_SHRANK = "the segment shrank below its registered size"
+
+/**
+ * Copies and prefaults of worker memory ended by a guarded SIGBUS/SIGSEGV,
+ * by `call` ("gather", "scatter", "prefault"): one per faulted copy job.
+ *
+ * @category metrics
+ */
+export const guardedFaultsTotal = Metric.counter("mpcache_guarded_faults_total", {
+  description: "Copies of worker memory ended by a guarded SIGBUS/SIGSEGV (the segment shrank under them), by call",
+  incremental: true
+})
 
 // ---------------------------------------------------------------------------
 // service
@@ -60,6 +96,11 @@ export interface ShmMapping {
   readonly name: string
   /** Bytes mapped, from offset 0 of the segment: the descriptor's `nbytes`. */
   readonly sizeBytes: number
+  /**
+   * shm: the segment's file at map time as "<st_dev>:<st_ino>" (what its
+   * name pointed at then; see `unlinkSegmentIf`); "" for CUDA memory.
+   */
+  readonly identity: string
   /** True once the mapping's release began: no new copy is accepted on it. */
   readonly isClosed: () => boolean
   /** How many times its release ran; ends at 1 after unmapping, never more. */
@@ -131,6 +172,16 @@ export interface NativeMemoryShape {
   readonly unlinkSegment: (name: string) => Effect.Effect<void, NativeError>
   /** The segment's size in bytes (fstat). NativeError ENOENT when absent. */
   readonly segmentSize: (name: string) => Effect.Effect<number, NativeError>
+  /**
+   * Removes the name only while it still names the file `identity`
+   * (a {@link ShmMapping.identity}): "unlinked"; "replaced" when the name now
+   * names another file (a restarted worker re-created it: kept); "absent"
+   * when there is no such name. NativeError for other system errors.
+   */
+  readonly unlinkSegmentIf: (
+    name: string,
+    identity: string
+  ) => Effect.Effect<"unlinked" | "replaced" | "absent", NativeError>
   /**
    * Scoped: maps bytes [0, nbytes) of the segment read/write (MAP_SHARED).
    * Closing the scope waits for copies in flight on it, then unmaps, exactly
@@ -246,6 +297,8 @@ export interface NativeMemoryShape {
   readonly view: (mapping: ShmMapping) => Effect.Effect<ArrayBuffer, InvalidArgument | NativeError>
   /** Process-wide counters: mappings currently mapped and their bytes. */
   readonly stats: () => { readonly openMappings: number; readonly mappedBytes: number }
+  /** Process-wide: copies and prefaults ended by a guarded fault since start (see {@link SegmentFault}). */
+  readonly guardedFaults: () => number
 }
 
 /**
@@ -277,6 +330,8 @@ export interface AddonMapping {
   readonly kind: "shm" | "cuda_ipc" | "cuda_alloc"
   /** The device UUID as given; "cpu" for shm. */
   readonly device: string
+  /** shm: "<st_dev>:<st_ino>" of the segment when mapped; "" for CUDA. */
+  readonly identity: string
   gather(ranges: Float64Array, dest: Uint8Array): Promise<void>
   scatter(ranges: Float64Array, src: Uint8Array): Promise<void>
   /** shm: populates page tables (and with `touch`, writes each page once, atomically, contents unchanged); CUDA: resolves at once. */
@@ -291,7 +346,9 @@ export interface AddonMapping {
 /**
  * The addon's exports (`src/native/addon/addon.cc`). Every throw or rejection
  * is an Error with a string `code` (errno name, or EINVAL, EINVAL_SIZE,
- * EINVAL_RANGE, ECLOSED) and `call`.
+ * EINVAL_RANGE, ECLOSED, EFAULT for a guarded fault, which also carries
+ * `segment`, `signal` and `offset`) and `call`. Loading it installs the
+ * process-wide fault guard (src/native/addon/guard.h).
  *
  * @category models
  */
@@ -299,6 +356,7 @@ export interface NativeAddon {
   shmCreate(name: string, nbytes: number): void
   shmUnlink(name: string): void
   shmSize(name: string): number
+  shmUnlinkIf(name: string, identity: string): "unlinked" | "replaced" | "absent"
   openMapping(name: string, nbytes: number): AddonMapping
   /** Rejects with ENOCUDA, EINVAL (UUID), EINVAL_HANDLE (cudaIpcOpenMemHandle refused), ECUDA; throws EINVAL for bad arguments. */
   openCudaIpcMapping(ipcHandle: Uint8Array, deviceUuid: string, nbytes: number): Promise<AddonMapping>
@@ -315,6 +373,8 @@ export interface NativeAddon {
   ): Promise<void>
   /** Every backend's mappings. */
   stats(): { readonly openMappings: number; readonly mappedBytes: number }
+  /** Copies and prefaults ended by a guarded fault since the process started. */
+  guardedFaults(): number
 }
 
 /**
@@ -361,14 +421,19 @@ export const loadNativeAddon = (): NativeAddon => {
 // error mapping
 // ---------------------------------------------------------------------------
 
-/** The `code`, `call` and message of an addon error (or of anything thrown). */
-const describe = (cause: unknown, fallbackCall: string): { code: string; call: string; message: string } => {
+/** The `code`, `call` and message of an addon error (or of anything thrown); a guarded fault's segment and offset. */
+const describe = (
+  cause: unknown,
+  fallbackCall: string
+): { code: string; call: string; message: string; segment?: string; offset?: number } => {
   if (cause instanceof Error) {
-    const { code, call } = cause as Error & { code?: unknown; call?: unknown }
+    const { code, call, segment, offset } = cause as Error & { code?: unknown; call?: unknown; segment?: unknown; offset?: unknown }
     return {
       code: typeof code === "string" ? code : "EUNKNOWN",
       call: typeof call === "string" ? call : fallbackCall,
-      message: cause.message
+      message: cause.message,
+      ...(typeof segment === "string" ? { segment } : {}),
+      ...(typeof offset === "number" ? { offset } : {})
     }
   }
   return { code: "EUNKNOWN", call: fallbackCall, message: String(cause) }
@@ -427,17 +492,34 @@ export const toCudaError = (cause: unknown, fallbackCall: string): InvalidArgume
 }
 
 /**
- * A failure of gather/scatter: bad ranges or buffers are InvalidArgument;
- * ECLOSED and the rest NativeError.
+ * A failure of gather/scatter/prefault: bad ranges or buffers are
+ * InvalidArgument; ECLOSED and the rest NativeError; a guarded fault a
+ * NativeError EFAULT with its segment and offset ({@link SegmentFault}).
  *
  * @category error handling
  */
 export const toCopyError = (cause: unknown, fallbackCall: string): InvalidArgument | NativeError => {
   const d = describe(cause, fallbackCall)
-  return d.code === "EINVAL_RANGE" || d.code === "EINVAL"
-    ? new InvalidArgument({ message: d.message })
-    : new NativeError({ call: d.call, errno: d.code, message: d.message })
+  if (d.code === "EINVAL_RANGE" || d.code === "EINVAL") return new InvalidArgument({ message: d.message })
+  return new NativeError({
+    call: d.call,
+    errno: d.code,
+    message: d.message,
+    ...(d.segment !== undefined ? { segment: d.segment } : {}),
+    ...(d.offset !== undefined ? { offset: d.offset } : {})
+  })
 }
+
+/**
+ * Counts a guarded fault in {@link guardedFaultsTotal} (label `call`); other failures pass untouched.
+ * Inside the copy's uninterruptible region: a batch whose first failure interrupts its siblings still
+ * counts each of their faults, as the addon's own counter (`guardedFaults`) does.
+ */
+const countFault = <A, R>(
+  copy: Effect.Effect<A, InvalidArgument | NativeError, R>
+): Effect.Effect<A, InvalidArgument | NativeError, R> =>
+  Effect.tapError(copy, (e) =>
+    isSegmentFault(e) ? Metric.update(Metric.withAttributes(guardedFaultsTotal, { call: e.call }), 1) : Effect.void)
 
 // ---------------------------------------------------------------------------
 // raw calls as Effects
@@ -457,6 +539,8 @@ export const makeNativeCalls = (addon: NativeAddon) => ({
     Effect.try({ try: () => addon.shmUnlink(name), catch: (e) => toNativeError(e, "shmUnlink") }),
   segmentSize: (name: string): Effect.Effect<number, NativeError> =>
     Effect.try({ try: () => addon.shmSize(name), catch: (e) => toNativeError(e, "shmSize") }),
+  unlinkSegmentIf: (name: string, identity: string): Effect.Effect<"unlinked" | "replaced" | "absent", NativeError> =>
+    Effect.try({ try: () => addon.shmUnlinkIf(name, identity), catch: (e) => toNativeError(e, "shmUnlinkIf") }),
   openMapping: (name: string, nbytes: number): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
     Effect.try({ try: () => addon.openMapping(name, nbytes), catch: (e) => toMapError(name, nbytes, e) }),
   /** Opens a cuda_ipc mapping (on the libuv pool). */
@@ -496,7 +580,7 @@ export const makeNativeCalls = (addon: NativeAddon) => ({
       Effect.tryPromise({
         try: () => (direction === "gather" ? mapping.gather(ranges, buffer) : mapping.scatter(ranges, buffer)),
         catch: (e) => toCopyError(e, direction)
-      })
+      }).pipe(countFault)
     ),
   /** One job over several mappings (see NativeAddon.copyBatch); uninterruptible like `copy`. */
   copyBatch: (
@@ -507,6 +591,7 @@ export const makeNativeCalls = (addon: NativeAddon) => ({
   ): Effect.Effect<void, InvalidArgument | NativeError> =>
     Effect.uninterruptible(
       Effect.tryPromise({ try: () => addon.copyBatch(direction, mappings, ranges, buffer), catch: (e) => toCopyError(e, direction) })
+        .pipe(countFault)
     ),
   prefault: (
     mapping: AddonMapping,
@@ -516,10 +601,12 @@ export const makeNativeCalls = (addon: NativeAddon) => ({
   ): Effect.Effect<void, InvalidArgument | NativeError> =>
     Effect.uninterruptible(
       Effect.tryPromise({ try: () => mapping.prefault(offset, length, touch), catch: (e) => toCopyError(e, "prefault") })
+        .pipe(countFault)
     ),
   view: (mapping: AddonMapping): Effect.Effect<ArrayBuffer, NativeError> =>
     Effect.try({ try: () => mapping.arrayBuffer(), catch: (e) => toNativeError(e, "arrayBuffer") }),
-  stats: (): { readonly openMappings: number; readonly mappedBytes: number } => addon.stats()
+  stats: (): { readonly openMappings: number; readonly mappedBytes: number } => addon.stats(),
+  guardedFaults: (): number => addon.guardedFaults()
 })
 
 /** The addon's calls as Effects (see {@link makeNativeCalls}). */

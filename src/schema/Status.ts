@@ -89,6 +89,8 @@ export const StatusDocument = Schema.Struct({
   recent_reaps: Schema.Array(StatusReap),
   /** Mappings of workers' memory (the server's own L1 pool is under `l1`). */
   native: Schema.Struct({ open_mappings: Count, mapped_bytes: Count }),
+  /** Copies of worker memory ended by a guarded SIGBUS/SIGSEGV since start (issue 13 item 1; = Σ mpcache_guarded_faults_total). */
+  fault_guard: Schema.Struct({ guarded_faults: Count }),
   l1: Schema.Struct({
     pool: Schema.NullOr(Schema.String),
     capacity_bytes: Count,

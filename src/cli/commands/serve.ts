@@ -14,6 +14,8 @@ import {
   ENGINE_DRIVEN_TRANSPORTS,
   type EngineDrivenTransport,
   formatIssue,
+  NAMED_SEGMENTS,
+  type NamedSegments,
   rules,
   validate,
   type ServerConfigInput
@@ -49,6 +51,16 @@ const serveFlags = {
   l1Prefault: Flag.Boolean("l1-prefault").pipe(
     Flag.withDescription("Prefault the L1 pool's pages in the background at start (--no-l1-prefault to skip)"),
     Flag.withDefault(true)
+  ),
+  namedSegments: Flag.Literals("named-segments", NAMED_SEGMENTS).pipe(
+    Flag.withDescription("REGISTER of named shared-memory segments (cpu_shm): allow, or deny (refused with invalid_argument)"),
+    Flag.withDefault<NamedSegments>(defaults.namedSegments)
+  ),
+  unlinkReapedSegments: Flag.Boolean("unlink-reaped-segments").pipe(
+    Flag.withDescription(
+      "After a reap (disconnect or timeout), unlink the instance's cpu_shm names that still name the memory it mapped"
+    ),
+    Flag.withDefault(defaults.unlinkReapedSegments)
   ),
   maxWorkers: int("max-workers", "Default size of the NORMAL and AFFINITY pools", defaults.maxWorkers, rules.workers),
   maxCpuWorkers: Flag.Int("max-cpu-workers").pipe(
@@ -110,6 +122,8 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   chunkSize: f.chunkSize,
   l1SizeGb: f.l1SizeGb,
   l1Prefault: f.l1Prefault,
+  namedSegments: f.namedSegments,
+  unlinkReapedSegments: f.unlinkReapedSegments,
   maxWorkers: f.maxWorkers,
   maxCpuWorkers: Option.getOrUndefined(f.maxCpuWorkers),
   maxGpuWorkers: Option.getOrUndefined(f.maxGpuWorkers),

@@ -1,25 +1,31 @@
 // mpcache_native: the Node-API addon behind src/native/Native.ts (DESIGN §4).
 // It owns every raw memory mapping of the server. Exports:
 //   shmCreate(name, nbytes), shmUnlink(name), shmSize(name) -> bytes
+//   shmUnlinkIf(name, identity) -> "unlinked" | "replaced" | "absent"
 //   openMapping(name, nbytes) -> Mapping { gather, scatter, close, prefault, arrayBuffer, ipcHandle,
-//                                          name, size, closed, kind, device }
+//                                          name, size, closed, kind, device, identity }
 //   openCudaIpcMapping(ipcHandle, deviceUuid, nbytes) -> Promise<Mapping>   (cuda_ipc, see cudart.h)
 //   cudaAllocate(deviceUuid, nbytes) -> Promise<Mapping>                     (worker side: cudaMalloc + IPC handle)
 //   cudaProbe(libraryPath?) -> Promise<{ available, reason, library, tried, devices: [{ ordinal, uuid }] }>
 //   cudaMemGetInfo(deviceUuid) -> Promise<{ free, total }>
 //   copyBatch(direction, mappings[], ranges[], buffer) -> Promise<void>   (one copy job over many mappings)
 //   stats() -> { openMappings, mappedBytes }   (every backend)
+//   guardedFaults() -> copies and prefaults ended by a guarded fault since the process started
+// Loading it installs the process-wide fault guard of copies (guard.h).
 // Names are POSIX shared-memory names without their leading slash. Errors are
 // JS Errors with string `code` and `call` properties (see common.h).
 #include <napi.h>
 
 #include "addon_data.h"
+#include "guard.h"
 #include "mapping.h"
 #include "shm.h"
 
 namespace mpcache {
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  // Once per process: the SIGBUS/SIGSEGV guard of copies of worker memory (guard.h, issue 13 item 1).
+  InstallFaultGuard();
   AddonData* data = new AddonData();
   data->mappingConstructor = Napi::Persistent(Mapping::DefineClass(env));
   env.SetInstanceData<AddonData>(data);
@@ -27,6 +33,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("shmCreate", Napi::Function::New<ShmCreate>(env, "shmCreate"));
   exports.Set("shmUnlink", Napi::Function::New<ShmUnlink>(env, "shmUnlink"));
   exports.Set("shmSize", Napi::Function::New<ShmSize>(env, "shmSize"));
+  exports.Set("shmUnlinkIf", Napi::Function::New<ShmUnlinkIf>(env, "shmUnlinkIf"));
   exports.Set("openMapping", Napi::Function::New<Mapping::Open>(env, "openMapping"));
   exports.Set("openCudaIpcMapping", Napi::Function::New<Mapping::OpenCudaIpc>(env, "openCudaIpcMapping"));
   exports.Set("cudaAllocate", Napi::Function::New<Mapping::CudaAllocate>(env, "cudaAllocate"));
@@ -34,6 +41,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("cudaProbe", Napi::Function::New<CudaProbe>(env, "cudaProbe"));
   exports.Set("cudaMemGetInfo", Napi::Function::New<CudaMemGetInfo>(env, "cudaMemGetInfo"));
   exports.Set("stats", Napi::Function::New<Stats>(env, "stats"));
+  exports.Set("guardedFaults", Napi::Function::New<GuardedFaults>(env, "guardedFaults"));
   return exports;
 }
 

@@ -14,6 +14,11 @@ Napi::Error MakeError(Napi::Env env, const std::string& code, const std::string&
   return error;
 }
 
+std::string FileIdentity(const struct stat& st) {
+  return std::to_string(static_cast<unsigned long long>(st.st_dev)) + ":" +
+         std::to_string(static_cast<unsigned long long>(st.st_ino));
+}
+
 std::string ErrnoName(int err) {
   switch (err) {
 #define MPCACHE_ERRNO(e) \

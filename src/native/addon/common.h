@@ -9,6 +9,9 @@
 //             EINVAL_SIZE   the segment is shorter than the byte count asked for
 //             EINVAL_RANGE  a copy range outside the mapping or the buffer
 //             ECLOSED       a copy on a mapping that is closing or closed
+//             EFAULT        a copy or prefault ended by a guarded SIGBUS/SIGSEGV on the
+//                           mapping (the segment shrank below its mapped size; guard.h);
+//                           the error also carries `segment`, `signal` and `offset`
 //   call    the native call or entry point that failed (shm_open, mmap, gather ...)
 // and a message that names the call, the segment and, for system errors,
 // strerror.
@@ -19,6 +22,8 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+
+#include <sys/stat.h>
 
 namespace mpcache {
 
@@ -44,6 +49,9 @@ std::string SegmentNameArg(const Napi::CallbackInfo& info, size_t index, const c
 // [min, Number.MAX_SAFE_INTEGER]. Throws EINVAL otherwise.
 uint64_t ByteCountArg(const Napi::CallbackInfo& info, size_t index, const char* fn, uint64_t min);
 
+// A file's identity, "<st_dev>:<st_ino>": what a segment's name pointed at when it was mapped.
+std::string FileIdentity(const struct stat& st);
+
 // "/<name>", the argument shm_open and shm_unlink take.
 inline std::string ShmPath(const std::string& name) { return "/" + name; }
 
@@ -51,6 +59,8 @@ inline std::string ShmPath(const std::string& name) { return "/" + name; }
 struct MappingCounters {
   std::atomic<int64_t> openMappings{0};
   std::atomic<int64_t> mappedBytes{0};
+  // Copies and prefaults ended by a guarded SIGBUS/SIGSEGV (guard.h), since the process started.
+  std::atomic<int64_t> guardedFaults{0};
 };
 MappingCounters& Counters();
 

@@ -20,6 +20,7 @@
 #include "addon_data.h"
 #include "common.h"
 #include "cudart.h"
+#include "guard.h"
 
 namespace mpcache {
 
@@ -91,6 +92,47 @@ void StreamCopyFence() {
 #if defined(__SSE2__)
   _mm_sfence();
 #endif
+}
+
+// --- the fault guard of copies of worker memory (guard.h; issue 13 item 1) --------------------------
+
+// The EFAULT failure of a guarded copy or prefault that `fault` ended: names the call, the segment, the
+// signal and the offset in the mapping of the missing page it hit (page-aligned; mappings start on a page); the server turns it into invalid_argument and releases the
+// instance. Built on the copy thread (after the longjmp, outside the handler: allocation is fine here).
+NativeFailure FaultFailure(const char* call, const std::string& name, const uint8_t* base, size_t size,
+                           const GuardedFault& fault, FaultInfo* info) {
+  Counters().guardedFaults.fetch_add(1);
+  // The page that vanished, not the byte: which of a copy loop's loads faults first is the compiler's choice.
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t offset = (fault.address & ~(page - 1)) - reinterpret_cast<uintptr_t>(base);
+  info->segment = name;
+  info->signal = SignalName(fault.signo);
+  info->offset = static_cast<double>(offset);
+  return NativeFailure{"EFAULT", call,
+                       std::string(call) + " on segment " + name + ": " + info->signal + " on the page at byte " +
+                           std::to_string(offset) + " of the " + std::to_string(size) +
+                           "-byte mapping: the segment shrank below its registered size"};
+}
+
+// What a guarded shm copy needs; RunGuarded passes it to CopyRangesBody by pointer.
+struct ShmCopyJob {
+  CopyDirection direction;
+  uint8_t* buffer;
+  const CopySegment* segment;
+};
+
+// The guarded region of a shm copy: a plain StreamCopy loop over validated ranges. Nothing here owns a
+// resource or has a destructor, so a siglongjmp out of it (guard.cc) leaves nothing half-done but bytes.
+void CopyRangesBody(void* ctx) {
+  const ShmCopyJob& job = *static_cast<const ShmCopyJob*>(ctx);
+  for (const CopyRange& r : job.segment->ranges) {
+    if (r.length == 0) continue;
+    if (job.direction == CopyDirection::kGather) {
+      StreamCopy(job.buffer + r.bufferOffset, job.segment->base + r.mappingOffset, r.length);
+    } else {
+      StreamCopy(job.segment->base + r.mappingOffset, job.buffer + r.bufferOffset, r.length);
+    }
+  }
 }
 
 // Copies and checks every (mappingOffset, bufferOffset, length) triple before
@@ -168,7 +210,7 @@ class CopyWorker : public Napi::AsyncWorker {
     LowerCopyThreadPriority();
     for (const CopySegment& segment : segments_) {
       if (segment.backend == Backend::kShm) {
-        CopyShm(segment);
+        if (!CopyShm(segment)) break;
       } else if (!CopyCuda(segment)) {
         break;
       }
@@ -180,7 +222,7 @@ class CopyWorker : public Napi::AsyncWorker {
   void OnOK() override {
     Napi::Env env = Env();
     if (failure_.failed()) {
-      deferred_.Reject(MakeError(env, failure_.code, failure_.call, failure_.message).Value());
+      deferred_.Reject(FailureError(env, failure_, fault_.segment.empty() ? nullptr : &fault_).Value());
     } else {
       deferred_.Resolve(env.Undefined());
     }
@@ -193,16 +235,16 @@ class CopyWorker : public Napi::AsyncWorker {
   }
 
  private:
-  // Copies between two live mappings of this process (StreamCopy; the fence in Execute orders them).
-  void CopyShm(const CopySegment& segment) {
-    for (const CopyRange& r : segment.ranges) {
-      if (r.length == 0) continue;
-      if (direction_ == CopyDirection::kGather) {
-        StreamCopy(buffer_ + r.bufferOffset, segment.base + r.mappingOffset, r.length);
-      } else {
-        StreamCopy(segment.base + r.mappingOffset, buffer_ + r.bufferOffset, r.length);
-      }
-    }
+  // Copies between the mapping and the buffer (StreamCopy; the fence in Execute orders them), under the fault
+  // guard of the mapping's range: false (failure_ EFAULT) when the segment shrank under the copy. A fault on
+  // the buffer's side (the server's own memory) is not guarded and crashes as before.
+  bool CopyShm(const CopySegment& segment) {
+    ShmCopyJob job{direction_, buffer_, &segment};
+    GuardedFault fault;
+    if (RunGuarded(segment.base, segment.size, CopyRangesBody, &job, &fault)) return true;
+    failure_ = FaultFailure(direction_ == CopyDirection::kGather ? "gather" : "scatter", segment.name, segment.base,
+                            segment.size, fault, &fault_);
+    return false;
   }
 
   // False (failure_ set) when a CUDA call failed.
@@ -241,6 +283,7 @@ class CopyWorker : public Napi::AsyncWorker {
   uint8_t* buffer_;
   std::vector<CopySegment> segments_;
   NativeFailure failure_;
+  FaultInfo fault_;
 };
 
 // prefault(offset, length, touch): populates the page tables of a range (MADV_POPULATE_WRITE, which leaves
@@ -252,35 +295,42 @@ class CopyWorker : public Napi::AsyncWorker {
 // Counted as a copy in flight, so close() waits for it.
 class PrefaultWorker : public Napi::AsyncWorker {
  public:
-  PrefaultWorker(Napi::Env env, Mapping* mapping, Napi::Object mappingObject, uint8_t* base, size_t length,
-                 bool touch)
+  PrefaultWorker(Napi::Env env, Mapping* mapping, Napi::Object mappingObject, std::string name, uint8_t* mappingBase,
+                 size_t mappingSize, uint8_t* base, size_t length, bool touch)
       : Napi::AsyncWorker(env, "mpcache.prefault"),
         deferred_(Napi::Promise::Deferred::New(env)),
         mapping_(mapping),
         mappingRef_(Napi::Persistent(mappingObject)),
+        name_(std::move(name)),
+        mappingBase_(mappingBase),
+        mappingSize_(mappingSize),
         base_(base),
         length_(length),
         touch_(touch) {}
 
   Napi::Promise Promise() const { return deferred_.Promise(); }
 
+  // madvise never raises a signal: on a shrunk segment MADV_POPULATE_WRITE fails (EFAULT) and the read loop
+  // below then takes the real SIGBUS, under the guard, so a shrink is reported the same way on every path.
   void Execute() override {
     LowerCopyThreadPriority();
-    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    bool populated = false;
+    page_ = static_cast<size_t>(sysconf(_SC_PAGESIZE));
 #ifdef MADV_POPULATE_WRITE
-    populated = madvise(base_, length_, MADV_POPULATE_WRITE) == 0;
+    populated_ = madvise(base_, length_, MADV_POPULATE_WRITE) == 0;
 #endif
-    if (touch_) {
-      for (size_t off = 0; off < length_; off += page) __atomic_fetch_or(base_ + off, uint8_t{0}, __ATOMIC_RELAXED);
-    } else if (!populated) {
-      volatile uint8_t sink = 0;
-      for (size_t off = 0; off < length_; off += page) sink = sink + base_[off];
+    if (!touch_ && populated_) return;
+    GuardedFault fault;
+    if (!RunGuarded(mappingBase_, mappingSize_, TouchBody, this, &fault)) {
+      failure_ = FaultFailure("prefault", name_, mappingBase_, mappingSize_, fault, &fault_);
     }
   }
 
   void OnOK() override {
-    deferred_.Resolve(Env().Undefined());
+    if (failure_.failed()) {
+      deferred_.Reject(FailureError(Env(), failure_, &fault_).Value());
+    } else {
+      deferred_.Resolve(Env().Undefined());
+    }
     mapping_->CopyFinished();
   }
 
@@ -290,12 +340,32 @@ class PrefaultWorker : public Napi::AsyncWorker {
   }
 
  private:
+  // The guarded region: one access per page, atomic no-op writes (touch) or reads; plain loops, no destructors.
+  static void TouchBody(void* ctx) {
+    const PrefaultWorker& self = *static_cast<const PrefaultWorker*>(ctx);
+    if (self.touch_) {
+      for (size_t off = 0; off < self.length_; off += self.page_) {
+        __atomic_fetch_or(self.base_ + off, uint8_t{0}, __ATOMIC_RELAXED);
+      }
+    } else {
+      volatile uint8_t sink = 0;
+      for (size_t off = 0; off < self.length_; off += self.page_) sink = sink + self.base_[off];
+    }
+  }
+
   Napi::Promise::Deferred deferred_;
   Mapping* mapping_;
   Napi::ObjectReference mappingRef_;
+  std::string name_;
+  uint8_t* mappingBase_;
+  size_t mappingSize_;
   uint8_t* base_;
   size_t length_;
   bool touch_;
+  size_t page_ = 4096;
+  bool populated_ = false;
+  NativeFailure failure_;
+  FaultInfo fault_;
 };
 
 // --- CUDA: open, allocate, release (pool threads) ---------------------------
@@ -608,6 +678,16 @@ Napi::Value QueueForPromise(Worker* worker) {
 
 }  // namespace
 
+Napi::Error FailureError(Napi::Env env, const NativeFailure& failure, const FaultInfo* fault) {
+  Napi::Error error = MakeError(env, failure.code, failure.call, failure.message);
+  if (fault != nullptr) {
+    error.Set("segment", Napi::String::New(env, fault->segment));
+    error.Set("signal", Napi::String::New(env, fault->signal));
+    error.Set("offset", Napi::Number::New(env, fault->offset));
+  }
+  return error;
+}
+
 Napi::Function Mapping::DefineClass(Napi::Env env) {
   return ObjectWrap<Mapping>::DefineClass(
       env, "Mapping",
@@ -623,12 +703,14 @@ Napi::Function Mapping::DefineClass(Napi::Env env) {
           InstanceAccessor<&Mapping::GetClosed>("closed"),
           InstanceAccessor<&Mapping::GetKind>("kind"),
           InstanceAccessor<&Mapping::GetDevice>("device"),
+          InstanceAccessor<&Mapping::GetIdentity>("identity"),
       });
 }
 
 // openMapping(name, nbytes): shm_open O_RDWR, fstat, refuse a segment shorter
 // than nbytes (EINVAL_SIZE: touching pages past its end would raise SIGBUS),
-// mmap nbytes shared read/write, close the descriptor.
+// mmap nbytes shared read/write, close the descriptor. The fstat's st_dev/st_ino stay on the mapping as
+// `identity` (--unlink-reaped-segments unlinks the name only while it still names that file).
 Napi::Value Mapping::Open(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   const std::string name = SegmentNameArg(info, 0, "openMapping");
@@ -660,6 +742,7 @@ Napi::Value Mapping::Open(const Napi::CallbackInfo& info) {
   segment.base = static_cast<uint8_t*>(base);
   segment.size = static_cast<size_t>(nbytes);
   segment.deviceUuid = "cpu";
+  segment.identity = FileIdentity(st);
   try {
     return AddonData::Of(env).mappingConstructor.New({Napi::External<MappingInit>::New(env, &segment)});
   } catch (...) {
@@ -734,6 +817,7 @@ Mapping::Mapping(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Mapping>(inf
   deviceUuid_ = init->deviceUuid;
   stream_ = init->stream;
   handle_ = init->handle;
+  identity_ = init->identity;
   init->base = nullptr;  // ownership taken
   init->stream = nullptr;
   state_ = State::kOpen;
@@ -875,8 +959,8 @@ bool Mapping::PrepareCopy(Napi::Env env, const char* fn, const Napi::Float64Arra
                           std::vector<CopySegment>* out) {
   if (state_ != State::kOpen) return false;
   std::vector<CopyRange> validated = ValidateRanges(env, fn, name_, ranges, size_, bufferLength);
-  out->push_back(CopySegment{this, Napi::Persistent(Value()), base_, std::move(validated), backend_, device_, stream_,
-                             name_});
+  out->push_back(CopySegment{this, Napi::Persistent(Value()), base_, size_, std::move(validated), backend_, device_,
+                             stream_, name_});
   return true;
 }
 
@@ -964,7 +1048,8 @@ Napi::Value Mapping::Prefault(const Napi::CallbackInfo& info) {
     done.Resolve(env.Undefined());
     return done.Promise();
   }
-  PrefaultWorker* worker = new PrefaultWorker(env, this, Value(), base_ + offset, static_cast<size_t>(length), touch);
+  PrefaultWorker* worker = new PrefaultWorker(env, this, Value(), name_, base_, size_, base_ + offset,
+                                              static_cast<size_t>(length), touch);
   Napi::Promise promise = worker->Promise();
   try {
     worker->Queue();
@@ -1020,6 +1105,9 @@ Napi::Value Mapping::GetKind(const Napi::CallbackInfo& info) {
   const char* kind = backend_ == Backend::kShm ? "shm" : backend_ == Backend::kCudaIpc ? "cuda_ipc" : "cuda_alloc";
   return Napi::String::New(info.Env(), kind);
 }
+
+// shm: "<st_dev>:<st_ino>" of the segment when it was mapped; "" for CUDA memory.
+Napi::Value Mapping::GetIdentity(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), identity_); }
 
 // The device's UUID as given ("cpu" for shm).
 Napi::Value Mapping::GetDevice(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), deviceUuid_); }

@@ -64,6 +64,7 @@ struct CopySegment {
   Mapping* mapping;
   Napi::ObjectReference mappingRef;
   uint8_t* base;
+  size_t size;  // bytes mapped: the guarded range is [base, base + size) (guard.h)
   std::vector<CopyRange> ranges;
   Backend backend;
   int device;
@@ -81,6 +82,8 @@ struct MappingInit {
   std::string deviceUuid;   // "cpu" for shm
   void* stream = nullptr;   // cudaStream_t
   CudaIpcMemHandle handle{};
+  // shm: the segment's st_dev/st_ino at map time (fstat before close), "<dev>:<ino>"; "" for CUDA.
+  std::string identity;
 };
 
 // An error to hand back to JS: code, call, message (see common.h).
@@ -90,6 +93,16 @@ struct NativeFailure {
   std::string message;
   bool failed() const { return !code.empty(); }
 };
+
+// What a guarded fault (code EFAULT, guard.h) adds: the segment, "SIGBUS"/"SIGSEGV", the byte offset in the mapping.
+struct FaultInfo {
+  std::string segment;
+  std::string signal;
+  double offset = -1;
+};
+
+// The JS Error of a failure: code, call, message; with `fault`, also its `segment`, `signal` and `offset`.
+Napi::Error FailureError(Napi::Env env, const NativeFailure& failure, const FaultInfo* fault = nullptr);
 
 class Mapping : public Napi::ObjectWrap<Mapping> {
  public:
@@ -125,6 +138,7 @@ class Mapping : public Napi::ObjectWrap<Mapping> {
   Napi::Value GetClosed(const Napi::CallbackInfo& info);
   Napi::Value GetKind(const Napi::CallbackInfo& info);
   Napi::Value GetDevice(const Napi::CallbackInfo& info);
+  Napi::Value GetIdentity(const Napi::CallbackInfo& info);
   Napi::Value IpcHandle(const Napi::CallbackInfo& info);
 
   Napi::Value Copy(const Napi::CallbackInfo& info, CopyDirection direction);
@@ -153,6 +167,7 @@ class Mapping : public Napi::ObjectWrap<Mapping> {
   std::string deviceUuid_ = "cpu";
   void* stream_ = nullptr;
   CudaIpcMemHandle handle_{};
+  std::string identity_;
   State state_ = State::kClosed;
   bool releasing_ = false;
   uint32_t inflight_ = 0;

@@ -84,7 +84,7 @@
  */
 import { Context, Effect, Layer, Metric, Scope } from "effect"
 import { ServerConfig } from "./ServerConfig.ts"
-import { type NativeError, NativeMemory, type ShmMapping } from "../../native/Native.ts"
+import { isSegmentFault, type NativeError, NativeMemory, type SegmentFault, type ShmMapping } from "../../native/Native.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import type { CbMatch } from "../../schema/CbMatch.ts"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
@@ -97,7 +97,7 @@ import { sameDescriptors, type PagedKvGeometry } from "../kv/KvCacheLayout.ts"
 import type { ReadHandle } from "./L1Store.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
 import { makeMirroredInstances } from "./InstanceModule.ts"
-import { type ContextEntry, LmcacheDrivenTransfer } from "./LmcacheDrivenTransfer.ts"
+import { type ContextEntry, LmcacheDrivenTransfer, namedSegmentsDenied } from "./LmcacheDrivenTransfer.ts"
 import { Lookup } from "./Lookup.ts"
 import {
   isRotatableDtype,
@@ -352,6 +352,9 @@ const make = Effect.gen(function*() {
       const op = "cb_register_rope"
       const entry = yield* transfer.contextOf(id)
       if (entry === undefined) return yield* noKvContext(op, id)
+      // --named-segments deny (issue 13 item 3): the cos/sin tables are named segments too.
+      const named = caches.findIndex((d) => d.kind === "cpu_shm")
+      if (config.namedSegments === "deny" && named >= 0) return yield* namedSegmentsDenied(op, id, `cos_sin_caches[${named}]`)
       const registered = yield* states.register(id, {
         same: (held) =>
           sameDescriptors(held.descriptors, caches) && held.headSize === headSize && held.isNeoxStyle === isNeoxStyle &&
@@ -392,6 +395,17 @@ const make = Effect.gen(function*() {
       const all = new Float32Array(dest.buffer)
       return new Map(shifts.map((s, k) => [s, all.subarray(k * table.rotaryDim, (k + 1) * table.rotaryDim)]))
     })
+
+  /**
+   * A copy of the retrieve hit a vanished page (issue 13 item 1): a cos/sin table's segment (read) or a KV
+   * segment (scatter) shrank. Both halves of the instance go: the RoPE state through the mirror's finalizer
+   * (withdraw) and the KV context through the transfer module's (releaseFaulted, which answers the reply).
+   */
+  const released = (op: string, id: InstanceId, entry: ContextEntry, state: RopeState, fault: SegmentFault) =>
+    Effect.andThen(
+      states.withdraw(id, state),
+      transfer.releaseFaulted(op, id, entry, fault, state.mappings.get(fault.segment)?.sizeBytes)
+    )
 
   const retrievePreComputed = (
     key: CacheKey,
@@ -455,7 +469,7 @@ const make = Effect.gen(function*() {
         const rows = yield* read.pipe(
           // The table's mapping closes when the state is unregistered, replaced or dropped on another lane meanwhile.
           Effect.catch((e) =>
-            Effect.flatMap(states.get(id), (current): Effect.Effect<undefined, WireError> =>
+            isSegmentFault(e) ? Effect.flatMap(released(op, id, entry, state, e), Effect.fail) : Effect.flatMap(states.get(id), (current): Effect.Effect<undefined, WireError> =>
               current === undefined
                 ? Effect.fail(new NotRegistered({ op, instance_id: formatInstanceId(id), message: `${op}: the CB RoPE state of instance ${formatInstanceId(id)} was released during the retrieve` }))
                 : current !== state
@@ -530,10 +544,12 @@ const make = Effect.gen(function*() {
           discard: true
         }).pipe(
           Effect.catch((e): Effect.Effect<never, WireError> =>
-            Effect.flatMap(transfer.isRegistered(id), (held): Effect.Effect<never, WireError> =>
-              held
-                ? Effect.fail(new InvalidArgument({ message: `${op}: ${e.message}` }))
-                : Effect.fail(noKvContext(op, id)))
+            isSegmentFault(e)
+              ? Effect.flatMap(released(op, id, entry, state, e), Effect.fail)
+              : Effect.flatMap(transfer.isRegistered(id), (held): Effect.Effect<never, WireError> =>
+                held
+                  ? Effect.fail(new InvalidArgument({ message: `${op}: ${e.message}` }))
+                  : Effect.fail(noKvContext(op, id)))
           )
         )
         yield* Metric.update(cbMatchesTotal, plan.length)

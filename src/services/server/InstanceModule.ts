@@ -44,7 +44,7 @@ import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import type { RegistrationKind } from "../../schema/Registration.ts"
 import { InvalidArgument, NotRegistered } from "../../schema/WireError.ts"
 import { makeInstanceRegistry, type Tracked } from "../liveness/InstanceRegistry.ts"
-import { type InstanceSummary, type LivenessTarget, noopTarget, registryTarget } from "../liveness/LivenessTarget.ts"
+import { type InstanceSummary, type LivenessTarget, noopTarget, type ReapedInstance, registryTarget } from "../liveness/LivenessTarget.ts"
 
 // ---------------------------------------------------------------------------
 // models
@@ -142,6 +142,13 @@ export const makeTrackedInstances = <R extends InstanceEntry>(options: InstanceM
   readonly differs: string
   /** Module-specific details of an entry in `/api/status` (model, world size, layout …). */
   readonly details: (entry: R) => Record<string, unknown>
+  /**
+   * Runs after a reap released its entries (each through the one
+   * finalizer), with each reaped id, its verdict and the entry it held:
+   * what the module does beyond releasing (LMCache-driven transfer:
+   * `--unlink-reaped-segments`, issue 13 item 3). Default: nothing.
+   */
+  readonly onReaped?: (reaped: ReadonlyArray<ReapedInstance & { readonly entry: R }>) => Effect.Effect<void>
 }): Effect.Effect<InstanceModule<R>, never, Scope.Scope> =>
   Effect.gen(function*() {
     const registry = yield* makeInstanceRegistry<R>()
@@ -154,6 +161,28 @@ export const makeTrackedInstances = <R extends InstanceEntry>(options: InstanceM
       has_transfer_activity: t.hasTransferActivity,
       details: options.details(t.resource)
     })
+    /** The registry's target, with `onReaped` after a reap: pops and releases as registryTarget does, keeping the entries. */
+    const withReapHook = (target: LivenessTarget): LivenessTarget => {
+      const onReaped = options.onReaped
+      if (onReaped === undefined) return target
+      return {
+        ...target,
+        reapStaleInstances: (rule) =>
+          Effect.gen(function*() {
+            const stale = yield* registry.popStale(rule)
+            yield* Effect.forEach(stale, (r) => releaseEntry(r.tracked.resource), { discard: true })
+            const reaped = stale.map((r) => ({
+              id: r.tracked.id,
+              reason: r.reason,
+              silentMs: r.silentMs,
+              windowMs: r.windowMs,
+              entry: r.tracked.resource
+            }))
+            if (reaped.length > 0) yield* onReaped(reaped)
+            return reaped.map(({ entry: _entry, ...verdict }) => verdict)
+          })
+      }
+    }
     return yield* makeCore(options, {
       get: (id) => Effect.map(registry.get(id), resourceOf),
       refresh: (id, nowMs) => Effect.map(registry.refresh(id, nowMs), (t) => t !== undefined),
@@ -172,7 +201,7 @@ export const makeTrackedInstances = <R extends InstanceEntry>(options: InstanceM
         new InvalidArgument({
           message: `${options.registerOp}: instance ${formatInstanceId(id)} is already registered with ${options.differs}; unregister it first (a process never inherits another's context)`
         }),
-      target: registryTarget({ name: options.name, kind: options.kind, registry, release: releaseEntry, summary })
+      target: withReapHook(registryTarget({ name: options.name, kind: options.kind, registry, release: releaseEntry, summary }))
     })
   })
 

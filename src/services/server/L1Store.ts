@@ -344,7 +344,8 @@ const makeL1 = (memory: Buffer, pool: L1Pool | undefined): L1Store["Service"] =>
 /**
  * L1 and the native memory backend as a module record without ops: the
  * `native` block (mappings of workers' memory — the server's own L1 pool is
- * reported under `l1`, DESIGN §5 status) and the `l1` block of `/api/status`.
+ * reported under `l1`, DESIGN §5 status), the `fault_guard` block (copies
+ * ended by a guarded fault, issue 13) and the `l1` block of `/api/status`.
  */
 export const storageModule: Effect.Effect<ServerModule, never, L1Store | NativeMemory> = Effect.gen(function*() {
   const native = yield* NativeMemory
@@ -361,6 +362,8 @@ export const storageModule: Effect.Effect<ServerModule, never, L1Store | NativeM
             open_mappings: n.openMappings - (l1.pool === undefined ? 0 : 1),
             mapped_bytes: n.mappedBytes - (l1.pool?.sizeBytes ?? 0)
           },
+          // Copies of worker memory a guarded SIGBUS/SIGSEGV ended (issue 13 item 1); the sum of mpcache_guarded_faults_total.
+          fault_guard: { guarded_faults: native.guardedFaults() },
           l1: {
             pool: l1.pool?.shmName ?? null,
             capacity_bytes: s.capacityBytes,

@@ -16,10 +16,24 @@
  * REGISTER and UNREGISTER run on the SYNC lane (one at a time), so the
  * check-then-insert of REGISTER cannot interleave with another REGISTER or
  * UNREGISTER (a reap can: the core handles it).
+ *
+ * **A vanished page** (issue 13 item 1, DESIGN §8): every copy of worker
+ * memory (STORE's gather, RETRIEVE's scatter, the background prefault of
+ * REGISTER, Blend's copies through {@link LmcacheDrivenTransfer.releaseFaulted})
+ * runs under the addon's fault guard. When a worker shrinks a registered
+ * segment and a copy hits the missing pages, that copy fails with a
+ * {@link SegmentFault}; the request is answered `invalid_argument` naming
+ * the instance, the segment and "the segment shrank below its registered
+ * size", and the instance's context is released through its one finalizer
+ * (other instances and L1 untouched: a failed STORE aborts its
+ * reservations, a failed RETRIEVE releases its read locks). Until the id
+ * registers again (or unregisters), a transfer naming it gets the same
+ * error rather than `not_registered`, so a fault found by the background
+ * prefault is still reported to the worker on its next request.
  */
-import { Context, Effect, Exit, Layer, Metric, Scope } from "effect"
+import { Cause, Context, Deferred, Effect, Exit, Layer, Metric, Option, Scope } from "effect"
 import { ServerConfig } from "./ServerConfig.ts"
-import { type CopyPart, NativeMemory, type ShmMapping } from "../../native/Native.ts"
+import { type CopyPart, isSegmentFault, type NativeError, NativeMemory, SEGMENT_SHRANK, type SegmentFault, type ShmMapping } from "../../native/Native.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import { RegisterKvCache, Retrieve, Store, UnregisterKvCache } from "../../schema/Op.ts"
@@ -82,6 +96,23 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
   readonly resolveContext: (op: string, id: InstanceId) => Effect.Effect<ContextEntry, NotRegistered>
   /** The context of `id` without touching its liveness; undefined when none. */
   readonly contextOf: (id: InstanceId) => Effect.Effect<ContextEntry | undefined>
+  /**
+   * A copy through `entry` (the context of `id`) hit a vanished page: releases
+   * that context through its finalizer if it is still the one held, remembers
+   * the fault for later requests naming `id`, and returns the reply for `op`:
+   * InvalidArgument naming the instance, the segment and
+   * {@link SEGMENT_SHRANK} (detail: op, instance_id, field "kv_caches",
+   * expected/actual bytes of the segment). Used by this module and Blend;
+   * `registeredBytes` is the faulted segment's mapped size when it is not
+   * one of the context's (a Blend cos/sin table).
+   */
+  readonly releaseFaulted: (
+    op: string,
+    id: InstanceId,
+    entry: ContextEntry,
+    fault: SegmentFault,
+    registeredBytes?: number
+  ) => Effect.Effect<InvalidArgument>
   /** This module as a liveness target (DESIGN §5). */
   readonly target: LivenessTarget
   /** Rows: REGISTER/UNREGISTER SYNC, STORE/RETRIEVE AFFINITY. */
@@ -90,7 +121,36 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
   static readonly layer = Layer.effect(this, Effect.suspend(() => make))
 }
 
+/**
+ * The refusal of a named segment under `--named-segments deny` (issue 13
+ * item 3): invalid_argument for `op` naming the instance and the descriptor
+ * `field` ("kv_caches[2]"), expected/actual the descriptor kinds.
+ */
+export const namedSegmentsDenied = (op: string, id: InstanceId, field: string): InvalidArgument =>
+  new InvalidArgument({
+    op,
+    instance_id: formatInstanceId(id),
+    field: `${field}.kind`,
+    expected: "a descriptor kind other than cpu_shm",
+    actual: "cpu_shm",
+    message: `${op}: instance ${formatInstanceId(id)}: ${field} is a named shared-memory segment (cpu_shm), and named segments are disabled on this server (--named-segments deny)`
+  })
+
+/** What a fault left for later requests of the id: the segment, its registered and current bytes, where it hit. */
+interface FaultRecord {
+  readonly segment: string
+  readonly registeredBytes: number
+  /** Bytes of the segment when the fault was handled; undefined when its name was gone. */
+  readonly currentBytes: number | undefined
+  readonly call: string
+  readonly offset: number
+}
+
+/** At most this many faulted ids are remembered (oldest forgotten first): a bound on a worker that faults forever. */
+const MAX_FAULT_RECORDS = 1024
+
 const make = Effect.gen(function*() {
+  const moduleScope = yield* Effect.scope
   const config = yield* ServerConfig
   const native = yield* NativeMemory
   const l1 = yield* L1Store
@@ -117,14 +177,108 @@ const make = Effect.gen(function*() {
         dtype: e.geometry.dtype,
         segments: [...e.mappings.keys()]
       }
-    })
+    }),
+    onReaped: (reaped) =>
+      config.unlinkReapedSegments
+        ? Effect.forEach(
+          reaped,
+          (r) => (r.reason === "disconnect" || r.reason === "timeout" ? unlinkReapedNames(r.id, r.entry) : Effect.void),
+          { discard: true }
+        )
+        : Effect.void
   })
+
+  /**
+   * `--unlink-reaped-segments` (issue 13 item 3): the cpu_shm names of a
+   * reaped context, each unlinked only while it still names the file the
+   * server mapped (st_dev/st_ino recorded at map time), so a name a restarted
+   * worker re-created is kept. Logged per name; a failure is a WARNING.
+   */
+  const unlinkReapedNames = (id: InstanceId, entry: ContextEntry) =>
+    Effect.forEach(entry.mappings, ([name, mapping]) =>
+      mapping.identity === ""
+        ? Effect.void // CUDA memory: no name
+        : native.unlinkSegmentIf(name, mapping.identity).pipe(
+          Effect.flatMap((outcome) =>
+            Effect.logInfo(
+              outcome === "unlinked"
+                ? `unlinked /dev/shm/${name} of reaped instance ${formatInstanceId(id)}`
+                : outcome === "replaced"
+                ? `kept /dev/shm/${name} of reaped instance ${formatInstanceId(id)}: the name now names another segment (re-created)`
+                : `/dev/shm/${name} of reaped instance ${formatInstanceId(id)} was already unlinked`
+            )
+          ),
+          Effect.catch((e) => Effect.logWarning(`could not unlink /dev/shm/${name} of reaped instance ${formatInstanceId(id)}: ${e.message}`))
+        ), { discard: true })
+
+  // ---------------------------------------------------------------------------
+  // faults (issue 13 item 1)
+  // ---------------------------------------------------------------------------
+
+  const faults = new Map<InstanceId, FaultRecord>()
+
+  /** The reply for `op` on `id` whose context a fault released. */
+  const faultError = (op: string, id: InstanceId, r: FaultRecord) => {
+    const idText = formatInstanceId(id)
+    const now = r.currentBytes === undefined ? "its name is gone" : `${r.currentBytes} bytes now`
+    return new InvalidArgument({
+      op,
+      instance_id: idText,
+      field: "kv_caches",
+      expected: `segment ${r.segment} of at least ${r.registeredBytes} bytes (as registered)`,
+      actual: r.currentBytes === undefined ? `segment ${r.segment} is gone` : `${r.currentBytes} bytes`,
+      message: `${op}: instance ${idText}: segment ${r.segment}: ${SEGMENT_SHRANK} (${r.registeredBytes} bytes registered, ${now}; ${r.call} faulted on the page at byte ${r.offset}); its context is released: recreate the memory and register it again`
+    })
+  }
+
+  const releaseFaulted = (op: string, id: InstanceId, entry: ContextEntry, fault: SegmentFault, mappedBytes?: number) =>
+    Effect.gen(function*() {
+      const registeredBytes = entry.mappings.get(fault.segment)?.sizeBytes ?? mappedBytes ?? 0
+      const currentBytes = Option.getOrUndefined(yield* Effect.option(native.segmentSize(fault.segment)))
+      const record: FaultRecord = { segment: fault.segment, registeredBytes, currentBytes, call: fault.call, offset: fault.offset }
+      const held = yield* contexts.get(id)
+      if (held?.scope === entry.scope) {
+        // Recorded before the release, so a request arriving meanwhile already gets this error.
+        if (faults.size >= MAX_FAULT_RECORDS) faults.delete(faults.keys().next().value!)
+        faults.set(id, record)
+        yield* contexts.unregister(id)
+        yield* Effect.logWarning(
+          `instance ${formatInstanceId(id)}: ${fault.message}; released its context (${entry.mappings.size} segment(s))`
+        )
+      }
+      return faultError(op, id, faults.get(id) ?? record)
+    })
+
+  /** The context for a transfer; an id a fault released answers that fault instead of not_registered. */
+  const resolveForTransfer = (op: string, id: InstanceId): Effect.Effect<ContextEntry, WireError> =>
+    contexts.resolveForTransfer(op, id).pipe(
+      Effect.catch((missing): Effect.Effect<never, WireError> => {
+        const record = faults.get(id)
+        return Effect.fail(record === undefined ? missing : faultError(op, id, record))
+      })
+    )
+
+  /** A failed copy of `op` through `entry`: the fault reply (and the release) when it was a vanished page. */
+  const copyFailure = (op: string, id: InstanceId, entry: ContextEntry, cause: Cause.Cause<InvalidArgument | NativeError>) => {
+    const error = Option.getOrUndefined(Cause.findErrorOption(cause))
+    return error !== undefined && isSegmentFault(error)
+      ? Effect.map(releaseFaulted(op, id, entry, error), Option.some)
+      : Effect.succeed(Option.none<InvalidArgument>())
+  }
 
   /**
    * Maps a validated KV cache's segments into `scope` and takes the model's
    * layout reference there; each error an InvalidArgument of REGISTER.
+   * `onPrefaultFault` runs (in the module's scope, not the entry's, which it
+   * closes) when the background prefault of a segment hits a vanished page.
    */
-  const mapContext = (scope: Scope.Closeable, validated: ValidatedKvCaches, modelName: string, worldSize: number) =>
+  const mapContext = (
+    scope: Scope.Closeable,
+    validated: ValidatedKvCaches,
+    modelName: string,
+    worldSize: number,
+    onPrefaultFault: (fault: SegmentFault) => Effect.Effect<void>
+  ) =>
     Effect.gen(function*() {
       const mappings = new Map<string, ShmMapping>()
       for (const [name, nbytes] of validated.segments) {
@@ -138,7 +292,12 @@ const make = Effect.gen(function*() {
         mappings.set(name, mapping)
         // Populate this mapping's page tables off the JS thread, so the first transfers do not pay
         // a page fault per 4 KiB; the context's scope (and so a reap) waits for it like for a copy.
-        yield* native.prefault(mapping, 0, nbytes).pipe(Effect.ignore, Effect.forkIn(scope))
+        // A vanished page (the worker shrank the segment already) releases the context, from a fiber
+        // of the module's scope: this fiber lives in the context's scope, which the release closes.
+        yield* native.prefault(mapping, 0, nbytes).pipe(
+          Effect.catch((e) => isSegmentFault(e) ? Effect.asVoid(Effect.forkIn(onPrefaultFault(e), moduleScope)) : Effect.void),
+          Effect.forkIn(scope)
+        )
       }
       const { geometry } = validated
       yield* layouts.register(modelName, worldSize, {
@@ -165,11 +324,17 @@ const make = Effect.gen(function*() {
     engineType: string
   ) =>
     Effect.gen(function*() {
+      // A prefault fault waits until the entry is in (or never: a failed REGISTER closes the scope, interrupting it).
+      const inserted = yield* Deferred.make<ContextEntry>()
+      const onPrefaultFault = (fault: SegmentFault) =>
+        Effect.flatMap(Deferred.await(inserted), (entry) => Effect.asVoid(releaseFaulted(RegisterKvCache.name, id, entry, fault)))
       const registered = yield* contexts.register(id, {
         same: (held) => sameDescriptors(held.descriptors, kvCaches) && held.modelName === modelName && held.worldSize === worldSize,
         acquire: (scope) =>
           Effect.gen(function*() {
             if (worldSize < 1) return yield* new InvalidArgument({ message: `register_kv_cache: world_size must be ≥ 1, got ${worldSize}` })
+            const named = kvCaches.findIndex((d) => d.kind === "cpu_shm")
+            if (config.namedSegments === "deny" && named >= 0) return yield* namedSegmentsDenied(RegisterKvCache.name, id, `kv_caches[${named}]`)
             // cuda_ipc descriptors need the CUDA backend (libcudart loaded at run time; DESIGN §4).
             const cuda = kvCaches.some((d) => d.kind === "cuda_ipc") ? yield* native.cudaBackend() : undefined
             const validated = validateKvCaches(kvCaches, chunk, cuda)
@@ -181,11 +346,18 @@ const make = Effect.gen(function*() {
               descriptors: kvCaches,
               geometry: validated.geometry,
               layers: validated.layers,
-              mappings: yield* mapContext(scope, validated, modelName, worldSize),
+              mappings: yield* mapContext(scope, validated, modelName, worldSize, onPrefaultFault),
               scope
             } satisfies ContextEntry
           })
-      })
+      }).pipe(
+        // A failed REGISTER: a prefault fault's fiber waiting for the entry ends too.
+        Effect.onError(() => Deferred.interrupt(inserted))
+      )
+      if (registered._tag === "Registered") {
+        faults.delete(id)
+        yield* Deferred.succeed(inserted, registered.entry)
+      }
       if (registered._tag === "Unchanged") {
         return yield* Effect.logInfo(`instance ${formatInstanceId(id)} already registered; refreshing liveness`)
       }
@@ -196,7 +368,7 @@ const make = Effect.gen(function*() {
     })
 
   const unregister = (id: InstanceId) =>
-    Effect.flatMap(contexts.unregister(id), (released) =>
+    Effect.flatMap(Effect.andThen(Effect.sync(() => faults.delete(id)), contexts.unregister(id)), (released) =>
       released === undefined
         ? Effect.logWarning(`unregister: no registered context found for instance ${formatInstanceId(id)}`)
         : Effect.logInfo(`unregistered instance ${formatInstanceId(id)}`))
@@ -230,7 +402,7 @@ const make = Effect.gen(function*() {
 
   const store = (key: CacheKey, id: InstanceId, blockIds: ReadonlyArray<ReadonlyArray<number>>) =>
     Effect.gen(function*() {
-      const entry = yield* contexts.resolveForTransfer("store", id)
+      const entry = yield* resolveForTransfer("store", id)
       const { first, count, rank } = yield* chunkRange("store", key)
       if (count === 0) return true
       const blocks = blocksFor(entry, blockIds, count)
@@ -263,6 +435,8 @@ const make = Effect.gen(function*() {
       ))
       if (Exit.isFailure(copied)) {
         yield* Effect.forEach(reserved, ({ reservation }) => l1.abort(reservation), { discard: true })
+        const fault = yield* copyFailure("store", id, entry, copied.cause)
+        if (Option.isSome(fault)) return yield* fault.value
         yield* Effect.logWarning("store: copy failed; nothing published", copied.cause)
         if (!(yield* contexts.isRegistered(id))) return yield* contexts.notRegistered("store", id)
         return false
@@ -282,7 +456,7 @@ const make = Effect.gen(function*() {
     skipFirstNTokens: number
   ) =>
     Effect.gen(function*() {
-      const entry = yield* contexts.resolveForTransfer("retrieve", id)
+      const entry = yield* resolveForTransfer("retrieve", id)
       const { first, count, rank } = yield* chunkRange("retrieve", key)
       if (count === 0) return true
       const blocks = blocksFor(entry, blockIds, count)
@@ -317,10 +491,12 @@ const make = Effect.gen(function*() {
             h.bytes
           ), { concurrency: "unbounded", discard: true }).pipe(
             Effect.catch((e): Effect.Effect<never, WireError> =>
-              Effect.flatMap(contexts.isRegistered(id), (held): Effect.Effect<never, WireError> =>
-                held
-                  ? Effect.fail(new InvalidArgument({ message: `retrieve: ${e.message}` }))
-                  : Effect.fail(contexts.notRegistered("retrieve", id)))
+              isSegmentFault(e)
+                ? Effect.flatMap(releaseFaulted("retrieve", id, entry, e), Effect.fail)
+                : Effect.flatMap(contexts.isRegistered(id), (held): Effect.Effect<never, WireError> =>
+                  held
+                    ? Effect.fail(new InvalidArgument({ message: `retrieve: ${e.message}` }))
+                    : Effect.fail(contexts.notRegistered("retrieve", id)))
             )
           )
         yield* Metric.update(retrievedChunksTotal, count)
@@ -353,6 +529,7 @@ const make = Effect.gen(function*() {
     isRegistered: contexts.isRegistered,
     resolveContext: contexts.resolveForTransfer,
     contextOf: contexts.get,
+    releaseFaulted,
     target,
     module
   }

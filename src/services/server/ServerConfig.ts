@@ -21,6 +21,18 @@ export type EngineDrivenTransport = "shm" | "inline"
 /** The values `--engine-driven-transport` accepts. */
 export const ENGINE_DRIVEN_TRANSPORTS: ReadonlyArray<EngineDrivenTransport> = ["shm", "inline"]
 
+/**
+ * Whether REGISTER may name POSIX shared-memory segments (`cpu_shm`
+ * descriptors; `--named-segments`, issue 13 item 3): `allow` (default) or
+ * `deny` (refused with invalid_argument). A named segment can be opened by
+ * any process of the user, so `deny` is for servers whose workers hand
+ * memory over otherwise.
+ */
+export type NamedSegments = "allow" | "deny"
+
+/** The values `--named-segments` accepts. */
+export const NAMED_SEGMENTS: ReadonlyArray<NamedSegments> = ["allow", "deny"]
+
 /** A validated server configuration. */
 export interface ServerConfigShape {
   /** ZeroMQ endpoint the ROUTER binds: `--endpoint`, else `tcp://{--host}:{--port}`. */
@@ -34,6 +46,13 @@ export interface ServerConfigShape {
   readonly l1SizeGb: number
   /** Prefault the L1 pool's pages in the background at start (`--l1-prefault`, default true). */
   readonly l1Prefault: boolean
+  /** cpu_shm descriptors allowed at REGISTER (`--named-segments`, default allow; issue 13 item 3). */
+  readonly namedSegments: NamedSegments
+  /**
+   * After a reap for `disconnect` or `timeout`, unlink the reaped instance's
+   * cpu_shm names whose file is still the one mapped (`--unlink-reaped-segments`, default off).
+   */
+  readonly unlinkReapedSegments: boolean
   /** NORMAL pool size (`--max-cpu-workers`, default `--max-workers`). */
   readonly maxCpuWorkers: number
   /** AFFINITY lanes (`--max-gpu-workers`, default `--max-workers`). */
@@ -67,6 +86,8 @@ export interface ServerConfigInput {
   readonly chunkSize: number
   readonly l1SizeGb: number
   readonly l1Prefault: boolean
+  readonly namedSegments: NamedSegments
+  readonly unlinkReapedSegments: boolean
   readonly maxWorkers: number
   readonly maxCpuWorkers: number | undefined
   readonly maxGpuWorkers: number | undefined
@@ -89,6 +110,8 @@ export const defaults: ServerConfigInput = {
   chunkSize: 256,
   l1SizeGb: 1,
   l1Prefault: true,
+  namedSegments: "allow",
+  unlinkReapedSegments: false,
   maxWorkers: 4,
   maxCpuWorkers: undefined,
   maxGpuWorkers: undefined,
@@ -140,7 +163,9 @@ export const rules = {
   disconnectGrace: (n: number) =>
     Number.isFinite(n) && n >= 0 ? undefined : `worker disconnect grace must be 0 (disabled) or a positive number of seconds (got ${n})`,
   engineDrivenTransport: (s: string) =>
-    (ENGINE_DRIVEN_TRANSPORTS as ReadonlyArray<string>).includes(s) ? undefined : `must be shm or inline (got "${s}")`
+    (ENGINE_DRIVEN_TRANSPORTS as ReadonlyArray<string>).includes(s) ? undefined : `must be shm or inline (got "${s}")`,
+  namedSegments: (s: string) =>
+    (NAMED_SEGMENTS as ReadonlyArray<string>).includes(s) ? undefined : `must be allow or deny (got "${s}")`
 } as const
 
 /**
@@ -161,6 +186,7 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
   check("http-port", rules.httpPort(input.httpPort))
   check("chunk-size", rules.chunkSize(input.chunkSize))
   check("l1-size-gb", rules.l1SizeGb(input.l1SizeGb))
+  check("named-segments", rules.namedSegments(input.namedSegments))
   check("max-workers", rules.workers(input.maxWorkers))
   if (input.maxCpuWorkers !== undefined) check("max-cpu-workers", rules.workers(input.maxCpuWorkers))
   if (input.maxGpuWorkers !== undefined) check("max-gpu-workers", rules.workers(input.maxGpuWorkers))
@@ -186,6 +212,8 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
       chunkSizeTokens: input.chunkSize,
       l1SizeGb: input.l1SizeGb,
       l1Prefault: input.l1Prefault,
+      namedSegments: input.namedSegments,
+      unlinkReapedSegments: input.unlinkReapedSegments,
       maxCpuWorkers: input.maxCpuWorkers ?? input.maxWorkers,
       maxGpuWorkers: input.maxGpuWorkers ?? input.maxWorkers,
       logFormat: input.logFormat,

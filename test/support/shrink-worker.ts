@@ -1,0 +1,121 @@
+/**
+ * A misbehaving worker for the fault-guard end-to-end tests (issue 13 item
+ * 1): it registers a shared-memory KV cache, then shrinks one of its
+ * segments with a real `ftruncate` (fs.truncateSync on /dev/shm/<name>), so
+ * the server's next copy of those pages takes a real SIGBUS. Prints one JSON
+ * line: each request's outcome, its error as data and how long it took.
+ *
+ *   node test/support/shrink-worker.ts '{"endpoint":…,"mode":…,"namePrefix":…,…}'
+ *
+ * Modes:
+ *   shrink-store     register, write, shrink, STORE                 (the server's gather faults)
+ *   store-shrink-retrieve
+ *                    register, write, STORE (ok), shrink, LOOKUP, RETRIEVE (the scatter faults), then STORE
+ *   register-shrink  register, shrink at once (the background prefault of REGISTER faults), wait until the
+ *                    server's /api/status counts the fault and no longer lists the instance (`httpPort`),
+ *                    then STORE
+ *   register-only    REGISTER, nothing else (its outcome: --named-segments deny refuses it)
+ */
+import { truncateSync } from "node:fs"
+import { Effect } from "effect"
+import { ClientLive } from "../../src/layers/Client.ts"
+import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
+import { makeSchedulerAdapter } from "../../src/services/client/SchedulerAdapter.ts"
+import { makeWorkerAdapter } from "../../src/services/client/WorkerAdapter.ts"
+import { writeTokens } from "./KvData.ts"
+
+interface Args {
+  readonly endpoint: string
+  readonly mode: "shrink-store" | "store-shrink-retrieve" | "register-shrink" | "register-only"
+  readonly namePrefix: string
+  /** KV geometry of the cache (PagedKvCache options). */
+  readonly geometry: {
+    readonly numLayers: number
+    readonly numBlocks: number
+    readonly blockSizeTokens: number
+    readonly numHeads: number
+    readonly headSize: number
+  }
+  readonly blockIds: ReadonlyArray<number>
+  readonly tokenCount: number
+  readonly requestId: string
+  /** The segment's new size as a fraction of its size (0: truncate to 0 bytes). */
+  readonly shrinkTo: number
+  /** register-shrink: the server's HTTP port, polled for the fault count. */
+  readonly httpPort?: number
+}
+
+const args = JSON.parse(process.argv[2] ?? "{}") as Args
+const tokenIds = Array.from({ length: args.tokenCount }, (_, i) => (i * 37 + 11) % 32000)
+
+/** An outcome as data: ok, or the error's tag and wire fields; with the request's milliseconds. */
+const outcome = <A, E extends { readonly _tag: string; readonly message: string }>(request: Effect.Effect<A, E>) =>
+  Effect.gen(function*() {
+    const started = Date.now()
+    const exit = yield* Effect.exit(request)
+    const ms = Date.now() - started
+    if (exit._tag === "Success") return { ok: exit.value, ms }
+    const failure = exit.cause.reasons.find((r) => r._tag === "Fail")
+    if (failure === undefined || failure._tag !== "Fail") return { defect: String(exit.cause), ms }
+    const e = failure.error as E & Record<string, unknown>
+    const { _tag, message, op, instance_id, field, expected, actual } = e
+    return { error: { _tag, message, op, instance_id, field, expected, actual }, ms }
+  })
+
+interface StatusView {
+  readonly fault_guard: { readonly guarded_faults: number }
+  readonly instances: ReadonlyArray<{ readonly instance_id: string }>
+}
+
+/** The server's guarded-fault count and the instance ids it holds, from /api/status. */
+const serverView = (port: number) =>
+  Effect.promise(() => fetch(`http://127.0.0.1:${port}/api/status`).then((r) => r.json() as Promise<StatusView>)).pipe(
+    Effect.map((doc) => ({ faults: doc.fault_guard.guarded_faults, ids: doc.instances.map((i) => i.instance_id) }))
+  )
+
+const program = Effect.gen(function*() {
+  const cache = yield* makePagedKvCache({ namePrefix: args.namePrefix, ...args.geometry, dtype: "bfloat16" })
+  const worker = yield* makeWorkerAdapter({ endpoint: args.endpoint, modelName: "fault-e2e", worldSize: 1, kvRank: 0 })
+  const segment = cache.segmentNames[0]!
+  const registeredBytes = cache.descriptors[0]!.nbytes
+  const shrunkBytes = Math.floor(registeredBytes * args.shrinkTo)
+  const shrink = Effect.sync(() => truncateSync(`/dev/shm/${segment}`, shrunkBytes))
+  const end = Math.floor(args.tokenCount / worker.chunkSizeTokens) * worker.chunkSizeTokens
+  const request = { requestId: args.requestId, tokenIds, start: 0, end, blockIds: args.blockIds }
+  const base = { instanceId: worker.instanceId.toString(), pid: process.pid, segment, registeredBytes, shrunkBytes }
+  if (args.mode === "register-only") return { ...base, register: yield* outcome(worker.registerKvCaches(cache.descriptors)) }
+  if (args.mode === "register-shrink") {
+    const before = (yield* serverView(args.httpPort!)).faults
+    yield* worker.registerKvCaches(cache.descriptors)
+    yield* shrink
+    // The event: the server's background prefault counted the fault and released the context (polled, bounded).
+    const waitStarted = Date.now()
+    const released = (v: { readonly faults: number; readonly ids: ReadonlyArray<string> }) =>
+      v.faults > before && !v.ids.includes(base.instanceId)
+    while (!released(yield* serverView(args.httpPort!)) && Date.now() - waitStarted < 10_000) yield* Effect.sleep("5 millis")
+    const store = yield* outcome(worker.store(request))
+    return { ...base, faultSeenAfterMs: Date.now() - waitStarted, store }
+  }
+  yield* worker.registerKvCaches(cache.descriptors)
+  yield* writeTokens(cache, 1, args.blockIds)
+  if (args.mode === "shrink-store") {
+    yield* shrink
+    return { ...base, store: yield* outcome(worker.store(request)) }
+  }
+  const stored = yield* outcome(worker.store(request))
+  yield* shrink
+  const scheduler = yield* makeSchedulerAdapter({ endpoint: args.endpoint, modelName: "fault-e2e", worldSize: 1 })
+  const hitTokens = yield* scheduler.lookup(args.requestId, tokenIds)
+  const retrieve = yield* outcome(worker.retrieve({ ...request, end: hitTokens }))
+  yield* scheduler.endSession(args.requestId)
+  const storeAfter = yield* outcome(worker.store(request))
+  return { ...base, stored, hitTokens, retrieve, storeAfter }
+})
+
+Effect.runPromise(program.pipe(Effect.scoped, Effect.provide(ClientLive))).then(
+  (result) => process.stdout.write(`${JSON.stringify(result)}\n`),
+  (error: unknown) => {
+    process.stderr.write(`shrink worker failed: ${String(error)}\n`)
+    process.exitCode = 1
+  }
+)
