@@ -135,6 +135,7 @@ const REFRESH_SEEDS = ["refresh-1", "refresh-2", "refresh-3", "refresh-4"]
 const WINDOW_MS = 2
 
 describe("register / reap-refresh race (issue 18)", () => {
+  const reachedBySeeds = new Set<string>()
   for (const seed of REFRESH_SEEDS) {
     it.effect(`seed ${seed}: a REGISTER of a held id racing a reap: success means held right after, with its mappings; one release per mapping`, () =>
       Effect.gen(function*() {
@@ -215,7 +216,15 @@ describe("register / reap-refresh race (issue 18)", () => {
         assert.isTrue(opened.every((m) => m.releases() <= 1), seen())
         yield* Scope.close(moduleScope, Exit.void)
         assert.deepStrictEqual(opened.map((m) => m.releases()), opened.map(() => 1), seen())
-        for (const k of ["register:held", "register:new", "register:reaped-inside", "reap:true", "store:true"]) assert.isTrue(outcomes.has(k), `${k} happened: ${seen()}`)
+        for (const k of outcomes.keys()) reachedBySeeds.add(k)
       }).pipe(Effect.provide(NativeMemoryLive)), 60_000)
   }
+
+  // Which outcomes one seed reaches depends on how real mmap times fall against the test clock; the seeds
+  // together must reach every one, or the race did not exercise what it claims to.
+  it("the seeds together reach every outcome: REGISTER of a held, a new and a reaped-inside id, a reap that popped, a store", () => {
+    for (const k of ["register:held", "register:new", "register:reaped-inside", "reap:true", "store:true"]) {
+      assert.isTrue(reachedBySeeds.has(k), `${k} happened: ${JSON.stringify([...reachedBySeeds])}`)
+    }
+  })
 })
