@@ -63,4 +63,36 @@ describe("lone empty frames from a live peer", () => {
       assert.isBelow(Date.now() - killedAt, 3_000)
       assert.deepStrictEqual((yield* statusOf(httpPort)).instances, [])
     })), 60_000)
+
+  it.live("8 workers SIGKILLed at once: every one is reaped on the disconnect grace (a disconnect is never taken for a peer's own frame)", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const endpoint = `ipc://${join(tmpdir(), `mpcache-empty-${randomUUID()}.sock`)}`
+      const server = yield* startCli([
+        "serve", "--endpoint", endpoint, "--http-port", "0", "--no-l1-prefault", "--l1-size-gb", "0.0625",
+        "--worker-disconnect-grace-seconds", "1"
+      ])
+      const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/)
+      yield* server.waitForStderr(/MQ server listening on/)
+      const httpPort = Number(port)
+      const namePrefix = `mpcache-empty-${randomUUID()}`
+      yield* Effect.addFinalizer(() =>
+        Effect.sync(() => {
+          for (const n of readdirSync("/dev/shm")) if (n.startsWith(namePrefix)) rmSync(`/dev/shm/${n}`, { force: true })
+        })
+      )
+      // Workers that register and then stay silent (no empty frames of their own).
+      const workers = yield* Effect.forEach(
+        Array.from({ length: 8 }, (_, i) => i),
+        (i) => startScript(WORKER, [JSON.stringify({ endpoint, namePrefix: `${namePrefix}-${i}`, everyMs: 3_600_000 })]),
+        { concurrency: "unbounded" }
+      )
+      yield* Effect.forEach(workers, (w) => w.waitForStdout(/\{"event":"registered".*\}/, 60_000), { concurrency: "unbounded" })
+      assert.strictEqual((yield* statusOf(httpPort)).instances.length, 8)
+      for (const w of workers) w.child.kill("SIGKILL")
+      for (let i = 0; i < 100 && (yield* statusOf(httpPort)).instances.length > 0; i++) yield* Effect.sleep("100 millis")
+      assert.deepStrictEqual((yield* statusOf(httpPort)).instances, [])
+      const metrics = yield* metricsOf(httpPort)
+      assert.match(metrics, /mpcache_reaps_total\{reason="disconnect"\} 8/)
+      assert.notMatch(server.stderr(), /is not a ROUTER notification/)
+    })), 120_000)
 })

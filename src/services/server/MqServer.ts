@@ -106,6 +106,9 @@ const errorCode = (e: unknown): string =>
 /** The frame of a connection probe; compared by identity, so a reply that happens to be empty is never taken for one. */
 const PROBE_FRAME = Buffer.alloc(0)
 
+/** When the probes of one ambiguous empty frame are sent, ms after it (see `stillConnected`). */
+const PROBE_DELAYS_MS: ReadonlyArray<number> = [0, 10, 50, 200, 800]
+
 const make = (options: MqServerOptions) =>
   Effect.gen(function*() {
     const serverScope = yield* Effect.scope
@@ -155,9 +158,9 @@ const make = (options: MqServerOptions) =>
       pumping ??= pump()
     }
     /**
-     * Whether `routingId` still has a connection: an empty frame sent with ROUTER_MANDATORY fails at once
-     * (EHOSTUNREACH) once the ROUTER has dropped the peer's pipe, which it does before it queues the
-     * disconnect notification (measured with libzmq 4.3 through zeromq.js 6.8).
+     * One probe of `routingId`'s connection: an empty frame sent with ROUTER_MANDATORY fails at once
+     * (EHOSTUNREACH) once the ROUTER has dropped the peer's pipe (libzmq 4.3 through zeromq.js 6.8).
+     * False only for EHOSTUNREACH.
      */
     const probe = (routingId: Uint8Array): Promise<boolean> =>
       new Promise((resolve) => {
@@ -270,6 +273,23 @@ const make = (options: MqServerOptions) =>
     }
 
     const connected = new Set<string>()
+    // Peers whose connection is being probed (at most one probe sequence per peer at a time).
+    const probing = new Set<string>()
+
+    /**
+     * Whether the connection of `routingId` is still up, after the ambiguous empty frame. The disconnect
+     * notification travels through the peer's pipe before libzmq tears the pipe down, so right after it a
+     * probe may still be delivered into the dying pipe: the probe is repeated over about a second, and one
+     * EHOSTUNREACH means gone. A live peer answers every probe (and receives those empty frames).
+     */
+    const stillConnected = (routingId: Uint8Array): Effect.Effect<boolean> =>
+      Effect.gen(function*() {
+        for (const delayMs of PROBE_DELAYS_MS) {
+          if (delayMs > 0) yield* Effect.sleep(delayMs)
+          if (!(yield* Effect.promise(() => probe(routingId)))) return false
+        }
+        return true
+      })
 
     /** The peer's connection is gone (a confirmed ROUTER_NOTIFY disconnect): its lane and its bindings go. */
     const disconnected = (peer: string): Effect.Effect<void> => {
@@ -302,12 +322,15 @@ const make = (options: MqServerOptions) =>
         // comes before anything the peer sends, so the first one from a routing id is the connect; a later one
         // is the disconnect only if the peer is really gone, which a probe tells (off the receive loop).
         if (connected.has(peer)) {
-          return Effect.promise(() => probe(routingId)).pipe(
-            Effect.flatMap((delivered) =>
-              delivered
-                ? drop(peer, "a lone empty frame from a connected peer is not a ROUTER notification (it was answered with one)")
+          if (probing.has(peer)) return drop(peer, "a lone empty frame from a connected peer while its connection is being probed")
+          probing.add(peer)
+          return stillConnected(routingId).pipe(
+            Effect.flatMap((alive) =>
+              alive
+                ? drop(peer, "a lone empty frame from a connected peer is not a ROUTER notification (its connection answered every probe)")
                 : disconnected(peer)
             ),
+            Effect.ensuring(Effect.sync(() => probing.delete(peer))),
             Effect.forkIn(serverScope),
             Effect.asVoid
           )
