@@ -143,6 +143,7 @@ export const connectDealer = (
           reconnectMaxInterval: options.reconnectMaxIntervalMs,
           sendHighWaterMark: 0,
           receiveHighWaterMark: 0,
+          ...(options.sendTimeoutMs === undefined ? {} : { sendTimeout: options.sendTimeoutMs }),
           ...(options.curve === undefined ? {} : {
             curveServerKey: options.curve.serverPublicKey,
             curveSecretKey: options.curve.secretKey,

@@ -124,7 +124,8 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
       reconnectIntervalMs: options.reconnectIntervalMs ?? 100,
       reconnectMaxIntervalMs: options.reconnectMaxIntervalMs ?? 1_000,
       lingerMs: options.lingerMs ?? 1_000,
-      ...(options.curve === undefined ? {} : { curve: options.curve })
+      // With CURVE, a refused handshake leaves no connection to queue on: bound the send like the reply.
+      ...(options.curve === undefined ? {} : { curve: options.curve, sendTimeoutMs: defaultTimeoutMs })
     })
     const pending = new Map<number, Deferred.Deferred<ReplyHeader, ClientClosed>>()
     let nextUid = 0
@@ -179,7 +180,12 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
         return Effect.gen(function*() {
           const waiter = yield* Deferred.make<ReplyHeader, ClientClosed>()
           pending.set(uid, waiter)
-          yield* send(frames.value)
+          yield* send(frames.value).pipe(
+            Effect.catchIf(
+              (e) => options.curve !== undefined && typeof e.cause === "object" && e.cause !== null && "code" in e.cause && e.cause.code === "EAGAIN",
+              () => Effect.fail(new RequestTimeout({ op: op.name, endpoint, timeoutMs: defaultTimeoutMs }))
+            )
+          )
           const header = yield* Deferred.await(waiter).pipe(
             Effect.mapError(() => new ClientClosed({ op: op.name, endpoint })),
             Effect.timeoutOrElse({
@@ -204,7 +210,7 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
     const helloLock = yield* Semaphore.make(1)
     /** HELLO_CHALLENGE, then HELLO with the proof over its nonce (Tenancy.ts); once per connection. */
     const ensureHello = (requestOptions?: RequestOptions): Effect.Effect<void, RequestError> =>
-      curve === undefined || bound ? Effect.void : helloLock.withPermits(1)(
+      Effect.suspend(() => curve === undefined || bound ? Effect.void : helloLock.withPermits(1)(
         Effect.suspend(() =>
           bound ? Effect.void : Effect.gen(function*() {
             const nonce = yield* rawRequest(HelloChallenge, [], requestOptions)
@@ -212,7 +218,7 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
             bound = true
           })
         )
-      )
+      ))
     const isUnbound = (e: RequestError) => e instanceof Forbidden && e.field === "hello"
     const request = <O extends Op>(
       op: O,

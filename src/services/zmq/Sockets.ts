@@ -131,6 +131,12 @@ export interface DealerOptions {
   readonly lingerMs: number
   /** CURVE client mode; absent: the NULL mechanism. */
   readonly curve?: DealerCurve
+  /**
+   * Milliseconds a send may wait for a connection to queue on before it
+   * fails with EAGAIN; absent: forever. A CURVE client whose handshake is
+   * refused has no connection at all, so without it a send never returns.
+   */
+  readonly sendTimeoutMs?: number
 }
 
 /**
