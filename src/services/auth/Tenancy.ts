@@ -161,7 +161,8 @@ const make = Effect.gen(function*() {
     rows: [
       row(HelloChallenge, "NORMAL", () => Effect.fail(curveOff(HelloChallenge.name))),
       row(Hello, "NORMAL", () => Effect.fail(curveOff(Hello.name)))
-    ]
+    ],
+    target: noopTarget("tenancy")
   }
   if (curveFiles === undefined) {
     return Tenancy.of({
