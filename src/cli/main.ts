@@ -8,6 +8,7 @@ import { Effect } from "effect"
 import { Command } from "effect/cli"
 import { VERSION } from "../version.ts"
 import { clear, endSession, getChunkSize, noop, ping, status } from "./commands/client.ts"
+import { keygen } from "./commands/keygen.ts"
 import { replay } from "./commands/replay.ts"
 import { serve } from "./commands/serve.ts"
 import { ZmqSocketsLive } from "../layers/Zmq.ts"
@@ -15,7 +16,7 @@ import { teardown } from "./exitCodes.ts"
 
 const mpcache = Command.make("mpcache").pipe(
   Command.withDescription("Node-local KV-cache server for LLM inference engines"),
-  Command.withSubcommands([serve, ping, noop, getChunkSize, clear, endSession, status, replay])
+  Command.withSubcommands([serve, ping, noop, getChunkSize, clear, endSession, status, replay, keygen])
 )
 
 Command.run(mpcache, { version: VERSION }).pipe(

@@ -7,10 +7,12 @@
  * Bound to `--http-host`/`--http-port` (port 0 picks a free one; the bound
  * address is logged).
  */
+import { createHash, timingSafeEqual } from "node:crypto"
+import { readFileSync } from "node:fs"
 import { createServer } from "node:http"
 import { NodeHttpServer } from "@effect/platform-node"
-import { Clock, Context, Effect, Layer } from "effect"
-import { HttpRouter, HttpServer, HttpServerResponse } from "effect/http"
+import { Clock, Context, Effect, Layer, Schema } from "effect"
+import { HttpRouter, HttpServer, HttpServerRequest, HttpServerResponse } from "effect/http"
 import { PrometheusMetrics } from "effect/observability"
 import { MqServer } from "../services/server/MqServer.ts"
 import { PROTOCOL_VERSION, VERSION } from "../version.ts"
@@ -78,6 +80,49 @@ const Routes = Layer.mergeAll(
   PrometheusMetrics.layerHttp({ path: "/metrics" })
 )
 
+/** The `--http-token-file` cannot be read or is empty. */
+export class HttpTokenInvalid extends Schema.TaggedError<HttpTokenInvalid>()("HttpTokenInvalid", {
+  path: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `--http-token-file ${this.path}: ${this.reason}`
+  }
+}
+
+/**
+ * The bearer-token guard (docs/security.md): with `--http-token-file`,
+ * every request needs `Authorization: Bearer <token>`, else 401. The
+ * comparison runs on SHA-256 digests with `timingSafeEqual`, so its time
+ * says nothing about the token's length or prefix.
+ */
+const bearerGuard = (path: string) =>
+  Layer.unwrap(
+    Effect.gen(function*() {
+      const token = yield* Effect.try({
+        try: () => readFileSync(path, "utf8").trim(),
+        catch: (e) => new HttpTokenInvalid({ path, reason: `cannot read: ${e instanceof Error ? e.message : String(e)}` })
+      })
+      if (token.length < 16) return yield* new HttpTokenInvalid({ path, reason: "the token must be at least 16 characters" })
+      const expected = createHash("sha256").update(`Bearer ${token}`).digest()
+      return HttpRouter.middleware(
+        (httpEffect) =>
+          Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) => {
+            const given = createHash("sha256").update(request.headers["authorization"] ?? "").digest()
+            return timingSafeEqual(given, expected)
+              ? httpEffect
+              : Effect.succeed(
+                HttpServerResponse.text("unauthorized: this frontend needs Authorization: Bearer <token>", {
+                  status: 401,
+                  headers: { "www-authenticate": "Bearer" }
+                })
+              )
+          }),
+        { global: true }
+      )
+    })
+  )
+
 const LogAddress = Layer.effectDiscard(
   Effect.gen(function*() {
     const server = yield* HttpServer.HttpServer
@@ -92,7 +137,8 @@ const LogAddress = Layer.effectDiscard(
 export const HttpLive = Layer.unwrap(
   Effect.gen(function*() {
     const config = yield* ServerConfig
-    return HttpRouter.serve(Routes, { disableLogger: true, disableListenLog: true }).pipe(
+    const routes = config.httpTokenFile === undefined ? Routes : Layer.mergeAll(Routes, bearerGuard(config.httpTokenFile))
+    return HttpRouter.serve(routes, { disableLogger: true, disableListenLog: true }).pipe(
       Layer.merge(LogAddress),
       Layer.provide(NodeHttpServer.layer(createServer, { port: config.httpPort, host: config.httpHost }))
     )

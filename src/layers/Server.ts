@@ -14,6 +14,7 @@
  * plugins, optionally without sockets), so nobody wires the graph by hand.
  */
 import { Context, Effect, Layer } from "effect"
+import type { InstanceId } from "../schema/InstanceId.ts"
 import { Blend } from "../services/server/Blend.ts"
 import { CacheControl } from "../services/server/CacheControl.ts"
 import { EngineDrivenTransfer } from "../services/server/EngineDrivenTransfer.ts"
@@ -32,6 +33,9 @@ import { ServerConfig, type ServerConfigInput, type ServerConfigShape } from "..
 import { HttpLive, StartedAt, StatusBlocks } from "./Http.ts"
 import { NativeMemoryLive } from "./NativeMemory.ts"
 import { ZmqSocketsLive } from "./Zmq.ts"
+import { Tenancy } from "../services/auth/Tenancy.ts"
+import { PeerEvents } from "../services/liveness/PeerEvents.ts"
+import { ZmqSockets } from "../services/zmq/Sockets.ts"
 
 /**
  * Out-of-tree server modules (upstream: runtime plugins), joined after the
@@ -90,7 +94,9 @@ const ControlLive = Layer.effect(
   Handlers,
   Effect.gen(function*() {
     const management = yield* Management
-    return yield* makeTable([management.module, ...(yield* ServerModules)])
+    const tenancy = yield* Tenancy
+    // Every row behind the tenant checks (docs/security.md; the identity with CURVE off).
+    return tenancy.guard(yield* makeTable([management.module, tenancy.module, ...(yield* ServerModules)]), yield* LivenessTargets)
   })
 ).pipe(
   Layer.provideMerge(Layer.mergeAll(Management.layer, Reaper.layer)),
@@ -100,23 +106,51 @@ const ControlLive = Layer.effect(
       LivenessTargets,
       Effect.gen(function*() {
         const modules = yield* ServerModules
-        return modules.flatMap((m) => (m.target === undefined ? [] : [m.target]))
+        // Tenancy's target last: when a reap drops an instance, it asks the others whether anything is left.
+        return [...modules.flatMap((m) => (m.target === undefined ? [] : [m.target])), (yield* Tenancy).module.target!]
       })
     )
-  )
+  ),
+  Layer.provideMerge(Tenancy.layer)
 )
+
+/** The ZAP handler, bound before the ROUTER (and closed after it) when CURVE is on. */
+const ZapLive = Layer.effectDiscard(
+  Effect.gen(function*() {
+    const tenancy = yield* Tenancy
+    if (tenancy.enabled) yield* (yield* ZmqSockets).serveZap(tenancy.authenticate)
+  })
+)
+
+/** The connection tracker's events, and with CURVE on a closed connection also loses its tenant binding. */
+const PeerEventsLive = Layer.effect(
+  PeerEvents,
+  Effect.gen(function*() {
+    const inner = yield* PeerEvents
+    const tenancy = yield* Tenancy
+    if (!tenancy.enabled) return inner
+    return PeerEvents.of({
+      ...inner,
+      disconnected: (peer) => Effect.andThen(inner.disconnected(peer), tenancy.disconnected(peer))
+    })
+  })
+).pipe(Layer.provide(Connections.layerPeerEvents))
 
 /** The MQ server on the configured endpoint and pools. */
 const MqServerLive = Layer.unwrap(
   Effect.gen(function*() {
     const config = yield* ServerConfig
+    const tenancy = yield* Tenancy
     return MqServer.layer({
       endpoint: config.endpoint,
       normalWorkers: config.maxCpuWorkers,
-      affinityLanes: config.maxGpuWorkers
+      affinityLanes: config.maxGpuWorkers,
+      ...(tenancy.curve === undefined ? {} : { curve: { secretKey: tenancy.curve.secretKey, zapDomain: tenancy.curve.zapDomain } }),
+      ...(config.ipcGroupId === undefined ? {} : { ipcGroupId: config.ipcGroupId }),
+      ...(tenancy.enabled ? { onHandshakeFailure: tenancy.handshakeFailed } : {})
     })
   })
-).pipe(Layer.provide(Connections.layerPeerEvents))
+).pipe(Layer.provide(Layer.mergeAll(PeerEventsLive, ZapLive)))
 
 /** The modules and their control, over `modules` and `barrier` (everything but sockets and config). */
 const modulesOver = <A, E, R>(modules: Layer.Layer<A | ServerModules | CacheControl, E, R>, barrier: Layer.Layer<RequestBarrier>) =>
@@ -142,7 +176,19 @@ const StatusBlocksLive = Layer.effect(
   Effect.gen(function*() {
     const reaper = yield* Reaper
     const modules = yield* ServerModules
-    return [reaper.status(), ...modules.flatMap((m) => (m.status === undefined ? [] : [m.status()]))]
+    const tenancy = yield* Tenancy
+    // Each instance row says its tenant (null with CURVE off).
+    const liveness = Effect.map(reaper.status(), (block) =>
+      Array.isArray(block["instances"])
+        ? {
+          ...block,
+          instances: (block["instances"] as ReadonlyArray<Record<string, unknown>>).map((i) => ({
+            ...i,
+            tenant: typeof i["instance_id"] === "string" ? tenancy.tenantOf(BigInt(i["instance_id"]) as InstanceId) ?? null : null
+          }))
+        }
+        : block)
+    return [liveness, tenancy.status(), ...modules.flatMap((m) => (m.status === undefined ? [] : [m.status()]))]
   })
 )
 

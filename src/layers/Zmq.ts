@@ -3,10 +3,19 @@
  * acquireRelease inside Layers). Raw socket options live here and nowhere
  * else; see shared/zeromq-notes.md for the measured behaviour behind each.
  */
-import { rmSync } from "node:fs"
+import { chmodSync, chownSync, rmSync } from "node:fs"
 import { Effect, Layer, Scope } from "effect"
 import * as zmq from "zeromq"
-import { type DealerOptions, type RouterOptions, ZmqError, ZmqSockets } from "../services/zmq/Sockets.ts"
+import {
+  type DealerOptions,
+  type HandshakeFailure,
+  type RouterOptions,
+  type ZapReply,
+  type ZapRequest,
+  unsafeIpcDirectory,
+  ZmqError,
+  ZmqSockets
+} from "../services/zmq/Sockets.ts"
 
 /** libzmq's ZMQ_ROUTER_NOTIFY (draft option 97): 1 = connect, 2 = disconnect. */
 const ZMQ_ROUTER_NOTIFY = 97
@@ -16,13 +25,51 @@ const setRouterNotify = (router: zmq.Router): void => {
   ;(router as unknown as { setInt32Option(option: number, value: number): void }).setInt32Option(ZMQ_ROUTER_NOTIFY, 3)
 }
 
+/** libzmq's ZMQ_ZAP_ENFORCE_DOMAIN (draft option 93): without a ZAP handler, no handshake succeeds (fail closed). */
+const ZMQ_ZAP_ENFORCE_DOMAIN = 93
+
+/** Where libzmq sends ZAP requests (RFC 27). */
+export const ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+
+const setInt32 = (socket: zmq.Socket, option: number, value: number): void => {
+  ;(socket as unknown as { setInt32Option(option: number, value: number): void }).setInt32Option(option, value)
+}
+
+/** The monitor event types of a failed handshake, by reason. */
+const HANDSHAKE_FAILURES: ReadonlyMap<string, HandshakeFailure["reason"]> = new Map([
+  ["handshake:error:auth", "auth"],
+  ["handshake:error:protocol", "protocol"],
+  ["handshake:error:other", "protocol"]
+])
+
+/** Reads the ROUTER's monitor events until the socket closes, telling `onFailure` of each failed handshake. */
+const watchHandshakes = (router: zmq.Router, onFailure: (failure: HandshakeFailure) => Effect.Effect<void>) =>
+  Effect.tryPromise(() => router.events.receive()).pipe(
+    Effect.flatMap((event) => {
+      const reason = HANDSHAKE_FAILURES.get(event.type)
+      if (reason === undefined) return Effect.void
+      const error = "error" in event ? event.error as unknown as { readonly code?: unknown } | undefined : undefined
+      const code = error?.code === undefined ? "" : String(error.code)
+      const address = "address" in event ? event.address : ""
+      return onFailure({ reason: code === "ERR_ZMTP_MECHANISM_MISMATCH" ? "mechanism" : reason, address, code })
+    }),
+    Effect.forever,
+    Effect.ignore
+  )
+
 /**
  * Binds a ROUTER to `endpoint` for the life of the current Scope. Replies are
  * `mandatory` with a zero send timeout, so a reply to a vanished peer or one
  * over its high-water mark fails at once (counted, logged at DEBUG) instead
  * of blocking the one send path. ZMTP heartbeats stay off (DESIGN §5).
  *
- * Fails with `ZmqError` (op "bind") when the endpoint is taken or invalid.
+ * With `curve`, the ROUTER is a CURVE server whose handshakes go to the ZAP
+ * handler (bind it first, `serveZap`), enforced: no handler, no handshake.
+ * An `ipc://` socket file gets `ipcMode` (0600) and `ipcGroupId` right after
+ * bind; its directory must be safe ({@link unsafeIpcDirectory}).
+ *
+ * Fails with `ZmqError` (op "bind") when the endpoint is taken or invalid,
+ * or its ipc directory is unsafe.
  */
 export const bindRouter = (
   endpoint: string,
@@ -31,19 +78,34 @@ export const bindRouter = (
   Effect.acquireRelease(
     Effect.tryPromise({
       try: async () => {
+        const unsafe = unsafeIpcDirectory(endpoint)
+        if (unsafe !== undefined) throw new Error(unsafe)
         const router = new zmq.Router({
           linger: options.lingerMs,
           mandatory: true,
           sendTimeout: 0,
           sendHighWaterMark: options.sendHighWaterMark,
-          receiveHighWaterMark: 0
+          receiveHighWaterMark: 0,
+          ...(options.curve === undefined
+            ? {}
+            : { curveServer: true, curveSecretKey: options.curve.secretKey, zapDomain: options.curve.zapDomain })
         })
         setRouterNotify(router)
+        if (options.curve !== undefined) setInt32(router, ZMQ_ZAP_ENFORCE_DOMAIN, 1)
+        const ipcPath = endpoint.startsWith("ipc://") ? endpoint.slice("ipc://".length) : undefined
+        // The socket file is created by libzmq under the process umask: make it 0600 from the start.
+        const umask = ipcPath === undefined ? undefined : process.umask(0o177)
         try {
           await router.bind(endpoint)
+          if (ipcPath !== undefined) {
+            if (options.ipcGroupId !== undefined) chownSync(ipcPath, -1, options.ipcGroupId)
+            chmodSync(ipcPath, options.ipcMode ?? 0o600)
+          }
         } catch (e) {
           router.close()
           throw e
+        } finally {
+          if (umask !== undefined) process.umask(umask)
         }
         return router
       },
@@ -55,6 +117,10 @@ export const bindRouter = (
         // libzmq may leave the socket file of an ipc endpoint behind when the process exits right after close.
         if (endpoint.startsWith("ipc://")) rmSync(endpoint.slice("ipc://".length), { force: true })
       })
+  ).pipe(
+    Effect.tap((router) =>
+      options.onHandshakeFailure === undefined ? Effect.void : Effect.forkScoped(watchHandshakes(router, options.onHandshakeFailure))
+    )
   )
 
 /**
@@ -76,7 +142,13 @@ export const connectDealer = (
           reconnectInterval: options.reconnectIntervalMs,
           reconnectMaxInterval: options.reconnectMaxIntervalMs,
           sendHighWaterMark: 0,
-          receiveHighWaterMark: 0
+          receiveHighWaterMark: 0,
+          ...(options.sendTimeoutMs === undefined ? {} : { sendTimeout: options.sendTimeoutMs }),
+          ...(options.curve === undefined ? {} : {
+            curveServerKey: options.curve.serverPublicKey,
+            curveSecretKey: options.curve.secretKey,
+            curvePublicKey: options.curve.publicKey
+          })
         })
         try {
           dealer.connect(endpoint)
@@ -91,5 +163,72 @@ export const connectDealer = (
     (dealer) => Effect.sync(() => dealer.close())
   )
 
-/** The `ZmqSockets` service over the two acquirers above. */
-export const ZmqSocketsLive: Layer.Layer<ZmqSockets> = Layer.succeed(ZmqSockets, ZmqSockets.of({ bindRouter, connectDealer }))
+/** A ZAP/1.0 request's frames after the routing id and delimiter; undefined when malformed. */
+const parseZapRequest = (frames: ReadonlyArray<Buffer>): ZapRequest | undefined => {
+  const [version, requestId, domain, address, identity, mechanism, ...credentials] = frames
+  if (mechanism === undefined) return undefined
+  return {
+    version: version!.toString(),
+    requestId: requestId!,
+    domain: domain!.toString(),
+    address: address!.toString(),
+    identity: identity!,
+    mechanism: mechanism.toString(),
+    credentials
+  }
+}
+
+/**
+ * The ZAP handler socket (RFC 27): a ROUTER at `inproc://zeromq.zap.01` in
+ * the default context, for the life of the Scope, answering every request
+ * with `authenticate`'s reply; a malformed request or another version is
+ * answered "400". Bind it before the ROUTER it serves; its Scope must
+ * outlive that ROUTER's. Fails with `ZmqError` (op "bind") when another
+ * handler holds the address (one per process).
+ */
+export const serveZap = (
+  authenticate: (request: ZapRequest) => Effect.Effect<ZapReply>
+): Effect.Effect<void, ZmqError, Scope.Scope> =>
+  Effect.gen(function*() {
+    const socket = yield* Effect.acquireRelease(
+      Effect.tryPromise({
+        try: async () => {
+          const zap = new zmq.Router({ linger: 0 })
+          try {
+            await zap.bind(ZAP_ENDPOINT)
+          } catch (e) {
+            zap.close()
+            throw e
+          }
+          return zap
+        },
+        catch: (cause) => new ZmqError({ op: "bind", endpoint: ZAP_ENDPOINT, cause })
+      }),
+      (zap) => Effect.sync(() => zap.close())
+    )
+    const answer = (frames: Array<Buffer>) => {
+      const [routingId, delimiter, ...rest] = frames
+      if (routingId === undefined || delimiter === undefined) return Effect.void
+      const request = parseZapRequest(rest)
+      const decided: Effect.Effect<ZapReply> = request === undefined || request.version !== "1.0"
+        ? Effect.succeed({ statusCode: "400", statusText: "malformed ZAP request", userId: "" })
+        : authenticate(request)
+      return decided.pipe(
+        Effect.flatMap((reply) =>
+          Effect.tryPromise(() =>
+            socket.send([routingId, delimiter, "1.0", rest[1] ?? "", reply.statusCode, reply.statusText, reply.userId, ""])
+          )
+        ),
+        Effect.ignore
+      )
+    }
+    yield* Effect.tryPromise(() => socket.receive()).pipe(
+      Effect.flatMap(answer),
+      Effect.forever,
+      Effect.ignore,
+      Effect.forkScoped
+    )
+  })
+
+/** The `ZmqSockets` service over the acquirers above. */
+export const ZmqSocketsLive: Layer.Layer<ZmqSockets> = Layer.succeed(ZmqSockets, ZmqSockets.of({ bindRouter, connectDealer, serveZap }))

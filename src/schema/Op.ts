@@ -262,6 +262,36 @@ export const PingRegistered = op({
   response: Schema.Array(RegistrationKind)
 })
 
+/**
+ * HELLO_CHALLENGE (mpcache's own, docs/security.md): the first half of
+ * binding a CURVE connection to a tenant. Answers 32 fresh random bytes, the
+ * nonce this connection's next HELLO must prove over (one outstanding per
+ * connection; a HELLO consumes it, whatever its outcome).
+ */
+export const HelloChallenge = op({
+  id: 65,
+  name: "hello_challenge",
+  payload: [],
+  response: Schema.Uint8Array
+})
+
+/** What a successful HELLO bound the connection to. */
+export const HelloGrant = Schema.Struct({ tenant: WireString, salt_group: WireString, admin: Schema.Boolean })
+
+/**
+ * HELLO (mpcache's own, docs/security.md): `public_key` (Z85, listed in the
+ * authorized-keys file) and `proof` = HMAC-SHA256(X25519(client secret,
+ * server public), "mpcache hello v1\0" ‖ nonce). Binds the connection to the
+ * key's tenant; `forbidden` when the key is not listed, the proof is wrong
+ * or no challenge is outstanding.
+ */
+export const Hello = op({
+  id: 66,
+  name: "hello",
+  payload: [["public_key", WireString], ["proof", Schema.Uint8Array]],
+  response: HelloGrant
+})
+
 /** Every op of DESIGN §3.1, in id order. */
 export const OPS: ReadonlyArray<Op> = [
   RegisterKvCache,
@@ -285,7 +315,9 @@ export const OPS: ReadonlyArray<Op> = [
   CbRegisterRope,
   CbUnregisterRope,
   CbRetrievePreComputed,
-  PingRegistered
+  PingRegistered,
+  HelloChallenge,
+  Hello
 ]
 
 /** Op by its id; undefined for an id this protocol version does not define. */

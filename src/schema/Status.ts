@@ -48,7 +48,9 @@ export const StatusInstance = Schema.StructWithRest(
     state: InstanceState,
     last_seen_age_seconds: Seconds,
     has_liveness_signal: Schema.Boolean,
-    has_transfer_activity: Schema.Boolean
+    has_transfer_activity: Schema.Boolean,
+    /** The tenant that registered it (CURVE on, docs/security.md); null with CURVE off. */
+    tenant: Schema.optionalKey(Schema.NullOr(Schema.String))
   }),
   [Schema.Record(Schema.String, Schema.Unknown)]
 )

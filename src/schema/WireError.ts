@@ -14,7 +14,8 @@ export const ErrorCode = Schema.Literals([
   "not_registered",
   "invalid_argument",
   "overloaded",
-  "internal"
+  "internal",
+  "forbidden"
 ])
 export type ErrorCode = typeof ErrorCode.Type
 
@@ -86,8 +87,19 @@ export class Internal extends Schema.TaggedError<Internal>()("Internal", errorFi
   }
 }
 
+/**
+ * The request names what its tenant may not touch (another tenant's
+ * instance, CLEAR without `admin`), or its connection has not said HELLO
+ * (`field: "hello"`) (docs/security.md). Nothing was changed.
+ */
+export class Forbidden extends Schema.TaggedError<Forbidden>()("Forbidden", errorFields) {
+  get code(): "forbidden" {
+    return "forbidden"
+  }
+}
+
 /** Any error that travels as an error reply. */
-export type WireError = BadRequest | UnknownOp | NotRegistered | InvalidArgument | Overloaded | Internal
+export type WireError = BadRequest | UnknownOp | NotRegistered | InvalidArgument | Overloaded | Internal | Forbidden
 
 /** The detail keys `error` carries (absent ones left out). */
 export const detailOf = (error: ErrorDetail): ErrorDetail => {
@@ -118,13 +130,15 @@ export const fromErrorBody = (body: ErrorBody): WireError => {
       return new Overloaded(fields)
     case "internal":
       return new Internal(fields)
+    case "forbidden":
+      return new Forbidden(fields)
   }
 }
 
 /** True for the tagged errors of this module. */
 export const isWireError = (u: unknown): u is WireError =>
   u instanceof BadRequest || u instanceof UnknownOp || u instanceof NotRegistered ||
-  u instanceof InvalidArgument || u instanceof Overloaded || u instanceof Internal
+  u instanceof InvalidArgument || u instanceof Overloaded || u instanceof Internal || u instanceof Forbidden
 
 // ---------------------------------------------------------------------------
 // Errors built from their fields: the message is written once, here, per kind.

@@ -31,10 +31,12 @@ const DESIGN_TABLE: ReadonlyArray<readonly [number, string, string]> = [
   [25, "cb_register_rope", "SYNC"],
   [26, "cb_unregister_rope", "SYNC"],
   [27, "cb_retrieve_pre_computed", "AFFINITY"],
-  [64, "ping_registered", "NORMAL"]
+  [64, "ping_registered", "NORMAL"],
+  [65, "hello_challenge", "NORMAL"],
+  [66, "hello", "NORMAL"]
 ]
 
-describe("op table", () => {
+describe.each([{ curve: false }, { curve: true }])("op table (CURVE $curve)", ({ curve }) => {
   it("src/schema/Op.ts defines exactly the ops of DESIGN §3.1, with their frozen ids", () => {
     assert.deepStrictEqual(OPS.map((o) => [o.id, o.name]), DESIGN_TABLE.map(([id, name]) => [id, name]))
   })
@@ -46,5 +48,5 @@ describe("op table", () => {
       for (const row of server.table) assert.deepStrictEqual([row.name, row.pool], expected.get(row.id), `op ${row.id}`)
       console.log(server.table.map((r) => `${String(r.id).padStart(3)} ${r.name.padEnd(42)} ${r.pool.padEnd(9)} ${r.module}`).join("\n"))
       assert.deepStrictEqual(server.table.map((r) => r.id), DESIGN_TABLE.map(([id]) => id), "every op is served")
-    }).pipe(Effect.provide(testServer())))
+    }).pipe(Effect.provide(testServer({ curve }))))
 })

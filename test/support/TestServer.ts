@@ -10,28 +10,38 @@ import type { ServerConfigInput } from "../../src/services/server/ServerConfig.t
 import type { ServerModule } from "../../src/services/server/Handler.ts"
 import { MqClient } from "../../src/services/client/MqClient.ts"
 import { MqServer } from "../../src/services/server/MqServer.ts"
+import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
+import { makeTestKeys } from "./CurveKeys.ts"
 
 export interface TestServerOptions {
   readonly config?: Partial<ServerConfigInput>
+  /** CURVE on: fresh keys, the client authorized as tenant "test" (admin) and speaking CURVE. Default off. */
+  readonly curve?: boolean
   readonly modules?: ReadonlyArray<ServerModule>
   /** Client request timeout; default 5,000 ms. */
   readonly requestTimeoutMs?: number
 }
 
 /** An MqClient connected to the server in context. */
-const clientOf = (requestTimeoutMs: number) =>
+const clientOf = (requestTimeoutMs: number, curve?: DealerCurve) =>
   Layer.unwrap(
     Effect.gen(function*() {
       const s = yield* MqServer
-      return MqClient.layer({ endpoint: s.endpoint, requestTimeoutMs })
+      return MqClient.layer({ endpoint: s.endpoint, requestTimeoutMs, ...(curve === undefined ? {} : { curve }) })
     })
   )
 
-/** MqServer + modules + an MqClient connected to it. */
-export const testServer = (options: TestServerOptions = {}) =>
-  clientOf(options.requestTimeoutMs ?? 5_000).pipe(
-    Layer.provideMerge(layerTest({ ...(options.config ? { config: options.config } : {}), plugins: options.modules ?? [] }))
+/** MqServer + modules + an MqClient connected to it (with `curve`, both speak CURVE). */
+export const testServer = (options: TestServerOptions = {}) => {
+  const keys = options.curve === true ? makeTestKeys({ client: "test admin" }) : undefined
+  const config: Partial<ServerConfigInput> = {
+    ...options.config,
+    ...(keys === undefined ? {} : { curveSecretKeyFile: keys.serverSecretFile, curveAuthorizedKeys: keys.authorizedKeysFile })
+  }
+  return clientOf(options.requestTimeoutMs ?? 5_000, keys?.clients["client"]).pipe(
+    Layer.provideMerge(layerTest({ config, plugins: options.modules ?? [] }))
   )
+}
 
 /**
  * A server with only the management module and `modules` in its handler

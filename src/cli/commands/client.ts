@@ -19,9 +19,16 @@ import { CommandFailed } from "../CommandFailed.ts"
 import { formatStatus } from "../StatusSummary.ts"
 import * as F from "./flags.ts"
 
-const connection = { host: F.host, port: F.port, endpoint: F.endpoint, timeoutSeconds: F.timeoutSeconds }
+const connection = {
+  host: F.host,
+  port: F.port,
+  endpoint: F.endpoint,
+  timeoutSeconds: F.timeoutSeconds,
+  curveServerPublicKeyFile: F.curveServerPublicKeyFile,
+  curveSecretKeyFile: F.curveSecretKeyFile
+}
 
-interface Connection {
+interface Connection extends F.CurveFlags {
   readonly host: string
   readonly port: number
   readonly endpoint: Option.Option<string>
@@ -35,13 +42,18 @@ const fail = (message: string) =>
 const withClient = <E extends { readonly message: string }>(
   c: Connection,
   f: (client: MqClientShape) => Effect.Effect<string, E>
-) =>
-  Effect.scoped(
+) => {
+  const keys = F.curveKeysOf(c)
+  if ("error" in keys) {
+    return Console.error(`mpcache: ${keys.error}`).pipe(Effect.andThen(Effect.fail(new CommandFailed({ message: keys.error, exitCode: 2 }))))
+  }
+  return Effect.scoped(
     Effect.gen(function*() {
       const client = yield* makeMqClient({
         endpoint: F.endpointOf(c),
         requestTimeoutMs: c.timeoutSeconds * 1000,
-        lingerMs: 0
+        lingerMs: 0,
+        ...(keys.curve === undefined ? {} : { curve: keys.curve })
       })
       return yield* f(client)
     })
@@ -52,6 +64,7 @@ const withClient = <E extends { readonly message: string }>(
     }),
     Effect.provide(loggerLayer("pretty"))
   )
+}
 
 const instanceId = Flag.String("instance-id").pipe(
   Flag.withDescription("Ping on behalf of this instance id (decimal); default: nil (untracked prober)"),

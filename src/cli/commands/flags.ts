@@ -5,6 +5,7 @@
  */
 import { Option } from "effect"
 import { Flag } from "effect/cli"
+import { type ClientCurveKeys, readClientKeys } from "../../services/auth/Curve.ts"
 import { defaults, rules, type LogFormat } from "../../services/server/ServerConfig.ts"
 
 const checked = <A>(flag: Flag.Flag<A>, rule: (a: A) => string | undefined): Flag.Flag<A> =>
@@ -40,6 +41,38 @@ export const timeoutSeconds = Flag.Finite("timeout-seconds").pipe(
   Flag.withDefault(5),
   Flag.filter((n) => n > 0, (n) => `must be above 0 seconds (got ${n})`)
 )
+
+export const curveServerPublicKeyFile = Flag.String("curve-server-public-key-file").pipe(
+  Flag.withDescription("Speak CURVE: the server's public key (its NAME.pub); needs --curve-secret-key-file"),
+  Flag.optional
+)
+export const curveSecretKeyFile = Flag.String("curve-secret-key-file").pipe(
+  Flag.withDescription("Speak CURVE: this client's secret key (mpcache keygen NAME writes NAME.key; the public key derives from it)"),
+  Flag.optional
+)
+
+/** The CURVE flags of a client command. */
+export interface CurveFlags {
+  readonly curveServerPublicKeyFile: Option.Option<string>
+  readonly curveSecretKeyFile: Option.Option<string>
+}
+
+/**
+ * The client's CURVE keys from its flags: none without either flag; both
+ * files read otherwise. Fails with the message to print (exit 2, naming the flag or file).
+ */
+export const curveKeysOf = (flags: CurveFlags): { readonly curve: ClientCurveKeys | undefined } | { readonly error: string } => {
+  const server = Option.getOrUndefined(flags.curveServerPublicKeyFile)
+  const secret = Option.getOrUndefined(flags.curveSecretKeyFile)
+  if (server === undefined && secret === undefined) return { curve: undefined }
+  if (server === undefined) return { error: "--curve-secret-key-file needs --curve-server-public-key-file too" }
+  if (secret === undefined) return { error: "--curve-server-public-key-file needs --curve-secret-key-file too" }
+  try {
+    return { curve: readClientKeys(server, secret) }
+  } catch (e) {
+    return { error: e instanceof Error ? e.message : String(e) }
+  }
+}
 
 /** The endpoint a client command talks to. */
 export const endpointOf = (flags: { readonly host: string; readonly port: number; readonly endpoint: Option.Option<string> }): string =>

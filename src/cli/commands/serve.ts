@@ -107,6 +107,42 @@ const serveFlags = {
     "Release an engine-driven PREPARE_STORE / PREPARE_RETRIEVE not committed within this long; > 0",
     defaults.prepareTtlSeconds,
     rules.prepareTtl
+  ),
+  curveSecretKeyFile: Flag.String("curve-secret-key-file").pipe(
+    Flag.withDescription("Turn CURVE on: the server's secret key (mpcache keygen NAME writes NAME.key); needs --curve-authorized-keys"),
+    Flag.filter((s) => rules.path(s) === undefined, (s) => rules.path(s) ?? ""),
+    Flag.optional
+  ),
+  curveAuthorizedKeys: Flag.String("curve-authorized-keys").pipe(
+    Flag.withDescription("Client public keys allowed in, one '<z85 key> <tenant> [admin] [salt-group=NAME]' per line; reread on SIGHUP"),
+    Flag.filter((s) => rules.path(s) === undefined, (s) => rules.path(s) ?? ""),
+    Flag.optional
+  ),
+  insecureAllowRemote: Flag.Boolean("insecure-allow-remote").pipe(
+    Flag.withDescription("Serve a non-loopback TCP address without CURVE (anyone who reaches it may use the server)"),
+    Flag.withDefault(false)
+  ),
+  ipcGroup: Flag.String("ipc-group").pipe(
+    Flag.withDescription("Group the ipc:// socket file belongs to (mode 0660 instead of 0600)"),
+    Flag.optional
+  ),
+  httpTokenFile: Flag.String("http-token-file").pipe(
+    Flag.withDescription("File holding a bearer token every HTTP request must carry (needed for a non-loopback --http-host)"),
+    Flag.filter((s) => rules.path(s) === undefined, (s) => rules.path(s) ?? ""),
+    Flag.optional
+  ),
+  tenantMaxInstances: int("tenant-max-instances", "Instances one tenant may hold registered (CURVE on)", defaults.tenantMaxInstances, rules.positiveInt),
+  tenantMaxRegistersPerSecond: int(
+    "tenant-max-registers-per-second",
+    "REGISTERs one tenant may send per second (CURVE on)",
+    defaults.tenantMaxRegistersPerSecond,
+    rules.positiveInt
+  ),
+  tenantMaxMappedBytes: int(
+    "tenant-max-mapped-bytes",
+    "Bytes of worker memory one tenant's registrations may map (CURVE on; default: the machine's RAM)",
+    defaults.tenantMaxMappedBytes,
+    rules.positiveInt
   )
 }
 
@@ -133,8 +169,22 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   workerDisconnectGraceSeconds: f.workerDisconnectGraceSeconds,
   lookupLockTtlSeconds: f.lookupLockTtlSeconds,
   engineDrivenTransport: f.engineDrivenTransport,
-  prepareTtlSeconds: f.prepareTtlSeconds
+  prepareTtlSeconds: f.prepareTtlSeconds,
+  curveSecretKeyFile: Option.getOrUndefined(f.curveSecretKeyFile),
+  curveAuthorizedKeys: Option.getOrUndefined(f.curveAuthorizedKeys),
+  insecureAllowRemote: f.insecureAllowRemote,
+  ipcGroup: Option.getOrUndefined(f.ipcGroup),
+  httpTokenFile: Option.getOrUndefined(f.httpTokenFile),
+  tenantMaxInstances: f.tenantMaxInstances,
+  tenantMaxRegistersPerSecond: f.tenantMaxRegistersPerSecond,
+  tenantMaxMappedBytes: f.tenantMaxMappedBytes
 })
+
+/** A key file the server was given cannot be used: exit 2 naming the file (and line). */
+const badKeyFile = (reason: string) =>
+  Effect.logError(`mpcache cannot start: ${reason}`).pipe(
+    Effect.andThen(Effect.fail(new CommandFailed({ message: reason, exitCode: 2 })))
+  )
 
 /** Logs why the server cannot start as its last line and fails with exit status 1. */
 const cannotStart = (reason: string) =>
@@ -157,15 +207,24 @@ export const serve = Command.make("serve", serveFlags, (flags) =>
       worker_registration_grace_seconds: config.workerRegistrationGraceSeconds,
       worker_disconnect_grace_seconds: config.workerDisconnectGraceSeconds,
       engine_driven_transport: config.engineDrivenTransport,
-      prepare_ttl_seconds: config.prepareTtlSeconds
+      prepare_ttl_seconds: config.prepareTtlSeconds,
+      curve: config.curve !== undefined
     })
+    if (config.curve === undefined && config.insecureAllowRemote) {
+      yield* Effect.logWarning(
+        `--insecure-allow-remote: serving ${config.endpoint} without CURVE; anyone who can reach it may register memory, unregister instances and CLEAR the cache`
+      )
+    }
     yield* Layer.launch(ServerLive(config)).pipe(
       Effect.onInterrupt(() => Effect.logInfo("shutting down: stopped receiving, draining in-flight requests")),
       // A server that cannot start says why on its last line (what failed, the errno, the size or endpoint),
       // without a stack trace, and exits 1 (issue 18).
       Effect.catchTags({
         L1PoolError: (e) => cannotStart(e.message),
-        ZmqError: (e) => cannotStart(e.message)
+        ZmqError: (e) => cannotStart(e.message),
+        KeyFileInvalid: (e) => badKeyFile(e.message),
+        AuthorizedKeysInvalid: (e) => badKeyFile(e.message),
+        HttpTokenInvalid: (e) => badKeyFile(e.message)
       })
     )
   }).pipe(Effect.provide(loggerLayer(flags.logFormat)))).pipe(

@@ -58,7 +58,7 @@ import { InvalidArgument } from "../../schema/WireError.ts"
 import { type EngineDrivenLayout, validateLayout } from "../kv/EngineDrivenLayout.ts"
 import type { MqClientShape, RequestError } from "./MqClient.ts"
 import { makeSession, openSession, type RequestRange, type SessionSettings, type SessionView, withOwnClient } from "./Session.ts"
-import type { ZmqSockets } from "../zmq/Sockets.ts"
+import type { DealerCurve, ZmqSockets } from "../zmq/Sockets.ts"
 
 /** Adapter settings that do not depend on how the client is made (the session's, plus the chunk layout). Times in ms. */
 export interface EngineDrivenWorkerAdapterSettings extends SessionSettings {
@@ -76,6 +76,8 @@ export interface EngineDrivenWorkerAdapterSettings extends SessionSettings {
 export interface EngineDrivenWorkerAdapterOptions extends EngineDrivenWorkerAdapterSettings {
   /** Server endpoint, e.g. `tcp://127.0.0.1:5555`. */
   readonly endpoint: string
+  /** CURVE keys (MqClientOptions.curve); absent: no CURVE. */
+  readonly curve?: DealerCurve
 }
 
 /** A token range of one request. */

@@ -21,9 +21,10 @@ import {
   encodeRequest,
   type ReplyHeader
 } from "../../schema/Frame.ts"
-import type { Op, PayloadOf, ResponseOf } from "../../schema/Op.ts"
-import { BadRequest, type WireError } from "../../schema/WireError.ts"
-import { ZmqError, ZmqSockets } from "../zmq/Sockets.ts"
+import { Hello, HelloChallenge, type Op, type PayloadOf, type ResponseOf } from "../../schema/Op.ts"
+import { BadRequest, Forbidden, type WireError } from "../../schema/WireError.ts"
+import { helloProof } from "../auth/Curve.ts"
+import { type DealerCurve, ZmqError, ZmqSockets } from "../zmq/Sockets.ts"
 
 /** No reply arrived within the request's timeout. */
 export class RequestTimeout extends Schema.TaggedError<RequestTimeout>()("RequestTimeout", {
@@ -63,6 +64,16 @@ export interface MqClientOptions {
   readonly reconnectMaxIntervalMs?: number
   /** How long close() may wait to flush unsent requests. Default 1,000 ms. */
   readonly lingerMs?: number
+  /**
+   * CURVE (docs/security.md): the server's public key and this client's key
+   * pair, Z85 (`readClientKeys` in src/services/auth/Curve.ts reads them from
+   * the files of `--curve-server-public-key-file` and
+   * `--curve-secret-key-file`). The client then says HELLO before its first
+   * request, and again whenever the server answers `forbidden` for a
+   * connection without one (a reconnect gets a new routing id), retrying
+   * that request once.
+   */
+  readonly curve?: DealerCurve
 }
 
 /** Per-request overrides. */
@@ -112,7 +123,9 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
       connectTimeoutMs: options.connectTimeoutMs ?? 1_000,
       reconnectIntervalMs: options.reconnectIntervalMs ?? 100,
       reconnectMaxIntervalMs: options.reconnectMaxIntervalMs ?? 1_000,
-      lingerMs: options.lingerMs ?? 1_000
+      lingerMs: options.lingerMs ?? 1_000,
+      // With CURVE, a refused handshake leaves no connection to queue on: bound the send like the reply.
+      ...(options.curve === undefined ? {} : { curve: options.curve, sendTimeoutMs: defaultTimeoutMs })
     })
     const pending = new Map<number, Deferred.Deferred<ReplyHeader, ClientClosed>>()
     let nextUid = 0
@@ -153,7 +166,7 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
         }))
       )
 
-    const request = <O extends Op>(
+    const rawRequest = <O extends Op>(
       op: O,
       payload: PayloadOf<O>,
       requestOptions?: RequestOptions
@@ -167,7 +180,12 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
         return Effect.gen(function*() {
           const waiter = yield* Deferred.make<ReplyHeader, ClientClosed>()
           pending.set(uid, waiter)
-          yield* send(frames.value)
+          yield* send(frames.value).pipe(
+            Effect.catchIf(
+              (e) => options.curve !== undefined && typeof e.cause === "object" && e.cause !== null && "code" in e.cause && e.cause.code === "EAGAIN",
+              () => Effect.fail(new RequestTimeout({ op: op.name, endpoint, timeoutMs: defaultTimeoutMs }))
+            )
+          )
           const header = yield* Deferred.await(waiter).pipe(
             Effect.mapError(() => new ClientClosed({ op: op.name, endpoint })),
             Effect.timeoutOrElse({
@@ -186,6 +204,34 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
           return response.value
         }).pipe(Effect.ensuring(Effect.sync(() => pending.delete(uid))))
       })
+
+    const curve = options.curve
+    let bound = false
+    const helloLock = yield* Semaphore.make(1)
+    /** HELLO_CHALLENGE, then HELLO with the proof over its nonce (Tenancy.ts); once per connection. */
+    const ensureHello = (requestOptions?: RequestOptions): Effect.Effect<void, RequestError> =>
+      Effect.suspend(() => curve === undefined || bound ? Effect.void : helloLock.withPermits(1)(
+        Effect.suspend(() =>
+          bound ? Effect.void : Effect.gen(function*() {
+            const nonce = yield* rawRequest(HelloChallenge, [], requestOptions)
+            yield* rawRequest(Hello, [curve.publicKey, new Uint8Array(helloProof(curve.secretKey, curve.serverPublicKey, nonce))], requestOptions)
+            bound = true
+          })
+        )
+      ))
+    const isUnbound = (e: RequestError) => e instanceof Forbidden && e.field === "hello"
+    const request = <O extends Op>(
+      op: O,
+      payload: PayloadOf<O>,
+      requestOptions?: RequestOptions
+    ): Effect.Effect<ResponseOf<O>, RequestError> =>
+      curve === undefined ? rawRequest(op, payload, requestOptions) : ensureHello(requestOptions).pipe(
+        Effect.andThen(rawRequest(op, payload, requestOptions)),
+        Effect.catchIf(isUnbound, () =>
+          Effect.sync(() => {
+            bound = false
+          }).pipe(Effect.andThen(ensureHello(requestOptions)), Effect.andThen(rawRequest(op, payload, requestOptions))))
+      )
 
     return { endpoint, request, pendingCount: () => pending.size }
   })

@@ -26,7 +26,7 @@ import type { CacheKey } from "../../schema/CacheKey.ts"
 import { EndSession, FreeLookupLocks, GetChunkSize, Lookup, Ping, QueryPrefetchStatus } from "../../schema/Op.ts"
 import { appendEvent, type HeartbeatEvent, heartbeatTimes, makeHeartbeat, pingFailureReason, PingResult } from "./Heartbeat.ts"
 import { makeMqClient, type MqClientShape, RequestTimeout, type RequestError } from "./MqClient.ts"
-import type { ZmqSockets } from "../zmq/Sockets.ts"
+import type { DealerCurve, ZmqSockets } from "../zmq/Sockets.ts"
 
 /** Adapter settings that do not depend on how the client is made. Times in ms. */
 export interface SchedulerAdapterSettings {
@@ -50,6 +50,8 @@ export interface SchedulerAdapterSettings {
 export interface SchedulerAdapterOptions extends SchedulerAdapterSettings {
   /** Server endpoint, e.g. `tcp://127.0.0.1:5555`. */
   readonly endpoint: string
+  /** CURVE keys (MqClientOptions.curve); absent: no CURVE. */
+  readonly curve?: DealerCurve
 }
 
 /** The adapter's interface; `SchedulerAdapter` is the service, `makeSchedulerAdapter(With)` builds one. */
@@ -176,6 +178,10 @@ export const makeSchedulerAdapterWith = (
 /** Builds an adapter with its own MQ client in the current Scope (connects, then {@link makeSchedulerAdapterWith}). */
 export const makeSchedulerAdapter = (options: SchedulerAdapterOptions): Effect.Effect<SchedulerAdapterShape, RequestError, Scope.Scope | ZmqSockets> =>
   Effect.gen(function*() {
-    const client = yield* makeMqClient({ endpoint: options.endpoint, requestTimeoutMs: options.requestTimeoutMs ?? 30_000 })
+    const client = yield* makeMqClient({
+      endpoint: options.endpoint,
+      requestTimeoutMs: options.requestTimeoutMs ?? 30_000,
+      ...(options.curve === undefined ? {} : { curve: options.curve })
+    })
     return yield* makeSchedulerAdapterWith(client, options)
   })

@@ -46,7 +46,7 @@ import {
   type UnregisterKvCacheEngineDrivenContext
 } from "../../schema/Op.ts"
 import type { RegistrationKind } from "../../schema/Registration.ts"
-import type { ZmqSockets } from "../zmq/Sockets.ts"
+import type { DealerCurve, ZmqSockets } from "../zmq/Sockets.ts"
 import {
   appendEvent,
   causeText,
@@ -399,10 +399,14 @@ export const makeSession = <Reg extends object, O extends Op, E = never>(
  * stop, UNREGISTER, …) runs before the socket closes with its bounded linger.
  */
 export const withOwnClient = <A, E, R>(
-  options: SessionSettings & { readonly endpoint: string },
+  options: SessionSettings & { readonly endpoint: string; readonly curve?: DealerCurve | undefined },
   make: (client: MqClientShape) => Effect.Effect<A, E, R>
 ): Effect.Effect<A, E | RequestError, R | Scope.Scope | ZmqSockets> =>
   Effect.flatMap(
-    makeMqClient({ endpoint: options.endpoint, requestTimeoutMs: options.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS }),
+    makeMqClient({
+      endpoint: options.endpoint,
+      requestTimeoutMs: options.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS,
+      ...(options.curve === undefined ? {} : { curve: options.curve })
+    }),
     make
   )

@@ -48,7 +48,7 @@ import {
   type SessionView,
   withOwnClient
 } from "./Session.ts"
-import type { ZmqSockets } from "../zmq/Sockets.ts"
+import type { DealerCurve, ZmqSockets } from "../zmq/Sockets.ts"
 
 export {
   MIN_SERVER_REAP_TIMEOUT_MS,
@@ -67,6 +67,8 @@ export interface WorkerAdapterSettings extends SessionSettings {
 export interface WorkerAdapterOptions extends WorkerAdapterSettings {
   /** Server endpoint, e.g. `tcp://127.0.0.1:5555`. */
   readonly endpoint: string
+  /** CURVE keys (MqClientOptions.curve); absent: no CURVE. */
+  readonly curve?: DealerCurve
 }
 
 /** A token range of one request and the worker blocks that hold it. */

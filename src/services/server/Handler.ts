@@ -24,6 +24,12 @@ export interface RequestContext {
   readonly routingId: Uint8Array
   /** The routing id as hex, for logs and maps. */
   readonly peer: string
+  /**
+   * Set by a handler whose success must not bind the peer to the instance it
+   * names (a stranger's PING under tenancy: it answers true but is no sign
+   * of the instance's life). False unless a handler sets it.
+   */
+  skipBinding: boolean
 }
 
 /** A handler with its types erased, as the dispatcher stores it. */

@@ -20,9 +20,9 @@ import { decodeHeaderInt, decodePayload, encodeErrorReply, encodeReply, payloadC
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import { opById, type Op } from "../../schema/Op.ts"
 import { type BadRequest, Internal, isWireError, notServed, Overloaded, UnknownOp, type WireError } from "../../schema/WireError.ts"
-import { ZmqError, ZmqSockets } from "../zmq/Sockets.ts"
+import { type HandshakeFailure, type RouterCurve, ZmqError, ZmqSockets } from "../zmq/Sockets.ts"
 import { makeDispatcher, type DispatchStats } from "./Dispatch.ts"
-import type { HandlerRow, HandlerTable, TableRow } from "./Handler.ts"
+import type { HandlerRow, HandlerTable, RequestContext, TableRow } from "./Handler.ts"
 import { PeerEvents } from "../liveness/PeerEvents.ts"
 import { RequestBarrier } from "../liveness/RequestBarrier.ts"
 import * as M from "./ServerMetrics.ts"
@@ -43,6 +43,12 @@ export interface MqServerOptions {
   readonly queueCapacity?: number
   /** How long shutdown waits for in-flight requests. Default 10 s. */
   readonly drainTimeout?: Duration.Input
+  /** CURVE on the ROUTER (the ZAP handler must already be bound); absent: the NULL mechanism. */
+  readonly curve?: RouterCurve
+  /** Group an `ipc://` socket file is chowned to (mode 0660); absent: mode 0600. */
+  readonly ipcGroupId?: number
+  /** Told of each failed client handshake. */
+  readonly onHandshakeFailure?: (failure: HandshakeFailure) => Effect.Effect<void>
 }
 
 /** Counters and queue depths, for `/api/status`. */
@@ -117,7 +123,10 @@ const make = (options: MqServerOptions) =>
     const barrier = yield* RequestBarrier
     const router = yield* (yield* ZmqSockets).bindRouter(options.endpoint, {
       sendHighWaterMark: SEND_HIGH_WATER_MARK,
-      lingerMs: CLOSE_LINGER_MS
+      lingerMs: CLOSE_LINGER_MS,
+      ...(options.curve === undefined ? {} : { curve: options.curve }),
+      ...(options.ipcGroupId === undefined ? {} : { ipcGroupId: options.ipcGroupId, ipcMode: 0o660 }),
+      ...(options.onHandshakeFailure === undefined ? {} : { onHandshakeFailure: options.onHandshakeFailure })
     })
     const endpoint = router.lastEndpoint ?? options.endpoint
     let droppedMessages = 0
@@ -219,17 +228,18 @@ const make = (options: MqServerOptions) =>
       const opFrame = frames[1]!
       const decoded = decodePayload(row.op, frames.slice(2))
       const instanceId = Exit.isSuccess(decoded) ? instanceIdOf(row.op, decoded.value as ReadonlyArray<unknown>) : undefined
+      const ctx: RequestContext = { routingId, peer, skipBinding: false }
       const run: Effect.Effect<void> = Exit.isFailure(decoded)
         ? Effect.logWarning("bad request", describeCause(decoded.cause)).pipe(
           Effect.andThen(replyError(routingId, uidFrame, opFrame, Cause.squash(decoded.cause) as BadRequest))
         )
-        : Effect.exit(row.handle(decoded.value as ReadonlyArray<unknown>, { routingId, peer })).pipe(
+        : Effect.exit(row.handle(decoded.value as ReadonlyArray<unknown>, ctx)).pipe(
           Effect.flatMap((exit): Effect.Effect<void> => {
             if (Exit.isSuccess(exit)) {
               const encoded = encodeReply(row.op, uidFrame, opFrame, exit.value as never)
               if (Exit.isSuccess(encoded)) {
                 return Effect.sync(() => reply(routingId, encoded.value)).pipe(
-                  Effect.andThen(instanceId === undefined ? Effect.void : events.instanceMessage(peer, instanceId))
+                  Effect.andThen(instanceId === undefined || ctx.skipBinding ? Effect.void : events.instanceMessage(peer, instanceId))
                 )
               }
               return Effect.logError("handler returned a response that does not encode", describeCause(encoded.cause))

@@ -4,7 +4,10 @@
  * `ServerConfigInput` and `validate` turns it into a `ServerConfig` or the
  * list of broken rules, each naming its flag (exit status 2).
  */
+import { readFileSync } from "node:fs"
+import { totalmem } from "node:os"
 import { Context, Effect, Layer, Schema } from "effect"
+import { unsafeIpcDirectory } from "../zmq/Sockets.ts"
 
 /** Output format of the server's logs. */
 export type LogFormat = "json" | "pretty"
@@ -74,6 +77,34 @@ export interface ServerConfigShape {
    * reservations dropped or read locks released, a late COMMIT answers false.
    */
   readonly prepareTtlSeconds: number
+  /** CURVE and its allowlist (`--curve-secret-key-file`, `--curve-authorized-keys`); undefined: off. */
+  readonly curve: CurveFiles | undefined
+  /** Binding a non-loopback TCP address without CURVE was asked for (`--insecure-allow-remote`). */
+  readonly insecureAllowRemote: boolean
+  /** Group (gid) an ipc socket file is chowned to, mode 0660 (`--ipc-group`); undefined: mode 0600. */
+  readonly ipcGroupId: number | undefined
+  /** File holding the HTTP bearer token (`--http-token-file`); undefined: no token (loopback only). */
+  readonly httpTokenFile: string | undefined
+  /** Per-tenant limits with CURVE on (docs/security.md). */
+  readonly tenantLimits: TenantLimits
+}
+
+/** The CURVE key files of `serve`. */
+export interface CurveFiles {
+  /** The server's Z85 secret key, one line (`mpcache keygen` NAME.key). */
+  readonly secretKeyFile: string
+  /** The authorized-keys file (src/services/auth/AuthorizedKeys.ts). */
+  readonly authorizedKeysFile: string
+}
+
+/** Per-tenant limits; over one a request is answered `overloaded` naming it. */
+export interface TenantLimits {
+  /** Instances a tenant may hold registered (`--tenant-max-instances`, default 64). */
+  readonly maxInstances: number
+  /** REGISTERs (of any kind) per second per tenant, a bucket of that many (`--tenant-max-registers-per-second`, 20). */
+  readonly maxRegistersPerSecond: number
+  /** Bytes of worker memory a tenant's registrations may map (`--tenant-max-mapped-bytes`, the machine's RAM). */
+  readonly maxMappedBytes: number
 }
 
 /** Flag values as parsed, before the cross-flag rules. */
@@ -98,6 +129,14 @@ export interface ServerConfigInput {
   readonly lookupLockTtlSeconds: number
   readonly engineDrivenTransport: EngineDrivenTransport
   readonly prepareTtlSeconds: number
+  readonly curveSecretKeyFile: string | undefined
+  readonly curveAuthorizedKeys: string | undefined
+  readonly insecureAllowRemote: boolean
+  readonly ipcGroup: string | undefined
+  readonly httpTokenFile: string | undefined
+  readonly tenantMaxInstances: number
+  readonly tenantMaxRegistersPerSecond: number
+  readonly tenantMaxMappedBytes: number
 }
 
 /** Defaults of DESIGN §5 and §7 (upstream: port 5555, chunk 256, reap 120 s, grace 3600 s). */
@@ -121,7 +160,40 @@ export const defaults: ServerConfigInput = {
   workerDisconnectGraceSeconds: 10,
   lookupLockTtlSeconds: 300,
   engineDrivenTransport: "shm",
-  prepareTtlSeconds: 60
+  prepareTtlSeconds: 60,
+  curveSecretKeyFile: undefined,
+  curveAuthorizedKeys: undefined,
+  insecureAllowRemote: false,
+  ipcGroup: undefined,
+  httpTokenFile: undefined,
+  tenantMaxInstances: 64,
+  tenantMaxRegistersPerSecond: 20,
+  tenantMaxMappedBytes: totalmem()
+}
+
+/** Whether `host` (a name or address, IPv6 with or without brackets) is loopback only. */
+export const isLoopbackHost = (host: string): boolean => {
+  const h = host.startsWith("[") && host.endsWith("]") ? host.slice(1, -1) : host
+  return h === "localhost" || h === "::1" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(h)
+}
+
+/** The host of a `tcp://HOST:PORT` endpoint; undefined for any other transport. */
+export const tcpHostOf = (endpoint: string): string | undefined => {
+  const m = /^tcp:\/\/(.+):(\d+|\*)$/.exec(endpoint)
+  return m === null ? undefined : m[1]
+}
+
+/** The gid of group `name` from /etc/group, or undefined. */
+const groupId = (name: string): number | undefined => {
+  try {
+    for (const line of readFileSync("/etc/group", "utf8").split("\n")) {
+      const [group, , gid] = line.split(":")
+      if (group === name && gid !== undefined && /^\d+$/.test(gid)) return Number(gid)
+    }
+  } catch {
+    return undefined
+  }
+  return undefined
 }
 
 /** One broken rule: the flag and what it must be. */
@@ -165,7 +237,9 @@ export const rules = {
   engineDrivenTransport: (s: string) =>
     (ENGINE_DRIVEN_TRANSPORTS as ReadonlyArray<string>).includes(s) ? undefined : `must be shm or inline (got "${s}")`,
   namedSegments: (s: string) =>
-    (NAMED_SEGMENTS as ReadonlyArray<string>).includes(s) ? undefined : `must be allow or deny (got "${s}")`
+    (NAMED_SEGMENTS as ReadonlyArray<string>).includes(s) ? undefined : `must be allow or deny (got "${s}")`,
+  positiveInt: (n: number) => Number.isSafeInteger(n) && n >= 1 ? undefined : `must be an integer of at least 1 (got ${n})`,
+  path: (s: string) => s.length > 0 ? undefined : "must be a file path"
 } as const
 
 /**
@@ -202,11 +276,44 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
   check("lookup-lock-ttl-seconds", rules.lockTtl(input.lookupLockTtlSeconds))
   check("engine-driven-transport", rules.engineDrivenTransport(input.engineDrivenTransport))
   check("prepare-ttl-seconds", rules.prepareTtl(input.prepareTtlSeconds))
-  if (issues.length > 0) return { issues }
+  check("tenant-max-instances", rules.positiveInt(input.tenantMaxInstances))
+  check("tenant-max-registers-per-second", rules.positiveInt(input.tenantMaxRegistersPerSecond))
+  check("tenant-max-mapped-bytes", rules.positiveInt(input.tenantMaxMappedBytes))
+  const curveOn = input.curveSecretKeyFile !== undefined || input.curveAuthorizedKeys !== undefined
+  if (curveOn && input.curveSecretKeyFile === undefined) {
+    issues.push({ flag: "curve-secret-key-file", message: "--curve-authorized-keys needs the server's secret key file too" })
+  }
+  if (curveOn && input.curveAuthorizedKeys === undefined) {
+    issues.push({ flag: "curve-authorized-keys", message: "--curve-secret-key-file needs the authorized-keys file too" })
+  }
   const host = input.host.includes(":") && !input.host.startsWith("[") ? `[${input.host}]` : input.host
+  const endpoint = input.endpoint ?? `tcp://${host}:${input.port}`
+  const tcpHost = tcpHostOf(endpoint)
+  if (tcpHost !== undefined && !isLoopbackHost(tcpHost) && !curveOn && !input.insecureAllowRemote) {
+    issues.push({
+      flag: input.endpoint === undefined ? "host" : "endpoint",
+      message:
+        `${tcpHost} is not a loopback address: serving beyond loopback needs CURVE (--curve-secret-key-file and --curve-authorized-keys), or --insecure-allow-remote to serve anyone who can reach it`
+    })
+  }
+  if (!isLoopbackHost(input.httpHost) && input.httpTokenFile === undefined) {
+    issues.push({
+      flag: "http-host",
+      message: `${input.httpHost} is not a loopback address: an HTTP frontend beyond loopback needs --http-token-file (every request then needs Authorization: Bearer <token>)`
+    })
+  }
+  if (input.ipcGroup !== undefined && !endpoint.startsWith("ipc://")) {
+    issues.push({ flag: "ipc-group", message: "applies to an ipc:// --endpoint only" })
+  }
+  const ipcGroupId = input.ipcGroup === undefined ? undefined : groupId(input.ipcGroup)
+  if (input.ipcGroup !== undefined && ipcGroupId === undefined) {
+    issues.push({ flag: "ipc-group", message: `no group named "${input.ipcGroup}" in /etc/group` })
+  }
+  check("endpoint", unsafeIpcDirectory(endpoint))
+  if (issues.length > 0) return { issues }
   return {
     config: {
-      endpoint: input.endpoint ?? `tcp://${host}:${input.port}`,
+      endpoint,
       httpHost: input.httpHost,
       httpPort: input.httpPort,
       chunkSizeTokens: input.chunkSize,
@@ -222,7 +329,18 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
       workerDisconnectGraceSeconds: input.workerDisconnectGraceSeconds,
       lookupLockTtlSeconds: input.lookupLockTtlSeconds,
       engineDrivenTransport: input.engineDrivenTransport,
-      prepareTtlSeconds: input.prepareTtlSeconds
+      prepareTtlSeconds: input.prepareTtlSeconds,
+      curve: input.curveSecretKeyFile !== undefined && input.curveAuthorizedKeys !== undefined
+        ? { secretKeyFile: input.curveSecretKeyFile, authorizedKeysFile: input.curveAuthorizedKeys }
+        : undefined,
+      insecureAllowRemote: input.insecureAllowRemote,
+      ipcGroupId,
+      httpTokenFile: input.httpTokenFile,
+      tenantLimits: {
+        maxInstances: input.tenantMaxInstances,
+        maxRegistersPerSecond: input.tenantMaxRegistersPerSecond,
+        maxMappedBytes: input.tenantMaxMappedBytes
+      }
     }
   }
 }

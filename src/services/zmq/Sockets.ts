@@ -4,6 +4,8 @@
  * provides it — raw socket options and `acquireRelease` live there, so no
  * service imports `src/layers`. Shared by server and client; holds no state.
  */
+import { statSync } from "node:fs"
+import { dirname } from "node:path"
 import { Context, Schema } from "effect"
 import type { Effect, Scope } from "effect"
 import type * as zmq from "zeromq"
@@ -20,12 +22,101 @@ export class ZmqError extends Schema.TaggedError<ZmqError>()("ZmqError", {
   }
 }
 
+/**
+ * Why an `ipc://` endpoint's directory is unsafe, or undefined: a directory
+ * anyone may write without the sticky bit lets another user replace the
+ * socket file (and so sit between the server and its clients). A sticky one
+ * such as /tmp does not: nobody else can remove or rename our file there.
+ */
+export const unsafeIpcDirectory = (endpoint: string): string | undefined => {
+  if (!endpoint.startsWith("ipc://")) return undefined
+  const dir = dirname(endpoint.slice("ipc://".length))
+  let mode: number
+  try {
+    mode = statSync(dir).mode
+  } catch (e) {
+    return `the directory ${dir} of the ipc socket cannot be read: ${e instanceof Error ? e.message : String(e)}`
+  }
+  return (mode & 0o002) !== 0 && (mode & 0o1000) === 0
+    ? `the directory ${dir} of the ipc socket is world-writable without the sticky bit (anyone could replace the socket file); use a directory only the server's user (and group) may write`
+    : undefined
+}
+
+/**
+ * Why a client's handshake failed (counted in `mpcache_auth_failures_total{reason}`):
+ * `mechanism`: it did not speak CURVE (ZMTP mechanism mismatch); `auth`: the
+ * ZAP handler refused it; `protocol`: another handshake error (a bad key, a
+ * malformed greeting).
+ */
+export type HandshakeFailureReason = "mechanism" | "auth" | "protocol"
+
+/** A failed handshake as the ROUTER's monitor reports it; `address` is the bound endpoint (libzmq names no peer there). */
+export interface HandshakeFailure {
+  readonly reason: HandshakeFailureReason
+  readonly address: string
+  /** libzmq's error code, e.g. ERR_ZMTP_MECHANISM_MISMATCH; "" when none. */
+  readonly code: string
+}
+
+/** CURVE on a ROUTER: its secret key (Z85) and the ZAP domain its handshakes are checked in. */
+export interface RouterCurve {
+  readonly secretKey: string
+  readonly zapDomain: string
+}
+
 /** Options of the server's ROUTER. */
 export interface RouterOptions {
   /** Messages queued per peer before replies to it are dropped (and counted). */
   readonly sendHighWaterMark: number
   /** Milliseconds close() waits to flush the last replies at shutdown. */
   readonly lingerMs: number
+  /**
+   * CURVE server mode with ZAP enforced (ZMQ_ZAP_ENFORCE_DOMAIN: no ZAP
+   * handler means no handshake succeeds). Absent: the NULL mechanism.
+   */
+  readonly curve?: RouterCurve
+  /**
+   * Mode of an `ipc://` socket file, set right after bind (the bind itself
+   * runs under a 0177 umask, so the file is never more open). Default 0o600.
+   */
+  readonly ipcMode?: number
+  /** Group (gid) the `ipc://` socket file is chowned to (with `ipcMode` 0o660). */
+  readonly ipcGroupId?: number
+  /** Told of every failed client handshake (the ROUTER's monitor events). */
+  readonly onHandshakeFailure?: (failure: HandshakeFailure) => Effect.Effect<void>
+}
+
+/**
+ * One ZAP/1.0 request (RFC 27) as libzmq sends it to the handler at
+ * `inproc://zeromq.zap.01`. `address` is the peer's IP address only (no
+ * port; empty for ipc), `identity` the server socket's own routing id, so
+ * neither tells one connection from another of the same host.
+ */
+export interface ZapRequest {
+  readonly version: string
+  readonly requestId: Buffer
+  readonly domain: string
+  readonly address: string
+  readonly identity: Buffer
+  /** "NULL", "PLAIN" or "CURVE". */
+  readonly mechanism: string
+  /** CURVE: one frame, the client's 32-byte public key. */
+  readonly credentials: ReadonlyArray<Buffer>
+}
+
+/** The ZAP reply: "200" accepts the handshake; "400" refuses it (the client gets nothing). */
+export interface ZapReply {
+  readonly statusCode: "200" | "400" | "500"
+  readonly statusText: string
+  /** ZAP user id (libzmq attaches it to messages; zeromq.js does not expose it). */
+  readonly userId: string
+}
+
+/** A client's CURVE keys, Z85: the server's public key and the client's own pair. */
+export interface DealerCurve {
+  readonly serverPublicKey: string
+  readonly secretKey: string
+  readonly publicKey: string
 }
 
 /** Options of a client DEALER. */
@@ -38,6 +129,14 @@ export interface DealerOptions {
   readonly reconnectMaxIntervalMs: number
   /** Milliseconds close() may wait to flush unsent requests, so a process with an unreachable server still exits. */
   readonly lingerMs: number
+  /** CURVE client mode; absent: the NULL mechanism. */
+  readonly curve?: DealerCurve
+  /**
+   * Milliseconds a send may wait for a connection to queue on before it
+   * fails with EAGAIN; absent: forever. A CURVE client whose handshake is
+   * refused has no connection at all, so without it a send never returns.
+   */
+  readonly sendTimeoutMs?: number
 }
 
 /**
@@ -51,10 +150,16 @@ export interface DealerOptions {
  *   assigns. Fails with `ZmqError` (op "connect") on a malformed endpoint;
  *   an unreachable server is not an error (ZeroMQ reconnects by itself).
  *
+ * - `serveZap(authenticate)`: binds the ZAP handler socket at
+ *   `inproc://zeromq.zap.01` in the default context (do it before the
+ *   ROUTER binds) and answers each request with `authenticate`'s reply.
+ *   One per process: a second fails with `ZmqError` (op "bind").
+ *
  * Closing the Scope closes the socket with its linger.
  * Provided by `ZmqSocketsLive` in `src/layers/Zmq.ts`.
  */
 export class ZmqSockets extends Context.Service<ZmqSockets, {
   readonly bindRouter: (endpoint: string, options: RouterOptions) => Effect.Effect<zmq.Router, ZmqError, Scope.Scope>
   readonly connectDealer: (endpoint: string, options: DealerOptions) => Effect.Effect<zmq.Dealer, ZmqError, Scope.Scope>
+  readonly serveZap: (authenticate: (request: ZapRequest) => Effect.Effect<ZapReply>) => Effect.Effect<void, ZmqError, Scope.Scope>
 }>()("mpcache/services/zmq/ZmqSockets") {}

@@ -184,7 +184,7 @@ const serverModules = (transport: "shm" | "inline") =>
  */
 const inProcessClient = (ed: EngineDrivenTransfer["Service"]) => {
   const sent: Array<{ readonly op: string; readonly payload: ReadonlyArray<unknown> }> = []
-  const ctx = { routingId: new Uint8Array([1]), peer: "01" }
+  const ctx = { routingId: new Uint8Array([1]), peer: "01", skipBinding: false }
   const client: MqClientShape = {
     endpoint: "in-process://server",
     pendingCount: () => 0,
