@@ -310,7 +310,7 @@ const section = (r: Report): string => {
     "",
     `**Heap slope after warm-up: ${perK(f.heap.slope)} B per 1,000 requests** (standard error ${perK(f.heap.slopeSe)}; residual sd ` +
     `${mib(f.heap.residualSd)} MiB; ${mib(f.heap.slope * f.span)} MiB over the fitted ${int(f.span)} requests) — ` +
-    `${heapFlat(f.heap, total) ? "flat within noise" : "**grows**"}. RSS slope: ${perK(f.rss.slope)} B per 1,000 requests ` +
+    `${heapFlat(f.heap, total) ? "flat within noise" : f.heap.slope > 0 ? "**grows**" : "**shrinks** (not flat: a release after warm-up)"}. RSS slope: ${perK(f.rss.slope)} B per 1,000 requests ` +
     `(standard error ${perK(f.rss.slopeSe)}; RSS includes the L1 pages the run touched). Heap settled ${mib(r.settled.heap.heapUsed)} MiB (RSS ${mib(r.settled.rss)} MiB); after the load processes closed ${mib(r.teardown.heap.heapUsed)} MiB.`,
     "",
     `Counters settled (load processes still connected, ${r.settled.seconds.toFixed(1)} s after the last step): ` +
