@@ -58,7 +58,9 @@ describe("CURVE and fail-closed binds (real processes)", () => {
       assert.include(removed.stderr, "no reply within 1000 ms")
       assert.strictEqual((yield* ping("a")).code, 0)
       assert.match(server.stderr(), /refused a client \(unknown_key\)/)
-      assert.match(server.stderr(), /refused a client \(mechanism\)/)
+      // A client without CURVE fails the handshake with ERR_ZMTP_MECHANISM_MISMATCH, unless it notices the
+      // mismatch first and hangs up, which the server then sees as a protocol error (EPIPE): either is a refusal.
+      assert.match(server.stderr(), /refused a client \((mechanism|protocol)\): (a client without CURVE connected|handshake failed)/)
       const stopped = yield* server.stop("SIGTERM")
       assert.strictEqual(stopped.code, 0)
     })), 150_000)
