@@ -6,40 +6,34 @@
  */
 import { randomUUID } from "node:crypto"
 import { readdirSync, rmSync } from "node:fs"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { decodeStatusDocument } from "../../src/schema/Status.ts"
-import { startCli, startScript } from "../support/Cli.ts"
+import { startScript } from "../support/Cli.ts"
+import { getText, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
 
 const WORKER = fileURLToPath(new URL("../support/empty-frame-worker.ts", import.meta.url))
 
-const statusOf = (port: number) =>
-  Effect.promise(() => fetch(`http://127.0.0.1:${port}/api/status`).then((r) => r.json())).pipe(
-    Effect.flatMap(decodeStatusDocument),
-    Effect.orDie
+const metricsOf = (port: number) => getText(`http://127.0.0.1:${port}/metrics`)
+
+/** A server with a 1 s disconnect grace, and a name prefix for its workers' segments (unlinked with the scope). */
+const serverWithGraceOf1s = Effect.gen(function*() {
+  const endpoint = ipcEndpoint()
+  const { server, httpPort } = yield* startServer(endpoint, ["--no-l1-prefault", "--l1-size-gb", "0.0625", "--worker-disconnect-grace-seconds", "1"])
+  const namePrefix = `mpcache-empty-${randomUUID()}`
+  // SIGKILLed workers cannot unlink their own segments.
+  yield* Effect.addFinalizer(() =>
+    Effect.sync(() => {
+      for (const n of readdirSync("/dev/shm")) if (n.startsWith(namePrefix)) rmSync(`/dev/shm/${n}`, { force: true })
+    })
   )
-const metricsOf = (port: number) => Effect.promise(() => fetch(`http://127.0.0.1:${port}/metrics`).then((r) => r.text()))
+  return { endpoint, server, httpPort, namePrefix }
+})
 
 describe("lone empty frames from a live peer", () => {
   it.live("a worker sending them every 100 ms for 3 × the disconnect grace is never suspect nor reaped; SIGKILLed, it is reaped on the grace", () =>
     Effect.scoped(Effect.gen(function*() {
-      const endpoint = `ipc://${join(tmpdir(), `mpcache-empty-${randomUUID()}.sock`)}`
-      const server = yield* startCli([
-        "serve", "--endpoint", endpoint, "--http-port", "0", "--no-l1-prefault", "--l1-size-gb", "0.0625",
-        "--worker-disconnect-grace-seconds", "1"
-      ])
-      const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/)
-      yield* server.waitForStderr(/MQ server listening on/)
-      const httpPort = Number(port)
-      const namePrefix = `mpcache-empty-${randomUUID()}`
-      yield* Effect.addFinalizer(() =>
-        Effect.sync(() => {
-          for (const n of readdirSync("/dev/shm")) if (n.startsWith(namePrefix)) rmSync(`/dev/shm/${n}`, { force: true })
-        })
-      )
+      const { endpoint, server, httpPort, namePrefix } = yield* serverWithGraceOf1s
       const worker = yield* startScript(WORKER, [JSON.stringify({ endpoint, namePrefix, everyMs: 100 })])
       const [line] = yield* worker.waitForStdout(/\{"event":"registered".*\}/, 20_000)
       const instanceId = (JSON.parse(line) as { instanceId: string }).instanceId
@@ -66,20 +60,7 @@ describe("lone empty frames from a live peer", () => {
 
   it.live("8 workers SIGKILLed at once: every one is reaped on the disconnect grace (a disconnect is never taken for a peer's own frame)", () =>
     Effect.scoped(Effect.gen(function*() {
-      const endpoint = `ipc://${join(tmpdir(), `mpcache-empty-${randomUUID()}.sock`)}`
-      const server = yield* startCli([
-        "serve", "--endpoint", endpoint, "--http-port", "0", "--no-l1-prefault", "--l1-size-gb", "0.0625",
-        "--worker-disconnect-grace-seconds", "1"
-      ])
-      const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/)
-      yield* server.waitForStderr(/MQ server listening on/)
-      const httpPort = Number(port)
-      const namePrefix = `mpcache-empty-${randomUUID()}`
-      yield* Effect.addFinalizer(() =>
-        Effect.sync(() => {
-          for (const n of readdirSync("/dev/shm")) if (n.startsWith(namePrefix)) rmSync(`/dev/shm/${n}`, { force: true })
-        })
-      )
+      const { endpoint, server, httpPort, namePrefix } = yield* serverWithGraceOf1s
       // Workers that register and then stay silent (no empty frames of their own).
       const workers = yield* Effect.forEach(
         Array.from({ length: 8 }, (_, i) => i),

@@ -2,57 +2,12 @@
  * Worker liveness end to end (DESIGN §5-6): a server process, worker
  * processes with real shared memory and heartbeats, real signals.
  */
-import { decodeStatusDocument } from "../../src/schema/Status.ts"
-import { randomUUID } from "node:crypto"
-import { readdirSync, readFileSync, rmSync } from "node:fs"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
-import { fileURLToPath } from "node:url"
+import { readFileSync } from "node:fs"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Schedule } from "effect"
-import { startCli, startScript } from "../support/Cli.ts"
+import { Effect } from "effect"
+import { eventually, getText, ipcEndpoint, startServer, startWorker, statusOf } from "../support/LiveFleet.ts"
 
-const DAEMON = fileURLToPath(new URL("../support/worker-daemon.ts", import.meta.url))
-
-const startServer = (endpoint: string, flags: ReadonlyArray<string>) =>
-  Effect.gen(function*() {
-    const server = yield* startCli(["serve", "--endpoint", endpoint, "--http-port", "0", "--chunk-size", "64", ...flags])
-    const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/)
-    yield* server.waitForStderr(/MQ server listening on/)
-    return { server, httpPort: Number(port) }
-  })
-
-const startWorker = (endpoint: string, heartbeatIntervalMs: number, storeEveryMs: number) =>
-  Effect.gen(function*() {
-    const namePrefix = `mpcache-e2e-live-${randomUUID()}`
-    // Added first, so it runs last: after the worker is gone. A SIGKILLed worker cannot unlink its own
-    // segments (nor may the server), so the test does.
-    yield* Effect.addFinalizer(() =>
-      Effect.sync(() => {
-        for (const name of readdirSync("/dev/shm")) if (name.startsWith(namePrefix)) rmSync(`/dev/shm/${name}`, { force: true })
-      })
-    )
-    const worker = yield* startScript(DAEMON, [JSON.stringify({ endpoint, namePrefix, heartbeatIntervalMs, storeEveryMs })])
-    const [, instanceId] = yield* worker.waitForStdout(/"event":"registered","instanceId":"(\d+)"/, 20_000)
-    yield* worker.waitForStdout(/"event":"store","n":1,"ok":true/, 20_000)
-    return { worker, namePrefix, instanceId: instanceId! }
-  })
-
-const getJson = (url: string) => Effect.promise(() => fetch(url).then((r) => r.json() as Promise<Record<string, unknown>>))
-const getText = (url: string) => Effect.promise(() => fetch(url).then((r) => r.text()))
-
-const statusOf = (port: number) =>
-  getJson(`http://127.0.0.1:${port}/api/status`).pipe(Effect.flatMap(decodeStatusDocument), Effect.orDie)
 const instancesOf = (port: number) => Effect.map(statusOf(port), (doc) => doc.instances)
-
-/** Polls `check` every 100 ms until it holds, at most `timeoutMs`. */
-const eventually = <A>(check: Effect.Effect<A>, holds: (a: A) => boolean, timeoutMs: number) =>
-  check.pipe(
-    Effect.repeat({ schedule: Schedule.spaced("100 millis"), until: holds }),
-    Effect.timeoutOrElse({ duration: `${timeoutMs} millis`, orElse: () => check })
-  )
-
-const ipcEndpoint = () => `ipc://${join(tmpdir(), `mpcache-live-${randomUUID()}.sock`)}`
 
 describe("liveness end to end", () => {
   it.live("SIGKILL a worker that has served: reaped within the disconnect grace, its mappings gone, status and metrics agree", () =>
