@@ -3,7 +3,7 @@
  * server's pair and one pair per named client, and an authorized-keys file
  * listing the clients with their lines' flags.
  */
-import { mkdtempSync, writeFileSync } from "node:fs"
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as zmq from "zeromq"
@@ -24,6 +24,8 @@ export interface TestKeys {
 /** `clients`: name → the rest of its authorized-keys line (tenant and flags), e.g. `{ a: "tenantA admin" }`. */
 export const makeTestKeys = (clients: Record<string, string>, extra: ReadonlyArray<string> = []): TestKeys => {
   const dir = mkdtempSync(join(tmpdir(), "mpcache-keys-"))
+  // Key material of tests: gone when the test process ends.
+  process.once("exit", () => rmSync(dir, { recursive: true, force: true }))
   const server = zmq.curveKeyPair()
   const serverSecretFile = join(dir, "server.key")
   const serverPublicFile = join(dir, "server.pub")
