@@ -20,8 +20,8 @@ import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { decodeStatusDocument } from "../../src/schema/Status.ts"
-import { runJsonScript, startCli, startScript } from "../support/Cli.ts"
+import { runJsonScript, startScript } from "../support/Cli.ts"
+import { startServer as startLiveServer, statusOf } from "../support/LiveFleet.ts"
 
 const WORKER = fileURLToPath(new URL("../support/worker-main.ts", import.meta.url))
 const SHRINK = fileURLToPath(new URL("../support/shrink-worker.ts", import.meta.url))
@@ -34,28 +34,10 @@ const SMALL_BYTES = 2 * 64 * 16 * 2 * 16 * 2
 
 const startServer = Effect.gen(function*() {
   const endpoint = `ipc://${join(tmpdir(), `mpcache-fault-${randomUUID()}.sock`)}`
-  const server = yield* startCli([
-    "serve",
-    "--endpoint",
-    endpoint,
-    "--http-port",
-    "0",
-    "--chunk-size",
-    "64",
-    "--l1-size-gb",
-    "0.25"
-  ])
   // A loaded machine (2 cores shared) may take a while to start a server.
-  const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/, 60_000)
-  yield* server.waitForStderr(/MQ server listening on/, 60_000)
-  return { endpoint, server, httpPort: Number(port) }
+  const { server, httpPort } = yield* startLiveServer(endpoint, ["--l1-size-gb", "0.25"], 60_000)
+  return { endpoint, server, httpPort }
 })
-
-const status = (port: number) =>
-  Effect.promise(() => fetch(`http://127.0.0.1:${port}/api/status`).then((r) => r.json())).pipe(
-    Effect.flatMap(decodeStatusDocument),
-    Effect.orDie
-  )
 
 /** mpcache_guarded_faults_total by its `call` label, from /metrics. */
 const faultMetrics = (port: number) =>
@@ -179,7 +161,7 @@ describe("fault guard: a worker shrinks its registered segment", () => {
       assert.notInclude(daemon.stdout(), `"ok":false`)
 
       // Status and metrics agree: two faults, one per call; only the daemon's context is left.
-      const doc = yield* status(httpPort)
+      const doc = yield* statusOf(httpPort)
       assert.deepStrictEqual(doc.fault_guard, { guarded_faults: 2 })
       assert.deepStrictEqual(yield* faultMetrics(httpPort), { gather: 1, scatter: 1 })
       assert.deepStrictEqual(doc.instances.map((i) => i.instance_id), [daemonId])
@@ -206,7 +188,7 @@ describe("fault guard: a worker shrinks its registered segment", () => {
       assert.isBelow(store.ms, 1000)
       assert.strictEqual(server.child.exitCode, null)
       // One copy job per chunk on the libuv pool (4 threads): each of the 8 ends in its own guarded fault.
-      const doc = yield* status(httpPort)
+      const doc = yield* statusOf(httpPort)
       assert.deepStrictEqual(doc.fault_guard, { guarded_faults: 8 })
       assert.deepStrictEqual(yield* faultMetrics(httpPort), { gather: 8 })
       assert.deepStrictEqual(doc.instances, [])
@@ -238,7 +220,7 @@ describe("fault guard: a worker shrinks its registered segment", () => {
       assert.isBelow(store.ms, 1000)
       assert.isBelow(b.result["faultSeenAfterMs"] as number, 1000)
       assert.strictEqual(server.child.exitCode, null)
-      const doc = yield* status(httpPort)
+      const doc = yield* statusOf(httpPort)
       assert.deepStrictEqual(doc.fault_guard, { guarded_faults: 1 })
       assert.deepStrictEqual(yield* faultMetrics(httpPort), { prefault: 1 })
       assert.deepStrictEqual(doc.instances, [])

@@ -19,12 +19,15 @@ const DAEMON = fileURLToPath(new URL("./worker-daemon.ts", import.meta.url))
 /** A fresh ipc endpoint under the temp folder. */
 export const ipcEndpoint = () => `ipc://${join(tmpdir(), `mpcache-fleet-${randomUUID()}.sock`)}`
 
-/** `mpcache serve` with `flags`, once both its HTTP frontend and MQ server listen; stopped with the scope. */
-export const startServer = (endpoint: string, flags: ReadonlyArray<string>) =>
+/**
+ * `mpcache serve` with `flags`, once both its HTTP frontend and MQ server listen (each within
+ * `readyTimeoutMs`, default 15 s); stopped with the scope.
+ */
+export const startServer = (endpoint: string, flags: ReadonlyArray<string>, readyTimeoutMs?: number) =>
   Effect.gen(function*() {
     const server = yield* startCli(["serve", "--endpoint", endpoint, "--http-port", "0", "--chunk-size", "64", ...flags])
-    const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/)
-    yield* server.waitForStderr(/MQ server listening on/)
+    const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/, readyTimeoutMs)
+    yield* server.waitForStderr(/MQ server listening on/, readyTimeoutMs)
     return { server, httpPort: Number(port) }
   })
 
