@@ -210,7 +210,8 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
         Effect.flatMap(resolve("prefault", mapping), (t) => calls.prefault(t.native, offset, length, options?.touch === true)),
       view: (mapping) => Effect.flatMap(resolve("view", mapping), (t) => calls.view(t.native)),
       stats: calls.stats,
-      guardedFaults: calls.guardedFaults
+      guardedFaults: calls.guardedFaults,
+      cudaFaults: calls.cudaFaults
     }
     return service
   })

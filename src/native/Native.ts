@@ -46,7 +46,15 @@ export class NativeError extends Schema.TaggedError<NativeError>()("NativeError"
   /** A guarded fault (errno "EFAULT", see {@link isSegmentFault}): the segment whose page vanished. */
   segment: Schema.optionalKey(Schema.String),
   /** A guarded fault: the byte offset in that mapping where the copy hit the missing page. */
-  offset: Schema.optionalKey(Schema.Number)
+  offset: Schema.optionalKey(Schema.Number),
+  /** A CUDA failure on a mapping ({@link isCudaFault}): the device's UUID ("GPU-…"). */
+  device: Schema.optionalKey(Schema.String),
+  /** A CUDA failure: the cudaError_t. */
+  cudaError: Schema.optionalKey(Schema.Number),
+  /** A CUDA failure: its name ("cudaErrorLaunchFailure", cudaGetErrorName). */
+  cudaErrorName: Schema.optionalKey(Schema.String),
+  /** A CUDA failure: cudaGetErrorString's words ("unspecified launch failure"). */
+  cudaErrorString: Schema.optionalKey(Schema.String)
 }) {}
 
 /**
@@ -71,13 +79,62 @@ export const isSegmentFault = (e: { readonly _tag: string }): e is SegmentFault 
 export const SEGMENT_SHRANK = "the segment shrank below its registered size"
 
 /**
- * Copies and prefaults of worker memory ended by a guarded SIGBUS/SIGSEGV,
- * by `call` ("gather", "scatter", "prefault"): one per faulted copy job.
+ * A NativeError of a CUDA call that failed on a worker's CUDA memory (issue
+ * 13 item 4): errno "EINVAL_HANDLE" when cudaIpcOpenMemHandle refused the
+ * handle (`call` "cudaIpcOpenMemHandle"), "ECUDA" when another call failed
+ * opening it or copying through it (cudaSetDevice, cudaMemcpyAsync,
+ * cudaStreamSynchronize: a device lost mid-copy, an ECC error, a sticky
+ * error after which the context is unusable). `segment` is the mapping's
+ * name (`cuda:<device>:<hex of the handle>`), `device` its device's UUID,
+ * `cudaError` / `cudaErrorName` / `cudaErrorString` what cudart said. The
+ * server answers invalid_argument and releases the instance.
+ *
+ * @category error handling
+ */
+export type CudaFault = NativeError & {
+  readonly errno: "ECUDA" | "EINVAL_HANDLE"
+  readonly segment: string
+  readonly device: string
+  readonly cudaError: number
+  readonly cudaErrorName: string
+  readonly cudaErrorString: string
+}
+
+/** Whether `e` is a {@link CudaFault}. */
+export const isCudaFault = (e: { readonly _tag: string }): e is CudaFault =>
+  e instanceof NativeError && (e.errno === "ECUDA" || e.errno === "EINVAL_HANDLE") && e.cudaErrorName !== undefined &&
+  e.segment !== undefined && e.device !== undefined
+
+/** A fault of worker memory the server answers by releasing the instance (issue 13 items 1 and 4). */
+export type WorkerMemoryFault = SegmentFault | CudaFault
+
+/** Whether `e` is a {@link WorkerMemoryFault}. */
+export const isWorkerMemoryFault = (e: { readonly _tag: string }): e is WorkerMemoryFault => isSegmentFault(e) || isCudaFault(e)
+
+/**
+ * The `kind` label of {@link guardedFaultsTotal}: `segment_shrank` (a
+ * guarded SIGBUS/SIGSEGV: the segment shrank under a copy),
+ * `cuda_handle_refused` (cudaIpcOpenMemHandle refused a REGISTER's handle),
+ * `cuda_error` (another CUDA call failed on a worker's memory).
+ */
+export type FaultKind = "segment_shrank" | "cuda_handle_refused" | "cuda_error"
+
+/** The {@link FaultKind} of a fault. */
+export const faultKind = (e: WorkerMemoryFault): FaultKind =>
+  isSegmentFault(e) ? "segment_shrank" : e.errno === "EINVAL_HANDLE" ? "cuda_handle_refused" : "cuda_error"
+
+/**
+ * Faults of worker memory that ended a request, by `kind` ({@link FaultKind})
+ * and `call` ("gather", "scatter", "prefault" for segment_shrank; the CUDA
+ * call for the CUDA kinds): one per faulted copy job or refused open.
+ * `/api/status` fault_guard.guarded_faults is the sum of kind
+ * segment_shrank, fault_guard.cuda_faults the sum of the CUDA kinds.
  *
  * @category metrics
  */
 export const guardedFaultsTotal = Metric.counter("mpcache_guarded_faults_total", {
-  description: "Copies of worker memory ended by a guarded SIGBUS/SIGSEGV (the segment shrank under them), by call",
+  description:
+    "Requests of worker memory ended by a fault, by kind (segment_shrank: a guarded SIGBUS/SIGSEGV, the segment shrank under the copy; cuda_handle_refused: cudaIpcOpenMemHandle refused the handle; cuda_error: a CUDA call failed on the memory, e.g. a device lost mid-copy) and call",
   incremental: true
 })
 
@@ -205,8 +262,10 @@ export interface NativeMemoryShape {
    *
    * Fails with InvalidArgument when the backend is not available (the
    * message starts with {@link CUDA_UNAVAILABLE} and says why), the UUID is
-   * malformed or names no device of this host, the handle is not 64 bytes
-   * or cudaIpcOpenMemHandle refuses it; NativeError for other CUDA failures.
+   * malformed or names no device of this host, or the handle is not 64
+   * bytes; with a {@link CudaFault} when cudaIpcOpenMemHandle refuses the
+   * handle (EINVAL_HANDLE) or another CUDA call fails (ECUDA); NativeError
+   * for the rest.
    * cudart cannot tell an allocation's size: `nbytes` is the caller's word.
    */
   readonly mapCudaIpc: (
@@ -299,6 +358,8 @@ export interface NativeMemoryShape {
   readonly stats: () => { readonly openMappings: number; readonly mappedBytes: number }
   /** Process-wide: copies and prefaults ended by a guarded fault since start (see {@link SegmentFault}). */
   readonly guardedFaults: () => number
+  /** Process-wide: CUDA opens and copies of worker memory ended by a {@link CudaFault} since start. */
+  readonly cudaFaults: () => number
 }
 
 /**
@@ -358,7 +419,10 @@ export interface NativeAddon {
   shmSize(name: string): number
   shmUnlinkIf(name: string, identity: string): "unlinked" | "replaced" | "absent"
   openMapping(name: string, nbytes: number): AddonMapping
-  /** Rejects with ENOCUDA, EINVAL (UUID), EINVAL_HANDLE (cudaIpcOpenMemHandle refused), ECUDA; throws EINVAL for bad arguments. */
+  /**
+   * Rejects with ENOCUDA, EINVAL (UUID), EINVAL_HANDLE (cudaIpcOpenMemHandle refused), ECUDA (those two with
+   * `segment`, `device`, `cudaError`, `cudaErrorName`, `cudaErrorString`); throws EINVAL for bad arguments.
+   */
   openCudaIpcMapping(ipcHandle: Uint8Array, deviceUuid: string, nbytes: number): Promise<AddonMapping>
   cudaAllocate(deviceUuid: string, nbytes: number): Promise<AddonMapping>
   /** Loads libcudart once per process; `libraryPath` (else MPCACHE_CUDART from the C environment) counts on the first call only. */
@@ -375,6 +439,13 @@ export interface NativeAddon {
   stats(): { readonly openMappings: number; readonly mappedBytes: number }
   /** Copies and prefaults ended by a guarded fault since the process started. */
   guardedFaults(): number
+  /** copyBatch with the shm copies outside the fault guard: bench/transfer.ts only, to measure the guard's cost. */
+  copyBatchUnguarded(
+    direction: "gather" | "scatter",
+    mappings: ReadonlyArray<AddonMapping>,
+    ranges: ReadonlyArray<Float64Array>,
+    buffer: Uint8Array
+  ): Promise<void>
 }
 
 /**
@@ -421,22 +492,37 @@ export const loadNativeAddon = (): NativeAddon => {
 // error mapping
 // ---------------------------------------------------------------------------
 
-/** The `code`, `call` and message of an addon error (or of anything thrown); a guarded fault's segment and offset. */
-const describe = (
-  cause: unknown,
-  fallbackCall: string
-): { code: string; call: string; message: string; segment?: string; offset?: number } => {
+/** What a fault adds to an addon error: a guarded fault's segment and offset, a CUDA failure's segment, device and error. */
+interface FaultFields {
+  segment?: string
+  offset?: number
+  device?: string
+  cudaError?: number
+  cudaErrorName?: string
+  cudaErrorString?: string
+}
+
+/** The `code`, `call` and message of an addon error (or of anything thrown), and its {@link FaultFields}. */
+const describe = (cause: unknown, fallbackCall: string): { code: string; call: string; message: string; fault: FaultFields } => {
   if (cause instanceof Error) {
-    const { code, call, segment, offset } = cause as Error & { code?: unknown; call?: unknown; segment?: unknown; offset?: unknown }
+    const e = cause as Error & Record<string, unknown>
+    const fault: FaultFields = {}
+    for (const key of ["segment", "device", "cudaErrorName", "cudaErrorString"] as const) {
+      const v = e[key]
+      if (typeof v === "string") fault[key] = v
+    }
+    for (const key of ["offset", "cudaError"] as const) {
+      const v = e[key]
+      if (typeof v === "number") fault[key] = v
+    }
     return {
-      code: typeof code === "string" ? code : "EUNKNOWN",
-      call: typeof call === "string" ? call : fallbackCall,
+      code: typeof e["code"] === "string" ? e["code"] : "EUNKNOWN",
+      call: typeof e["call"] === "string" ? e["call"] : fallbackCall,
       message: cause.message,
-      ...(typeof segment === "string" ? { segment } : {}),
-      ...(typeof offset === "number" ? { offset } : {})
+      fault
     }
   }
-  return { code: "EUNKNOWN", call: fallbackCall, message: String(cause) }
+  return { code: "EUNKNOWN", call: fallbackCall, message: String(cause), fault: {} }
 }
 
 /**
@@ -473,9 +559,11 @@ export const toMapError = (name: string, nbytes: number, cause: unknown): Invali
 }
 
 /**
- * A failure of a CUDA open, allocation or query: no backend (ENOCUDA), a bad
- * or unknown device UUID or argument (EINVAL) and a handle cudart refuses
- * (EINVAL_HANDLE) are the caller's (InvalidArgument); the rest NativeError.
+ * A failure of a CUDA open, allocation or query: no backend (ENOCUDA) and a
+ * bad or unknown device UUID or argument (EINVAL) are the caller's
+ * (InvalidArgument); the rest NativeError, with its fault fields: a handle
+ * cudart refuses (EINVAL_HANDLE) and a failed CUDA call (ECUDA) are
+ * {@link CudaFault}s.
  *
  * @category error handling
  */
@@ -484,10 +572,9 @@ export const toCudaError = (cause: unknown, fallbackCall: string): InvalidArgume
   switch (d.code) {
     case "ENOCUDA":
     case "EINVAL":
-    case "EINVAL_HANDLE":
       return new InvalidArgument({ message: d.message })
     default:
-      return new NativeError({ call: d.call, errno: d.code, message: d.message })
+      return new NativeError({ call: d.call, errno: d.code, message: d.message, ...d.fault })
   }
 }
 
@@ -501,25 +588,22 @@ export const toCudaError = (cause: unknown, fallbackCall: string): InvalidArgume
 export const toCopyError = (cause: unknown, fallbackCall: string): InvalidArgument | NativeError => {
   const d = describe(cause, fallbackCall)
   if (d.code === "EINVAL_RANGE" || d.code === "EINVAL") return new InvalidArgument({ message: d.message })
-  return new NativeError({
-    call: d.call,
-    errno: d.code,
-    message: d.message,
-    ...(d.segment !== undefined ? { segment: d.segment } : {}),
-    ...(d.offset !== undefined ? { offset: d.offset } : {})
-  })
+  return new NativeError({ call: d.call, errno: d.code, message: d.message, ...d.fault })
 }
 
 /**
- * Counts a guarded fault in {@link guardedFaultsTotal} (label `call`); other failures pass untouched.
- * Inside the copy's uninterruptible region: a batch whose first failure interrupts its siblings still
- * counts each of their faults, as the addon's own counter (`guardedFaults`) does.
+ * Counts a {@link WorkerMemoryFault} in {@link guardedFaultsTotal} (labels `kind`, `call`), and a CUDA one in
+ * `onCuda` (the count `/api/status` reports); other failures pass untouched. Inside the copy's uninterruptible
+ * region: a batch whose first failure interrupts its siblings still counts each of their faults, as the addon's
+ * own counter (`guardedFaults`) does.
  */
-const countFault = <A, R>(
-  copy: Effect.Effect<A, InvalidArgument | NativeError, R>
-): Effect.Effect<A, InvalidArgument | NativeError, R> =>
-  Effect.tapError(copy, (e) =>
-    isSegmentFault(e) ? Metric.update(Metric.withAttributes(guardedFaultsTotal, { call: e.call }), 1) : Effect.void)
+const countFault = (onCuda: () => void) =>
+<A, R>(copy: Effect.Effect<A, InvalidArgument | NativeError, R>): Effect.Effect<A, InvalidArgument | NativeError, R> =>
+  Effect.tapError(copy, (e) => {
+    if (!isWorkerMemoryFault(e)) return Effect.void
+    if (isCudaFault(e)) onCuda()
+    return Metric.update(Metric.withAttributes(guardedFaultsTotal, { kind: faultKind(e), call: e.call }), 1)
+  })
 
 // ---------------------------------------------------------------------------
 // raw calls as Effects
@@ -532,82 +616,89 @@ const countFault = <A, R>(
  *
  * @category constructors
  */
-export const makeNativeCalls = (addon: NativeAddon) => ({
-  createSegment: (name: string, nbytes: number): Effect.Effect<void, NativeError> =>
-    Effect.try({ try: () => addon.shmCreate(name, nbytes), catch: (e) => toNativeError(e, "shmCreate") }),
-  unlinkSegment: (name: string): Effect.Effect<void, NativeError> =>
-    Effect.try({ try: () => addon.shmUnlink(name), catch: (e) => toNativeError(e, "shmUnlink") }),
-  segmentSize: (name: string): Effect.Effect<number, NativeError> =>
-    Effect.try({ try: () => addon.shmSize(name), catch: (e) => toNativeError(e, "shmSize") }),
-  unlinkSegmentIf: (name: string, identity: string): Effect.Effect<"unlinked" | "replaced" | "absent", NativeError> =>
-    Effect.try({ try: () => addon.shmUnlinkIf(name, identity), catch: (e) => toNativeError(e, "shmUnlinkIf") }),
-  openMapping: (name: string, nbytes: number): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
-    Effect.try({ try: () => addon.openMapping(name, nbytes), catch: (e) => toMapError(name, nbytes, e) }),
-  /** Opens a cuda_ipc mapping (on the libuv pool). */
-  openCudaIpcMapping: (
-    ipcHandle: Uint8Array,
-    deviceUuid: string,
-    nbytes: number
-  ): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
-    Effect.tryPromise({
-      try: () => addon.openCudaIpcMapping(ipcHandle, deviceUuid, nbytes),
-      catch: (e) => toCudaError(e, "openCudaIpcMapping")
-    }),
-  /** cudaMalloc + cudaIpcGetMemHandle (on the libuv pool). */
-  cudaAllocate: (deviceUuid: string, nbytes: number): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
-    Effect.tryPromise({ try: () => addon.cudaAllocate(deviceUuid, nbytes), catch: (e) => toCudaError(e, "cudaAllocate") }),
-  /** Probes libcudart once per process; MPCACHE_CUDART is read here, from this thread's process.env. */
-  cudaProbe: (): Effect.Effect<CudaBackendInfo> => Effect.promise(() => addon.cudaProbe(process.env["MPCACHE_CUDART"] ?? "")),
-  cudaMemGetInfo: (
-    deviceUuid: string
-  ): Effect.Effect<{ readonly free: number; readonly total: number }, InvalidArgument | NativeError> =>
-    Effect.tryPromise({ try: () => addon.cudaMemGetInfo(deviceUuid), catch: (e) => toCudaError(e, "cudaMemGetInfo") }),
-  /** Resolves after the release (munmap; for CUDA: IPC close or cudaFree, then stream destroy); waits for copies in flight first. */
-  closeMapping: (mapping: AddonMapping): Effect.Effect<void, NativeError> =>
-    Effect.tryPromise({ try: () => mapping.close(), catch: (e) => toNativeError(e, "munmap") }),
-  /**
-   * One gather or scatter. Validation errors are thrown synchronously by the
-   * addon, before anything is queued. Uninterruptible: once queued, the copy
-   * cannot be stopped, so the caller must not get its buffer back before it ends.
-   */
-  copy: (
-    direction: "gather" | "scatter",
-    mapping: AddonMapping,
-    ranges: Float64Array,
-    buffer: Uint8Array
-  ): Effect.Effect<void, InvalidArgument | NativeError> =>
-    Effect.uninterruptible(
+export const makeNativeCalls = (addon: NativeAddon) => {
+  let cudaFaults = 0
+  const counted = countFault(() => {
+    cudaFaults++
+  })
+  return {
+    createSegment: (name: string, nbytes: number): Effect.Effect<void, NativeError> =>
+      Effect.try({ try: () => addon.shmCreate(name, nbytes), catch: (e) => toNativeError(e, "shmCreate") }),
+    unlinkSegment: (name: string): Effect.Effect<void, NativeError> =>
+      Effect.try({ try: () => addon.shmUnlink(name), catch: (e) => toNativeError(e, "shmUnlink") }),
+    segmentSize: (name: string): Effect.Effect<number, NativeError> =>
+      Effect.try({ try: () => addon.shmSize(name), catch: (e) => toNativeError(e, "shmSize") }),
+    unlinkSegmentIf: (name: string, identity: string): Effect.Effect<"unlinked" | "replaced" | "absent", NativeError> =>
+      Effect.try({ try: () => addon.shmUnlinkIf(name, identity), catch: (e) => toNativeError(e, "shmUnlinkIf") }),
+    openMapping: (name: string, nbytes: number): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
+      Effect.try({ try: () => addon.openMapping(name, nbytes), catch: (e) => toMapError(name, nbytes, e) }),
+    /** Opens a cuda_ipc mapping (on the libuv pool). */
+    openCudaIpcMapping: (
+      ipcHandle: Uint8Array,
+      deviceUuid: string,
+      nbytes: number
+    ): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
       Effect.tryPromise({
-        try: () => (direction === "gather" ? mapping.gather(ranges, buffer) : mapping.scatter(ranges, buffer)),
-        catch: (e) => toCopyError(e, direction)
-      }).pipe(countFault)
-    ),
-  /** One job over several mappings (see NativeAddon.copyBatch); uninterruptible like `copy`. */
-  copyBatch: (
-    direction: "gather" | "scatter",
-    mappings: ReadonlyArray<AddonMapping>,
-    ranges: ReadonlyArray<Float64Array>,
-    buffer: Uint8Array
-  ): Effect.Effect<void, InvalidArgument | NativeError> =>
-    Effect.uninterruptible(
-      Effect.tryPromise({ try: () => addon.copyBatch(direction, mappings, ranges, buffer), catch: (e) => toCopyError(e, direction) })
-        .pipe(countFault)
-    ),
-  prefault: (
-    mapping: AddonMapping,
-    offset: number,
-    length: number,
-    touch = false
-  ): Effect.Effect<void, InvalidArgument | NativeError> =>
-    Effect.uninterruptible(
-      Effect.tryPromise({ try: () => mapping.prefault(offset, length, touch), catch: (e) => toCopyError(e, "prefault") })
-        .pipe(countFault)
-    ),
-  view: (mapping: AddonMapping): Effect.Effect<ArrayBuffer, NativeError> =>
-    Effect.try({ try: () => mapping.arrayBuffer(), catch: (e) => toNativeError(e, "arrayBuffer") }),
-  stats: (): { readonly openMappings: number; readonly mappedBytes: number } => addon.stats(),
-  guardedFaults: (): number => addon.guardedFaults()
-})
+        try: () => addon.openCudaIpcMapping(ipcHandle, deviceUuid, nbytes),
+        catch: (e) => toCudaError(e, "openCudaIpcMapping")
+      }).pipe(counted),
+    /** cudaMalloc + cudaIpcGetMemHandle (on the libuv pool). */
+    cudaAllocate: (deviceUuid: string, nbytes: number): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
+      Effect.tryPromise({ try: () => addon.cudaAllocate(deviceUuid, nbytes), catch: (e) => toCudaError(e, "cudaAllocate") }),
+    /** Probes libcudart once per process; MPCACHE_CUDART is read here, from this thread's process.env. */
+    cudaProbe: (): Effect.Effect<CudaBackendInfo> => Effect.promise(() => addon.cudaProbe(process.env["MPCACHE_CUDART"] ?? "")),
+    cudaMemGetInfo: (
+      deviceUuid: string
+    ): Effect.Effect<{ readonly free: number; readonly total: number }, InvalidArgument | NativeError> =>
+      Effect.tryPromise({ try: () => addon.cudaMemGetInfo(deviceUuid), catch: (e) => toCudaError(e, "cudaMemGetInfo") }),
+    /** Resolves after the release (munmap; for CUDA: IPC close or cudaFree, then stream destroy); waits for copies in flight first. */
+    closeMapping: (mapping: AddonMapping): Effect.Effect<void, NativeError> =>
+      Effect.tryPromise({ try: () => mapping.close(), catch: (e) => toNativeError(e, "munmap") }),
+    /**
+     * One gather or scatter. Validation errors are thrown synchronously by the
+     * addon, before anything is queued. Uninterruptible: once queued, the copy
+     * cannot be stopped, so the caller must not get its buffer back before it ends.
+     */
+    copy: (
+      direction: "gather" | "scatter",
+      mapping: AddonMapping,
+      ranges: Float64Array,
+      buffer: Uint8Array
+    ): Effect.Effect<void, InvalidArgument | NativeError> =>
+      Effect.uninterruptible(
+        Effect.tryPromise({
+          try: () => (direction === "gather" ? mapping.gather(ranges, buffer) : mapping.scatter(ranges, buffer)),
+          catch: (e) => toCopyError(e, direction)
+        }).pipe(counted)
+      ),
+    /** One job over several mappings (see NativeAddon.copyBatch); uninterruptible like `copy`. */
+    copyBatch: (
+      direction: "gather" | "scatter",
+      mappings: ReadonlyArray<AddonMapping>,
+      ranges: ReadonlyArray<Float64Array>,
+      buffer: Uint8Array
+    ): Effect.Effect<void, InvalidArgument | NativeError> =>
+      Effect.uninterruptible(
+        Effect.tryPromise({ try: () => addon.copyBatch(direction, mappings, ranges, buffer), catch: (e) => toCopyError(e, direction) })
+          .pipe(counted)
+      ),
+    prefault: (
+      mapping: AddonMapping,
+      offset: number,
+      length: number,
+      touch = false
+    ): Effect.Effect<void, InvalidArgument | NativeError> =>
+      Effect.uninterruptible(
+        Effect.tryPromise({ try: () => mapping.prefault(offset, length, touch), catch: (e) => toCopyError(e, "prefault") })
+          .pipe(counted)
+      ),
+    view: (mapping: AddonMapping): Effect.Effect<ArrayBuffer, NativeError> =>
+      Effect.try({ try: () => mapping.arrayBuffer(), catch: (e) => toNativeError(e, "arrayBuffer") }),
+    stats: (): { readonly openMappings: number; readonly mappedBytes: number } => addon.stats(),
+    guardedFaults: (): number => addon.guardedFaults(),
+    cudaFaults: (): number => cudaFaults
+  }
+}
 
 /** The addon's calls as Effects (see {@link makeNativeCalls}). */
 export type NativeCalls = ReturnType<typeof makeNativeCalls>

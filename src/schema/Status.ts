@@ -91,8 +91,12 @@ export const StatusDocument = Schema.Struct({
   recent_reaps: Schema.Array(StatusReap),
   /** Mappings of workers' memory (the server's own L1 pool is under `l1`). */
   native: Schema.Struct({ open_mappings: Count, mapped_bytes: Count }),
-  /** Copies of worker memory ended by a guarded SIGBUS/SIGSEGV since start (issue 13 item 1; = Σ mpcache_guarded_faults_total). */
-  fault_guard: Schema.Struct({ guarded_faults: Count }),
+  /**
+   * Faults of worker memory since start (issue 13): copies ended by a guarded SIGBUS/SIGSEGV (item 1;
+   * = Σ mpcache_guarded_faults_total{kind="segment_shrank"}) and CUDA opens or copies that failed (item 4;
+   * = Σ of kinds cuda_handle_refused and cuda_error).
+   */
+  fault_guard: Schema.Struct({ guarded_faults: Count, cuda_faults: Count }),
   l1: Schema.Struct({
     pool: Schema.NullOr(Schema.String),
     capacity_bytes: Count,

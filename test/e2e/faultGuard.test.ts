@@ -162,7 +162,7 @@ describe("fault guard: a worker shrinks its registered segment", () => {
 
       // Status and metrics agree: two faults, one per call; only the daemon's context is left.
       const doc = yield* statusOf(httpPort)
-      assert.deepStrictEqual(doc.fault_guard, { guarded_faults: 2 })
+      assert.deepStrictEqual(doc.fault_guard, { guarded_faults: 2, cuda_faults: 0 })
       assert.deepStrictEqual(yield* faultMetrics(httpPort), { gather: 1, scatter: 1 })
       assert.deepStrictEqual(doc.instances.map((i) => i.instance_id), [daemonId])
       // The daemon's cache: 2 layers of 2 × 16 blocks × 16 tokens × 16 fp16, one segment each.
@@ -189,7 +189,7 @@ describe("fault guard: a worker shrinks its registered segment", () => {
       assert.strictEqual(server.child.exitCode, null)
       // One copy job per chunk on the libuv pool (4 threads): each of the 8 ends in its own guarded fault.
       const doc = yield* statusOf(httpPort)
-      assert.deepStrictEqual(doc.fault_guard, { guarded_faults: 8 })
+      assert.deepStrictEqual(doc.fault_guard, { guarded_faults: 8, cuda_faults: 0 })
       assert.deepStrictEqual(yield* faultMetrics(httpPort), { gather: 8 })
       assert.deepStrictEqual(doc.instances, [])
       assert.deepStrictEqual(doc.native, { open_mappings: 0, mapped_bytes: 0 })
@@ -221,7 +221,7 @@ describe("fault guard: a worker shrinks its registered segment", () => {
       assert.isBelow(b.result["faultSeenAfterMs"] as number, 1000)
       assert.strictEqual(server.child.exitCode, null)
       const doc = yield* statusOf(httpPort)
-      assert.deepStrictEqual(doc.fault_guard, { guarded_faults: 1 })
+      assert.deepStrictEqual(doc.fault_guard, { guarded_faults: 1, cuda_faults: 0 })
       assert.deepStrictEqual(yield* faultMetrics(httpPort), { prefault: 1 })
       assert.deepStrictEqual(doc.instances, [])
       assert.deepStrictEqual(doc.native, { open_mappings: 0, mapped_bytes: 0 })

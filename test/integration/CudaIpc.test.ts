@@ -147,7 +147,18 @@ describe("cuda_ipc through the server (fake libcudart)", () => {
       const garbage = new Uint8Array(64).fill(7)
       const halfway = yield* bad([first, { ...a.descriptors[1]!, ipc_handle: garbage }])
       assert.instanceOf(halfway, InvalidArgument)
-      assert.include(halfway.message, "register_kv_cache: openCudaIpcMapping: cudaIpcOpenMemHandle failed: invalid argument (cudaError 1)")
+      assert.deepStrictEqual(
+        (({ _tag, op, instance_id, field, expected, actual, message }) => ({ _tag, op, instance_id, field, expected, actual, message }))(halfway),
+        {
+          _tag: "InvalidArgument",
+          op: "register_kv_cache",
+          instance_id: "9",
+          field: "kv_caches[1]",
+          expected: `a CUDA IPC handle from cudaIpcGetMemHandle of a live process on this host, on device ${DEV0}`,
+          actual: "cudaIpcOpenMemHandle failed with cudaErrorInvalidValue (cudaError 1: invalid argument)",
+          message: `register_kv_cache: instance 9: kv_caches[1] (cuda_ipc on device ${DEV0}): the CUDA driver refused the IPC handle: cudaIpcOpenMemHandle failed with cudaErrorInvalidValue (cudaError 1: invalid argument); expected a handle from cudaIpcGetMemHandle of a live process on this host, on that device; nothing of the instance is kept`
+        }
+      )
       assert.deepStrictEqual(since(before), { ipcOpens: 1, ipcCloses: 1, violations: 0, peerOpens: 0 })
       assert.isFalse(yield* (yield* LmcacheDrivenTransfer).isRegistered(makeInstanceId(9n)))
     }).pipe(Effect.scoped, Effect.provide(env())))

@@ -106,9 +106,20 @@ describe("CUDA backend through the fake libcudart", () => {
       const short = yield* Effect.flip(Effect.scoped(mem.mapCudaIpc(alloc.ipcHandle.subarray(0, 63), DEV1, 4096)))
       assert.instanceOf(short, InvalidArgument)
       assert.strictEqual(short.message, "openCudaIpcMapping: the IPC handle must be 64 bytes (a cudaIpcMemHandle_t), got 63")
+      // A handle the driver refuses: a CudaFault naming the mapping, the device and the CUDA error (issue 13 item 4).
       const garbage = yield* Effect.flip(Effect.scoped(mem.mapCudaIpc(new Uint8Array(64), DEV1, 4096)))
-      assert.instanceOf(garbage, InvalidArgument)
-      assert.include(garbage.message, "openCudaIpcMapping: cudaIpcOpenMemHandle failed: invalid argument (cudaError 1) for cuda:")
+      assert.instanceOf(garbage, NativeError)
+      const segment = cudaSegmentKey(DEV1, new Uint8Array(64))
+      assert.deepStrictEqual(
+        garbage._tag === "NativeError"
+          ? { errno: garbage.errno, call: garbage.call, segment: garbage.segment, device: garbage.device, cudaError: garbage.cudaError, cudaErrorName: garbage.cudaErrorName, cudaErrorString: garbage.cudaErrorString }
+          : {},
+        { errno: "EINVAL_HANDLE", call: "cudaIpcOpenMemHandle", segment, device: DEV1, cudaError: 1, cudaErrorName: "cudaErrorInvalidValue", cudaErrorString: "invalid argument" }
+      )
+      assert.strictEqual(
+        garbage.message,
+        `openCudaIpcMapping: cudaIpcOpenMemHandle failed: invalid argument (cudaErrorInvalidValue, cudaError 1) for ${segment}; expected a handle from cudaIpcGetMemHandle of a live process on this host, on that device`
+      )
       const zero = yield* Effect.flip(Effect.scoped(mem.mapCudaIpc(alloc.ipcHandle, DEV1, 0)))
       assert.instanceOf(zero, InvalidArgument)
       assert.include(zero.message, "must be an integer >= 1")
@@ -363,7 +374,7 @@ describe("no usable libcudart (a process of its own)", () => {
     assert.isFalse(out.info.available)
     assert.strictEqual(
       out.info.reason,
-      `${fake.library} loaded, but cudaGetDeviceCount failed: no CUDA-capable device is detected (cudaError 100)`
+      `${fake.library} loaded, but cudaGetDeviceCount failed: no CUDA-capable device is detected (cudaErrorNoDevice, cudaError 100)`
     )
     assert.strictEqual(out.register.tag, "InvalidArgument")
     assert.include(out.register.message, "CUDA IPC backend not available on this host")

@@ -2,7 +2,9 @@
  * The fake libcudart (test/support/fakecudart/fakecudart.c) for tests: built
  * here with the system C compiler into a fresh temp dir, selected with
  * MPCACHE_CUDART, and observed through its shared state file (counters and
- * per-allocation slots, see the C source).
+ * per-allocation slots, see the C source), and made to fail on demand
+ * ({@link setFakeFailure}: a refused handle, a device lost mid-copy, a
+ * sticky error; issue 13 item 4).
  *
  * libcudart is loaded once per process, on the first CUDA call: a test file
  * that uses the fake in-process sets MPCACHE_CUDART before that (see
@@ -11,7 +13,7 @@
 import { spawnSync } from "node:child_process"
 import { closeSync, constants, mkdtempSync, openSync, readFileSync, rmSync, writeSync } from "node:fs"
 import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
 
 export const FAKE_CUDART_SOURCE = fileURLToPath(new URL("./fakecudart/fakecudart.c", import.meta.url))
@@ -80,10 +82,14 @@ export interface FakeCudartState {
   readonly violations: number
   readonly peerOpens: number
   readonly copyDelayMs: number
+  /** The armed failure (see {@link setFakeFailure}); point "none" once a once/sticky one fired. */
+  readonly failure: Omit<FakeFailure, "point"> & { readonly point: FakeFailurePoint | "none" }
+  /** Failures injected so far, all processes (a sticky process's repeats not counted). */
+  readonly failures: number
   readonly slots: ReadonlyArray<FakeSlot>
 }
 
-const HEADER_FIELDS = 16
+const HEADER_FIELDS = 24
 const SLOT_FIELDS = 8
 
 /** Reads the state file (zeros when no process has loaded the fake yet). */
@@ -123,21 +129,76 @@ export const readFakeState = (fake: FakeCudart): FakeCudartState => {
     violations: at(9),
     peerOpens: at(11),
     copyDelayMs: at(12),
+    failure: { point: FAILURE_POINTS[at(13)] ?? "none", error: at(14), mode: FAILURE_MODES[at(15)] ?? "once", skip: at(16) },
+    failures: at(17),
     slots
   }
 }
 
-/** Makes every copy queued from now on sleep `ms` first (all processes using this fake). */
-export const setFakeCopyDelay = (fake: FakeCudart, ms: number): void => {
+/** Writes int64 fields of the state file's header, at field index `first` onwards. */
+const writeHeader = (fake: FakeCudart, first: number, values: ReadonlyArray<number>): void => {
   const fd = openSync(fake.statePath, constants.O_RDWR | constants.O_CREAT, 0o600)
   try {
-    const b = Buffer.alloc(8)
-    b.writeBigInt64LE(BigInt(ms))
-    writeSync(fd, b, 0, 8, 12 * 8)
+    const b = Buffer.alloc(8 * values.length)
+    values.forEach((v, i) => b.writeBigInt64LE(BigInt(v), i * 8))
+    writeSync(fd, b, 0, b.length, first * 8)
   } finally {
     closeSync(fd)
   }
 }
+
+/**
+ * Where an injected failure hits (fakecudart.c): "ipc_open" (cudaIpcOpenMemHandle refuses),
+ * "memcpy" (cudaMemcpyAsync through IPC-imported memory refuses), "sync" (such a copy is lost and
+ * the next cudaStreamSynchronize of its stream reports the error). Only the importing process is hit.
+ */
+export type FakeFailurePoint = "ipc_open" | "memcpy" | "sync"
+const FAILURE_POINTS: ReadonlyArray<FakeFailurePoint | "none"> = ["none", "ipc_open", "memcpy", "sync"]
+
+/** once: one failure; always: every matching call until cleared; sticky: one, then every call of that process fails. */
+export type FakeFailureMode = "once" | "always" | "sticky"
+const FAILURE_MODES: ReadonlyArray<FakeFailureMode> = ["once", "always", "sticky"]
+
+export interface FakeFailure {
+  readonly point: FakeFailurePoint
+  /** The cudaError_t returned, e.g. 719 (cudaErrorLaunchFailure), 46 (cudaErrorDevicesUnavailable), 214 (ECC). */
+  readonly error: number
+  readonly mode?: FakeFailureMode
+  /** Matching calls that pass before the first failure (default 0). */
+  readonly skip?: number
+}
+
+/** Some cudaError_t values the fake names (cudaGetErrorName / cudaGetErrorString as CUDA 12's). */
+export const CUDA_ERRORS = {
+  cudaErrorInvalidValue: 1,
+  cudaErrorDevicesUnavailable: 46,
+  cudaErrorECCUncorrectable: 214,
+  cudaErrorIllegalAddress: 700,
+  cudaErrorLaunchFailure: 719
+} as const
+
+/**
+ * Arms a failure in every process using this fake, from the next matching call on (the same as
+ * FAKECUDART_FAIL="<point>:<error>:<mode>:<skip>" at load time). The skip and the mode are written
+ * before the point, so no call sees a half-armed failure.
+ */
+export const setFakeFailure = (fake: FakeCudart, failure: FakeFailure): void => {
+  writeHeader(fake, 14, [failure.error, FAILURE_MODES.indexOf(failure.mode ?? "once"), failure.skip ?? 0])
+  writeHeader(fake, 13, [FAILURE_POINTS.indexOf(failure.point)])
+}
+
+/** Disarms the failure point (a sticky process stays broken: that is its process's state). */
+export const clearFakeFailure = (fake: FakeCudart): void => writeHeader(fake, 13, [0])
+
+/** The fake built at `library` (what MPCACHE_CUDART names), e.g. in a child process that inherited it. */
+export const fakeCudartAt = (library: string): FakeCudart => ({
+  dir: dirname(library),
+  library,
+  statePath: `${library}.state`
+})
+
+/** Makes every copy queued from now on sleep `ms` first (all processes using this fake). */
+export const setFakeCopyDelay = (fake: FakeCudart, ms: number): void => writeHeader(fake, 12, [ms])
 
 /** What the fake put in a 64-byte IPC handle. */
 export interface FakeHandle {

@@ -9,6 +9,7 @@
 //   cudaProbe(libraryPath?) -> Promise<{ available, reason, library, tried, devices: [{ ordinal, uuid }] }>
 //   cudaMemGetInfo(deviceUuid) -> Promise<{ free, total }>
 //   copyBatch(direction, mappings[], ranges[], buffer) -> Promise<void>   (one copy job over many mappings)
+//   copyBatchUnguarded(...) -> Promise<void>   (the same, shm copies outside the fault guard: bench only)
 //   stats() -> { openMappings, mappedBytes }   (every backend)
 //   guardedFaults() -> copies and prefaults ended by a guarded fault since the process started
 // Loading it installs the process-wide fault guard of copies (guard.h).
@@ -38,6 +39,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("openCudaIpcMapping", Napi::Function::New<Mapping::OpenCudaIpc>(env, "openCudaIpcMapping"));
   exports.Set("cudaAllocate", Napi::Function::New<Mapping::CudaAllocate>(env, "cudaAllocate"));
   exports.Set("copyBatch", Napi::Function::New<Mapping::CopyBatch>(env, "copyBatch"));
+  // bench/transfer.ts only: the same job without the fault guard, to measure the guard's cost.
+  exports.Set("copyBatchUnguarded", Napi::Function::New<Mapping::CopyBatchUnguarded>(env, "copyBatchUnguarded"));
   exports.Set("cudaProbe", Napi::Function::New<CudaProbe>(env, "cudaProbe"));
   exports.Set("cudaMemGetInfo", Napi::Function::New<CudaMemGetInfo>(env, "cudaMemGetInfo"));
   exports.Set("stats", Napi::Function::New<Stats>(env, "stats"));

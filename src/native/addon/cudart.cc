@@ -109,6 +109,7 @@ void CudaRuntime::Load(const std::string& overridePath) {
   if (!Resolve(handle_, "cudaMemcpyAsync", api_.MemcpyAsync)) missing = "cudaMemcpyAsync";
   if (!Resolve(handle_, "cudaStreamSynchronize", api_.StreamSynchronize)) missing = "cudaStreamSynchronize";
   if (!Resolve(handle_, "cudaGetErrorString", api_.GetErrorString)) missing = "cudaGetErrorString";
+  Resolve(handle_, "cudaGetErrorName", api_.GetErrorName);
   Resolve(handle_, "cudaMalloc", api_.Malloc);
   Resolve(handle_, "cudaFree", api_.Free);
   Resolve(handle_, "cudaIpcGetMemHandle", api_.IpcGetMemHandle);
@@ -154,6 +155,13 @@ int CudaRuntime::OrdinalOf(const std::string& uuid) const {
   return -1;
 }
 
+std::string CudaRuntime::UuidOf(int ordinal) const {
+  for (const CudaDevice& d : devices_) {
+    if (d.ordinal == ordinal) return d.uuid;
+  }
+  return "device " + std::to_string(ordinal);
+}
+
 std::string CudaRuntime::DeviceList() const {
   std::string out;
   for (size_t i = 0; i < devices_.size(); ++i) out += (i == 0 ? "" : ", ") + devices_[i].uuid;
@@ -162,8 +170,14 @@ std::string CudaRuntime::DeviceList() const {
 
 std::string CudaRuntime::Describe(const char* call, int err) const {
   const char* text = api_.GetErrorString != nullptr ? api_.GetErrorString(err) : nullptr;
-  return std::string(call) + " failed: " + (text != nullptr ? text : "unknown error") + " (cudaError " +
-         std::to_string(err) + ")";
+  const char* name = api_.GetErrorName != nullptr ? api_.GetErrorName(err) : nullptr;
+  return std::string(call) + " failed: " + (text != nullptr ? text : "unknown error") + " (" +
+         (name != nullptr ? std::string(name) + ", " : std::string()) + "cudaError " + std::to_string(err) + ")";
+}
+
+std::string CudaRuntime::ErrorName(int err) const {
+  const char* name = api_.GetErrorName != nullptr ? api_.GetErrorName(err) : nullptr;
+  return name != nullptr ? std::string(name) : "cudaError " + std::to_string(err);
 }
 
 }  // namespace mpcache

@@ -54,6 +54,8 @@ struct CudaApi {
   int (*MemcpyAsync)(void*, const void*, size_t, int, void*) = nullptr;
   int (*StreamSynchronize)(void*) = nullptr;
   const char* (*GetErrorString)(int) = nullptr;
+  // Optional (every cudart since 6.5 has it): the enum's name, "cudaErrorLaunchFailure".
+  const char* (*GetErrorName)(int) = nullptr;
   // Worker side (exporting memory); optional: absent ones fail only the calls that need them.
   int (*Malloc)(void**, size_t) = nullptr;
   int (*Free)(void*) = nullptr;
@@ -89,11 +91,16 @@ class CudaRuntime {
   // The ordinal of the device whose UUID is `uuid` ("GPU-…", "MIG-…", or the
   // bare UUID with or without dashes, any case); -1 when none.
   int OrdinalOf(const std::string& uuid) const;
+  // The UUID of device `ordinal` ("GPU-…"); "device <n>" when it is not listed.
+  std::string UuidOf(int ordinal) const;
   // The listed UUIDs, comma-separated, for error messages.
   std::string DeviceList() const;
 
+  // "<call> failed: <cudaGetErrorString> (<cudaGetErrorName>, cudaError <n>)"; without cudaGetErrorName
   // "<call> failed: <cudaGetErrorString> (cudaError <n>)".
   std::string Describe(const char* call, int err) const;
+  // The enum's name ("cudaErrorLaunchFailure", from cudaGetErrorName); "cudaError <n>" when unknown.
+  std::string ErrorName(int err) const;
 
  private:
   CudaRuntime() = default;

@@ -188,6 +188,20 @@ NativeFailure CudaFailure(const std::string& what, const char* call, int err) {
   return NativeFailure{"ECUDA", call, what + ": " + CudaRuntime::Get().Describe(call, err)};
 }
 
+// What a CUDA failure on mapping `name` of device `ordinal` adds to its JS error (issue 13 item 4): the server
+// names the mapping, the device and the error when it releases the instance.
+FaultInfo CudaFaultInfo(const std::string& name, int ordinal, int err) {
+  const CudaRuntime& rt = CudaRuntime::Get();
+  FaultInfo info;
+  info.segment = name;
+  info.device = rt.UuidOf(ordinal);
+  info.cudaError = err;
+  info.cudaErrorName = rt.ErrorName(err);
+  const char* text = rt.api().GetErrorString != nullptr ? rt.api().GetErrorString(err) : nullptr;
+  info.cudaErrorString = text != nullptr ? text : "unknown error";
+  return info;
+}
+
 // One gather or scatter job: the validated ranges of one or more mappings (copyBatch: every layer of a
 // chunk in one job, so the JS thread hears back once per chunk, not once per layer), copied in order on
 // one libuv pool thread. Holds each mapping object and the buffer strongly until it completes on the JS
@@ -196,10 +210,12 @@ NativeFailure CudaFailure(const std::string& what, const char* call, int err) {
 // the promise settles. The first failing segment stops the job.
 class CopyWorker : public Napi::AsyncWorker {
  public:
-  CopyWorker(Napi::Env env, CopyDirection direction, Napi::Uint8Array buffer, std::vector<CopySegment> segments)
+  CopyWorker(Napi::Env env, CopyDirection direction, Napi::Uint8Array buffer, std::vector<CopySegment> segments,
+             bool guarded)
       : Napi::AsyncWorker(env, direction == CopyDirection::kGather ? "mpcache.gather" : "mpcache.scatter"),
         deferred_(Napi::Promise::Deferred::New(env)),
         direction_(direction),
+        guarded_(guarded),
         bufferRef_(Napi::Persistent(buffer.As<Napi::Object>())),
         buffer_(buffer.Data()),
         segments_(std::move(segments)) {}
@@ -240,6 +256,10 @@ class CopyWorker : public Napi::AsyncWorker {
   // the buffer's side (the server's own memory) is not guarded and crashes as before.
   bool CopyShm(const CopySegment& segment) {
     ShmCopyJob job{direction_, buffer_, &segment};
+    if (!guarded_) {  // copyBatchUnguarded: the bench's reference for the guard's cost
+      CopyRangesBody(&job);
+      return true;
+    }
     GuardedFault fault;
     if (RunGuarded(segment.base, segment.size, CopyRangesBody, &job, &fault)) return true;
     failure_ = FaultFailure(direction_ == CopyDirection::kGather ? "gather" : "scatter", segment.name, segment.base,
@@ -247,13 +267,16 @@ class CopyWorker : public Napi::AsyncWorker {
     return false;
   }
 
-  // False (failure_ set) when a CUDA call failed.
+  // False (failure_ and fault_ set: the mapping, the device, the cudaError) when a CUDA call failed: a refused
+  // enqueue, or an error of the copy reported by the synchronize (a device lost mid-copy, ECC, a sticky error).
   bool CopyCuda(const CopySegment& segment) {
     const CudaApi& api = CudaRuntime::Get().api();
     const std::string what =
         std::string(direction_ == CopyDirection::kGather ? "gather" : "scatter") + " on " + segment.name;
+    int firstError = 0;
     if (const int err = api.SetDevice(segment.device); err != 0) {
       failure_ = CudaFailure(what, "cudaSetDevice", err);
+      fault_ = CudaFaultInfo(segment.name, segment.device, err);
       return false;
     }
     for (const CopyRange& r : segment.ranges) {
@@ -265,11 +288,16 @@ class CopyWorker : public Napi::AsyncWorker {
                                             kCudaMemcpyHostToDevice, segment.stream);
       if (err != 0) {
         failure_ = CudaFailure(what, "cudaMemcpyAsync", err);
+        firstError = err;
         break;
       }
     }
     const int err = api.StreamSynchronize(segment.stream);
-    if (err != 0 && !failure_.failed()) failure_ = CudaFailure(what, "cudaStreamSynchronize", err);
+    if (err != 0 && !failure_.failed()) {
+      failure_ = CudaFailure(what, "cudaStreamSynchronize", err);
+      firstError = err;
+    }
+    if (failure_.failed()) fault_ = CudaFaultInfo(segment.name, segment.device, firstError);
     return !failure_.failed();
   }
 
@@ -279,6 +307,7 @@ class CopyWorker : public Napi::AsyncWorker {
 
   Napi::Promise::Deferred deferred_;
   CopyDirection direction_;
+  bool guarded_;
   Napi::ObjectReference bufferRef_;
   uint8_t* buffer_;
   std::vector<CopySegment> segments_;
@@ -466,14 +495,16 @@ class CudaOpenWorker : public Napi::AsyncWorker {
       return;
     }
     const std::string where = std::string(fn) + " on device " + init_.deviceUuid;
+    if (ipc) init_.name = CudaMappingName(init_.deviceUuid, init_.handle);
     if (const int err = api.SetDevice(init_.device); err != 0) {
       failure_ = CudaFailure(where, "cudaSetDevice", err);
+      fault_ = CudaFaultInfo(init_.name, init_.device, err);
       return;
     }
     void* base = nullptr;
     if (ipc) {
-      init_.name = CudaMappingName(init_.deviceUuid, init_.handle);
       if (const int err = api.IpcOpenMemHandle(&base, init_.handle, kCudaIpcMemLazyEnablePeerAccess); err != 0) {
+        fault_ = CudaFaultInfo(init_.name, init_.device, err);
         failure_ = NativeFailure{
             "EINVAL_HANDLE", "cudaIpcOpenMemHandle",
             "openCudaIpcMapping: " + CudaRuntime::Get().Describe("cudaIpcOpenMemHandle", err) + " for " + init_.name +
@@ -495,6 +526,7 @@ class CudaOpenWorker : public Napi::AsyncWorker {
     init_.base = static_cast<uint8_t*>(base);
     if (const int err = api.StreamCreateWithFlags(&init_.stream, kCudaStreamNonBlocking); err != 0) {
       failure_ = CudaFailure(where, "cudaStreamCreateWithFlags", err);
+      fault_ = CudaFaultInfo(init_.name, init_.device, err);
       ReleaseCudaResources(init_.backend, init_.device, init_.base, nullptr, init_.name);
       init_.base = nullptr;
       init_.stream = nullptr;
@@ -507,7 +539,7 @@ class CudaOpenWorker : public Napi::AsyncWorker {
   void OnOK() override {
     Napi::Env env = Env();
     if (failure_.failed()) {
-      deferred_.Reject(MakeError(env, failure_.code, failure_.call, failure_.message).Value());
+      deferred_.Reject(FailureError(env, failure_, fault_.cudaError != 0 ? &fault_ : nullptr).Value());
       return;
     }
     try {
@@ -537,6 +569,7 @@ class CudaOpenWorker : public Napi::AsyncWorker {
   Napi::Promise::Deferred deferred_;
   MappingInit init_;
   NativeFailure failure_;
+  FaultInfo fault_;  // a CUDA call's failure: device and cudaError (issue 13 item 4)
 };
 
 // The CUDA release of one mapping on the pool: cudaIpcCloseMemHandle (or
@@ -682,8 +715,15 @@ Napi::Error FailureError(Napi::Env env, const NativeFailure& failure, const Faul
   Napi::Error error = MakeError(env, failure.code, failure.call, failure.message);
   if (fault != nullptr) {
     error.Set("segment", Napi::String::New(env, fault->segment));
-    error.Set("signal", Napi::String::New(env, fault->signal));
-    error.Set("offset", Napi::Number::New(env, fault->offset));
+    if (fault->cudaError != 0) {
+      error.Set("device", Napi::String::New(env, fault->device));
+      error.Set("cudaError", Napi::Number::New(env, fault->cudaError));
+      error.Set("cudaErrorName", Napi::String::New(env, fault->cudaErrorName));
+      error.Set("cudaErrorString", Napi::String::New(env, fault->cudaErrorString));
+    } else {
+      error.Set("signal", Napi::String::New(env, fault->signal));
+      error.Set("offset", Napi::Number::New(env, fault->offset));
+    }
   }
   return error;
 }
@@ -965,11 +1005,11 @@ bool Mapping::PrepareCopy(Napi::Env env, const char* fn, const Napi::Float64Arra
 }
 
 Napi::Promise Mapping::QueueCopy(Napi::Env env, CopyDirection direction, Napi::Uint8Array buffer,
-                                 std::vector<CopySegment> segments) {
+                                 std::vector<CopySegment> segments, bool guarded) {
   std::vector<Mapping*> mappings;
   mappings.reserve(segments.size());
   for (const CopySegment& segment : segments) mappings.push_back(segment.mapping);
-  CopyWorker* worker = new CopyWorker(env, direction, buffer, std::move(segments));
+  CopyWorker* worker = new CopyWorker(env, direction, buffer, std::move(segments), guarded);
   Napi::Promise promise = worker->Promise();
   try {
     worker->Queue();
@@ -985,7 +1025,11 @@ Napi::Promise Mapping::QueueCopy(Napi::Env env, CopyDirection direction, Napi::U
 // copyBatch(direction, mappings, ranges, buffer): mappings[i] copies with ranges[i] (triples as for
 // gather/scatter) to or from the one buffer, all in one job. Everything is checked before anything is
 // queued: a bad argument or range throws; a closing or closed mapping rejects the whole batch (ECLOSED).
-Napi::Value Mapping::CopyBatch(const Napi::CallbackInfo& info) {
+Napi::Value Mapping::CopyBatch(const Napi::CallbackInfo& info) { return CopyBatchWith(info, true); }
+
+Napi::Value Mapping::CopyBatchUnguarded(const Napi::CallbackInfo& info) { return CopyBatchWith(info, false); }
+
+Napi::Value Mapping::CopyBatchWith(const Napi::CallbackInfo& info, bool guarded) {
   Napi::Env env = info.Env();
   const std::string direction = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "";
   if (direction != "gather" && direction != "scatter") {
@@ -1026,7 +1070,7 @@ Napi::Value Mapping::CopyBatch(const Napi::CallbackInfo& info) {
     }
   }
   return QueueCopy(env, direction == "gather" ? CopyDirection::kGather : CopyDirection::kScatter, buffer,
-                   std::move(segments));
+                   std::move(segments), guarded);
 }
 
 // prefault(offset, length, touch?): shm only; on CUDA memory (always resident) it resolves at once.

@@ -95,13 +95,20 @@ struct NativeFailure {
 };
 
 // What a guarded fault (code EFAULT, guard.h) adds: the segment, "SIGBUS"/"SIGSEGV", the byte offset in the mapping.
+// What a CUDA call failing on a worker's memory (code ECUDA or EINVAL_HANDLE; issue 13 item 4) adds instead: the
+// mapping, the device's UUID, the cudaError_t and its name ("cudaErrorLaunchFailure").
 struct FaultInfo {
   std::string segment;
   std::string signal;
   double offset = -1;
+  std::string device;
+  int cudaError = 0;
+  std::string cudaErrorName;
+  std::string cudaErrorString;  // cudaGetErrorString's words
 };
 
-// The JS Error of a failure: code, call, message; with `fault`, also its `segment`, `signal` and `offset`.
+// The JS Error of a failure: code, call, message; with `fault`, also its `segment` and either `signal` and
+// `offset` (a guarded fault) or `device`, `cudaError`, `cudaErrorName` and `cudaErrorString` (a CUDA failure).
 Napi::Error FailureError(Napi::Env env, const NativeFailure& failure, const FaultInfo* fault = nullptr);
 
 class Mapping : public Napi::ObjectWrap<Mapping> {
@@ -116,6 +123,9 @@ class Mapping : public Napi::ObjectWrap<Mapping> {
   static Napi::Value CudaAllocate(const Napi::CallbackInfo& info);
   // copyBatch(direction, mappings[], ranges[], buffer) -> Promise<void>: one copy job over many mappings.
   static Napi::Value CopyBatch(const Napi::CallbackInfo& info);
+  // copyBatchUnguarded(...): the same job with the shm copies outside the fault guard. For bench/transfer.ts
+  // only (it measures what the guard costs on this very code); a shrunk segment crashes the process here.
+  static Napi::Value CopyBatchUnguarded(const Napi::CallbackInfo& info);
 
   explicit Mapping(const Napi::CallbackInfo& info);
   ~Mapping() override;
@@ -148,7 +158,8 @@ class Mapping : public Napi::ObjectWrap<Mapping> {
                    std::vector<CopySegment>* out);
   // Queues one copy job over `segments` (each already counted by PrepareCopy's caller below).
   static Napi::Promise QueueCopy(Napi::Env env, CopyDirection direction, Napi::Uint8Array buffer,
-                                 std::vector<CopySegment> segments);
+                                 std::vector<CopySegment> segments, bool guarded = true);
+  static Napi::Value CopyBatchWith(const Napi::CallbackInfo& info, bool guarded);
   // Unmaps and updates the counters; returns 0 or the errno of munmap.
   int Unmap();
   // CUDA, synchronously (the GC finalizer only): close or free, destroy the stream.

@@ -84,7 +84,7 @@
  */
 import { Context, Effect, Layer, Metric, Scope } from "effect"
 import { ServerConfig } from "./ServerConfig.ts"
-import { isSegmentFault, type NativeError, NativeMemory, type SegmentFault, type ShmMapping } from "../../native/Native.ts"
+import { isSegmentFault, isWorkerMemoryFault, type NativeError, NativeMemory, type ShmMapping, type WorkerMemoryFault } from "../../native/Native.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import type { CbMatch } from "../../schema/CbMatch.ts"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
@@ -398,10 +398,10 @@ const make = Effect.gen(function*() {
 
   /**
    * A copy of the retrieve hit a vanished page (issue 13 item 1): a cos/sin table's segment (read) or a KV
-   * segment (scatter) shrank. Both halves of the instance go: the RoPE state through the mirror's finalizer
+   * segment (scatter) shrank; or a CUDA call failed scattering into a cuda_ipc KV cache (item 4). Both halves of the instance go: the RoPE state through the mirror's finalizer
    * (withdraw) and the KV context through the transfer module's (releaseFaulted, which answers the reply).
    */
-  const released = (op: string, id: InstanceId, entry: ContextEntry, state: RopeState, fault: SegmentFault) =>
+  const released = (op: string, id: InstanceId, entry: ContextEntry, state: RopeState, fault: WorkerMemoryFault) =>
     Effect.andThen(
       states.withdraw(id, state),
       transfer.releaseFaulted(op, id, entry, fault, state.mappings.get(fault.segment)?.sizeBytes)
@@ -544,7 +544,7 @@ const make = Effect.gen(function*() {
           discard: true
         }).pipe(
           Effect.catch((e): Effect.Effect<never, WireError> =>
-            isSegmentFault(e)
+            isWorkerMemoryFault(e)
               ? Effect.flatMap(released(op, id, entry, state, e), Effect.fail)
               : Effect.flatMap(transfer.isRegistered(id), (held): Effect.Effect<never, WireError> =>
                 held

@@ -362,8 +362,9 @@ export const storageModule: Effect.Effect<ServerModule, never, L1Store | NativeM
             open_mappings: n.openMappings - (l1.pool === undefined ? 0 : 1),
             mapped_bytes: n.mappedBytes - (l1.pool?.sizeBytes ?? 0)
           },
-          // Copies of worker memory a guarded SIGBUS/SIGSEGV ended (issue 13 item 1); the sum of mpcache_guarded_faults_total.
-          fault_guard: { guarded_faults: native.guardedFaults() },
+          // Copies of worker memory a guarded SIGBUS/SIGSEGV ended (issue 13 item 1), and CUDA opens and copies that
+          // failed (item 4): the sums of mpcache_guarded_faults_total by kind.
+          fault_guard: { guarded_faults: native.guardedFaults(), cuda_faults: native.cudaFaults() },
           l1: {
             pool: l1.pool?.shmName ?? null,
             capacity_bytes: s.capacityBytes,

@@ -30,10 +30,33 @@
  * registers again (or unregisters), a transfer naming it gets the same
  * error rather than `not_registered`, so a fault found by the background
  * prefault is still reported to the worker on its next request.
+ *
+ * **A CUDA failure** (issue 13 item 4) gets the same treatment: a cuda_ipc
+ * handle that cudaIpcOpenMemHandle refuses fails the REGISTER with
+ * `invalid_argument` naming the instance, the descriptor, the device and
+ * the CUDA error (nothing of the instance is kept: its scope closes); a
+ * CUDA call failing on a registered mapping mid-STORE or mid-RETRIEVE (a
+ * lost device, an ECC error, a sticky error after which the context is
+ * unusable: a {@link CudaFault}) answers `invalid_argument` naming the
+ * instance, the descriptor, the device and the error, and releases the
+ * context through the same finalizer. Each is counted in
+ * `mpcache_guarded_faults_total{kind}` (Native.ts).
  */
 import { Cause, Context, Deferred, Effect, Exit, Layer, Metric, Option, Scope } from "effect"
 import { ServerConfig } from "./ServerConfig.ts"
-import { type CopyPart, isSegmentFault, type NativeError, NativeMemory, SEGMENT_SHRANK, type SegmentFault, type ShmMapping } from "../../native/Native.ts"
+import {
+  type CopyPart,
+  type CudaFault,
+  isCudaFault,
+  isSegmentFault,
+  isWorkerMemoryFault,
+  type NativeError,
+  NativeMemory,
+  SEGMENT_SHRANK,
+  type SegmentFault,
+  type ShmMapping,
+  type WorkerMemoryFault
+} from "../../native/Native.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import { RegisterKvCache, Retrieve, Store, UnregisterKvCache } from "../../schema/Op.ts"
@@ -41,7 +64,7 @@ import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
 import { InvalidArgument, type NotRegistered, type WireError } from "../../schema/WireError.ts"
 import { chunkRanges } from "./internal/CopyPlan.ts"
 import { row, type ServerModule } from "./Handler.ts"
-import { sameDescriptors, validateKvCaches, type LayerPlacement, type PagedKvGeometry, type ValidatedKvCaches } from "../kv/KvCacheLayout.ts"
+import { cudaSegmentKey, sameDescriptors, validateKvCaches, type LayerPlacement, type PagedKvGeometry, type ValidatedKvCaches } from "../kv/KvCacheLayout.ts"
 import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
 import { LayoutRegistry } from "./LayoutRegistry.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
@@ -97,20 +120,23 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
   /** The context of `id` without touching its liveness; undefined when none. */
   readonly contextOf: (id: InstanceId) => Effect.Effect<ContextEntry | undefined>
   /**
-   * A copy through `entry` (the context of `id`) hit a vanished page: releases
-   * that context through its finalizer if it is still the one held, remembers
-   * the fault for later requests naming `id`, and returns the reply for `op`:
-   * InvalidArgument naming the instance, the segment and
-   * {@link SEGMENT_SHRANK} (detail: op, instance_id, field "kv_caches",
-   * expected/actual bytes of the segment). Used by this module and Blend;
-   * `registeredBytes` is the faulted segment's mapped size when it is not
-   * one of the context's (a Blend cos/sin table).
+   * A copy through `entry` (the context of `id`) hit a vanished page, or a
+   * CUDA call failed on one of its mappings: releases that context through
+   * its finalizer if it is still the one held, remembers the fault for later
+   * requests naming `id`, and returns the reply for `op`: InvalidArgument
+   * naming the instance and the segment, and {@link SEGMENT_SHRANK} (detail:
+   * op, instance_id, field "kv_caches", expected/actual bytes of the
+   * segment) or the device and the CUDA error (detail field
+   * "kv_caches[i]", expected a usable mapping on the device, actual the
+   * error). Used by this module and Blend; `registeredBytes` is the faulted
+   * segment's mapped size when it is not one of the context's (a Blend
+   * cos/sin table).
    */
   readonly releaseFaulted: (
     op: string,
     id: InstanceId,
     entry: ContextEntry,
-    fault: SegmentFault,
+    fault: WorkerMemoryFault,
     registeredBytes?: number
   ) => Effect.Effect<InvalidArgument>
   /** This module as a liveness target (DESIGN §5). */
@@ -136,14 +162,54 @@ export const namedSegmentsDenied = (op: string, id: InstanceId, field: string): 
     message: `${op}: instance ${formatInstanceId(id)}: ${field} is a named shared-memory segment (cpu_shm), and named segments are disabled on this server (--named-segments deny)`
   })
 
-/** What a fault left for later requests of the id: the segment, its registered and current bytes, where it hit. */
-interface FaultRecord {
-  readonly segment: string
-  readonly registeredBytes: number
-  /** Bytes of the segment when the fault was handled; undefined when its name was gone. */
-  readonly currentBytes: number | undefined
-  readonly call: string
-  readonly offset: number
+/** What a fault left for later requests of the id: a shrunk segment (its registered and current bytes, where it hit) or a CUDA failure. */
+type FaultRecord =
+  | {
+    readonly _tag: "SegmentShrank"
+    readonly segment: string
+    readonly registeredBytes: number
+    /** Bytes of the segment when the fault was handled; undefined when its name was gone. */
+    readonly currentBytes: number | undefined
+    readonly call: string
+    readonly offset: number
+  }
+  | {
+    readonly _tag: "CudaFailed"
+    /** The descriptor of the failed mapping, "kv_caches[i]" (the first that views it). */
+    readonly field: string
+    readonly fault: CudaFault
+  }
+
+/** "kv_caches[i]": the first descriptor of `descriptors` that views segment `key` (a shm name or a cudaSegmentKey). */
+const fieldOfSegment = (descriptors: ReadonlyArray<TensorDescriptor>, key: string): string => {
+  const i = descriptors.findIndex((d) =>
+    d.kind === "cuda_ipc" && d.ipc_handle !== undefined && d.device_uuid !== undefined
+      ? cudaSegmentKey(d.device_uuid, d.ipc_handle) === key
+      : d.shm_name === key
+  )
+  return i < 0 ? "kv_caches" : `kv_caches[${i}]`
+}
+
+/**
+ * The reply to a CUDA failure on instance `idText`'s descriptor `field`
+ * (issue 13 item 4): invalid_argument naming the instance, the descriptor,
+ * the device and the CUDA error, and what the server did about it.
+ */
+const cudaFaultError = (op: string, idText: string, field: string, f: CudaFault): InvalidArgument => {
+  const error = `${f.cudaErrorName} (cudaError ${f.cudaError}: ${f.cudaErrorString})`
+  const refused = f.errno === "EINVAL_HANDLE"
+  return new InvalidArgument({
+    op,
+    instance_id: idText,
+    field,
+    expected: refused
+      ? `a CUDA IPC handle from cudaIpcGetMemHandle of a live process on this host, on device ${f.device}`
+      : `a usable CUDA IPC mapping on device ${f.device}`,
+    actual: `${f.call} failed with ${error}`,
+    message: refused
+      ? `${op}: instance ${idText}: ${field} (cuda_ipc on device ${f.device}): the CUDA driver refused the IPC handle: ${f.call} failed with ${error}; expected a handle from cudaIpcGetMemHandle of a live process on this host, on that device; nothing of the instance is kept`
+      : `${op}: instance ${idText}: ${field} (cuda_ipc on device ${f.device}): ${f.call} failed with ${error}; the device memory cannot be used (a device lost, an ECC error or a sticky CUDA error); its context is released: register it again once the device is healthy`
+  })
 }
 
 /** At most this many faulted ids are remembered (oldest forgotten first): a bound on a worker that faults forever. */
@@ -220,6 +286,7 @@ const make = Effect.gen(function*() {
   /** The reply for `op` on `id` whose context a fault released. */
   const faultError = (op: string, id: InstanceId, r: FaultRecord) => {
     const idText = formatInstanceId(id)
+    if (r._tag === "CudaFailed") return cudaFaultError(op, idText, r.field, r.fault)
     const now = r.currentBytes === undefined ? "its name is gone" : `${r.currentBytes} bytes now`
     return new InvalidArgument({
       op,
@@ -231,11 +298,22 @@ const make = Effect.gen(function*() {
     })
   }
 
-  const releaseFaulted = (op: string, id: InstanceId, entry: ContextEntry, fault: SegmentFault, mappedBytes?: number) =>
+  /** What a fault leaves for later requests of the id (a shrunk segment's size is read now). */
+  const faultRecord = (entry: ContextEntry, fault: WorkerMemoryFault, mappedBytes?: number) =>
+    isSegmentFault(fault)
+      ? Effect.map(Effect.option(native.segmentSize(fault.segment)), (size): FaultRecord => ({
+        _tag: "SegmentShrank",
+        segment: fault.segment,
+        registeredBytes: entry.mappings.get(fault.segment)?.sizeBytes ?? mappedBytes ?? 0,
+        currentBytes: Option.getOrUndefined(size),
+        call: fault.call,
+        offset: fault.offset
+      }))
+      : Effect.succeed<FaultRecord>({ _tag: "CudaFailed", field: fieldOfSegment(entry.descriptors, fault.segment), fault })
+
+  const releaseFaulted = (op: string, id: InstanceId, entry: ContextEntry, fault: WorkerMemoryFault, mappedBytes?: number) =>
     Effect.gen(function*() {
-      const registeredBytes = entry.mappings.get(fault.segment)?.sizeBytes ?? mappedBytes ?? 0
-      const currentBytes = Option.getOrUndefined(yield* Effect.option(native.segmentSize(fault.segment)))
-      const record: FaultRecord = { segment: fault.segment, registeredBytes, currentBytes, call: fault.call, offset: fault.offset }
+      const record = yield* faultRecord(entry, fault, mappedBytes)
       const held = yield* contexts.get(id)
       if (held?.scope === entry.scope) {
         // Recorded before the release, so a request arriving meanwhile already gets this error.
@@ -258,10 +336,10 @@ const make = Effect.gen(function*() {
       })
     )
 
-  /** A failed copy of `op` through `entry`: the fault reply (and the release) when it was a vanished page. */
+  /** A failed copy of `op` through `entry`: the fault reply (and the release) when it was a vanished page or a CUDA failure. */
   const copyFailure = (op: string, id: InstanceId, entry: ContextEntry, cause: Cause.Cause<InvalidArgument | NativeError>) => {
     const error = Option.getOrUndefined(Cause.findErrorOption(cause))
-    return error !== undefined && isSegmentFault(error)
+    return error !== undefined && isWorkerMemoryFault(error)
       ? Effect.map(releaseFaulted(op, id, entry, error), Option.some)
       : Effect.succeed(Option.none<InvalidArgument>())
   }
@@ -274,6 +352,8 @@ const make = Effect.gen(function*() {
    */
   const mapContext = (
     scope: Scope.Closeable,
+    id: InstanceId,
+    kvCaches: ReadonlyArray<TensorDescriptor>,
     validated: ValidatedKvCaches,
     modelName: string,
     worldSize: number,
@@ -284,8 +364,15 @@ const make = Effect.gen(function*() {
       for (const [name, nbytes] of validated.segments) {
         const ipc = validated.cudaIpc.get(name)
         if (ipc !== undefined) {
-          // One IPC mapping (and stream) per distinct handle, however many layers view it.
-          mappings.set(name, yield* native.mapCudaIpc(ipc.ipcHandle, ipc.deviceUuid, nbytes).pipe(Scope.provide(scope)))
+          // One IPC mapping (and stream) per distinct handle, however many layers view it. A handle the driver
+          // refuses (or a device failing while it opens) fails the REGISTER with the instance, the descriptor,
+          // the device and the CUDA error (issue 13 item 4); the mappings opened so far close with the scope.
+          const mapping = yield* native.mapCudaIpc(ipc.ipcHandle, ipc.deviceUuid, nbytes).pipe(
+            Scope.provide(scope),
+            Effect.catchIf(isCudaFault, (f) =>
+              Effect.fail(cudaFaultError(RegisterKvCache.name, formatInstanceId(id), fieldOfSegment(kvCaches, name), f)))
+          )
+          mappings.set(name, mapping)
           continue
         }
         const mapping = yield* native.map(name, nbytes).pipe(Scope.provide(scope))
@@ -310,9 +397,14 @@ const make = Effect.gen(function*() {
       return mappings
     }).pipe(
       Effect.mapError((e) =>
-        e._tag === "InvalidArgument" ? new InvalidArgument({ message: `register_kv_cache: ${e.message}` }) : new InvalidArgument({
-          message: `register_kv_cache: mapping the KV cache failed: ${e.message}`
-        })
+        // A reply already built for this op (a refused CUDA handle) goes as it is.
+        e._tag === "InvalidArgument" && e.op === RegisterKvCache.name
+          ? e
+          : e._tag === "InvalidArgument"
+          ? new InvalidArgument({ message: `register_kv_cache: ${e.message}` })
+          : new InvalidArgument({
+            message: `register_kv_cache: mapping the KV cache failed: ${e.message}`
+          })
       )
     )
 
@@ -346,7 +438,7 @@ const make = Effect.gen(function*() {
               descriptors: kvCaches,
               geometry: validated.geometry,
               layers: validated.layers,
-              mappings: yield* mapContext(scope, validated, modelName, worldSize, onPrefaultFault),
+              mappings: yield* mapContext(scope, id, kvCaches, validated, modelName, worldSize, onPrefaultFault),
               scope
             } satisfies ContextEntry
           })
@@ -491,7 +583,7 @@ const make = Effect.gen(function*() {
             h.bytes
           ), { concurrency: "unbounded", discard: true }).pipe(
             Effect.catch((e): Effect.Effect<never, WireError> =>
-              isSegmentFault(e)
+              isWorkerMemoryFault(e)
                 ? Effect.flatMap(releaseFaulted("retrieve", id, entry, e), Effect.fail)
                 : Effect.flatMap(contexts.isRegistered(id), (held): Effect.Effect<never, WireError> =>
                   held

@@ -32,6 +32,32 @@
  * Counters, shared by every process that loads this same file: a state file
  * (FAKECUDART_STATE, default "<path of this .so>.state"), mapped shared;
  * layout in struct fake_state below (little-endian int64s; the tests read it).
+ * Failures on demand (mpcache issue 13 item 4: a handle the driver refuses,
+ * a device lost mid-copy, a sticky error), armed in the state file's header
+ * (fail_point, fail_error, fail_mode, fail_skip; the tests write them at any
+ * time, test/support/FakeCudart.ts setFakeFailure) or at load time from
+ * FAKECUDART_FAIL="<point>:<cudaError>[:<mode>[:<skip>]]", e.g.
+ * "sync:719:sticky". Only the importing side is hit: the points are
+ *   ipc_open   cudaIpcOpenMemHandle returns the error (nothing is mapped);
+ *   memcpy     cudaMemcpyAsync to or from an IPC-imported region returns the
+ *              error (nothing queued);
+ *   sync       such a copy is queued but "the device is lost" under it: the
+ *              stream skips it (its bytes are never copied) and the next
+ *              cudaStreamSynchronize of that stream returns the error;
+ * so an exporter's own copies to its allocations never fail. `fail_skip`
+ * matching calls pass first (a failure in the middle of a batch). Modes:
+ *   once    (0) one failure, then the point disarms itself;
+ *   always  (1) every matching call fails until the point is cleared;
+ *   sticky  (2) one failure, after which every later call of the process
+ *               that hit it (set device, copies, synchronize, IPC open and
+ *               close, streams, malloc, free, mem info) returns the same
+ *               error, as a CUDA context does after cudaErrorLaunchFailure,
+ *               an ECC error or a lost device; the process must exit to
+ *               recover. The process's IPC mappings then stay mapped (their
+ *               close fails), like a real broken context's.
+ * `failures` counts the failures injected (all processes; sticky repeats are
+ * not counted). cudaGetErrorName/cudaGetErrorString know the codes used.
+ *
  * `violations` counts misuse the real driver would punish: closing an IPC
  * mapping with copies queued on it, closing one twice or one never opened,
  * copying through an unknown device pointer, destroying an unknown stream,
@@ -64,11 +90,21 @@ enum {
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidDevicePointer = 17,
+  cudaErrorDevicesUnavailable = 46,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
+  cudaErrorDeviceUninitialized = 201,
   cudaErrorMapBufferObjectFailed = 205,
-  cudaErrorInvalidResourceHandle = 400
+  cudaErrorECCUncorrectable = 214,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchFailure = 719,
+  cudaErrorUnknown = 999
 };
+
+/* Failure points and modes (see the header comment). */
+enum { FAIL_NONE = 0, FAIL_IPC_OPEN = 1, FAIL_MEMCPY = 2, FAIL_SYNC = 3 };
+enum { FAIL_ONCE = 0, FAIL_ALWAYS = 1, FAIL_STICKY = 2 };
 
 #define FAKE_MAX_SLOTS 1024
 #define FAKE_MAGIC 0x5452414455434b46LL /* "FKCUDART" */
@@ -100,11 +136,18 @@ struct fake_state {
   int64_t next_slot;
   int64_t peer_opens;    /* opens whose handle's device is not the caller's current device */
   int64_t copy_delay_ms; /* each queued copy sleeps this long first; tests may write it at any time */
-  int64_t reserved[3];
+  int64_t fail_point;    /* FAIL_*: where the next injected failure hits; 0: none */
+  int64_t fail_error;    /* the cudaError_t it returns */
+  int64_t fail_mode;     /* FAIL_ONCE, FAIL_ALWAYS, FAIL_STICKY */
+  int64_t fail_skip;     /* matching calls that pass before the first failure */
+  int64_t failures;      /* failures injected so far, all processes */
+  int64_t reserved[6];
   struct fake_slot slots[FAKE_MAX_SLOTS];
 };
 
 static struct fake_state* st;
+/* The error every call of this process returns once a sticky failure hit it; 0: healthy. */
+static int sticky_error;
 static int64_t state_ino;
 static int device_count = 2;
 static int64_t total_bytes = 16LL << 30;
@@ -129,6 +172,7 @@ struct op {
   const void* src;
   size_t n;
   struct region* region;
+  int fail; /* FAIL_SYNC: the device is lost under this copy; its error, reported by the next synchronize */
   struct op* next;
 };
 struct stream {
@@ -138,6 +182,7 @@ struct stream {
   struct op* head;
   struct op* tail;
   int64_t pending;
+  int error; /* the first failed copy's error since the last synchronize */
   int stop;
   struct stream* next;
 };
@@ -147,12 +192,31 @@ static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
 #define ADD(field, v) __atomic_add_fetch(&(field), (v), __ATOMIC_SEQ_CST)
 #define LOAD(field) __atomic_load_n(&(field), __ATOMIC_SEQ_CST)
 
+/* FAKECUDART_FAIL="<point>:<cudaError>[:<mode>[:<skip>]]": arms the state's failure at load time. */
+static void arm_from_env(const char* spec) {
+  char point[16] = {0};
+  char mode[16] = {0};
+  long long error = 0;
+  long long skip = 0;
+  if (sscanf(spec, "%15[a-z_]:%lld:%15[a-z]:%lld", point, &error, mode, &skip) < 2) return;
+  int64_t p = strcmp(point, "ipc_open") == 0 ? FAIL_IPC_OPEN
+              : strcmp(point, "memcpy") == 0 ? FAIL_MEMCPY
+              : strcmp(point, "sync") == 0   ? FAIL_SYNC
+                                             : FAIL_NONE;
+  int64_t m = strcmp(mode, "always") == 0 ? FAIL_ALWAYS : strcmp(mode, "sticky") == 0 ? FAIL_STICKY : FAIL_ONCE;
+  __atomic_store_n(&st->fail_error, (int64_t)error, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&st->fail_mode, m, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&st->fail_skip, (int64_t)skip, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&st->fail_point, p, __ATOMIC_SEQ_CST);
+}
+
 static void init(void) {
   const char* devices = getenv("FAKECUDART_DEVICES");
   if (devices != NULL && devices[0] != '\0') device_count = atoi(devices);
   const char* total = getenv("FAKECUDART_TOTAL_BYTES");
   if (total != NULL && total[0] != '\0') total_bytes = atoll(total);
   const char* delay = getenv("FAKECUDART_COPY_DELAY_MS");
+  const char* fail = getenv("FAKECUDART_FAIL");
 
   char path[4096];
   const char* env = getenv("FAKECUDART_STATE");
@@ -190,12 +254,36 @@ static void init(void) {
     int64_t zero = 0;
     __atomic_compare_exchange_n(&st->magic, &zero, FAKE_MAGIC, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     if (delay != NULL && delay[0] != '\0') __atomic_store_n(&st->copy_delay_ms, (int64_t)atol(delay), __ATOMIC_SEQ_CST);
+    if (fail != NULL && fail[0] != '\0') arm_from_env(fail);
   }
 }
 
 static int ready(void) {
   pthread_once(&once, init);
   return st != NULL;
+}
+
+/* The sticky error of this process, or 0. */
+static int sticky(void) { return __atomic_load_n(&sticky_error, __ATOMIC_SEQ_CST); }
+
+/* Whether a call at `point` fails now, and with which error (0: it does not). Consumes a skip, disarms a
+ * once/sticky point (whichever process gets there first), and makes a sticky failure this process's. */
+static int trip(int64_t point) {
+  if (LOAD(st->fail_point) != point) return 0;
+  for (;;) {
+    int64_t skip = LOAD(st->fail_skip);
+    if (skip <= 0) break;
+    if (__atomic_compare_exchange_n(&st->fail_skip, &skip, skip - 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) return 0;
+  }
+  const int64_t mode = LOAD(st->fail_mode);
+  const int err = (int)LOAD(st->fail_error);
+  if (mode != FAIL_ALWAYS) {
+    int64_t expected = point;
+    if (!__atomic_compare_exchange_n(&st->fail_point, &expected, FAIL_NONE, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) return 0;
+  }
+  if (mode == FAIL_STICKY) __atomic_store_n(&sticky_error, err, __ATOMIC_SEQ_CST);
+  ADD(st->failures, 1);
+  return err;
 }
 
 static void segment_name(char* out, size_t n, int64_t pid, int slot) {
@@ -296,6 +384,7 @@ EXPORT int cudaGetDeviceProperties(void* prop, int device) { return get_properti
 
 EXPORT int cudaSetDevice(int device) {
   ready();
+  if (sticky()) return sticky();
   if (device < 0 || device >= device_count) return cudaErrorInvalidDevice;
   current_device = device;
   return cudaSuccess;
@@ -307,17 +396,44 @@ EXPORT int cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 
+/* The strings and names of CUDA 12's runtime for these codes. */
 EXPORT const char* cudaGetErrorString(int err) {
   switch (err) {
     case cudaSuccess: return "no error";
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorDevicesUnavailable: return "CUDA-capable device(s) is/are busy or unavailable";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorDeviceUninitialized: return "invalid device context";
     case cudaErrorMapBufferObjectFailed: return "mapping of buffer object failed";
+    case cudaErrorECCUncorrectable: return "uncorrectable ECC error encountered";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorUnknown: return "unknown error";
     default: return "unrecognized error code";
+  }
+}
+
+EXPORT const char* cudaGetErrorName(int err) {
+  switch (err) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+    case cudaErrorDevicesUnavailable: return "cudaErrorDevicesUnavailable";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorDeviceUninitialized: return "cudaErrorDeviceUninitialized";
+    case cudaErrorMapBufferObjectFailed: return "cudaErrorMapBufferObjectFailed";
+    case cudaErrorECCUncorrectable: return "cudaErrorECCUncorrectable";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorUnknown: return "cudaErrorUnknown";
+    default: return "cudaErrorUnknown";
   }
 }
 
@@ -329,6 +445,7 @@ EXPORT int cudaRuntimeGetVersion(int* version) {
 
 EXPORT int cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   if (!ready()) return cudaErrorInvalidValue;
+  if (sticky()) return sticky();
   int64_t used = 0;
   int64_t n = LOAD(st->next_slot);
   for (int i = 0; i < n && i < FAKE_MAX_SLOTS; i++) {
@@ -345,6 +462,7 @@ EXPORT int cudaMemGetInfo(size_t* free_bytes, size_t* total) {
 
 EXPORT int cudaMalloc(void** ptr, size_t size) {
   if (!ready() || ptr == NULL || size == 0) return cudaErrorInvalidValue;
+  if (sticky()) return sticky();
   size_t free_bytes = 0;
   cudaMemGetInfo(&free_bytes, NULL);
   if (size > free_bytes) return cudaErrorMemoryAllocation;
@@ -385,6 +503,7 @@ EXPORT int cudaMalloc(void** ptr, size_t size) {
 EXPORT int cudaFree(void* ptr) {
   if (ptr == NULL) return cudaSuccess;
   if (!ready()) return cudaErrorInvalidValue;
+  if (sticky()) return sticky();
   pthread_mutex_lock(&regions_mu);
   struct region* r = find_region(ptr, 0, 1);
   if (r == NULL || r->imported) {
@@ -425,7 +544,12 @@ EXPORT int cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
 EXPORT int cudaIpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t handle, unsigned int flags) {
   (void)flags;
   if (!ready() || ptr == NULL) return cudaErrorInvalidValue;
+  if (sticky()) return sticky();
   if (memcmp(handle.reserved, "FAKECUDA", 8) != 0) return cudaErrorInvalidValue;
+  {
+    const int injected = trip(FAIL_IPC_OPEN);
+    if (injected != 0) return injected;
+  }
   uint32_t device, slot;
   uint64_t size;
   memcpy(&device, handle.reserved + 8, 4);
@@ -464,6 +588,7 @@ EXPORT int cudaIpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t handle, unsigned 
 
 EXPORT int cudaIpcCloseMemHandle(void* ptr) {
   if (!ready()) return cudaErrorInvalidValue;
+  if (sticky()) return sticky();
   pthread_mutex_lock(&regions_mu);
   struct region* r = find_region(ptr, 0, 1);
   if (r == NULL || !r->imported) {
@@ -499,10 +624,12 @@ static void* stream_main(void* arg) {
       struct timespec ts = {(time_t)(delay / 1000), (long)(delay % 1000) * 1000000L};
       nanosleep(&ts, NULL);
     }
-    memcpy(o->dst, o->src, o->n);
+    if (o->fail == 0) memcpy(o->dst, o->src, o->n);
     if (o->region != NULL) ADD(o->region->pending, -1);
+    const int failed = o->fail;
     free(o);
     pthread_mutex_lock(&s->mu);
+    if (failed != 0 && s->error == 0) s->error = failed;
     s->pending--;
     pthread_cond_broadcast(&s->cv);
   }
@@ -521,6 +648,7 @@ static int known_stream(struct stream* target) {
 EXPORT int cudaStreamCreateWithFlags(void** out, unsigned int flags) {
   (void)flags;
   if (!ready() || out == NULL) return cudaErrorInvalidValue;
+  if (sticky()) return sticky();
   struct stream* s = calloc(1, sizeof *s);
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
@@ -549,13 +677,17 @@ EXPORT int cudaStreamSynchronize(void* handle) {
   }
   pthread_mutex_lock(&s->mu);
   while (s->pending > 0) pthread_cond_wait(&s->cv, &s->mu);
+  const int error = s->error;
+  s->error = 0;
   pthread_mutex_unlock(&s->mu);
   ADD(st->syncs, 1);
-  return cudaSuccess;
+  if (sticky()) return sticky();
+  return error;
 }
 
 EXPORT int cudaStreamDestroy(void* handle) {
   if (!ready()) return cudaErrorInvalidValue;
+  if (sticky()) return sticky();
   struct stream* s = handle;
   pthread_mutex_lock(&streams_mu);
   struct stream** link = &streams;
@@ -592,12 +724,14 @@ EXPORT int cudaStreamDestroy(void* handle) {
 /* kind: 0 host->host, 1 host->device, 2 device->host, 3 device->device, 4 default. */
 EXPORT int cudaMemcpyAsync(void* dst, const void* src, size_t n, int kind, void* handle) {
   if (!ready()) return cudaErrorInvalidValue;
+  if (sticky()) return sticky();
   if (n == 0) return cudaSuccess;
   pthread_mutex_lock(&regions_mu);
   struct region* rd = find_region(dst, n, 0);
   struct region* rs = find_region(src, n, 0);
   int ok = kind == 1 ? rd != NULL : kind == 2 ? rs != NULL : kind == 3 ? (rd != NULL && rs != NULL) : 1;
   struct region* r = rd != NULL ? rd : rs;
+  const int imported = (rd != NULL && rd->imported) || (rs != NULL && rs->imported);
   if (ok && r != NULL && handle != NULL) {
     ADD(r->pending, 1);
     r->last_stream = handle;
@@ -607,6 +741,15 @@ EXPORT int cudaMemcpyAsync(void* dst, const void* src, size_t n, int kind, void*
     ADD(st->violations, 1);
     return cudaErrorInvalidValue;
   }
+  /* Injected failures hit only copies through IPC-imported memory (the server's side). */
+  if (imported) {
+    const int injected = trip(FAIL_MEMCPY);
+    if (injected != 0) {
+      if (r != NULL && handle != NULL) ADD(r->pending, -1);
+      return injected;
+    }
+  }
+  const int lost = imported && handle != NULL ? trip(FAIL_SYNC) : 0;
   ADD(st->memcpys, 1);
   if (handle == NULL) {
     memcpy(dst, src, n);
@@ -623,6 +766,7 @@ EXPORT int cudaMemcpyAsync(void* dst, const void* src, size_t n, int kind, void*
   o->src = src;
   o->n = n;
   o->region = r;
+  o->fail = lost;
   pthread_mutex_lock(&s->mu);
   if (s->tail != NULL) {
     s->tail->next = o;
