@@ -23,6 +23,7 @@ import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
 import { makeSchedulerAdapter } from "../../src/services/client/SchedulerAdapter.ts"
 import { makeWorkerAdapter } from "../../src/services/client/WorkerAdapter.ts"
 import { writeTokens } from "./KvData.ts"
+import { outcome } from "./Outcome.ts"
 
 interface Args {
   readonly endpoint: string
@@ -47,20 +48,6 @@ interface Args {
 
 const args = JSON.parse(process.argv[2] ?? "{}") as Args
 const tokenIds = Array.from({ length: args.tokenCount }, (_, i) => (i * 37 + 11) % 32000)
-
-/** An outcome as data: ok, or the error's tag and wire fields; with the request's milliseconds. */
-const outcome = <A, E extends { readonly _tag: string; readonly message: string }>(request: Effect.Effect<A, E>) =>
-  Effect.gen(function*() {
-    const started = Date.now()
-    const exit = yield* Effect.exit(request)
-    const ms = Date.now() - started
-    if (exit._tag === "Success") return { ok: exit.value, ms }
-    const failure = exit.cause.reasons.find((r) => r._tag === "Fail")
-    if (failure === undefined || failure._tag !== "Fail") return { defect: String(exit.cause), ms }
-    const e = failure.error as E & Record<string, unknown>
-    const { _tag, message, op, instance_id, field, expected, actual } = e
-    return { error: { _tag, message, op, instance_id, field, expected, actual }, ms }
-  })
 
 interface StatusView {
   readonly fault_guard: { readonly guarded_faults: number }

@@ -208,7 +208,9 @@ const cudaFaultError = (op: string, idText: string, field: string, f: CudaFault)
     actual: `${f.call} failed with ${error}`,
     message: refused
       ? `${op}: instance ${idText}: ${field} (cuda_ipc on device ${f.device}): the CUDA driver refused the IPC handle: ${f.call} failed with ${error}; expected a handle from cudaIpcGetMemHandle of a live process on this host, on that device; nothing of the instance is kept`
-      : `${op}: instance ${idText}: ${field} (cuda_ipc on device ${f.device}): ${f.call} failed with ${error}; the device memory cannot be used (a device lost, an ECC error or a sticky CUDA error); its context is released: register it again once the device is healthy`
+      : `${op}: instance ${idText}: ${field} (cuda_ipc on device ${f.device}): ${f.call} failed with ${error}; the device memory cannot be used (a device lost, an ECC error or a sticky CUDA error); ${
+        op === RegisterKvCache.name ? "nothing of the instance is kept" : "its context is released: register it again once the device is healthy"
+      }`
   })
 }
 
