@@ -8,6 +8,12 @@
  *      (cudaMalloc + cudaIpcGetMemHandle, src/native/CudaExport.ts) and
  *      registers it; the server opens it with cudaIpcOpenMemHandle. Baseline:
  *      cudaMemGetInfo's free bytes now;
+ *   2b. a second adapter REGISTERs B's descriptors with a zeroed IPC handle: the
+ *      driver refuses it (cudaIpcOpenMemHandle), the reply is invalid_argument
+ *      naming the instance, kv_caches[0], the device and the CUDA error; the
+ *      server keeps nothing of it (not in /api/status, no new mapping) and
+ *      counts it (mpcache_guarded_faults_total{kind="cuda_handle_refused"},
+ *      /api/status fault_guard.cuda_faults; issue 13 item 4);
  *   3. spawns the exporter (A, this script with --role exporter): its own
  *      device KV cache, registered, deterministic KV bytes written, STOREd;
  *   4. B LOOKUPs and RETRIEVEs those chunks into other blocks of its own
@@ -33,6 +39,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { Cause, Effect, Exit, Schedule } from "effect"
+import { InvalidArgument } from "../src/schema/WireError.ts"
 import { ClientLive } from "../src/layers/Client.ts"
 import { makeCudaPagedKvCache } from "../src/services/client/CudaPagedKvCache.ts"
 import { NativeMemory } from "../src/native/Native.ts"
@@ -193,6 +200,16 @@ const orchestrate = Effect.gen(function*() {
   const status = getJson(`http://127.0.0.1:${port}/api/status`)
   const instanceIds = Effect.map(status, (s) => (s["instances"] as ReadonlyArray<{ instance_id: string }>).map((i) => i.instance_id))
   const openMappings = Effect.map(status, (s) => (s["native"] as { open_mappings: number }).open_mappings)
+  const cudaFaults = Effect.map(status, (s) => (s["fault_guard"] as { cuda_faults: number }).cuda_faults)
+  /** mpcache_guarded_faults_total{kind="cuda_handle_refused",call="cudaIpcOpenMemHandle"} from /metrics (0 when absent). */
+  const refusedMetric = Effect.promise(() => fetch(`http://127.0.0.1:${port}/metrics`).then((r) => r.text())).pipe(
+    Effect.map((text) => {
+      const line = text.split("\n").find((l) =>
+        l.startsWith("mpcache_guarded_faults_total{") && l.includes(`kind="cuda_handle_refused"`) && l.includes(`call="cudaIpcOpenMemHandle"`)
+      )
+      return line === undefined ? 0 : Number(line.slice(line.lastIndexOf(" ") + 1))
+    })
+  )
 
   // 2. B: registered first, so the server's CUDA context exists before the baseline.
   const b = yield* makeCudaPagedKvCache({ ...geometry, deviceUuid })
@@ -200,6 +217,29 @@ const orchestrate = Effect.gen(function*() {
   yield* workerB.registerKvCaches(b.descriptors)
   const baseline = (yield* native.cudaMemInfo(deviceUuid)).free
   const mappingsBefore = yield* openMappings
+
+  // 2b. A handle the driver refuses: 64 zero bytes name no allocation (issue 13 item 4).
+  const refusing = yield* makeWorkerAdapter({ endpoint, modelName: MODEL, worldSize: 1, kvRank: 0 })
+  const refusedAt = Date.now()
+  const refusal = yield* Effect.flip(refusing.registerKvCaches(b.descriptors.map((d) => ({ ...d, ipc_handle: new Uint8Array(64) }))))
+  const refusedMs = Date.now() - refusedAt
+  const refusedId = refusing.instanceId.toString()
+  yield* check(refusal instanceof InvalidArgument, `a zeroed IPC handle was answered ${refusal._tag}: ${refusal.message}; expected invalid_argument`)
+  const refused = refusal as InvalidArgument
+  yield* check(
+    refused.op === "register_kv_cache" && refused.instance_id === refusedId && refused.field === "kv_caches[0]" &&
+      (refused.actual ?? "").startsWith("cudaIpcOpenMemHandle failed with cudaError") &&
+      refused.message.startsWith(`register_kv_cache: instance ${refusedId}: kv_caches[0] (cuda_ipc on device ${deviceUuid}): the CUDA driver refused the IPC handle: cudaIpcOpenMemHandle failed with `),
+    `the refusal of a zeroed IPC handle does not name the instance, the descriptor, the device and the CUDA error: ${JSON.stringify({ ...refused, message: refused.message })}`
+  )
+  yield* check(!(yield* instanceIds).includes(refusedId), `the server lists the instance ${refusedId} whose handle it refused`)
+  const mappingsAfterRefusal = yield* openMappings
+  yield* check(mappingsAfterRefusal === mappingsBefore, `the server holds ${mappingsAfterRefusal} mappings after the refusal; ${mappingsBefore} before`)
+  const refusedCount = { status: yield* cudaFaults, metric: yield* refusedMetric }
+  yield* check(
+    refusedCount.status === 1 && refusedCount.metric === 1,
+    `after one refused handle: /api/status fault_guard.cuda_faults = ${refusedCount.status}, mpcache_guarded_faults_total{kind="cuda_handle_refused"} = ${refusedCount.metric}; expected 1 and 1`
+  )
 
   // 3. A
   const blocksA = Array.from({ length: 20 }, (_, i) => i + 1)
@@ -254,6 +294,7 @@ const orchestrate = Effect.gen(function*() {
     exporterBytes: storedEvent.bytes,
     hitTokens,
     mismatches: mismatches.length,
+    refusedHandle: { message: refused.message, actual: refused.actual, ms: refusedMs, counted: refusedCount },
     freeBytes: { baseline, withExporter: withA, afterKill, afterReap: freeAfter },
     serverMappings: { before: mappingsBefore, afterReap: mappingsAfter },
     reaped: reapedLine[0]

@@ -3,7 +3,8 @@
  * a server process, an exporter process with "device" memory, store,
  * retrieve into the script's own device memory, SIGKILL of the exporter,
  * reap, and device memory back to the baseline — every CUDA call through the
- * fake, whose shared counters then show each IPC handle closed exactly once.
+ * fake, whose shared counters then show each IPC handle closed exactly once;
+ * and a zeroed IPC handle refused at REGISTER, nothing kept (issue 13 item 4).
  */
 import { spawn } from "node:child_process"
 import { fileURLToPath } from "node:url"
@@ -38,6 +39,7 @@ describe("gpu-e2e against the fake libcudart", () => {
         mismatches: number
         freeBytes: { baseline: number; withExporter: number; afterKill: number; afterReap: number }
         reaped: string
+        refusedHandle: { actual: string; ms: number; counted: { status: number; metric: number } }
       }
       assert.isTrue(result.ok)
       assert.strictEqual(result.library, fake.library)
@@ -46,6 +48,12 @@ describe("gpu-e2e against the fake libcudart", () => {
       assert.strictEqual(result.freeBytes.afterKill, result.freeBytes.baseline - result.exporterBytes)
       assert.strictEqual(result.freeBytes.afterReap, result.freeBytes.baseline)
       assert.include(result.reaped, "(reason disconnect)")
+      // A zeroed IPC handle: the fake refuses it as a driver does (issue 13 item 4), answered within a second, counted once.
+      assert.deepStrictEqual(
+        { actual: result.refusedHandle.actual, counted: result.refusedHandle.counted },
+        { actual: "cudaIpcOpenMemHandle failed with cudaErrorInvalidValue (cudaError 1: invalid argument)", counted: { status: 1, metric: 1 } }
+      )
+      assert.isBelow(result.refusedHandle.ms, 1000)
 
       // Every process that loaded the fake shares its counters: the server opened B's and A's
       // handles once each and closed each once (A's at the reap, B's at B's unregister).
