@@ -28,6 +28,13 @@
  * - memcpy: `Uint8Array.prototype.set` of a 32 MiB buffer into another, one
  *   thread, warmed up, as many copies as the phase moved chunks, right after
  *   each phase.
+ * - Descriptor kinds: every phase runs once per entry of KINDS (cpu_shm now;
+ *   cpu_memfd, issue 13 item 2, is its second entry once its client side
+ *   exists), each with a worker (and instance) of its own, after a CLEAR.
+ * - The fault guard's cost (issue 13, target under 5 %): one chunk's copy job
+ *   of the server's own code (`copyBatch` with the server's copy plan) against
+ *   the same job outside the guard (`copyBatchUnguarded`), in this process,
+ *   on the cpu_shm cache (bench/lib/guardCost.ts).
  * - PING: a raw zeromq DEALER (as in bench/ping.ts) with one PING [nil] in
  *   flight, in a child process of its own (bench/pingChild.ts), idle first
  *   and then through each measured transfer window.
@@ -50,16 +57,20 @@ import { monitorEventLoopDelay } from "node:perf_hooks"
 import { Effect, Exit, Layer, ManagedRuntime, References, Scope } from "effect"
 import { loggerLayer } from "../src/layers/Logging.ts"
 import { ClientLive } from "../src/layers/Client.ts"
-import { loadNativeAddon, NativeMemory } from "../src/native/Native.ts"
+import { type AddonMapping, loadNativeAddon, type NativeError, NativeMemory } from "../src/native/Native.ts"
+import type { InvalidArgument } from "../src/schema/WireError.ts"
+import { validateKvCaches } from "../src/services/kv/KvCacheLayout.ts"
+import { chunkRanges } from "../src/services/server/internal/CopyPlan.ts"
 import type { ZmqSockets } from "../src/services/zmq/Sockets.ts"
 import { Clear } from "../src/schema/Op.ts"
 import { makeMqClient } from "../src/services/client/MqClient.ts"
-import { makePagedKvCache, type PagedKvCache } from "../src/services/client/PagedKvCache.ts"
+import { makePagedKvCache, type PagedKvCache, type PagedKvCacheOptions } from "../src/services/client/PagedKvCache.ts"
 import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/services/client/SchedulerAdapter.ts"
 import { makeWorkerAdapter, type TransferRequest, type WorkerAdapterShape } from "../src/services/client/WorkerAdapter.ts"
 import { parseBenchArgs, positiveSeconds } from "./lib/args.ts"
 import { spawnReady, startLineChild, stopChild } from "./lib/children.ts"
 import { int as intOf, orNa } from "./lib/format.ts"
+import { type GuardCost, measureGuardCost } from "./lib/guardCost.ts"
 import { freeGiB, machineJiffies, measuredDate, memAvailableGiB, nodeAndCpu, processMemoryGiB, threadCpu } from "./lib/machine.ts"
 import { DOC_NAME, writeDocSection } from "./lib/report.ts"
 import { makeResources } from "./lib/resources.ts"
@@ -85,6 +96,22 @@ const CHUNK_BYTES = 2 * NUM_LAYERS * CHUNK_TOKENS * NUM_HEADS * HEAD_SIZE * ELEM
 const BLOCKS_PER_CHUNK = CHUNK_TOKENS / BLOCK_TOKENS
 const MODEL = "bench-32l-8x128-f16"
 
+/**
+ * The descriptor kinds whose STORE/RETRIEVE the bench measures, each with
+ * how its worker makes the KV cache in the worker's scope (`namePrefix` is
+ * this run's unique tag). Every phase, table row, summary row and the byte
+ * check run once per entry. The hook for `cpu_memfd` (issue 13 item 2:
+ * memory created with memfd_create and handed over with SCM_RIGHTS): an
+ * entry `{ kind: "cpu_memfd", makeCache: <its client-side PagedKvCache> }`.
+ */
+interface CacheKind {
+  readonly kind: "cpu_shm" | "cpu_memfd"
+  readonly makeCache: (
+    options: PagedKvCacheOptions
+  ) => Effect.Effect<PagedKvCache, InvalidArgument | NativeError, NativeMemory | ZmqSockets | Scope.Scope>
+}
+const KINDS: ReadonlyArray<CacheKind> = [{ kind: "cpu_shm", makeCache: makePagedKvCache }]
+
 // Load shape.
 const CHUNKS_PER_REQUEST = 4
 /** Requests in flight, one per stream. */
@@ -109,6 +136,12 @@ const MIN_REQUESTS = 8
 /** …but no longer than this many times its duration. */
 const MAX_STRETCH = 4
 const MEMCPY_WARMUP_COPIES = 8
+/** The guard-cost measurement: rounds of each variant (quick, full) and chunk jobs per round. */
+const GUARD_ROUNDS_QUICK = 16
+const GUARD_ROUNDS_FULL = 40
+const GUARD_JOBS_PER_ROUND = 4
+/** "The guard must cost under 5 %" (issue 13): guarded ÷ unguarded time below this. */
+const GUARD_TARGET = 1.05
 const READY_TIMEOUT_MS = 30_000
 const STOP_TIMEOUT_MS = 10_000
 const REQUEST_TIMEOUT_MS = 30_000
@@ -324,9 +357,9 @@ const run = <A, E>(effect: Effect.Effect<A, E, NativeMemory | ZmqSockets | Scope
     ? Promise.reject(new Error("the worker is not started"))
     : runtime.runPromise(Scope.provide(workerScope)(effect))
 
-const startWorker = async (): Promise<Worker> => {
+const startWorker = async (kind: CacheKind): Promise<Worker> => {
   workerScope = await runtime.runPromise(Scope.make())
-  const cache = await run(makePagedKvCache({
+  const cache = await run(kind.makeCache({
     namePrefix: tag,
     numLayers: NUM_LAYERS,
     numBlocks: NUM_BLOCKS,
@@ -336,16 +369,15 @@ const startWorker = async (): Promise<Worker> => {
     dtype: DTYPE
   }))
   // Every layer filled once with non-zero bytes: a random pattern of odd
-  // length, repeated, so that no two blocks hold the same bytes.
-  await run(Effect.scoped(Effect.gen(function*() {
-    const native = yield* NativeMemory
-    const data = Buffer.allocUnsafe(LAYER_BYTES)
-    for (const name of cache.segmentNames) {
+  // length, repeated, so that no two blocks hold the same bytes. Through the
+  // cache's own writes, so that any kind fills the same way.
+  const data = Buffer.allocUnsafe(LAYER_BYTES / 2)
+  for (let l = 0; l < NUM_LAYERS; l++) {
+    for (const kv of [0, 1] as const) {
       data.fill(randomBytes(4099).map((b) => b | 1))
-      const mapping = yield* native.map(name, LAYER_BYTES)
-      yield* native.scatter(mapping, Float64Array.of(0, 0, LAYER_BYTES), data)
+      await run(cache.writeBlocks(l, kv, 0, data))
     }
-  })))
+  }
   const adapter = await run(makeWorkerAdapter({ endpoint, modelName: MODEL, worldSize: 1, kvRank: 0, requestTimeoutMs: REQUEST_TIMEOUT_MS }))
   await run(adapter.registerKvCaches(cache.descriptors))
   const scheduler = await run(makeSchedulerAdapter({ endpoint, modelName: MODEL, worldSize: 1, requestTimeoutMs: REQUEST_TIMEOUT_MS }))
@@ -358,7 +390,6 @@ const stopWorker = async (): Promise<void> => {
   const scope = workerScope
   workerScope = undefined
   if (scope !== undefined) await runtime.runPromise(Scope.close(scope, Exit.void))
-  await runtime.dispose()
 }
 
 // ------------------------------------------------------------ measurements
@@ -564,6 +595,25 @@ const withMemcpy = (p: Phase): Measured => {
   return { ...p, memcpyGbps }
 }
 
+/**
+ * The fault guard's cost on the cpu_shm cache: the server's copy job of one chunk (stream 0's first 16
+ * source blocks, the server's copy plan over every layer's segment) with and without the guard.
+ */
+const guardCost = async (cache: PagedKvCache): Promise<GuardCost> => {
+  const validated = validateKvCaches(cache.descriptors, CHUNK_TOKENS)
+  if ("error" in validated) throw new Error(`the bench's KV cache does not validate: ${validated.error}`)
+  const plan = chunkRanges(validated.geometry, validated.layers, CHUNK_TOKENS, sourceBlocks(0).slice(0, BLOCKS_PER_CHUNK))
+  const addon = loadNativeAddon()
+  const mappings: Array<AddonMapping> = []
+  try {
+    for (const name of plan.keys()) mappings.push(addon.openMapping(name, LAYER_BYTES))
+    const job = { mappings, ranges: [...plan.values()], buffer: Buffer.alloc(CHUNK_BYTES) }
+    return await measureGuardCost(addon, job, args.full ? GUARD_ROUNDS_FULL : GUARD_ROUNDS_QUICK, GUARD_JOBS_PER_ROUND)
+  } finally {
+    await Promise.all(mappings.map((m) => m.close()))
+  }
+}
+
 /** One RETRIEVE of set request `r` into stream `stream`'s blocks, checked against the source blocks. */
 const verify = async (w: Worker, r: number, stream: number): Promise<void> => {
   const src = sourceBlocks(r % STREAMS)
@@ -594,15 +644,23 @@ interface Measured extends Phase {
   readonly memcpyGbps: number
 }
 
-interface Report {
-  readonly idle: Window
+/** One descriptor kind's phases. */
+interface KindReport {
+  readonly kind: CacheKind["kind"]
   readonly store: Measured
   readonly retrieve: Measured
+}
+
+interface Report {
+  readonly idle: Window
+  readonly kinds: ReadonlyArray<KindReport>
+  readonly guard: GuardCost
   readonly serverMemory: { rss: number; peak: number }
   readonly serverWarnings: number
 }
 
 const f2 = orNa((n) => n.toFixed(2))
+const f3 = orNa((n) => n.toFixed(3))
 const f1 = orNa((n) => n.toFixed(1))
 const int = orNa(intOf)
 
@@ -619,10 +677,22 @@ const table = (r: Report): string => {
     "| measurement | GB/s | memcpy GB/s (same bytes, right after) | GB/s ÷ memcpy | PING p50 µs | PING p99 µs | PING p99 ÷ idle | echo PING p99 µs (same window) | PING p99 ÷ echo p99 | server event-loop delay p99 / max, ms | bench event-loop delay p99, ms | server CPU: JS thread / other threads (cores) | server JS thread waiting for a CPU | CPU: bench process / whole machine (cores) |",
     "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     row("idle (PING only)", r.idle),
-    row("STORE", r.store, r.store),
-    row("RETRIEVE (with LOOKUP, END_SESSION)", r.retrieve, r.retrieve)
+    ...r.kinds.flatMap((k) => [
+      row(`STORE (${k.kind})`, k.store, k.store),
+      row(`RETRIEVE (${k.kind}; with LOOKUP, END_SESSION)`, k.retrieve, k.retrieve)
+    ])
   ].join("\n")
 }
+
+/** The guard's cost: GB/s with and without it, and the median time ratio, per direction. */
+const guardTable = (g: GuardCost): string =>
+  [
+    "| fault guard, one chunk's copy job | gather GB/s (worker → L1, STORE) | scatter GB/s (L1 → worker, RETRIEVE) |",
+    "|---|---:|---:|",
+    `| guard on (\`copyBatch\`, what the server runs) | ${f2(g.gather.guardedGbps)} | ${f2(g.scatter.guardedGbps)} |`,
+    `| guard off (\`copyBatchUnguarded\`, the same job) | ${f2(g.gather.unguardedGbps)} | ${f2(g.scatter.unguardedGbps)} |`,
+    `| guarded ÷ unguarded time, median of ${g.rounds} rounds | **${f3(g.gather.timeRatio)}** | **${f3(g.scatter.timeRatio)}** |`
+  ].join("\n")
 
 const section = (r: Report): string => {
   const count = (p: Phase) => `${p.requests} requests (${f2(p.bytes / 2 ** 30)} GiB) in a ${f1(p.seconds)} s window`
@@ -651,6 +721,8 @@ const section = (r: Report): string => {
     "*memcpy*: `Uint8Array.prototype.set` of a 32 MiB buffer into another (both already faulted in), one thread,",
     `in the bench process, ${MEMCPY_WARMUP_COPIES} copies of warm-up, then as many copies as the phase moved chunks, right after`,
     "the phase (so that both see about the same machine load).",
+    `*Kinds*: the phases run once per descriptor kind (${r.kinds.map((k) => k.kind).join(", ")}), each with its own worker`,
+    "and instance, after a CLEAR.",
     `*PING*: a raw zeromq DEALER sending one PING [nil] every ${PING_INTERVAL_MS} ms whatever the replies do (several may be in`,
     "flight; each timed from its own send), in a process of its own (`bench/pingChild.ts`), idle before the transfers",
     "and through each measured window. Beside it, the same probe against a bare zeromq.js echo (`bench/echo-router.ts`,",
@@ -665,12 +737,28 @@ const section = (r: Report): string => {
     "",
     table(r),
     "",
-    `STORE: ${count(r.store)}, mean ms per request: ${stagesText(r.store.stagesMs)}; ` +
-    `L1 evictions in the window: ${r.store.counters.mpcache_l1_evictions_total}.`,
-    `RETRIEVE: ${count(r.retrieve)}, mean ms per request: ${stagesText(r.retrieve.stagesMs)}.`,
-    `PING max µs: idle ${int(r.idle.ping.maxUs)}, STORE ${int(r.store.ping.maxUs)}, RETRIEVE ${int(r.retrieve.ping.maxUs)}. ` +
-    `Server memory at the end: RSS ${f2(r.serverMemory.rss)} GiB, peak ${f2(r.serverMemory.peak)} GiB ` +
+    ...r.kinds.flatMap((k) => [
+      `STORE (${k.kind}): ${count(k.store)}, mean ms per request: ${stagesText(k.store.stagesMs)}; ` +
+      `L1 evictions in the window: ${k.store.counters.mpcache_l1_evictions_total}.`,
+      `RETRIEVE (${k.kind}): ${count(k.retrieve)}, mean ms per request: ${stagesText(k.retrieve.stagesMs)}.`
+    ]),
+    `PING max µs: idle ${int(r.idle.ping.maxUs)}` +
+    r.kinds.map((k) => `, STORE (${k.kind}) ${int(k.store.ping.maxUs)}, RETRIEVE (${k.kind}) ${int(k.retrieve.ping.maxUs)}`).join("") +
+    `. Server memory at the end: RSS ${f2(r.serverMemory.rss)} GiB, peak ${f2(r.serverMemory.peak)} GiB ` +
     `(L1 capacity ${L1_SIZE_GB} GiB). Server WARN/ERROR log lines: ${r.serverWarnings}.`,
+    "",
+    "### The fault guard's cost",
+    "",
+    "Every copy of worker memory runs under the fault guard (issue 13: a worker that shrinks its segment gets an",
+    "error, the server survives); the guard must cost under 5 %. Measured on the real copy code: the server's copy",
+    `job of one chunk (the addon's \`copyBatch\` over the ${r.guard.mappings} layer segments of the cpu_shm cache, with the`,
+    `${r.guard.ranges} ranges the server's copy plan gives for 16 shuffled blocks: ${r.guard.jobBytes / 2 ** 20} MiB) against the same job through`,
+    "`copyBatchUnguarded`, the same loop outside the guard (a switch of the addon used by this bench only), in the",
+    `bench process on the libuv pool, one job at a time. ${r.guard.rounds} rounds of ${r.guard.jobsPerRound} jobs of each, the order alternating`,
+    "between rounds; gather first, then scatter of the gathered bytes back into the same blocks. The ratio is the",
+    "median over rounds of guarded ÷ unguarded time (1.00: no cost; noise of a shared machine moves it both ways).",
+    "",
+    guardTable(r.guard),
     "",
     "Reproduce: `npm run bench:transfer` (`-- --full` for 12 s windows, `-- --duration S` for S seconds per phase and",
     "idle; `-- --server-prof DIR` also writes the server's V8 CPU profile to DIR).",
@@ -681,7 +769,8 @@ const section = (r: Report): string => {
 /** The issue's transfer targets: GB/s ≥ 0.5 × memcpy; PING p99 under transfers ≤ 3 × idle and under 5 ms. */
 const summaryRows = (r: Report): Array<SummaryRow> => {
   const rows: Array<SummaryRow> = []
-  for (const [name, m] of [["STORE", r.store], ["RETRIEVE", r.retrieve]] as const) {
+  const phases = r.kinds.flatMap((k) => [[`STORE (${k.kind})`, k.store], [`RETRIEVE (${k.kind})`, k.retrieve]] as const)
+  for (const [name, m] of phases) {
     const ratio = m.gbps / m.memcpyGbps
     rows.push({
       bench: "transfer",
@@ -693,7 +782,7 @@ const summaryRows = (r: Report): Array<SummaryRow> => {
       met: ratio >= 0.5
     })
   }
-  for (const [name, m] of [["STORE", r.store], ["RETRIEVE", r.retrieve]] as const) {
+  for (const [name, m] of phases) {
     const ratio = m.ping.p99Us / r.idle.ping.p99Us
     rows.push({
       bench: "transfer",
@@ -703,6 +792,17 @@ const summaryRows = (r: Report): Array<SummaryRow> => {
       ratio,
       target: "≤ 3 × idle and < 5 ms",
       met: ratio <= 3 && m.ping.p99Us < 5_000
+    })
+  }
+  for (const [name, d] of [["gather", r.guard.gather], ["scatter", r.guard.scatter]] as const) {
+    rows.push({
+      bench: "transfer",
+      figure: `fault guard cost: one chunk's ${name} (${r.guard.mappings} mappings, ${r.guard.ranges} ranges), guarded ÷ unguarded time`,
+      measured: `${f2(d.guardedGbps)} GB/s guarded`,
+      reference: `${f2(d.unguardedGbps)} GB/s unguarded (same job, copyBatchUnguarded)`,
+      ratio: d.timeRatio,
+      target: `< ${GUARD_TARGET} (under 5 %)`,
+      met: d.timeRatio < GUARD_TARGET
     })
   }
   return rows
@@ -723,22 +823,15 @@ const checkRoom = (): void => {
 
 let prefaultSeconds = Number.NaN
 
-const main = async (): Promise<void> => {
-  checkRoom()
-  await startEcho()
-  const s = await startServer()
-  log(`server up (${endpoint}, ${s.httpUrl}, pid ${s.pid}); ${durationS} s per phase`)
-  prefaultSeconds = await Promise.race([awaitL1Prefault(s), s.exited])
-  log(`L1 prefaulted (waited ${f1(prefaultSeconds)} s)`)
-  const w = await Promise.race([startWorker(), s.exited])
-  log(`worker registered: ${NUM_LAYERS} segments of ${f2(LAYER_BYTES / 2 ** 20)} MiB, filled`)
+/** Fresh token ids for every STORE of the run, across kinds. */
+let serial = 0
 
-  log(`PING idle (${idleS} s) …`)
-  const idleWindow = await idle(s)
-
-  log("STORE …")
-  let serial = 0
-  const storePhase = await phase(s, "STORE", async (stream, _i, stages) => {
+/** One kind's phases with a worker of its own: STORE, CLEAR + the RETRIEVE set, RETRIEVE, the byte check. */
+const measureKind = async (s: Server, w: Worker, kind: CacheKind["kind"]): Promise<KindReport> => {
+  const guard = <A>(p: Promise<A>): Promise<A> => Promise.race([p, s.exited])
+  await guard(w.clear())
+  log(`STORE (${kind}) …`)
+  const storePhase = await phase(s, `STORE (${kind})`, async (stream, _i, stages) => {
     const n = serial++
     const request = { requestId: `store-${n}`, tokenIds: tokensFor(n), start: 0, end: REQUEST_TOKENS, blockIds: sourceBlocks(stream) }
     const ok = await timed(stages, "STORE", () => run(w.adapter.store(request)))
@@ -748,17 +841,16 @@ const main = async (): Promise<void> => {
   const store = withMemcpy(storePhase)
 
   log(`CLEAR, then STORE the RETRIEVE set (${RETRIEVE_SET} requests) …`)
-  const guard = <A>(p: Promise<A>): Promise<A> => Promise.race([p, s.exited])
   await guard(w.clear())
   for (let r = 0; r < RETRIEVE_SET; r++) {
     const request = { requestId: `set-${r}`, tokenIds: tokensFor(SET_BASE + r), start: 0, end: REQUEST_TOKENS, blockIds: sourceBlocks(r % STREAMS) }
     if (!(await guard(run(w.adapter.store(request))))) throw new Error(`STORE of set request ${r} answered ok = false`)
   }
 
-  log("RETRIEVE …")
-  const retrievePhase = await phase(s, "RETRIEVE", async (stream, i, stages) => {
+  log(`RETRIEVE (${kind}) …`)
+  const retrievePhase = await phase(s, `RETRIEVE (${kind})`, async (stream, i, stages) => {
     const r = (i * STREAMS + stream) % RETRIEVE_SET
-    const requestId = `retrieve-${stream}-${i}`
+    const requestId = `retrieve-${kind}-${stream}-${i}`
     const tokenIds = tokensFor(SET_BASE + r)
     const hit = await timed(stages, "LOOKUP", () => run(w.scheduler.lookup(requestId, tokenIds)))
     if (hit !== REQUEST_TOKENS) throw new Error(`LOOKUP of set request ${r} hit ${hit} of ${REQUEST_TOKENS} tokens`)
@@ -776,17 +868,50 @@ const main = async (): Promise<void> => {
     const counted = p.counters[counter]!
     if (Math.abs(counted - p.bytes) > STREAMS * REQUEST_BYTES) log(`  note: the server counted ${counted} bytes (${counter}), the bench ${p.bytes}`)
   }
+  return { kind, store, retrieve }
+}
+
+const main = async (): Promise<void> => {
+  checkRoom()
+  await startEcho()
+  const s = await startServer()
+  log(`server up (${endpoint}, ${s.httpUrl}, pid ${s.pid}); ${durationS} s per phase`)
+  prefaultSeconds = await Promise.race([awaitL1Prefault(s), s.exited])
+  log(`L1 prefaulted (waited ${f1(prefaultSeconds)} s)`)
+
+  let idleWindow: Window | undefined
+  let guardCostOf: GuardCost | undefined
+  const kinds: Array<KindReport> = []
+  for (const kind of KINDS) {
+    const w = await Promise.race([startWorker(kind), s.exited])
+    log(`worker registered (${kind.kind}): ${NUM_LAYERS} segments of ${f2(LAYER_BYTES / 2 ** 20)} MiB, filled`)
+    if (idleWindow === undefined) {
+      log(`PING idle (${idleS} s) …`)
+      idleWindow = await idle(s)
+    }
+    kinds.push(await measureKind(s, w, kind.kind))
+    if (kind.kind === "cpu_shm") {
+      log("fault guard: one chunk's copy job with and without the guard …")
+      guardCostOf = await guardCost(w.cache)
+      log(
+        `  gather ${f2(guardCostOf.gather.guardedGbps)} GB/s guarded, ${f2(guardCostOf.gather.unguardedGbps)} unguarded (×${f3(guardCostOf.gather.timeRatio)} time); ` +
+          `scatter ${f2(guardCostOf.scatter.guardedGbps)} / ${f2(guardCostOf.scatter.unguardedGbps)} (×${f3(guardCostOf.scatter.timeRatio)})`
+      )
+    }
+    await stopWorker()
+  }
+  if (idleWindow === undefined || guardCostOf === undefined) throw new Error("KINDS must include cpu_shm")
 
   const report: Report = {
     idle: idleWindow,
-    store,
-    retrieve,
+    kinds,
+    guard: guardCostOf,
     serverMemory: processMemoryGiB(s.pid),
     serverWarnings: s.warnings.count
   }
   if (s.warnings.count > 0) log(`the server logged ${s.warnings.count} WARN/ERROR line(s); first:\n${s.warnings.first.join("\n")}`)
 
-  await stopWorker()
+  await runtime.dispose()
   await stopServer()
   const body = section(report)
   process.stdout.write(`\n${body}\n`)
@@ -801,6 +926,7 @@ try {
   process.stderr.write(`bench:transfer failed: ${error instanceof Error ? error.stack ?? error.message : String(error)}\n`)
   process.exitCode = 1
   await stopWorker().catch(() => {})
+  await runtime.dispose().catch(() => {})
   await stopServer()
 } finally {
   resources.cleanupSync()
