@@ -63,7 +63,7 @@ import { validateKvCaches } from "../src/services/kv/KvCacheLayout.ts"
 import { chunkRanges } from "../src/services/server/internal/CopyPlan.ts"
 import type { ZmqSockets } from "../src/services/zmq/Sockets.ts"
 import { Clear } from "../src/schema/Op.ts"
-import { makeMqClient } from "../src/services/client/MqClient.ts"
+import { makeMqClient, type RequestError } from "../src/services/client/MqClient.ts"
 import { makePagedKvCache, type PagedKvCache, type PagedKvCacheOptions } from "../src/services/client/PagedKvCache.ts"
 import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/services/client/SchedulerAdapter.ts"
 import { makeWorkerAdapter, type TransferRequest, type WorkerAdapterShape } from "../src/services/client/WorkerAdapter.ts"
@@ -99,18 +99,26 @@ const MODEL = "bench-32l-8x128-f16"
 /**
  * The descriptor kinds whose STORE/RETRIEVE the bench measures, each with
  * how its worker makes the KV cache in the worker's scope (`namePrefix` is
- * this run's unique tag). Every phase, table row, summary row and the byte
- * check run once per entry. The hook for `cpu_memfd` (issue 13 item 2:
- * memory created with memfd_create and handed over with SCM_RIGHTS): an
- * entry `{ kind: "cpu_memfd", makeCache: <its client-side PagedKvCache> }`.
+ * this run's unique tag) and registers it. Every phase, table row, summary
+ * row and the byte check run once per entry.
+ *
+ * The hook for `cpu_memfd` (issue 13 item 2: memory from memfd_create,
+ * handed over with SCM_RIGHTS; branch memfd, not merged here): with its
+ * client side, the entries are
+ *   { kind: "cpu_shm", makeCache: (o) => makePagedKvCache({ ...o, backing: "cpu_shm" }), register: byDescriptors },
+ *   { kind: "cpu_memfd", makeCache: (o) => makePagedKvCache({ ...o, backing: "cpu_memfd" }),
+ *     register: (adapter, cache) => adapter.registerPagedKvCache(cache) }
  */
 interface CacheKind {
   readonly kind: "cpu_shm" | "cpu_memfd"
   readonly makeCache: (
     options: PagedKvCacheOptions
   ) => Effect.Effect<PagedKvCache, InvalidArgument | NativeError, NativeMemory | ZmqSockets | Scope.Scope>
+  readonly register: (adapter: WorkerAdapterShape, cache: PagedKvCache) => Effect.Effect<void, RequestError>
 }
-const KINDS: ReadonlyArray<CacheKind> = [{ kind: "cpu_shm", makeCache: makePagedKvCache }]
+/** REGISTER_KV_CACHE with the cache's descriptors as they are (cpu_shm). */
+const byDescriptors = (adapter: WorkerAdapterShape, cache: PagedKvCache) => adapter.registerKvCaches(cache.descriptors)
+const KINDS: ReadonlyArray<CacheKind> = [{ kind: "cpu_shm", makeCache: makePagedKvCache, register: byDescriptors }]
 
 // Load shape.
 const CHUNKS_PER_REQUEST = 4
@@ -136,10 +144,9 @@ const MIN_REQUESTS = 8
 /** …but no longer than this many times its duration. */
 const MAX_STRETCH = 4
 const MEMCPY_WARMUP_COPIES = 8
-/** The guard-cost measurement: rounds of each variant (quick, full) and chunk jobs per round. */
-const GUARD_ROUNDS_QUICK = 16
-const GUARD_ROUNDS_FULL = 40
-const GUARD_JOBS_PER_ROUND = 4
+/** The guard-cost measurement: rounds of one chunk job of each variant, per direction (quick, full). */
+const GUARD_ROUNDS_QUICK = 150
+const GUARD_ROUNDS_FULL = 400
 /** "The guard must cost under 5 %" (issue 13): guarded ÷ unguarded time below this. */
 const GUARD_TARGET = 1.05
 const READY_TIMEOUT_MS = 30_000
@@ -379,7 +386,7 @@ const startWorker = async (kind: CacheKind): Promise<Worker> => {
     }
   }
   const adapter = await run(makeWorkerAdapter({ endpoint, modelName: MODEL, worldSize: 1, kvRank: 0, requestTimeoutMs: REQUEST_TIMEOUT_MS }))
-  await run(adapter.registerKvCaches(cache.descriptors))
+  await run(kind.register(adapter, cache))
   const scheduler = await run(makeSchedulerAdapter({ endpoint, modelName: MODEL, worldSize: 1, requestTimeoutMs: REQUEST_TIMEOUT_MS }))
   const admin = await run(makeMqClient({ endpoint, requestTimeoutMs: REQUEST_TIMEOUT_MS }))
   return { cache, adapter, scheduler, clear: () => run(admin.request(Clear, [false])) }
@@ -608,7 +615,7 @@ const guardCost = async (cache: PagedKvCache): Promise<GuardCost> => {
   try {
     for (const name of plan.keys()) mappings.push(addon.openMapping(name, LAYER_BYTES))
     const job = { mappings, ranges: [...plan.values()], buffer: Buffer.alloc(CHUNK_BYTES) }
-    return await measureGuardCost(addon, job, args.full ? GUARD_ROUNDS_FULL : GUARD_ROUNDS_QUICK, GUARD_JOBS_PER_ROUND)
+    return await measureGuardCost(addon, job, args.full ? GUARD_ROUNDS_FULL : GUARD_ROUNDS_QUICK)
   } finally {
     await Promise.all(mappings.map((m) => m.close()))
   }
@@ -754,9 +761,10 @@ const section = (r: Report): string => {
     `job of one chunk (the addon's \`copyBatch\` over the ${r.guard.mappings} layer segments of the cpu_shm cache, with the`,
     `${r.guard.ranges} ranges the server's copy plan gives for 16 shuffled blocks: ${r.guard.jobBytes / 2 ** 20} MiB) against the same job through`,
     "`copyBatchUnguarded`, the same loop outside the guard (a switch of the addon used by this bench only), in the",
-    `bench process on the libuv pool, one job at a time. ${r.guard.rounds} rounds of ${r.guard.jobsPerRound} jobs of each, the order alternating`,
-    "between rounds; gather first, then scatter of the gathered bytes back into the same blocks. The ratio is the",
-    "median over rounds of guarded ÷ unguarded time (1.00: no cost; noise of a shared machine moves it both ways).",
+    `bench process on the libuv pool, one job at a time: ${r.guard.rounds} rounds of one job of each, the order alternating`,
+    "between rounds; gather first, then scatter of the gathered bytes back into the same blocks. GB/s of the median",
+    "job; the ratio is the median over rounds of guarded ÷ unguarded time (1.00: no cost; a shared machine's noise",
+    "moves it both ways).",
     "",
     guardTable(r.guard),
     "",

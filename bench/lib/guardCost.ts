@@ -8,21 +8,20 @@
  * mapping are what it skips).
  *
  * In the calling process, on the libuv pool, one job at a time (one copy
- * thread, as one chunk is in the server). Each round times `jobsPerRound`
- * jobs of each variant back to back, the order alternating between rounds
- * so that neither always runs first on a warm cache; gather (mappings →
- * buffer) first, then scatter of the gathered bytes back into the same
- * blocks (the mappings' contents are left as they were). The figure is the
- * median over rounds of guarded time ÷ unguarded time (a shared machine's
- * noise hits both sides of a round alike), and GB/s of each variant over
- * all its rounds.
+ * thread, as one chunk is in the server). Each round times one job of each
+ * variant, back to back, the order alternating between rounds so that
+ * neither always runs first on a warm cache; gather (mappings → buffer)
+ * first, then scatter of the gathered bytes back into the same blocks (the
+ * mappings' contents are left as they were). The figure is the median over
+ * rounds of guarded time ÷ unguarded time (a shared machine's noise hits
+ * both jobs of a round alike), and GB/s of each variant's median job.
  */
 import type { AddonMapping, NativeAddon } from "../../src/native/Native.ts"
 import { median } from "./stats.ts"
 
 /** One direction's result. */
 export interface GuardCostDirection {
-  /** GB/s (10^9 bytes) over all rounds, with the guard and without it. */
+  /** GB/s (10^9 bytes) of the median job, with the guard and without it. */
   readonly guardedGbps: number
   readonly unguardedGbps: number
   /** The median over rounds of guarded seconds ÷ unguarded seconds: 1.03 means the guard costs 3 %. */
@@ -33,7 +32,6 @@ export interface GuardCost {
   readonly gather: GuardCostDirection
   readonly scatter: GuardCostDirection
   readonly rounds: number
-  readonly jobsPerRound: number
   /** Bytes one job moves (one chunk). */
   readonly jobBytes: number
   /** Mappings (layers' segments) and ranges per job. */
@@ -51,36 +49,34 @@ export interface ChunkJob {
 
 const seconds = (t0: bigint) => Number(process.hrtime.bigint() - t0) / 1e9
 
-/** Measures `job` guarded and unguarded, `rounds` × `jobsPerRound` jobs each, per direction (after one warm-up round). */
-export const measureGuardCost = async (
-  addon: NativeAddon,
-  job: ChunkJob,
-  rounds: number,
-  jobsPerRound: number
-): Promise<GuardCost> => {
-  const run = async (direction: "gather" | "scatter", guarded: boolean): Promise<number> => {
-    const copy = guarded ? addon.copyBatch : addon.copyBatchUnguarded
+/**
+ * Measures `job` guarded and unguarded, per direction: after one warm-up job of each, `rounds` rounds of
+ * one job of each, the order alternating. Medians, not totals: on a shared machine a job that lost its
+ * CPU to another process says nothing about the guard.
+ */
+export const measureGuardCost = async (addon: NativeAddon, job: ChunkJob, rounds: number): Promise<GuardCost> => {
+  const once = async (direction: "gather" | "scatter", guarded: boolean): Promise<number> => {
     const t0 = process.hrtime.bigint()
-    for (let i = 0; i < jobsPerRound; i++) await copy(direction, job.mappings, job.ranges, job.buffer)
+    await (guarded ? addon.copyBatch : addon.copyBatchUnguarded)(direction, job.mappings, job.ranges, job.buffer)
     return seconds(t0)
   }
   const direction = async (d: "gather" | "scatter"): Promise<GuardCostDirection> => {
-    await run(d, true)
-    await run(d, false)
+    await once(d, true)
+    await once(d, false)
+    const guarded: Array<number> = []
+    const unguarded: Array<number> = []
     const ratios: Array<number> = []
-    let guardedTotal = 0
-    let unguardedTotal = 0
     for (let r = 0; r < rounds; r++) {
       const guardedFirst = r % 2 === 0
-      const first = await run(d, guardedFirst)
-      const second = await run(d, !guardedFirst)
-      const [guarded, unguarded] = guardedFirst ? [first, second] : [second, first]
-      guardedTotal += guarded
-      unguardedTotal += unguarded
-      ratios.push(guarded / unguarded)
+      const first = await once(d, guardedFirst)
+      const second = await once(d, !guardedFirst)
+      const [g, u] = guardedFirst ? [first, second] : [second, first]
+      guarded.push(g)
+      unguarded.push(u)
+      ratios.push(g / u)
     }
-    const bytes = rounds * jobsPerRound * job.buffer.byteLength
-    return { guardedGbps: bytes / guardedTotal / 1e9, unguardedGbps: bytes / unguardedTotal / 1e9, timeRatio: median(ratios) }
+    const bytes = job.buffer.byteLength
+    return { guardedGbps: bytes / median(guarded) / 1e9, unguardedGbps: bytes / median(unguarded) / 1e9, timeRatio: median(ratios) }
   }
   const gather = await direction("gather")
   const scatter = await direction("scatter")
@@ -88,7 +84,6 @@ export const measureGuardCost = async (
     gather,
     scatter,
     rounds,
-    jobsPerRound,
     jobBytes: job.buffer.byteLength,
     mappings: job.mappings.length,
     ranges: job.ranges.reduce((n, r) => n + r.length / 3, 0)
