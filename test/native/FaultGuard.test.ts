@@ -174,3 +174,30 @@ describe("mapping identity and unlinkSegmentIf (--unlink-reaped-segments)", () =
       assert.strictEqual((yield* Effect.flip(mem.segmentSize(name))).errno, "ENOENT")
     }).pipe(Effect.provide(NativeMemoryLive)))
 })
+
+describe("copyBatchUnguarded (bench/transfer.ts's reference for the guard's cost)", () => {
+  it.live("copies exactly what copyBatch copies, both directions, over several mappings", () =>
+    Effect.gen(function*() {
+      const mem = yield* NativeMemory
+      const addon = loadNativeAddon()
+      const names = [segmentName(), segmentName()]
+      for (const name of names) {
+        yield* Effect.acquireRelease(mem.createSegment(name, 16 * KiB), () => Effect.ignore(mem.unlinkSegment(name)))
+      }
+      const mappings = names.map((name) => addon.openMapping(name, 16 * KiB))
+      yield* Effect.addFinalizer(() => Effect.promise(() => Promise.all(mappings.map((m) => m.close()))))
+      // Two ranges of each mapping, interleaved in one 24 KiB buffer.
+      const ranges = [new Float64Array([0, 0, 4 * KiB, 8 * KiB, 8 * KiB, 8 * KiB]), new Float64Array([4 * KiB, 4 * KiB, 4 * KiB, 8 * KiB, 16 * KiB, 8 * KiB])]
+      const source = Uint8Array.from({ length: 24 * KiB }, (_, i) => (i * 11 + 1) % 253)
+      yield* Effect.promise(() => addon.copyBatchUnguarded("scatter", mappings, ranges, source))
+      const guarded = new Uint8Array(24 * KiB)
+      const unguarded = new Uint8Array(24 * KiB)
+      yield* Effect.promise(() => addon.copyBatch("gather", mappings, ranges, guarded))
+      yield* Effect.promise(() => addon.copyBatchUnguarded("gather", mappings, ranges, unguarded))
+      assert.strictEqual(Buffer.compare(guarded, source), 0)
+      assert.strictEqual(Buffer.compare(unguarded, source), 0)
+      // Its arguments are checked as copyBatch's are.
+      const bad = yield* Effect.flip(Effect.tryPromise(() => addon.copyBatchUnguarded("gather", mappings, [ranges[0]!], guarded)))
+      assert.include(String(bad.cause), "gather: 2 mappings but 1 range lists; expected one range list per mapping")
+    }).pipe(Effect.scoped, Effect.provide(NativeMemoryLive)))
+})
