@@ -592,16 +592,22 @@ export const toCopyError = (cause: unknown, fallbackCall: string): InvalidArgume
 }
 
 /**
- * Counts a {@link WorkerMemoryFault} in {@link guardedFaultsTotal} (labels `kind`, `call`), and a CUDA one in
- * `onCuda` (the count `/api/status` reports); other failures pass untouched. Inside the copy's uninterruptible
- * region: a batch whose first failure interrupts its siblings still counts each of their faults, as the addon's
- * own counter (`guardedFaults`) does.
+ * CUDA opens and copies of worker memory ended by a {@link CudaFault} in this process since it started
+ * (process-wide, as the addon's own `guardedFaults` counter is): what `/api/status` reports.
  */
-const countFault = (onCuda: () => void) =>
-<A, R>(copy: Effect.Effect<A, InvalidArgument | NativeError, R>): Effect.Effect<A, InvalidArgument | NativeError, R> =>
+let cudaFaultCount = 0
+
+/**
+ * Counts a {@link WorkerMemoryFault} in {@link guardedFaultsTotal} (labels `kind`, `call`), and a CUDA one in
+ * `cudaFaultCount`; other failures pass untouched. Inside the copy's uninterruptible region: a batch whose first
+ * failure interrupts its siblings still counts each of their faults, as the addon's own counter does.
+ */
+const countFault = <A, R>(
+  copy: Effect.Effect<A, InvalidArgument | NativeError, R>
+): Effect.Effect<A, InvalidArgument | NativeError, R> =>
   Effect.tapError(copy, (e) => {
     if (!isWorkerMemoryFault(e)) return Effect.void
-    if (isCudaFault(e)) onCuda()
+    if (isCudaFault(e)) cudaFaultCount++
     return Metric.update(Metric.withAttributes(guardedFaultsTotal, { kind: faultKind(e), call: e.call }), 1)
   })
 
@@ -616,89 +622,83 @@ const countFault = (onCuda: () => void) =>
  *
  * @category constructors
  */
-export const makeNativeCalls = (addon: NativeAddon) => {
-  let cudaFaults = 0
-  const counted = countFault(() => {
-    cudaFaults++
-  })
-  return {
-    createSegment: (name: string, nbytes: number): Effect.Effect<void, NativeError> =>
-      Effect.try({ try: () => addon.shmCreate(name, nbytes), catch: (e) => toNativeError(e, "shmCreate") }),
-    unlinkSegment: (name: string): Effect.Effect<void, NativeError> =>
-      Effect.try({ try: () => addon.shmUnlink(name), catch: (e) => toNativeError(e, "shmUnlink") }),
-    segmentSize: (name: string): Effect.Effect<number, NativeError> =>
-      Effect.try({ try: () => addon.shmSize(name), catch: (e) => toNativeError(e, "shmSize") }),
-    unlinkSegmentIf: (name: string, identity: string): Effect.Effect<"unlinked" | "replaced" | "absent", NativeError> =>
-      Effect.try({ try: () => addon.shmUnlinkIf(name, identity), catch: (e) => toNativeError(e, "shmUnlinkIf") }),
-    openMapping: (name: string, nbytes: number): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
-      Effect.try({ try: () => addon.openMapping(name, nbytes), catch: (e) => toMapError(name, nbytes, e) }),
-    /** Opens a cuda_ipc mapping (on the libuv pool). */
-    openCudaIpcMapping: (
-      ipcHandle: Uint8Array,
-      deviceUuid: string,
-      nbytes: number
-    ): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
+export const makeNativeCalls = (addon: NativeAddon) => ({
+  createSegment: (name: string, nbytes: number): Effect.Effect<void, NativeError> =>
+    Effect.try({ try: () => addon.shmCreate(name, nbytes), catch: (e) => toNativeError(e, "shmCreate") }),
+  unlinkSegment: (name: string): Effect.Effect<void, NativeError> =>
+    Effect.try({ try: () => addon.shmUnlink(name), catch: (e) => toNativeError(e, "shmUnlink") }),
+  segmentSize: (name: string): Effect.Effect<number, NativeError> =>
+    Effect.try({ try: () => addon.shmSize(name), catch: (e) => toNativeError(e, "shmSize") }),
+  unlinkSegmentIf: (name: string, identity: string): Effect.Effect<"unlinked" | "replaced" | "absent", NativeError> =>
+    Effect.try({ try: () => addon.shmUnlinkIf(name, identity), catch: (e) => toNativeError(e, "shmUnlinkIf") }),
+  openMapping: (name: string, nbytes: number): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
+    Effect.try({ try: () => addon.openMapping(name, nbytes), catch: (e) => toMapError(name, nbytes, e) }),
+  /** Opens a cuda_ipc mapping (on the libuv pool). */
+  openCudaIpcMapping: (
+    ipcHandle: Uint8Array,
+    deviceUuid: string,
+    nbytes: number
+  ): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
+    Effect.tryPromise({
+      try: () => addon.openCudaIpcMapping(ipcHandle, deviceUuid, nbytes),
+      catch: (e) => toCudaError(e, "openCudaIpcMapping")
+    }).pipe(countFault),
+  /** cudaMalloc + cudaIpcGetMemHandle (on the libuv pool). */
+  cudaAllocate: (deviceUuid: string, nbytes: number): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
+    Effect.tryPromise({ try: () => addon.cudaAllocate(deviceUuid, nbytes), catch: (e) => toCudaError(e, "cudaAllocate") }),
+  /** Probes libcudart once per process; MPCACHE_CUDART is read here, from this thread's process.env. */
+  cudaProbe: (): Effect.Effect<CudaBackendInfo> => Effect.promise(() => addon.cudaProbe(process.env["MPCACHE_CUDART"] ?? "")),
+  cudaMemGetInfo: (
+    deviceUuid: string
+  ): Effect.Effect<{ readonly free: number; readonly total: number }, InvalidArgument | NativeError> =>
+    Effect.tryPromise({ try: () => addon.cudaMemGetInfo(deviceUuid), catch: (e) => toCudaError(e, "cudaMemGetInfo") }),
+  /** Resolves after the release (munmap; for CUDA: IPC close or cudaFree, then stream destroy); waits for copies in flight first. */
+  closeMapping: (mapping: AddonMapping): Effect.Effect<void, NativeError> =>
+    Effect.tryPromise({ try: () => mapping.close(), catch: (e) => toNativeError(e, "munmap") }),
+  /**
+   * One gather or scatter. Validation errors are thrown synchronously by the
+   * addon, before anything is queued. Uninterruptible: once queued, the copy
+   * cannot be stopped, so the caller must not get its buffer back before it ends.
+   */
+  copy: (
+    direction: "gather" | "scatter",
+    mapping: AddonMapping,
+    ranges: Float64Array,
+    buffer: Uint8Array
+  ): Effect.Effect<void, InvalidArgument | NativeError> =>
+    Effect.uninterruptible(
       Effect.tryPromise({
-        try: () => addon.openCudaIpcMapping(ipcHandle, deviceUuid, nbytes),
-        catch: (e) => toCudaError(e, "openCudaIpcMapping")
-      }).pipe(counted),
-    /** cudaMalloc + cudaIpcGetMemHandle (on the libuv pool). */
-    cudaAllocate: (deviceUuid: string, nbytes: number): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
-      Effect.tryPromise({ try: () => addon.cudaAllocate(deviceUuid, nbytes), catch: (e) => toCudaError(e, "cudaAllocate") }),
-    /** Probes libcudart once per process; MPCACHE_CUDART is read here, from this thread's process.env. */
-    cudaProbe: (): Effect.Effect<CudaBackendInfo> => Effect.promise(() => addon.cudaProbe(process.env["MPCACHE_CUDART"] ?? "")),
-    cudaMemGetInfo: (
-      deviceUuid: string
-    ): Effect.Effect<{ readonly free: number; readonly total: number }, InvalidArgument | NativeError> =>
-      Effect.tryPromise({ try: () => addon.cudaMemGetInfo(deviceUuid), catch: (e) => toCudaError(e, "cudaMemGetInfo") }),
-    /** Resolves after the release (munmap; for CUDA: IPC close or cudaFree, then stream destroy); waits for copies in flight first. */
-    closeMapping: (mapping: AddonMapping): Effect.Effect<void, NativeError> =>
-      Effect.tryPromise({ try: () => mapping.close(), catch: (e) => toNativeError(e, "munmap") }),
-    /**
-     * One gather or scatter. Validation errors are thrown synchronously by the
-     * addon, before anything is queued. Uninterruptible: once queued, the copy
-     * cannot be stopped, so the caller must not get its buffer back before it ends.
-     */
-    copy: (
-      direction: "gather" | "scatter",
-      mapping: AddonMapping,
-      ranges: Float64Array,
-      buffer: Uint8Array
-    ): Effect.Effect<void, InvalidArgument | NativeError> =>
-      Effect.uninterruptible(
-        Effect.tryPromise({
-          try: () => (direction === "gather" ? mapping.gather(ranges, buffer) : mapping.scatter(ranges, buffer)),
-          catch: (e) => toCopyError(e, direction)
-        }).pipe(counted)
-      ),
-    /** One job over several mappings (see NativeAddon.copyBatch); uninterruptible like `copy`. */
-    copyBatch: (
-      direction: "gather" | "scatter",
-      mappings: ReadonlyArray<AddonMapping>,
-      ranges: ReadonlyArray<Float64Array>,
-      buffer: Uint8Array
-    ): Effect.Effect<void, InvalidArgument | NativeError> =>
-      Effect.uninterruptible(
-        Effect.tryPromise({ try: () => addon.copyBatch(direction, mappings, ranges, buffer), catch: (e) => toCopyError(e, direction) })
-          .pipe(counted)
-      ),
-    prefault: (
-      mapping: AddonMapping,
-      offset: number,
-      length: number,
-      touch = false
-    ): Effect.Effect<void, InvalidArgument | NativeError> =>
-      Effect.uninterruptible(
-        Effect.tryPromise({ try: () => mapping.prefault(offset, length, touch), catch: (e) => toCopyError(e, "prefault") })
-          .pipe(counted)
-      ),
-    view: (mapping: AddonMapping): Effect.Effect<ArrayBuffer, NativeError> =>
-      Effect.try({ try: () => mapping.arrayBuffer(), catch: (e) => toNativeError(e, "arrayBuffer") }),
-    stats: (): { readonly openMappings: number; readonly mappedBytes: number } => addon.stats(),
-    guardedFaults: (): number => addon.guardedFaults(),
-    cudaFaults: (): number => cudaFaults
-  }
-}
+        try: () => (direction === "gather" ? mapping.gather(ranges, buffer) : mapping.scatter(ranges, buffer)),
+        catch: (e) => toCopyError(e, direction)
+      }).pipe(countFault)
+    ),
+  /** One job over several mappings (see NativeAddon.copyBatch); uninterruptible like `copy`. */
+  copyBatch: (
+    direction: "gather" | "scatter",
+    mappings: ReadonlyArray<AddonMapping>,
+    ranges: ReadonlyArray<Float64Array>,
+    buffer: Uint8Array
+  ): Effect.Effect<void, InvalidArgument | NativeError> =>
+    Effect.uninterruptible(
+      Effect.tryPromise({ try: () => addon.copyBatch(direction, mappings, ranges, buffer), catch: (e) => toCopyError(e, direction) })
+        .pipe(countFault)
+    ),
+  prefault: (
+    mapping: AddonMapping,
+    offset: number,
+    length: number,
+    touch = false
+  ): Effect.Effect<void, InvalidArgument | NativeError> =>
+    Effect.uninterruptible(
+      Effect.tryPromise({ try: () => mapping.prefault(offset, length, touch), catch: (e) => toCopyError(e, "prefault") })
+        .pipe(countFault)
+    ),
+  view: (mapping: AddonMapping): Effect.Effect<ArrayBuffer, NativeError> =>
+    Effect.try({ try: () => mapping.arrayBuffer(), catch: (e) => toNativeError(e, "arrayBuffer") }),
+  stats: (): { readonly openMappings: number; readonly mappedBytes: number } => addon.stats(),
+  guardedFaults: (): number => addon.guardedFaults(),
+  cudaFaults: (): number => cudaFaultCount
+})
 
 /** The addon's calls as Effects (see {@link makeNativeCalls}). */
 export type NativeCalls = ReturnType<typeof makeNativeCalls>
