@@ -175,7 +175,7 @@ describe("CUDA faults: a refused handle, a device lost mid-copy, a sticky error"
       assert.notInclude(daemon.worker.stdout(), `"ok":false`)
 
       // Status and metrics agree: four CUDA faults, no shrunk segment; only the daemon's context is left,
-      // with its two cpu_shm segments (2 × 16 blocks × 16 tokens × 16 fp16, K and V); L1 holds no reservation or lock.
+      // with its two cpu_shm segments (2 × 16 blocks × 16 tokens × 16 fp16, K and V).
       const doc = yield* statusOf(httpPort)
       assert.deepStrictEqual(doc.fault_guard, { guarded_faults: 0, cuda_faults: 4 })
       assert.deepStrictEqual(yield* faultMetrics(httpPort), {
@@ -186,7 +186,14 @@ describe("CUDA faults: a refused handle, a device lost mid-copy, a sticky error"
       })
       assert.deepStrictEqual(doc.instances.map((i) => i.instance_id), [daemon.instanceId])
       assert.deepStrictEqual(doc.native, { open_mappings: 2, mapped_bytes: 2 * (2 * 16 * 16 * 16 * 2) })
-      assert.deepStrictEqual({ reserved: doc.l1.reserved_objects, locked: doc.l1.locked_objects }, { reserved: 0, locked: 0 })
+      // Once the daemon has stopped (its STOREs reserve all along): L1 holds no reservation or read lock that a
+      // failed STORE or RETRIEVE left behind, and nothing is mapped.
+      yield* daemon.worker.stop("SIGTERM")
+      const quiet = yield* statusOf(httpPort)
+      assert.deepStrictEqual(
+        { reserved: quiet.l1.reserved_objects, locked: quiet.l1.locked_objects, instances: quiet.instances, native: quiet.native },
+        { reserved: 0, locked: 0, instances: [], native: { open_mappings: 0, mapped_bytes: 0 } }
+      )
       // The fake saw the two failures it injected and no misuse (no copy left queued on a closed mapping).
       const state = readFakeState(fake)
       assert.deepStrictEqual({ failures: state.failures, violations: state.violations }, { failures: 2, violations: 0 })

@@ -11,7 +11,7 @@
  * {@link useFakeCudartInProcess}); child processes inherit it.
  */
 import { spawnSync } from "node:child_process"
-import { closeSync, constants, mkdtempSync, openSync, readFileSync, rmSync, writeSync } from "node:fs"
+import { closeSync, constants, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, statSync, writeSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -36,8 +36,8 @@ export interface FakeCudart {
  */
 export const buildFakeCudart = (): FakeCudart => {
   const dir = mkdtempSync(join(tmpdir(), "mpcache-fakecudart-"))
-  process.once("exit", () => rmSync(dir, { recursive: true, force: true }))
   const library = join(dir, "libfakecudart.so")
+  process.once("exit", () => removeFakeCudart({ dir, library, statePath: `${library}.state` }))
   const cc = process.env["CC"] ?? "cc"
   const run = spawnSync(cc, ["-shared", "-fPIC", "-O2", "-Wall", "-o", library, FAKE_CUDART_SOURCE, "-lpthread", "-lrt"], {
     encoding: "utf8"
@@ -48,8 +48,24 @@ export const buildFakeCudart = (): FakeCudart => {
   return { dir, library, statePath: `${library}.state` }
 }
 
-/** Removes the fake's temp dir (a process that loaded it keeps its mapping of the library). */
-export const removeFakeCudart = (fake: FakeCudart): void => rmSync(fake.dir, { recursive: true, force: true })
+/**
+ * Removes the fake's temp dir (a process that loaded it keeps its mapping of the library) and the "device
+ * memory" segments of this fake left in /dev/shm: `fakecuda-<state inode>-*`, which the fake unlinks only once
+ * nobody holds them, so an importer whose close failed (a sticky error) or that was killed leaves them behind.
+ */
+export const removeFakeCudart = (fake: FakeCudart): void => {
+  let ino: number | undefined
+  try {
+    ino = statSync(fake.statePath).ino
+  } catch {
+    ino = undefined // no process loaded it: no segment either
+  }
+  if (ino !== undefined) {
+    const prefix = `fakecuda-${ino}-`
+    for (const name of readdirSync("/dev/shm")) if (name.startsWith(prefix)) rmSync(`/dev/shm/${name}`, { force: true })
+  }
+  rmSync(fake.dir, { recursive: true, force: true })
+}
 
 /** Builds the fake and points this process (and its children) at it. Call before the first CUDA call. */
 export const useFakeCudartInProcess = (): FakeCudart => {
