@@ -103,8 +103,10 @@ const MODEL = "bench-32l-8x128-f16"
  * row and the byte check run once per entry.
  *
  * The hook for `cpu_memfd` (issue 13 item 2: memory from memfd_create,
- * handed over with SCM_RIGHTS; branch memfd, not merged here): with its
- * client side, the entries are
+ * handed over with SCM_RIGHTS; branch memfd, not merged here). With its
+ * client side makePagedKvCache defaults to cpu_memfd, so the cpu_shm entry
+ * must name its backing (guardCost opens that cache's segments by name);
+ * the entries are
  *   { kind: "cpu_shm", makeCache: (o) => makePagedKvCache({ ...o, backing: "cpu_shm" }), register: byDescriptors },
  *   { kind: "cpu_memfd", makeCache: (o) => makePagedKvCache({ ...o, backing: "cpu_memfd" }),
  *     register: (adapter, cache) => adapter.registerPagedKvCache(cache) }
