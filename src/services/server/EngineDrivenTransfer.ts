@@ -628,6 +628,7 @@ const make = Effect.gen(function*() {
         numLayers: layout.numLayers,
         hiddenDim: layout.hiddenDim,
         elementBytes: dtypeBytes(layout.dtype),
+        dtype: layout.dtype,
         chunkBytes: layout.chunkBytes
       }
       const known = yield* layouts.get(p.model_name, p.world_size)

@@ -304,6 +304,7 @@ const make = Effect.gen(function*() {
         numLayers: geometry.numLayers,
         hiddenDim: geometry.hiddenDim,
         elementBytes: geometry.elementBytes,
+        dtype: geometry.dtype,
         chunkBytes: 2 * geometry.numLayers * chunk * geometry.hiddenDim * geometry.elementBytes
       })
       yield* Scope.addFinalizer(scope, layouts.unregister(modelName, worldSize))
