@@ -123,7 +123,7 @@ export class Lookup extends Context.Service<Lookup, {
         Effect.gen(function*() {
           const fetched = yield* Effect.forEach(
             Array.from({ length: count }, (_, i) => from + i),
-            (i) => Effect.forEach(perRank, (keys) => l2.fetch(keys[i]!, layout)),
+            (i) => Effect.forEach(perRank, (keys) => l2.fetch(keys[i]!, layout), { concurrency: "unbounded" }),
             { concurrency: 8 }
           )
           let got = 0
