@@ -1,0 +1,70 @@
+/**
+ * One real redis-server for the L2 tests (issue 15): a child process on a
+ * free loopback port in a temporary folder (`--save '' --appendonly no`),
+ * stopped by pid with the scope. A minimal stand-in, to be replaced by the
+ * fleet harness (test/support/RedisFleet.ts, single node and cluster) at
+ * merge: the tests use only `redisServerPath`, `startRedis` and the handle.
+ */
+import { execFileSync, spawn, type ChildProcess } from "node:child_process"
+import { existsSync, mkdtempSync, rmSync } from "node:fs"
+import { createServer } from "node:net"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { Effect, Schedule, Scope } from "effect"
+
+/** Where redis-server is, or undefined when it is not installed (the L2 suites are then skipped, loudly). */
+export const redisServerPath: string | undefined = ["/usr/bin/redis-server", "/usr/local/bin/redis-server"].find((p) => existsSync(p))
+const redisCliPath = ["/usr/bin/redis-cli", "/usr/local/bin/redis-cli"].find((p) => existsSync(p)) ?? "redis-cli"
+
+/** A running redis-server. */
+export interface RedisProcess {
+  readonly port: number
+  /** `redis://127.0.0.1:PORT`. */
+  readonly url: string
+  /** Runs `redis-cli -p PORT ...args` and returns its stdout (trimmed). */
+  readonly cli: (...args: ReadonlyArray<string>) => string
+  /** SIGKILL, and wait for the exit. */
+  readonly kill: Effect.Effect<void>
+  /** Starts it again on the same port (empty: nothing is saved). */
+  readonly restart: Effect.Effect<void>
+}
+
+const freePort = () =>
+  Effect.callback<number>((resume) => {
+    const s = createServer()
+    s.listen(0, "127.0.0.1", () => {
+      const address = s.address()
+      const port = typeof address === "object" && address !== null ? address.port : 0
+      s.close(() => resume(Effect.succeed(port)))
+    })
+  })
+
+/** redis-server on a free port with `extraArgs` (e.g. `--maxmemory 3mb`), once it answers PING; stopped with the scope. */
+export const startRedis = (extraArgs: ReadonlyArray<string> = []): Effect.Effect<RedisProcess, Error, Scope.Scope> =>
+  Effect.gen(function*() {
+    if (redisServerPath === undefined) return yield* Effect.fail(new Error("redis-server is not installed"))
+    const server = redisServerPath
+    const port = yield* freePort()
+    const dir = mkdtempSync(join(tmpdir(), "mpcache-redis-"))
+    let child: ChildProcess | undefined
+    const cli = (...args: ReadonlyArray<string>) =>
+      execFileSync(redisCliPath, ["-p", String(port), ...args], { encoding: "utf8", timeout: 5000 }).trim()
+    const answers = Effect.try({ try: () => cli("PING"), catch: (e) => e as Error }).pipe(
+      Effect.filterOrFail((r) => r === "PONG", (r) => new Error(`redis-server on ${port} answered ${r}`))
+    )
+    const start = Effect.gen(function*() {
+      child = spawn(server, ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir, ...extraArgs], {
+        stdio: "ignore"
+      })
+      yield* answers.pipe(Effect.retry(Schedule.spaced("50 millis").pipe(Schedule.upTo({ times: 100 }))))
+    })
+    const kill = Effect.callback<void>((resume) => {
+      const c = child
+      if (c === undefined || c.exitCode !== null || c.signalCode !== null) return resume(Effect.void)
+      c.once("exit", () => resume(Effect.void))
+      c.kill("SIGKILL")
+    })
+    yield* Effect.addFinalizer(() => kill.pipe(Effect.andThen(Effect.sync(() => rmSync(dir, { recursive: true, force: true })))))
+    yield* start
+    return { port, url: `redis://127.0.0.1:${port}`, cli, kill, restart: start.pipe(Effect.orDie) }
+  })
