@@ -6,7 +6,7 @@
  */
 import { randomUUID } from "node:crypto"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer } from "effect"
+import { Effect, Layer, Schedule } from "effect"
 import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
 import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
 import type { CacheKey } from "../../src/schema/CacheKey.ts"
@@ -19,7 +19,7 @@ import { objectKeysOf } from "../../src/services/server/Lookup.ts"
 import { HEADER_BYTES, l2KeyOf, layoutFingerprint } from "../../src/services/server/l2/L2Value.ts"
 import { verifyTokens, writeTokens } from "../support/KvData.ts"
 import { eventually, getText, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
-import { redisServerPath, startRedis } from "../support/RedisProcess.ts"
+import { redisServerPath, startRedis, startRedisCluster } from "../support/RedisProcess.ts"
 
 const CHUNK = 64 // startServer's --chunk-size
 const BLOCK = 16
@@ -176,4 +176,53 @@ describe.skipIf(redisServerPath === undefined)("L2 on a real redis-server", () =
       const bStatus = yield* statusOf(b.httpPort)
       assert.deepInclude(bStatus.l2, { state: "ok", last_error: null, corrupt_values: 0 })
     }).pipe(Effect.scoped, Effect.provide(Env)), 90_000)
+
+  it.live("a Cluster of 3 masters + 3 replicas: keys land on every master; kill -9 of a master during transfers: replica promoted, nothing corrupt, writes resume", () =>
+    Effect.gen(function*() {
+      const cluster = yield* startRedisCluster(3, 1)
+      const a = yield* serverWithWorker(cluster.url, 1n)
+      const b = yield* serverWithWorker(cluster.url, 2n)
+      const tokens = tokensOf(16 * CHUNK, 20)
+      yield* writeTokens(a.cache, 8, range(0, 64))
+      yield* a.client.request(Store, [keyOf(tokens), a.id, [range(0, 64)], EVENT])
+      yield* eventually(statusOf(a.httpPort), (s) => s.l2?.writes === 16, 10_000)
+      const masters = cluster.masterPorts()
+      assert.strictEqual(masters.length, 3)
+      const perMaster = masters.map((port) => Number(cluster.nodes.find((n) => n.port === port)!.cli("DBSIZE")))
+      assert.strictEqual(perMaster.reduce((x, y) => x + y, 0), 16)
+      assert.isTrue(perMaster.every((n) => n > 0), `keys per master: ${perMaster.join(", ")}`)
+      const key = keyOf(tokens)
+      assert.strictEqual(yield* lookupPrefix(b.client, key), 16)
+      yield* b.client.request(Retrieve, [key, b.id, [range(100, 64)], EVENT, 0])
+      assert.deepStrictEqual(yield* verifyTokens(b.cache, 8, range(100, 64)), [])
+      yield* b.client.request(EndSession, [key.request_id])
+
+      // kill -9 one master while A stores and B looks up.
+      const victim = cluster.nodes.find((n) => n.port === masters[0])!
+      yield* victim.kill
+      for (let p = 0; p < 4; p++) {
+        const t = tokensOf(4 * CHUNK, 30 + p)
+        yield* writeTokens(a.cache, 30 + p, range(0, 16))
+        assert.deepStrictEqual(yield* a.client.request(Store, [keyOf(t), a.id, [range(0, 16)], EVENT]), [EVENT, true])
+        const n = yield* lookupPrefix(b.client, keyOf(tokens))
+        assert.isTrue(n >= 0 && n <= 16)
+      }
+      // Its replica takes over (cluster-node-timeout 2 s); then a new prompt goes all the way through again.
+      const c = yield* Effect.gen(function*() {
+        const before = (yield* statusOf(a.httpPort)).l2?.writes ?? 0
+        const t = tokensOf(4 * CHUNK, 40)
+        yield* writeTokens(a.cache, 40, range(0, 16))
+        yield* a.client.request(Store, [keyOf(t), a.id, [range(0, 16)], EVENT])
+        yield* eventually(statusOf(a.httpPort), (s) => s.l2?.queue_depth === 0, 10_000)
+        const after = (yield* statusOf(a.httpPort)).l2?.writes ?? 0
+        return after - before === 4 ? t : yield* Effect.fail(new Error(`${after - before} of 4 written`))
+      }).pipe(Effect.retry({ schedule: Schedule.spaced("500 millis"), times: 40 }), Effect.orDie)
+      const cKey = keyOf(c)
+      // c is new to B: all four chunks come from L2.
+      assert.strictEqual(yield* lookupPrefix(b.client, cKey), 4)
+      yield* b.client.request(Retrieve, [cKey, b.id, [range(200, 16)], EVENT, 0])
+      assert.deepStrictEqual(yield* verifyTokens(b.cache, 40, range(200, 16)), [])
+      assert.strictEqual((yield* statusOf(b.httpPort)).l2?.corrupt_values, 0)
+      assert.strictEqual(cluster.masterPorts().length, 3)
+    }).pipe(Effect.scoped, Effect.provide(Env)), 120_000)
 })

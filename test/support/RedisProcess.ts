@@ -3,7 +3,8 @@
  * free loopback port in a temporary folder (`--save '' --appendonly no`),
  * stopped by pid with the scope. A minimal stand-in, to be replaced by the
  * fleet harness (test/support/RedisFleet.ts, single node and cluster) at
- * merge: the tests use only `redisServerPath`, `startRedis` and the handle.
+ * merge: the tests use only `redisServerPath`, `startRedis`,
+ * `startRedisCluster` and the handles.
  */
 import { execFileSync, spawn, type ChildProcess } from "node:child_process"
 import { existsSync, mkdtempSync, rmSync } from "node:fs"
@@ -67,4 +68,50 @@ export const startRedis = (extraArgs: ReadonlyArray<string> = []): Effect.Effect
     yield* Effect.addFinalizer(() => kill.pipe(Effect.andThen(Effect.sync(() => rmSync(dir, { recursive: true, force: true })))))
     yield* start
     return { port, url: `redis://127.0.0.1:${port}`, cli, kill, restart: start.pipe(Effect.orDie) }
+  })
+
+/** A running Redis Cluster: its nodes (masters first, as created), and the `redis+cluster://` url of its seeds. */
+export interface RedisCluster {
+  readonly nodes: ReadonlyArray<RedisProcess>
+  readonly url: string
+  /** The ports of the nodes that are masters now (`CLUSTER NODES` of a live node). */
+  readonly masterPorts: () => ReadonlyArray<number>
+}
+
+/**
+ * A cluster of `masters` masters with `replicas` replicas each, made with
+ * `redis-cli --cluster create … --cluster-yes`, once every node says
+ * `cluster_state:ok`; every node stopped with the scope.
+ */
+export const startRedisCluster = (masters: number, replicas: number): Effect.Effect<RedisCluster, Error, Scope.Scope> =>
+  Effect.gen(function*() {
+    const nodes: Array<RedisProcess> = []
+    for (let i = 0; i < masters * (1 + replicas); i++) {
+      nodes.push(yield* startRedis(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"]))
+    }
+    yield* Effect.try({
+      try: () =>
+        execFileSync(redisCliPath, [
+          "--cluster", "create", ...nodes.map((n) => `127.0.0.1:${n.port}`), "--cluster-replicas", String(replicas), "--cluster-yes"
+        ], { encoding: "utf8", timeout: 30_000 }),
+      catch: (e) => e as Error
+    })
+    const allOk = Effect.try({ try: () => nodes.every((n) => /cluster_state:ok/.test(n.cli("CLUSTER", "INFO"))), catch: (e) => e as Error }).pipe(
+      Effect.filterOrFail((ok) => ok, () => new Error("cluster_state is not ok on every node"))
+    )
+    yield* allOk.pipe(Effect.retry(Schedule.spaced("100 millis").pipe(Schedule.upTo({ times: 150 }))))
+    const masterPorts = () => {
+      for (const n of nodes) {
+        try {
+          // <id> <ip:port@cport> <flags> …: flags such as "myself,master" or "master,fail".
+          return n.cli("CLUSTER", "NODES").split("\n").map((l) => l.split(" "))
+            .filter((f) => f.length > 2 && f[2]!.split(",").includes("master") && !f[2]!.includes("fail"))
+            .map((f) => Number(/:(\d+)@/.exec(f[1]!)?.[1]))
+        } catch {
+          continue
+        }
+      }
+      return []
+    }
+    return { nodes, url: `redis+cluster://${nodes.slice(0, masters).map((n) => `127.0.0.1:${n.port}`).join(",")}`, masterPorts }
   })
