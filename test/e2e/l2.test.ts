@@ -116,6 +116,14 @@ describe.skipIf(redisServerPath === undefined)("L2 on a real redis-server", () =
       const metrics = yield* getText(`http://127.0.0.1:${c.httpPort}/metrics`)
       assert.include(metrics, `mpcache_l2_corrupt_values_total{reason="checksum"} 1`)
       assert.strictEqual(metric(metrics, "mpcache_l2_hits_total"), 4)
+      // C's prefetch GETs all four at once (the corrupt one is found when it arrives): bytes in, a latency sample
+      // per GET and one per EXISTS batch.
+      assert.strictEqual(metric(metrics, "mpcache_l2_bytes_in_total"), 4 * (HEADER_BYTES + layout.chunkBytes))
+      assert.include(metrics, `mpcache_l2_command_seconds_count{op="GET"} 4`)
+      assert.include(metrics, `mpcache_l2_command_seconds_count{op="EXISTS"} 1`)
+      const aMetrics = yield* getText(`http://127.0.0.1:${a.httpPort}/metrics`)
+      assert.strictEqual(metric(aMetrics, "mpcache_l2_bytes_out_total"), 4 * (HEADER_BYTES + layout.chunkBytes))
+      assert.include(aMetrics, `mpcache_l2_command_seconds_count{op="SET"} 4`)
     }).pipe(Effect.scoped, Effect.provide(Env)), 60_000)
 
   it.live("redis killed: LOOKUP answers from L1 at once, the breaker opens, STORE still succeeds; it closes when redis is back", () =>
@@ -225,4 +233,28 @@ describe.skipIf(redisServerPath === undefined)("L2 on a real redis-server", () =
       assert.strictEqual((yield* statusOf(b.httpPort)).l2?.corrupt_values, 0)
       assert.strictEqual(cluster.masterPorts().length, 3)
     }).pipe(Effect.scoped, Effect.provide(Env)), 120_000)
+
+  it.live("an unreachable L2 at start: a WARNING, and the server serves from L1; an ACL user limited to the prefix works, its password never shown", () =>
+    Effect.gen(function*() {
+      const redis = yield* startRedis()
+      const port = redis.port
+      yield* redis.kill
+      const a = yield* serverWithWorker(`redis://127.0.0.1:${port}`, 1n)
+      yield* a.server.waitForStderr(/L2 redis:\/\/127\.0\.0\.1:\d+ is unreachable \(.+\); serving from L1 only, connecting in the background/, 10_000)
+      const tokens = tokensOf(2 * CHUNK, 50)
+      yield* writeTokens(a.cache, 50, range(0, 8))
+      assert.deepStrictEqual(yield* a.client.request(Store, [keyOf(tokens), a.id, [range(0, 8)], EVENT]), [EVENT, true])
+      assert.strictEqual(yield* lookupPrefix(a.client, keyOf(tokens)), 2)
+
+      // A user that may touch mpc:* only (and PING), over another redis.
+      const acl = yield* startRedis()
+      acl.cli("ACL", "SETUSER", "mpcache", "on", ">s3cret", "~mpc:*", "+ping", "+exists", "+get", "+set", "+del")
+      const b = yield* serverWithWorker(`redis://mpcache:s3cret@127.0.0.1:${acl.port}`, 2n)
+      yield* writeTokens(b.cache, 51, range(0, 8))
+      yield* b.client.request(Store, [keyOf(tokens), b.id, [range(0, 8)], EVENT])
+      const s = yield* eventually(statusOf(b.httpPort), (s) => s.l2?.writes === 2, 10_000)
+      assert.deepInclude(s.l2, { url: `redis://mpcache:***@127.0.0.1:${acl.port}`, state: "ok", writes: 2, failed_writes: 0, last_error: null })
+      assert.strictEqual(acl.cli("DBSIZE"), "2")
+      assert.notInclude(b.server.stderr(), "s3cret")
+    }).pipe(Effect.scoped, Effect.provide(Env)), 60_000)
 })
