@@ -49,7 +49,8 @@ const serverWithWorker = (url: string, id: bigint, flags: ReadonlyArray<string> 
   Effect.gen(function*() {
     const endpoint = ipcEndpoint()
     const { server, httpPort } = yield* startServer(endpoint, [
-      "--l2-url", url, "--l1-size-gb", "0.0625", "--no-l1-prefault", "--l2-breaker-probe-max-ms", "1000", ...flags
+      // Lookups get 1 s, not 50 ms: this machine is shared, and timeouts are L2Tier.test.ts's subject (TestClock).
+      "--l2-url", url, "--l1-size-gb", "0.0625", "--no-l1-prefault", "--l2-breaker-probe-max-ms", "1000", "--l2-lookup-timeout-ms", "1000", ...flags
     ])
     const client = yield* makeMqClient({ endpoint, requestTimeoutMs: 10_000 })
     const cache = yield* makePagedKvCache({ namePrefix: `mpcache-l2-${randomUUID()}`, ...geometry })
