@@ -217,9 +217,11 @@ describe.skipIf(redisServerPath === undefined)("L2 on a real redis-server", () =
         assert.isTrue(n >= 0 && n <= 16)
       }
       // Its replica takes over (cluster-node-timeout 2 s); then a new prompt goes all the way through again.
+      let attempt = 0
       const c = yield* Effect.gen(function*() {
         const before = (yield* statusOf(a.httpPort)).l2?.writes ?? 0
-        const t = tokensOf(4 * CHUNK, 40)
+        // A new prompt each attempt: a prompt already in L1 is not stored (nor written through) again.
+        const t = tokensOf(4 * CHUNK, 40 + attempt++)
         yield* writeTokens(a.cache, 40, range(0, 16))
         yield* a.client.request(Store, [keyOf(t), a.id, [range(0, 16)], EVENT])
         yield* eventually(statusOf(a.httpPort), (s) => s.l2?.queue_depth === 0, 10_000)
