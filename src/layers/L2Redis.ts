@@ -33,41 +33,50 @@ const BINARY = { [RESP_TYPES.BLOB_STRING]: Buffer } as const
 const reconnectStrategy = (retries: number) => Math.min(50 * 2 ** retries, 2000)
 const setOptions = (ttlSeconds: number) => ttlSeconds > 0 ? { condition: "NX" as const, expiration: { type: "EX" as const, value: ttlSeconds } } : { condition: "NX" as const }
 
+/** What a node-redis client and a cluster client both offer, as the store calls it. */
+interface Commands {
+  readonly exists: (key: string) => Promise<number>
+  readonly get: (key: string) => Promise<Buffer | null>
+  readonly set: (key: string, value: Buffer, options: ReturnType<typeof setOptions>) => Promise<unknown>
+  readonly del: (key: string) => Promise<number>
+  readonly connect: () => Promise<unknown>
+  readonly destroy: () => void
+}
+
+const adapt = (c: Commands, ping: () => Promise<unknown>): Connection => ({
+  exists: (k) => c.exists(k),
+  get: (k) => c.get(k),
+  set: (k, v, ttl) => c.set(k, v, setOptions(ttl)),
+  del: (k) => c.del(k),
+  ping,
+  connect: () => c.connect(),
+  destroy: () => c.destroy()
+})
+
 const connectionOf = (l2: L2Config, onError: (e: Error) => void): Connection => {
   const { url } = l2
   const auth = { ...(url.username === undefined ? {} : { username: url.username }), ...(url.password === undefined ? {} : { password: url.password }) }
   const commandOptions = { timeout: l2.transferTimeoutMs }
-  const socketOf = (n: { readonly host: string; readonly port: number }) =>
-    ({ host: n.host, port: n.port, connectTimeout: l2.transferTimeoutMs, reconnectStrategy, ...(url.tls ? { tls: true as const } : {}) })
+  const socket = { connectTimeout: l2.transferTimeoutMs, reconnectStrategy, ...(url.tls ? { tls: true as const } : {}) }
   if (url.mode === "single") {
-    const c = createClient({ socket: socketOf(url.nodes[0]!), ...auth, disableOfflineQueue: true, commandOptions }).withTypeMapping(BINARY)
+    const node = url.nodes[0]!
+    const c = createClient({ socket: { ...socket, host: node.host, port: node.port }, ...auth, disableOfflineQueue: true, commandOptions })
+      .withTypeMapping(BINARY)
     c.on("error", onError)
-    return {
-      exists: (k) => c.exists(k),
-      get: (k) => c.get(k),
-      set: (k, v, ttl) => c.set(k, v, setOptions(ttl)),
-      del: (k) => c.del(k),
-      ping: () => c.ping(),
-      connect: () => c.connect(),
-      destroy: () => c.destroy()
-    }
+    return adapt(c, () => c.ping())
   }
   const c = createCluster({
-    rootNodes: url.nodes.map((n) => ({ socket: socketOf(n) })),
-    defaults: { ...auth, disableOfflineQueue: true, socket: { connectTimeout: l2.transferTimeoutMs, reconnectStrategy, ...(url.tls ? { tls: true as const } : {}) } },
+    rootNodes: url.nodes.map((n) => ({ socket: { ...socket, host: n.host, port: n.port } })),
+    defaults: { ...auth, disableOfflineQueue: true, socket },
     commandOptions
   }).withTypeMapping(BINARY)
   c.on("error", onError)
-  return {
-    exists: (k) => c.exists(k),
-    get: (k) => c.get(k),
-    set: (k, v, ttl) => c.set(k, v, setOptions(ttl)),
-    del: (k) => c.del(k),
-    ping: () => c.sendCommand(undefined, true, ["PING"]),
-    connect: () => c.connect(),
-    destroy: () => c.destroy()
-  }
+  // PING has no key: any node answers it.
+  return adapt(c, () => c.sendCommand(undefined, true, ["PING"]))
 }
+
+const NOT_CONNECTED = "not connected yet"
+const CONNECT_TIMED_OUT = "connect timed out"
 
 const messageOf = (e: unknown): string => e instanceof Error ? (e.message === "" ? e.name : e.message) : String(e)
 
@@ -77,7 +86,7 @@ export const layerL2Redis = (l2: L2Config): Layer.Layer<L2Store> =>
     L2Store,
     Effect.gen(function*() {
       let connection: Connection | undefined
-      let lastError = "not connected yet"
+      let lastError = NOT_CONNECTED
       const onError = (e: Error) => {
         lastError = messageOf(e)
       }
@@ -88,7 +97,7 @@ export const layerL2Redis = (l2: L2Config): Layer.Layer<L2Store> =>
         while (true) {
           const c = connectionOf(l2, onError)
           const failed = yield* Effect.tryPromise({ try: () => c.connect(), catch: messageOf }).pipe(
-            Effect.timeoutOrElse({ duration: Duration.millis(Math.max(l2.transferTimeoutMs, 1000)), orElse: () => Effect.fail("connect timed out") }),
+            Effect.timeoutOrElse({ duration: Duration.millis(Math.max(l2.transferTimeoutMs, 1000)), orElse: () => Effect.fail(CONNECT_TIMED_OUT) }),
             Effect.match({ onSuccess: () => undefined, onFailure: (e) => e })
           )
           if (failed === undefined) {
@@ -96,7 +105,8 @@ export const layerL2Redis = (l2: L2Config): Layer.Layer<L2Store> =>
             return yield* Effect.logInfo(`L2 ${l2.url.display}: connected`)
           }
           c.destroy()
-          lastError = failed
+          // A connect that timed out keeps the socket's own error (ECONNREFUSED, …) when there is one.
+          if (failed !== CONNECT_TIMED_OUT || lastError === NOT_CONNECTED) lastError = failed
           if (!warned) {
             warned = true
             yield* Effect.logWarning(`L2 ${l2.url.display} is unreachable (${failed}); serving from L1 only, connecting in the background`)
