@@ -17,6 +17,7 @@ import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
 import { chunkHashes } from "../../src/services/kv/TokenHasher.ts"
 import { objectKeysOf } from "../../src/services/server/Lookup.ts"
 import { HEADER_BYTES, l2KeyOf, layoutFingerprint } from "../../src/services/server/l2/L2Value.ts"
+import { runCli } from "../support/Cli.ts"
 import { verifyTokens, writeTokens } from "../support/KvData.ts"
 import { eventually, getText, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
 import { redisServerPath, startRedis, startRedisCluster } from "../support/RedisProcess.ts"
@@ -107,6 +108,9 @@ describe.skipIf(redisServerPath === undefined)("L2 on a real redis-server", () =
       assert.deepInclude(bStatus.l2, { state: "ok", hit_chunks: 4, corrupt_values: 0 })
       assert.deepInclude(bStatus.l1, { objects: 4, locked_objects: 0 })
       assert.strictEqual(bStatus.lookup.hit_chunks, 0) // none of them was in B's L1
+      const summary = yield* runCli(["status", "--http-port", String(b.httpPort)])
+      assert.include(summary.stdout, "hit ratio 0.0% (0 of 4 chunks) · L2 ok\n")
+      assert.include(summary.stdout, `\nL2        ${redis.url} · ok · 0 B in flight (0 writes) · 0 written · 0 dropped · 4 hit chunks · 0 corrupt\n`)
 
       // A longer prompt through a third server: chunk 2 of its value is corrupted in Redis.
       const c = yield* serverWithWorker(redis.url, 3n)
