@@ -39,6 +39,13 @@ interface HeldLock {
   readonly handles: Array<ReadHandle>
 }
 
+/** A FREE_LOOKUP_LOCKS range: chunks [first, last) of `ranks`. */
+interface Freed {
+  readonly first: number
+  readonly last: number
+  readonly ranks: ReadonlySet<number>
+}
+
 interface Session {
   readonly locks: Map<string, HeldLock>
   lastActivityMs: number
@@ -92,7 +99,8 @@ export class Lookup extends Context.Service<Lookup, {
       // TTL like a session: one the scheduler never queries (a model nobody registered has no session)
       // must not stay for the life of the server (issue 18).
       // hits null: an L2 prefetch is still running (QUERY_PREFETCH_STATUS answers nil).
-      const jobs = new Map<string, { hits: number | null; readonly atMs: number }>()
+      // `freed`: FREE_LOOKUP_LOCKS ranges received while it ran, whose chunks it must not lock.
+      const jobs = new Map<string, { hits: number | null; readonly atMs: number; readonly freed: Array<Freed> }>()
       // Since start, for the status page's L1 hit ratio (issue 17): LOOKUPs, and chunks looked up and
       // found, counted per rank like mpcache_lookup_chunks_total / mpcache_lookup_hit_chunks_total.
       const totals = { lookups: 0, lookedUpChunks: 0, hitChunks: 0 }
@@ -134,7 +142,9 @@ export class Lookup extends Context.Service<Lookup, {
           fetched.forEach((handles, n) =>
             handles.forEach((h, r) => {
               if (h === undefined) return
-              if (keep && n < got) holdLock(session, perRank[r]![from + n]!, from + n, h)
+              const k = perRank[r]![from + n]!
+              const freed = job?.freed.some((f) => from + n >= f.first && from + n < f.last && f.ranks.has(k.kvRank)) ?? false
+              if (keep && n < got && !freed) holdLock(session, k, from + n, h)
               else l1.unlockRead(h)
             })
           )
@@ -154,7 +164,7 @@ export class Lookup extends Context.Service<Lookup, {
           yield* Metric.update(lookupsTotal, 1)
           totals.lookups++
           if (layout === undefined) {
-            jobs.set(key.request_id, { hits: 0, atMs: now })
+            jobs.set(key.request_id, { hits: 0, atMs: now, freed: [] })
             return yield* Effect.logWarning(
               `lookup: no registered layout for model ${key.model_name} (world size ${key.world_size}); 0 hits`
             )
@@ -173,7 +183,7 @@ export class Lookup extends Context.Service<Lookup, {
           }
           const rest = Array.from({ length: hashes.length - hits }, (_, n) => perRank.map((keys) => keys[hits + n]!))
           const inL2 = l2.enabled && rest.length > 0 ? yield* l2.existsPrefix(rest, layout) : 0
-          jobs.set(key.request_id, { hits: inL2 > 0 ? null : hits, atMs: now })
+          jobs.set(key.request_id, { hits: inL2 > 0 ? null : hits, atMs: now, freed: [] })
           if (inL2 > 0) yield* Effect.forkIn(prefetch(key.request_id, perRank, hits, inL2, layout), scope)
           yield* Metric.update(lookupChunksTotal, hashes.length * ranks.length)
           yield* Metric.update(lookupHitChunksTotal, hits * ranks.length)
@@ -200,6 +210,8 @@ export class Lookup extends Context.Service<Lookup, {
           const first = Math.floor(key.start / chunk)
           const last = Math.ceil(key.end / chunk)
           const ranks = new Set(ranksOf(key))
+          const job = jobs.get(key.request_id)
+          if (job !== undefined && job.hits === null) job.freed.push({ first, last, ranks })
           for (const [ks, held] of s.locks) {
             if (held.chunkIndex >= first && held.chunkIndex < last && ranks.has(held.key.kvRank)) {
               for (const h of held.handles) l1.unlockRead(h)

@@ -155,6 +155,26 @@ describe("LOOKUP with L2", () => {
     }).pipe(Effect.provide(envOf(memory)))
   })
 
+  it.effect("FREE_LOOKUP_LOCKS while the prefetch runs: the freed chunks arrive unlocked, the count stands", () => {
+    const memory = makeMemoryL2()
+    return Effect.gen(function*() {
+      yield* (yield* LayoutRegistry).register("m", 2, layout)
+      const lookup = yield* Lookup
+      const l1 = yield* L1Store
+      yield* putL1(0, 0)
+      yield* putL1(0, 1)
+      for (const c of [1, 2]) for (const r of [0, 1]) putL2(memory, c, r)
+      yield* lookup.lookup(cacheKey())
+      memory.delayMs = 10 // the GETs are in flight when the scheduler frees chunks 2 and 3
+      yield* Effect.yieldNow
+      yield* lookup.freeLookupLocks(cacheKey({ start: 2 * CHUNK, end: 4 * CHUNK }))
+      yield* TestClock.adjust("10 millis")
+      assert.strictEqual(yield* prefetched("req-1"), 3)
+      assert.deepInclude(l1.stats(), { objects: 6, lockedObjects: 4 })
+      assert.deepInclude(lookup.stats(), { heldLocks: 4 })
+    }).pipe(Effect.provide(envOf(memory)))
+  })
+
   it.effect("a corrupt value shortens the prefix, is deleted and counted; the objects past it are not left locked", () => {
     const memory = makeMemoryL2()
     return Effect.gen(function*() {
