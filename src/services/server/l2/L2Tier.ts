@@ -127,7 +127,8 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, l1: L1Store["Service"],
   Effect.gen(function*() {
     const scope = yield* Effect.scope
     const breaker: L2Breaker = yield* makeBreaker(l2, store.ping(l2.transferTimeoutMs))
-    const fingerprints = new Map<KvLayout, string>()
+    // Weak: LMCache-driven STOREs make a layout object per request; a registered layout lives as long as its registrations.
+    const fingerprints = new WeakMap<KvLayout, string>()
     const fingerprintOf = (layout: KvLayout) => {
       let fp = fingerprints.get(layout)
       if (fp === undefined) {
