@@ -158,19 +158,18 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, l1: L1Store["Service"],
         if (handle === undefined) return Effect.void
         inflight.set(k, valueBytes)
         inflightBytes += valueBytes
-        const write = Effect.suspend(() => {
-          const value = encodeValue(fingerprintOf(layout), handle.bytes)
-          return timed("SET", store.setNx(k, value, l2.ttlSeconds, l2.transferTimeoutMs)).pipe(
-            Effect.tap(() => {
-              totals.writes++
-              return Metric.update(l2BytesOutTotal, value.length)
-            }),
-            Effect.catch((e: L2Error) => {
-              totals.failedWrites++
-              return Metric.update(l2FailedWritesTotal, 1).pipe(Effect.andThen(failed(e)))
-            })
-          )
-        }).pipe(
+        // Encoded (copied) now, in the same synchronous step as the lock: a CLEAR force between here and the
+        // fiber's start could otherwise hand the extent to another object before its bytes are read.
+        const value = encodeValue(fingerprintOf(layout), handle.bytes)
+        const write = timed("SET", store.setNx(k, value, l2.ttlSeconds, l2.transferTimeoutMs)).pipe(
+          Effect.tap(() => {
+            totals.writes++
+            return Metric.update(l2BytesOutTotal, value.length)
+          }),
+          Effect.catch((e: L2Error) => {
+            totals.failedWrites++
+            return Metric.update(l2FailedWritesTotal, 1).pipe(Effect.andThen(failed(e)))
+          }),
           Effect.ensuring(Effect.suspend(() => {
             l1.unlockRead(handle)
             inflight.delete(k)
