@@ -46,7 +46,7 @@ const table = (rows: ReadonlyArray<ReadonlyArray<string>>): Array<string> => {
 
 /** The L2 line (issue 15): store, state, writes in flight, counts, the last error. */
 const l2Line = (l2: NonNullable<StatusDocument["l2"]>): string =>
-  `L2        ${l2.url} · ${l2.state} · ${formatBytes(l2.inflight_bytes)} in flight (${l2.queue_depth} writes) · ${l2.writes} written · ` +
+  `L2        ${l2.url}${l2.connected ? "" : " (not connected)"} · ${l2.state} · ${formatBytes(l2.inflight_bytes)} in flight (${l2.queue_depth} writes) · ${l2.writes} written · ` +
   `${l2.dropped_writes} dropped · ${l2.hit_chunks} hit chunks · ${l2.corrupt_values} corrupt` +
   (l2.last_error === null ? "" : ` · last error: ${l2.last_error}`)
 

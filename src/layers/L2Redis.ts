@@ -26,6 +26,7 @@ interface Connection {
   readonly ping: () => Promise<unknown>
   readonly connect: () => Promise<unknown>
   readonly destroy: () => void
+  readonly isReady: () => boolean
 }
 
 const BINARY = { [RESP_TYPES.BLOB_STRING]: Buffer } as const
@@ -41,6 +42,7 @@ interface Commands {
   readonly del: (key: string) => Promise<number>
   readonly connect: () => Promise<unknown>
   readonly destroy: () => void
+  readonly isReady: boolean
 }
 
 const adapt = (c: Commands, ping: () => Promise<unknown>): Connection => ({
@@ -50,7 +52,8 @@ const adapt = (c: Commands, ping: () => Promise<unknown>): Connection => ({
   del: (k) => c.del(k),
   ping,
   connect: () => c.connect(),
-  destroy: () => c.destroy()
+  destroy: () => c.destroy(),
+  isReady: () => c.isReady
 })
 
 const connectionOf = (l2: L2Config, onError: (e: Error) => void): Connection => {
@@ -135,7 +138,8 @@ export const layerL2Redis = (l2: L2Config): Layer.Layer<L2Store> =>
         setNx: (key, value, ttl, t) =>
           call("SET", t, (c) => c.set(key, Buffer.from(value.buffer, value.byteOffset, value.byteLength), ttl)).pipe(Effect.map((r) => r !== null)),
         del: (key, t) => call("DEL", t, (c) => c.del(key)).pipe(Effect.asVoid),
-        ping: (t) => call("PING", t, (c) => c.ping()).pipe(Effect.asVoid)
+        ping: (t) => call("PING", t, (c) => c.ping()).pipe(Effect.asVoid),
+        connectionError: () => (connection !== undefined && connection.isReady() ? null : lastError)
       }
     })
   )

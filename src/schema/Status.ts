@@ -76,6 +76,8 @@ export const StatusL2 = Schema.Struct({
   /** `--l2-url` without its password. */
   url: Schema.String,
   state: Schema.Literals(["ok", "open", "probing"]),
+  /** Whether the client is connected now. */
+  connected: Schema.Boolean,
   inflight_bytes: Count,
   /** L2 writes in flight. */
   queue_depth: Count,

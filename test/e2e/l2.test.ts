@@ -79,6 +79,8 @@ const metric = (text: string, name: string) => {
 }
 
 if (redisServerPath === undefined) {
+  // Straight to the process's stderr too: the config silences console output of passing files.
+  process.stderr.write("\n*** SKIPPING the L2 suites (test/e2e/l2.test.ts): redis-server is not installed ***\n\n")
   console.warn("SKIPPING the L2 suites (test/e2e/l2.test.ts): redis-server is not installed; install it (apt-get install -y redis-server) to run them")
 }
 
@@ -248,6 +250,8 @@ describe.skipIf(redisServerPath === undefined)("L2 on a real redis-server", () =
       yield* redis.kill
       const a = yield* serverWithWorker(`redis://127.0.0.1:${port}`, 1n)
       yield* a.server.waitForStderr(/L2 redis:\/\/127\.0\.0\.1:\d+ is unreachable \(.+\); serving from L1 only, connecting in the background/, 10_000)
+      const down = (yield* statusOf(a.httpPort)).l2
+      assert.isTrue(down !== null && !down.connected && /ECONNREFUSED/.test(down.last_error ?? ""), JSON.stringify(down))
       const tokens = tokensOf(2 * CHUNK, 50)
       yield* writeTokens(a.cache, 50, range(0, 8))
       assert.deepStrictEqual(yield* a.client.request(Store, [keyOf(tokens), a.id, [range(0, 8)], EVENT]), [EVENT, true])
@@ -260,7 +264,7 @@ describe.skipIf(redisServerPath === undefined)("L2 on a real redis-server", () =
       yield* writeTokens(b.cache, 51, range(0, 8))
       yield* b.client.request(Store, [keyOf(tokens), b.id, [range(0, 8)], EVENT])
       const s = yield* eventually(statusOf(b.httpPort), (s) => s.l2?.writes === 2, 10_000)
-      assert.deepInclude(s.l2, { url: `redis://mpcache:***@127.0.0.1:${acl.port}`, state: "ok", writes: 2, failed_writes: 0, last_error: null })
+      assert.deepInclude(s.l2, { url: `redis://mpcache:***@127.0.0.1:${acl.port}`, state: "ok", connected: true, writes: 2, failed_writes: 0, last_error: null })
       assert.strictEqual(acl.cli("DBSIZE"), "2")
       assert.notInclude(b.server.stderr(), "s3cret")
     }).pipe(Effect.scoped, Effect.provide(Env)), 60_000)

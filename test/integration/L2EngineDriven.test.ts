@@ -44,6 +44,8 @@ const adapter = (n: number) =>
   })
 
 if (redisServerPath === undefined) {
+  // Straight to the process's stderr too: the config silences console output of passing files.
+  process.stderr.write("\n*** SKIPPING the L2 suites (test/integration/L2EngineDriven.test.ts): redis-server is not installed ***\n\n")
   console.warn("SKIPPING the L2 suites (test/integration/L2EngineDriven.test.ts): redis-server is not installed; install it (apt-get install -y redis-server) to run them")
 }
 

@@ -27,6 +27,8 @@ export class L2Store extends Context.Service<L2Store, {
   readonly del: (key: string, timeoutMs: number) => Effect.Effect<void, L2Error>
   /** PING: the breaker's probe. */
   readonly ping: (timeoutMs: number) => Effect.Effect<void, L2Error>
+  /** Why the store is not connected now (null when it is): for status, without sending anything. */
+  readonly connectionError: () => string | null
 }>()("mpcache/services/server/l2/L2Store") {
   /** An in-memory store and its controls (unit tests). */
   static readonly layerMemory = (memory: MemoryL2) => Layer.succeed(this, memoryStore(memory))
@@ -53,6 +55,8 @@ export const withTimeout = <A>(op: string, timeoutMs: number, effect: Effect.Eff
     })
   )
 
+const DOWN = "connection refused (in-memory store is down)"
+
 const memoryStore = (m: MemoryL2): L2Store["Service"] => {
   const run = <A>(op: string, what: string, timeoutMs: number, f: () => A) =>
     withTimeout(
@@ -61,7 +65,7 @@ const memoryStore = (m: MemoryL2): L2Store["Service"] => {
       Effect.gen(function*() {
         m.log.push(what)
         if (m.delayMs > 0) yield* Effect.sleep(Duration.millis(m.delayMs))
-        if (m.down) return yield* new L2Error({ op, reason: "failed", message: "connection refused (in-memory store is down)" })
+        if (m.down) return yield* new L2Error({ op, reason: "failed", message: DOWN })
         return f()
       })
     )
@@ -75,6 +79,7 @@ const memoryStore = (m: MemoryL2): L2Store["Service"] => {
         return true
       }),
     del: (key, t) => run("DEL", `DEL ${key}`, t, () => void m.values.delete(key)),
-    ping: (t) => run("PING", "PING", t, () => undefined)
+    ping: (t) => run("PING", "PING", t, () => undefined),
+    connectionError: () => (m.down ? DOWN : null)
   }
 }

@@ -44,6 +44,8 @@ export interface L2Status {
   /** `--l2-url` without its password. */
   readonly url: string
   readonly state: "ok" | "open" | "probing"
+  /** Whether the client is connected now (an unreachable store at start is `ok` but not connected until traffic opens the breaker). */
+  readonly connected: boolean
   readonly inflight_bytes: number
   /** Writes in flight (each holds one L1 read lock). */
   readonly queue_depth: number
@@ -227,12 +229,14 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, l1: L1Store["Service"],
 
     const status = (): L2Status => {
       const t = breaker.transitions()
+      const down = store.connectionError()
       return {
         url: l2.url.display,
         state: breaker.state(),
+        connected: down === null,
         inflight_bytes: inflightBytes,
         queue_depth: inflight.size,
-        last_error: breaker.lastError(),
+        last_error: breaker.lastError() ?? down,
         writes: totals.writes,
         dropped_writes: totals.droppedWrites,
         failed_writes: totals.failedWrites,
