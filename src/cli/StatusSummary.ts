@@ -7,6 +7,8 @@
  *   mpcache 0.1.0 (protocol 1) · ipc:///tmp/mpcache.sock · up 1h 2m 3s · 2 peers
  *   liveness  reaper on · reap timeout 120 s · registration grace 3600 s · disconnect grace 2 s · 2 tracked
  *   L1        8.0 KiB of 1.0 GiB (0.0%) · 1 objects · 0 evictions · hit ratio 50.0% (1 of 2 chunks) · L2 off
+ *   (with --l2-url: "· L2 ok", then
+ *   L2        redis://127.0.0.1:6379 · ok · 0 B in flight (0 writes) · 4 written · 0 dropped · 4 hit chunks · 0 corrupt)
  *   reaps     1 recent · last: 2352963943 disconnect after 2.0 s silent (window 2 s)
  *
  *   INSTANCE ID          KIND      TENANT  MODEL  STATE    LAST SEEN  FLAGS
@@ -42,6 +44,12 @@ const table = (rows: ReadonlyArray<ReadonlyArray<string>>): Array<string> => {
   return rows.map((r) => r.map((cell, c) => (c === r.length - 1 ? cell : cell.padEnd(widths[c]!))).join("  ").trimEnd())
 }
 
+/** The L2 line (issue 15): store, state, writes in flight, counts, the last error. */
+const l2Line = (l2: NonNullable<StatusDocument["l2"]>): string =>
+  `L2        ${l2.url}${l2.connected ? "" : " (not connected)"} · ${l2.state} · ${formatBytes(l2.inflight_bytes)} in flight (${l2.queue_depth} writes) · ${l2.writes} written · ` +
+  `${l2.dropped_writes} dropped · ${l2.hit_chunks} hit chunks · ${l2.corrupt_values} corrupt` +
+  (l2.last_error === null ? "" : ` · last error: ${l2.last_error}`)
+
 /** The summary, one string of lines (no trailing newline). */
 export const formatStatus = (doc: StatusDocument): string => {
   const w = doc.worker_liveness
@@ -55,7 +63,8 @@ export const formatStatus = (doc: StatusDocument): string => {
   const lines = [
     `mpcache ${doc.version} (protocol ${doc.protocol_version}) · ${doc.endpoint} · up ${formatUptime(doc.uptime_seconds)} · ${doc.connected_peers} peers`,
     `liveness  reaper ${w.enabled ? "on" : "off"} · reap timeout ${w.reap_timeout_seconds} s · registration grace ${w.registration_grace_seconds} s · disconnect grace ${w.disconnect_grace_seconds} s · ${w.tracked_instances} tracked`,
-    `L1        ${formatBytes(l1.used_bytes)} of ${formatBytes(l1.capacity_bytes)}${used} · ${l1.objects} objects · ${l1.evictions} evictions · hit ratio ${hit} · L2 off`,
+    `L1        ${formatBytes(l1.used_bytes)} of ${formatBytes(l1.capacity_bytes)}${used} · ${l1.objects} objects · ${l1.evictions} evictions · hit ratio ${hit} · L2 ${doc.l2?.state ?? "off"}`,
+    ...(doc.l2 === null ? [] : [l2Line(doc.l2)]),
     `reaps     ${doc.recent_reaps.length} recent` +
     (last === undefined
       ? ""

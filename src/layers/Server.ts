@@ -36,6 +36,8 @@ import { ZmqSocketsLive } from "./Zmq.ts"
 import { Tenancy } from "../services/auth/Tenancy.ts"
 import { PeerEvents } from "../services/liveness/PeerEvents.ts"
 import { ZmqSockets } from "../services/zmq/Sockets.ts"
+import { layerL2Tier, l2Module } from "../services/server/l2/L2Tier.ts"
+import { layerL2Redis } from "./L2Redis.ts"
 
 /**
  * Out-of-tree server modules (upstream: runtime plugins), joined after the
@@ -56,6 +58,14 @@ export class ServerModules extends Context.Service<ServerModules, ReadonlyArray<
 /** L1, layouts and the native memory backend. */
 const StorageLive = Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(NativeMemoryLive))
 
+/** The L2 tier on the configured Redis (issue 15); nothing (the "no L2" default) without --l2-url. */
+const L2Live = Layer.unwrap(
+  Effect.gen(function*() {
+    const { l2 } = yield* ServerConfig
+    return l2 === undefined ? Layer.empty : layerL2Tier.pipe(Layer.provide(layerL2Redis(l2)))
+  })
+)
+
 /** The built-in modules: lookup/prefetch, LMCache-driven and engine-driven transfers, blend, and their storage. */
 const BuiltinModulesLive = Layer.effect(
   ServerModules,
@@ -66,6 +76,7 @@ const BuiltinModulesLive = Layer.effect(
       (yield* EngineDrivenTransfer).module,
       (yield* Blend).module,
       yield* storageModule,
+      yield* l2Module,
       ...(yield* PluginModules)
     ]
   })
@@ -73,6 +84,7 @@ const BuiltinModulesLive = Layer.effect(
   Layer.provideMerge(Blend.layer),
   Layer.provideMerge(Layer.mergeAll(LmcacheDrivenTransfer.layer, EngineDrivenTransfer.layer)),
   Layer.provideMerge(Layer.mergeAll(Lookup.layer, L1Store.layerCacheControl)),
+  Layer.provideMerge(L2Live),
   Layer.provideMerge(StorageLive)
 )
 

@@ -12,7 +12,8 @@
  *   - the last 50 reaps, newest first: time, id, reason, seconds silent, window;
  *   - L1 use (bytes used / capacity, objects, evictions) and the hit ratio
  *     since start (`lookup.hit_chunks / lookup.looked_up_chunks`), and the
- *     L2 state ("off" until the server has an `l2` block).
+ *     L2 state ("off" while the server's `l2` block is null) and, with L2 on,
+ *     its store (url, bytes and writes in flight, counts, last error).
  *
  * A TypeScript module exporting the page as a string, so the library build
  * (tsconfig.build.json → dist/) carries it with no asset to copy.
@@ -67,6 +68,7 @@ export const STATUS_PAGE_HTML = `<!doctype html>
   .bar { height:.5rem; background:var(--line); border-radius:3px; overflow:hidden; margin-top:.3rem; }
   .bar > div { height:100%; background:var(--accent); width:0; }
   .off { color:var(--muted); }
+  #l2-state.open, #l2-state.probing { color:var(--suspect); font-weight:600; }
 </style>
 </head>
 <body data-polls="0">
@@ -98,6 +100,7 @@ export const STATUS_PAGE_HTML = `<!doctype html>
       <dt>L1 hit ratio</dt><dd id="l1-hit-ratio">—</dd>
       <dt>lookups</dt><dd id="l1-lookups">—</dd>
       <dt>L2</dt><dd id="l2-state" class="off">off</dd>
+      <dt>L2 store</dt><dd id="l2-detail">—</dd>
     </dl>
   </section>
   <section id="instances" class="wide">
@@ -184,9 +187,14 @@ export const STATUS_PAGE_HTML = `<!doctype html>
     set("l1-lookups", String(lk.lookups));
     var l2 = $("l2-state");
     if (doc.l2 && typeof doc.l2 === "object") {
-      l2.textContent = doc.l2.state || "on"; l2.className = "";
+      var b = doc.l2;
+      l2.textContent = b.state || "on"; l2.className = b.state === "ok" ? "" : b.state;
+      set("l2-detail", b.url + (b.connected ? "" : " (not connected)") + "; " + bytes(b.inflight_bytes) + " in flight (" + b.queue_depth + " writes); " +
+        b.writes + " written, " + b.dropped_writes + " dropped, " + b.hit_chunks + " hit chunks, " + b.corrupt_values + " corrupt" +
+        (b.last_error ? "; last error: " + b.last_error : ""));
     } else {
       l2.textContent = "off"; l2.className = "off";
+      set("l2-detail", "—");
     }
 
     var instances = doc.instances || [];

@@ -71,6 +71,28 @@ export const StatusReap = Schema.Struct({
 })
 export type StatusReap = typeof StatusReap.Type
 
+/** The L2 tier (issue 15 item 7); the document's `l2` is null when `--l2-url` is not given. */
+export const StatusL2 = Schema.Struct({
+  /** `--l2-url` without its password. */
+  url: Schema.String,
+  state: Schema.Literals(["ok", "open", "probing"]),
+  /** Whether the client is connected now. */
+  connected: Schema.Boolean,
+  inflight_bytes: Count,
+  /** L2 writes in flight. */
+  queue_depth: Count,
+  last_error: Schema.NullOr(Schema.String),
+  writes: Count,
+  dropped_writes: Count,
+  failed_writes: Count,
+  /** Chunks LOOKUP found in L2 past the L1 prefix, per rank. */
+  hit_chunks: Count,
+  corrupt_values: Count,
+  breaker_opened: Count,
+  breaker_closed: Count
+})
+export type StatusL2 = typeof StatusL2.Type
+
 /** The whole document. */
 export const StatusDocument = Schema.Struct({
   is_healthy: Schema.Boolean,
@@ -127,7 +149,8 @@ export const StatusDocument = Schema.Struct({
     pending_stores: Count,
     pending_retrieves: Count
   }),
-  blend: Schema.Struct({ rope_instances: Schema.Array(Schema.String) })
+  blend: Schema.Struct({ rope_instances: Schema.Array(Schema.String) }),
+  l2: Schema.NullOr(StatusL2)
 })
 export type StatusDocument = typeof StatusDocument.Type
 

@@ -22,6 +22,7 @@ import {
 } from "../../services/server/ServerConfig.ts"
 import { VERSION } from "../../version.ts"
 import * as F from "./flags.ts"
+import { l2Flags, l2InputOf } from "./l2Flags.ts"
 
 const int = (name: string, description: string, fallback: number, rule: (n: number) => string | undefined) =>
   Flag.Int(name).pipe(
@@ -143,7 +144,8 @@ const serveFlags = {
     "Bytes of worker memory one tenant's registrations may map (CURVE on; default: the machine's RAM)",
     defaults.tenantMaxMappedBytes,
     rules.positiveInt
-  )
+  ),
+  ...l2Flags
 }
 
 type FlagValue<T> = T extends Flag.Flag<infer A> ? A : never
@@ -177,7 +179,8 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   httpTokenFile: Option.getOrUndefined(f.httpTokenFile),
   tenantMaxInstances: f.tenantMaxInstances,
   tenantMaxRegistersPerSecond: f.tenantMaxRegistersPerSecond,
-  tenantMaxMappedBytes: f.tenantMaxMappedBytes
+  tenantMaxMappedBytes: f.tenantMaxMappedBytes,
+  l2: l2InputOf(f)
 })
 
 /** A key file the server was given cannot be used: exit 2 naming the file (and line). */
@@ -208,7 +211,8 @@ export const serve = Command.make("serve", serveFlags, (flags) =>
       worker_disconnect_grace_seconds: config.workerDisconnectGraceSeconds,
       engine_driven_transport: config.engineDrivenTransport,
       prepare_ttl_seconds: config.prepareTtlSeconds,
-      curve: config.curve !== undefined
+      curve: config.curve !== undefined,
+      l2: config.l2?.url.display ?? "off"
     })
     if (config.curve === undefined && config.insecureAllowRemote) {
       yield* Effect.logWarning(

@@ -122,6 +122,7 @@ import { type EngineDrivenLayout, validateLayout } from "../kv/EngineDrivenLayou
 import { row, type ServerModule } from "./Handler.ts"
 import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
 import { type KvLayout, LayoutRegistry } from "./LayoutRegistry.ts"
+import { L2Tier } from "./l2/L2Tier.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
 import { makeTrackedInstances } from "./InstanceModule.ts"
 import { Lookup, objectKeysOf } from "./Lookup.ts"
@@ -229,7 +230,8 @@ const EMPTY = new Uint8Array(0)
  * `label` names the instance in logs. A pending PREPARE older than
  * `expiry.ttlMs` (strictly: `now − prepared > ttl`) is released by a timer
  * fiber forked in `expiry.scope`, and a COMMIT arriving after that answers
- * false (issue 18).
+ * false (issue 18). `onCommit` runs for each object a COMMIT_STORE publishes
+ * (the L2 write-through, issue 15; it returns at once).
  */
 export const makeTransferStrategy = (
   transport: EngineDrivenTransport,
@@ -237,7 +239,8 @@ export const makeTransferStrategy = (
   l1: L1Store["Service"],
   lookup: Lookup["Service"],
   label: string,
-  expiry: PrepareExpiry
+  expiry: PrepareExpiry,
+  onCommit: (key: ObjectKey) => Effect.Effect<void> = () => Effect.void
 ): TransferStrategy => {
   const writes = new Map<string, PendingWrite>()
   const reads = new Map<string, PendingRead>()
@@ -411,7 +414,11 @@ export const makeTransferStrategy = (
         })
       }
       let committed = 0
-      for (const r of w.reservations) if (yield* l1.commit(r)) committed++
+      for (const r of w.reservations) {
+        if (!(yield* l1.commit(r))) continue
+        committed++
+        yield* onCommit(r.key)
+      }
       yield* Metric.update(stored.chunks, committed)
       yield* Metric.update(stored.bytes, committed * chunkBytes)
       if (committed < w.reservations.length) {
@@ -583,6 +590,7 @@ const make = Effect.gen(function*() {
   const config = yield* ServerConfig
   const l1 = yield* L1Store
   const lookup = yield* Lookup
+  const l2 = yield* L2Tier
   const layouts = yield* LayoutRegistry
   const chunk = config.chunkSizeTokens
   const pool = l1.pool
@@ -628,6 +636,7 @@ const make = Effect.gen(function*() {
         numLayers: layout.numLayers,
         hiddenDim: layout.hiddenDim,
         elementBytes: dtypeBytes(layout.dtype),
+        dtype: layout.dtype,
         chunkBytes: layout.chunkBytes
       }
       const known = yield* layouts.get(p.model_name, p.world_size)
@@ -640,10 +649,12 @@ const make = Effect.gen(function*() {
       }
       yield* layouts.register(p.model_name, p.world_size, kvLayout)
       yield* Scope.addFinalizer(scope, layouts.unregister(p.model_name, p.world_size))
+      // LOOKUP keys L2 by the registry's layout (the first registrant's), so writes use it too.
+      const l2Layout = known ?? kvLayout
       const strategy = makeTransferStrategy(transport, layout, l1, lookup, `engine-driven instance ${formatInstanceId(p.instance_id)}`, {
         ttlMs: config.prepareTtlSeconds * 1000,
         scope
-      })
+      }, (key) => l2.writeThrough(key, l2Layout))
       yield* Scope.addFinalizer(scope, strategy.release)
       return { registration: p, layout, strategy, scope } satisfies EngineDrivenContext
     })

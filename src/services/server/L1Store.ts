@@ -44,6 +44,8 @@ interface L1Object {
 
 /** A reserved, not yet visible object; fill `bytes` (pool bytes at `offset`), then commit or abort. */
 export interface Reservation {
+  /** The object's key (the L2 write-through of a commit names it). */
+  readonly key: ObjectKey
   readonly keyString: string
   readonly offset: number
   readonly bytes: Buffer
@@ -262,7 +264,7 @@ const makeL1 = (memory: Buffer, pool: L1Pool | undefined): L1Store["Service"] =>
       usedBytes += sizeBytes
       return Metric.update(usedBytesGauge, usedBytes).pipe(
         Effect.andThen(evictions > before ? Metric.update(evictionsTotal, evictions - before) : Effect.void),
-        Effect.as<ReserveResult>({ _tag: "Reserved", reservation: { keyString, offset, bytes: o.bytes } })
+        Effect.as<ReserveResult>({ _tag: "Reserved", reservation: { key, keyString, offset, bytes: o.bytes } })
       )
     })
 

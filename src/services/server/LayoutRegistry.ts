@@ -14,6 +14,8 @@ export interface KvLayout {
   /** num_heads × head_size. */
   readonly hiddenDim: number
   readonly elementBytes: number
+  /** The element type's name (`bfloat16`, …): part of the L2 layout fingerprint (issue 15). */
+  readonly dtype: string
   /** Bytes of one L1 object (one chunk of one rank). */
   readonly chunkBytes: number
 }

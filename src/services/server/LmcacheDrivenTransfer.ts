@@ -71,6 +71,8 @@ import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
 import { makeTrackedInstances } from "./InstanceModule.ts"
 import { Lookup, objectKeysOf } from "./Lookup.ts"
 import { chunkHashes } from "../kv/TokenHasher.ts"
+import { L2Tier } from "./l2/L2Tier.ts"
+import type { KvLayout } from "./LayoutRegistry.ts"
 
 /** One registered worker context (upstream ContextEntry); its liveness fields live in the registry. */
 export interface ContextEntry {
@@ -217,8 +219,18 @@ const cudaFaultError = (op: string, idText: string, field: string, f: CudaFault)
 /** At most this many faulted ids are remembered (oldest forgotten first): a bound on a worker that faults forever. */
 const MAX_FAULT_RECORDS = 1024
 
+/** The L1 object layout of a context's geometry for `chunk`-token chunks (LayoutRegistry, L2 fingerprint). */
+const kvLayoutOf = (g: PagedKvGeometry, chunk: number): KvLayout => ({
+  numLayers: g.numLayers,
+  hiddenDim: g.hiddenDim,
+  elementBytes: g.elementBytes,
+  dtype: g.dtype,
+  chunkBytes: 2 * g.numLayers * chunk * g.hiddenDim * g.elementBytes
+})
+
 const make = Effect.gen(function*() {
   const moduleScope = yield* Effect.scope
+  const l2 = yield* L2Tier
   const config = yield* ServerConfig
   const native = yield* NativeMemory
   const l1 = yield* L1Store
@@ -389,12 +401,7 @@ const make = Effect.gen(function*() {
         )
       }
       const { geometry } = validated
-      yield* layouts.register(modelName, worldSize, {
-        numLayers: geometry.numLayers,
-        hiddenDim: geometry.hiddenDim,
-        elementBytes: geometry.elementBytes,
-        chunkBytes: 2 * geometry.numLayers * chunk * geometry.hiddenDim * geometry.elementBytes
-      })
+      yield* layouts.register(modelName, worldSize, kvLayoutOf(geometry, chunk))
       yield* Scope.addFinalizer(scope, layouts.unregister(modelName, worldSize))
       return mappings
     }).pipe(
@@ -507,7 +514,8 @@ const make = Effect.gen(function*() {
       const hashes = chunkHashes(key.token_ids, chunk, first + count).slice(first)
       const objectKeys = objectKeysOf(key, hashes, rank)
       const g = entry.geometry
-      const objectBytes = 2 * g.numLayers * chunk * g.hiddenDim * g.elementBytes
+      const layout = kvLayoutOf(g, chunk)
+      const objectBytes = layout.chunkBytes
       const reserved: Array<{ readonly reservation: Reservation; readonly chunkBlocks: ReadonlyArray<number> }> = []
       let full = false
       for (let i = 0; i < count; i++) {
@@ -536,7 +544,11 @@ const make = Effect.gen(function*() {
         return false
       }
       let committed = 0
-      for (const { reservation } of reserved) if (yield* l1.commit(reservation)) committed++
+      for (const { reservation } of reserved) {
+        if (!(yield* l1.commit(reservation))) continue
+        committed++
+        yield* l2.writeThrough(reservation.key, layout) // returns at once (issue 15 item 4)
+      }
       yield* Metric.update(storedChunksTotal, committed)
       yield* Metric.update(storedBytesTotal, committed * objectBytes)
       if (full) yield* Effect.logWarning(`store: L1 is full of locked or reserved objects; stored ${committed} of ${count} chunk(s)`)

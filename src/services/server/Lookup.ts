@@ -14,6 +14,13 @@
  *   scheduler cannot pin memory forever; a prefetch job nobody queries is
  *   dropped after the same TTL (with its session, or on its own when it has
  *   none), so `lookup.pending_jobs` always returns to 0.
+ * - With an L2 (issue 15 item 5), LOOKUP continues past the L1 prefix: the
+ *   chunks present in L2 for every rank (EXISTS under the lookup timeout)
+ *   extend the prefix, and a prefetch fiber GETs them into fresh L1 objects
+ *   locked under the session like L1 hits. QUERY_PREFETCH_STATUS answers nil
+ *   while it runs, then the L1 prefix plus the chunks it got in order — a
+ *   failed or corrupt GET shortens the count, so a RETRIEVE is never
+ *   promised bytes it cannot get.
  */
 import { Clock, Context, Duration, Effect, Layer, Metric, Schedule } from "effect"
 import { ServerConfig } from "./ServerConfig.ts"
@@ -21,14 +28,22 @@ import type { CacheKey } from "../../schema/CacheKey.ts"
 import { EndSession, FreeLookupLocks, Lookup as LookupOp, QueryPrefetchStatus } from "../../schema/Op.ts"
 import { row, type ServerModule } from "./Handler.ts"
 import { L1Store, type ReadHandle } from "./L1Store.ts"
-import { LayoutRegistry } from "./LayoutRegistry.ts"
+import { type KvLayout, LayoutRegistry } from "./LayoutRegistry.ts"
 import { objectKeyString, type ObjectKey } from "./ObjectKey.ts"
 import { chunkHashes } from "../kv/TokenHasher.ts"
+import { L2Tier } from "./l2/L2Tier.ts"
 
 interface HeldLock {
   readonly key: ObjectKey
   readonly chunkIndex: number
   readonly handles: Array<ReadHandle>
+}
+
+/** A FREE_LOOKUP_LOCKS range: chunks [first, last) of `ranks`. */
+interface Freed {
+  readonly first: number
+  readonly last: number
+  readonly ranks: ReadonlySet<number>
 }
 
 interface Session {
@@ -75,13 +90,17 @@ export class Lookup extends Context.Service<Lookup, {
       const config = yield* ServerConfig
       const l1 = yield* L1Store
       const layouts = yield* LayoutRegistry
+      const l2 = yield* L2Tier
+      const scope = yield* Effect.scope
       const chunk = config.chunkSizeTokens
       const ttlMs = config.lookupLockTtlSeconds * 1000
       const sessions = new Map<string, Session>()
       // request id → hit chunks and when the LOOKUP recorded it (Clock ms). A job is bounded by the lock
       // TTL like a session: one the scheduler never queries (a model nobody registered has no session)
       // must not stay for the life of the server (issue 18).
-      const jobs = new Map<string, { readonly hits: number; readonly atMs: number }>()
+      // hits null: an L2 prefetch is still running (QUERY_PREFETCH_STATUS answers nil).
+      // `freed`: FREE_LOOKUP_LOCKS ranges received while it ran, whose chunks it must not lock.
+      const jobs = new Map<string, { hits: number | null; readonly atMs: number; readonly freed: Array<Freed> }>()
       // Since start, for the status page's L1 hit ratio (issue 17): LOOKUPs, and chunks looked up and
       // found, counted per rank like mpcache_lookup_chunks_total / mpcache_lookup_hit_chunks_total.
       const totals = { lookups: 0, lookedUpChunks: 0, hitChunks: 0 }
@@ -96,6 +115,43 @@ export class Lookup extends Context.Service<Lookup, {
         return s
       }
 
+      const holdLock = (session: Session, key: ObjectKey, chunkIndex: number, handle: ReadHandle) => {
+        const held = session.locks.get(handle.keyString)
+        if (held === undefined) session.locks.set(handle.keyString, { key, chunkIndex, handles: [handle] })
+        else held.handles.push(handle)
+      }
+
+      /**
+       * The L2 prefetch of chunks [from, from + count) for every rank: GETs into L1 objects, then the
+       * handles of the contiguous run that arrived go to the session and the job's count is set; the
+       * rest are released (their objects stay in L1, unlocked). A session or job gone meanwhile
+       * (END_SESSION, the TTL) gets nothing: every handle is released.
+       */
+      const prefetch = (requestId: string, perRank: ReadonlyArray<ReadonlyArray<ObjectKey>>, from: number, count: number, layout: KvLayout) =>
+        Effect.gen(function*() {
+          const fetched = yield* Effect.forEach(
+            Array.from({ length: count }, (_, i) => from + i),
+            (i) => Effect.forEach(perRank, (keys) => l2.fetch(keys[i]!, layout), { concurrency: "unbounded" }),
+            { concurrency: 8 }
+          )
+          let got = 0
+          while (got < count && fetched[got]!.every((h) => h !== undefined)) got++
+          const session = sessions.get(requestId)
+          const job = jobs.get(requestId)
+          const keep = session !== undefined && job !== undefined && job.hits === null
+          fetched.forEach((handles, n) =>
+            handles.forEach((h, r) => {
+              if (h === undefined) return
+              const k = perRank[r]![from + n]!
+              const freed = job?.freed.some((f) => from + n >= f.first && from + n < f.last && f.ranks.has(k.kvRank)) ?? false
+              if (keep && n < got && !freed) holdLock(session, k, from + n, h)
+              else l1.unlockRead(h)
+            })
+          )
+          if (keep) job.hits = from + got
+          if (got < count) yield* Effect.logInfo(`lookup ${requestId}: L2 prefetch got ${got} of ${count} chunk(s); prefix ${from + got}`)
+        })
+
       const releaseAll = (s: Session) => {
         for (const held of s.locks.values()) for (const h of held.handles) l1.unlockRead(h)
         s.locks.clear()
@@ -108,7 +164,7 @@ export class Lookup extends Context.Service<Lookup, {
           yield* Metric.update(lookupsTotal, 1)
           totals.lookups++
           if (layout === undefined) {
-            jobs.set(key.request_id, { hits: 0, atMs: now })
+            jobs.set(key.request_id, { hits: 0, atMs: now, freed: [] })
             return yield* Effect.logWarning(
               `lookup: no registered layout for model ${key.model_name} (world size ${key.world_size}); 0 hits`
             )
@@ -122,14 +178,13 @@ export class Lookup extends Context.Service<Lookup, {
           for (const keys of perRank) {
             for (let i = 0; i < hits; i++) {
               const handle = l1.lockRead(keys[i]!)
-              if (handle === undefined) continue
-              const ks = handle.keyString
-              const held = session.locks.get(ks)
-              if (held === undefined) session.locks.set(ks, { key: keys[i]!, chunkIndex: i, handles: [handle] })
-              else held.handles.push(handle)
+              if (handle !== undefined) holdLock(session, keys[i]!, i, handle)
             }
           }
-          jobs.set(key.request_id, { hits, atMs: now })
+          const rest = Array.from({ length: hashes.length - hits }, (_, n) => perRank.map((keys) => keys[hits + n]!))
+          const inL2 = l2.enabled && rest.length > 0 ? yield* l2.existsPrefix(rest, layout) : 0
+          jobs.set(key.request_id, { hits: inL2 > 0 ? null : hits, atMs: now, freed: [] })
+          if (inL2 > 0) yield* Effect.forkIn(prefetch(key.request_id, perRank, hits, inL2, layout), scope)
           yield* Metric.update(lookupChunksTotal, hashes.length * ranks.length)
           yield* Metric.update(lookupHitChunksTotal, hits * ranks.length)
           totals.lookedUpChunks += hashes.length * ranks.length
@@ -143,6 +198,7 @@ export class Lookup extends Context.Service<Lookup, {
           if (s !== undefined) s.lastActivityMs = now
           const job = jobs.get(requestId)
           if (job === undefined) return 0
+          if (job.hits === null) return null
           jobs.delete(requestId)
           return job.hits
         })
@@ -154,6 +210,8 @@ export class Lookup extends Context.Service<Lookup, {
           const first = Math.floor(key.start / chunk)
           const last = Math.ceil(key.end / chunk)
           const ranks = new Set(ranksOf(key))
+          const job = jobs.get(key.request_id)
+          if (job !== undefined && job.hits === null) job.freed.push({ first, last, ranks })
           for (const [ks, held] of s.locks) {
             if (held.chunkIndex >= first && held.chunkIndex < last && ranks.has(held.key.kvRank)) {
               for (const h of held.handles) l1.unlockRead(h)

@@ -8,6 +8,7 @@ import { readFileSync } from "node:fs"
 import { totalmem } from "node:os"
 import { Context, Effect, Layer, Schema } from "effect"
 import { unsafeIpcDirectory } from "../zmq/Sockets.ts"
+import { type L2Config, type L2ConfigInput, l2Defaults, validateL2 } from "./l2/L2Config.ts"
 
 /** Output format of the server's logs. */
 export type LogFormat = "json" | "pretty"
@@ -87,6 +88,8 @@ export interface ServerConfigShape {
   readonly httpTokenFile: string | undefined
   /** Per-tenant limits with CURVE on (docs/security.md). */
   readonly tenantLimits: TenantLimits
+  /** The L2 tier (`--l2-*`, issue 15); undefined: off (no `--l2-url`). */
+  readonly l2: L2Config | undefined
 }
 
 /** The CURVE key files of `serve`. */
@@ -137,6 +140,7 @@ export interface ServerConfigInput {
   readonly tenantMaxInstances: number
   readonly tenantMaxRegistersPerSecond: number
   readonly tenantMaxMappedBytes: number
+  readonly l2: L2ConfigInput
 }
 
 /** Defaults of DESIGN §5 and §7 (upstream: port 5555, chunk 256, reap 120 s, grace 3600 s). */
@@ -168,7 +172,8 @@ export const defaults: ServerConfigInput = {
   httpTokenFile: undefined,
   tenantMaxInstances: 64,
   tenantMaxRegistersPerSecond: 20,
-  tenantMaxMappedBytes: totalmem()
+  tenantMaxMappedBytes: totalmem(),
+  l2: l2Defaults
 }
 
 /** Whether `host` (a name or address, IPv6 with or without brackets) is loopback only. */
@@ -310,6 +315,7 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
     issues.push({ flag: "ipc-group", message: `no group named "${input.ipcGroup}" in /etc/group` })
   }
   check("endpoint", unsafeIpcDirectory(endpoint))
+  const l2 = validateL2(input.l2, issues)
   if (issues.length > 0) return { issues }
   return {
     config: {
@@ -340,7 +346,8 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
         maxInstances: input.tenantMaxInstances,
         maxRegistersPerSecond: input.tenantMaxRegistersPerSecond,
         maxMappedBytes: input.tenantMaxMappedBytes
-      }
+      },
+      l2
     }
   }
 }

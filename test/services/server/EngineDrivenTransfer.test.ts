@@ -110,6 +110,7 @@ describe("registration", () => {
         numLayers: 2,
         hiddenDim: 8,
         elementBytes: 2,
+        dtype: "float16",
         chunkBytes: CHUNK_BYTES
       })
       const [instance] = yield* ed.target.instances()

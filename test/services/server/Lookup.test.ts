@@ -41,7 +41,7 @@ const putChunks = (n: number, rank: number) =>
 
 const registerLayout = Effect.gen(function*() {
   const layouts = yield* LayoutRegistry
-  yield* layouts.register("m", 2, { numLayers: 1, hiddenDim: 1, elementBytes: 1, chunkBytes: 100 })
+  yield* layouts.register("m", 2, { numLayers: 1, hiddenDim: 1, elementBytes: 1, dtype: "uint8", chunkBytes: 100 })
 })
 
 describe("Lookup", () => {

@@ -1,0 +1,250 @@
+/**
+ * The L2 tier (issue 15 items 4–7, DESIGN §9): what L1, LOOKUP and the
+ * transfers ask of L2, behind the circuit breaker.
+ *
+ * - Write path: `writeThrough` after a STORE commits an object to L1. It
+ *   never waits: the object is read-locked, its value (header + bytes) sent
+ *   with `SET … NX [EX ttl]` from a fiber of the tier's scope, and the lock
+ *   released when that write ends. A write of a key already in flight is
+ *   joined (nothing more is sent); past `--l2-max-inflight-bytes` new writes
+ *   are dropped and counted; with the breaker open they are skipped.
+ * - Read path: `existsPrefix` (LOOKUP's EXISTS step under
+ *   `--l2-lookup-timeout-ms`) and `fetch` (a GET into a fresh L1 object,
+ *   read-locked like an L1 hit). A value whose header or checksum does not
+ *   match is a miss: the key is deleted and counted.
+ * - Failure is a miss, never a hang: every command has a timeout, a failure
+ *   feeds the breaker, and an open breaker answers "nothing in L2" at once.
+ *
+ * `layerOff` is the tier when `--l2-url` is not given: no L2, no cost.
+ */
+import { Context, Duration, Effect, Layer, Metric, Scope } from "effect"
+import { ServerConfig } from "../ServerConfig.ts"
+import { L1Store, type ReadHandle } from "../L1Store.ts"
+import type { KvLayout } from "../LayoutRegistry.ts"
+import type { ObjectKey } from "../ObjectKey.ts"
+import type { ServerModule } from "../Handler.ts"
+import type { L2Config } from "./L2Config.ts"
+import { type L2Breaker, makeBreaker } from "./L2Breaker.ts"
+import { type L2Error, L2Store } from "./L2Store.ts"
+import { decodeValue, encodeValue, HEADER_BYTES, l2KeyOf, layoutFingerprint } from "./L2Value.ts"
+import {
+  l2BytesInTotal,
+  l2BytesOutTotal,
+  l2CommandSeconds,
+  l2CorruptTotal,
+  l2DroppedWritesTotal,
+  l2FailedWritesTotal,
+  l2HitsTotal,
+  l2InflightBytes,
+  l2MissesTotal
+} from "./L2Metrics.ts"
+
+/** The `l2` block of `/api/status` (null when L2 is off). */
+export interface L2Status {
+  /** `--l2-url` without its password. */
+  readonly url: string
+  readonly state: "ok" | "open" | "probing"
+  /** Whether the client is connected now (an unreachable store at start is `ok` but not connected until traffic opens the breaker). */
+  readonly connected: boolean
+  readonly inflight_bytes: number
+  /** Writes in flight (each holds one L1 read lock). */
+  readonly queue_depth: number
+  readonly last_error: string | null
+  readonly writes: number
+  readonly dropped_writes: number
+  readonly failed_writes: number
+  readonly hit_chunks: number
+  readonly corrupt_values: number
+  readonly breaker_opened: number
+  readonly breaker_closed: number
+}
+
+/** The L2 tier as L1, LOOKUP and the transfers use it. */
+export interface L2TierShape {
+  /** Whether an L2 is configured. */
+  readonly enabled: boolean
+  /**
+   * Queues the committed L1 object `key` (of `layout`) for L2 and returns at
+   * once (issue 15 item 4). No-op when L2 is off, the breaker open, the key
+   * already in flight, the object gone, or the in-flight bytes full (counted).
+   */
+  readonly writeThrough: (key: ObjectKey, layout: KvLayout) => Effect.Effect<void>
+  /**
+   * How many leading chunks exist in L2 for every rank: `chunks[i]` lists
+   * chunk i's object keys (one per rank). One pipelined EXISTS per key
+   * under `--l2-lookup-timeout-ms`; 0 on a timeout, a failure or an open breaker.
+   */
+  readonly existsPrefix: (chunks: ReadonlyArray<ReadonlyArray<ObjectKey>>, layout: KvLayout) => Effect.Effect<number>
+  /**
+   * `key` as a read-locked L1 object: the L1 one when it is already there,
+   * else GET from L2 into a fresh L1 object (committed, then locked).
+   * Undefined when absent, corrupt (deleted, counted), failed, past
+   * `--l2-transfer-timeout-ms`, or L1 has no room.
+   */
+  readonly fetch: (key: ObjectKey, layout: KvLayout) => Effect.Effect<ReadHandle | undefined>
+  readonly status: () => L2Status | null
+}
+
+const off: L2TierShape = {
+  enabled: false,
+  writeThrough: () => Effect.void,
+  existsPrefix: () => Effect.succeed(0),
+  fetch: () => Effect.succeed(undefined),
+  status: () => null
+}
+
+/**
+ * The L2 tier service. A Reference whose default is "no L2" (`--l2-url` not
+ * given), so modules and tests that never configure L2 need not provide it;
+ * `layerL2Tier` replaces it when L2 is on.
+ */
+export const L2Tier = Context.Reference<L2TierShape>("mpcache/services/server/l2/L2Tier", { defaultValue: () => off })
+
+/** The tier over L2Store for `config.l2` (off when absent); its writes and prober live in the layer's scope. */
+export const layerL2Tier: Layer.Layer<never, never, ServerConfig | L1Store | L2Store> = Layer.effect(
+  L2Tier,
+  Effect.gen(function*() {
+    const config = yield* ServerConfig
+    if (config.l2 === undefined) return off
+    const l1 = yield* L1Store
+    const store = yield* L2Store
+    return yield* makeTier(config.l2, config.chunkSizeTokens, l1, store)
+  })
+)
+
+/** The `l2` block of `/api/status` as a module record without ops (null when L2 is off). */
+export const l2Module: Effect.Effect<ServerModule> = Effect.gen(function*() {
+  const tier = yield* L2Tier
+  return { name: "l2", rows: [], status: () => Effect.sync(() => ({ l2: tier.status() })) }
+})
+
+/** Runs `effect` and records its latency under `op` (seconds). */
+const timed = <A, E>(op: string, effect: Effect.Effect<A, E>): Effect.Effect<A, E> =>
+  Effect.timed(effect).pipe(
+    Effect.tap(([d]) => Metric.update(Metric.withAttributes(l2CommandSeconds, { op }), Duration.toMillis(d) / 1000)),
+    Effect.map(([, a]) => a)
+  )
+
+const makeTier = (l2: L2Config, chunkSizeTokens: number, l1: L1Store["Service"], store: L2Store["Service"]) =>
+  Effect.gen(function*() {
+    const scope = yield* Effect.scope
+    const breaker: L2Breaker = yield* makeBreaker(l2, store.ping(l2.transferTimeoutMs))
+    // Weak: LMCache-driven STOREs make a layout object per request; a registered layout lives as long as its registrations.
+    const fingerprints = new WeakMap<KvLayout, string>()
+    const fingerprintOf = (layout: KvLayout) => {
+      let fp = fingerprints.get(layout)
+      if (fp === undefined) {
+        fp = layoutFingerprint(layout, chunkSizeTokens)
+        fingerprints.set(layout, fp)
+      }
+      return fp
+    }
+    const keyOf = (key: ObjectKey, layout: KvLayout) => l2KeyOf(l2.keyPrefix, fingerprintOf(layout), key)
+    const inflight = new Map<string, number>() // L2 key → value bytes
+    let inflightBytes = 0
+    const totals = { writes: 0, droppedWrites: 0, failedWrites: 0, hitChunks: 0, corruptValues: 0 }
+    const failed = (e: L2Error) => breaker.onFailure(e)
+    const dropped = (reason: string) => {
+      totals.droppedWrites++
+      return Metric.update(Metric.withAttributes(l2DroppedWritesTotal, { reason }), 1)
+    }
+
+    const writeThrough = (key: ObjectKey, layout: KvLayout) =>
+      Effect.suspend(() => {
+        if (!breaker.isClosed()) return dropped("open")
+        const k = keyOf(key, layout)
+        if (inflight.has(k)) return Effect.void // joined: the same bytes are on their way
+        const valueBytes = HEADER_BYTES + layout.chunkBytes
+        if (inflightBytes + valueBytes > l2.maxInflightBytes) return dropped("inflight")
+        const handle = l1.lockRead(key)
+        if (handle === undefined) return Effect.void
+        inflight.set(k, valueBytes)
+        inflightBytes += valueBytes
+        // Encoded (copied) now, in the same synchronous step as the lock: a CLEAR force between here and the
+        // fiber's start could otherwise hand the extent to another object before its bytes are read.
+        const value = encodeValue(fingerprintOf(layout), handle.bytes)
+        const write = timed("SET", store.setNx(k, value, l2.ttlSeconds, l2.transferTimeoutMs)).pipe(
+          Effect.tap(() => {
+            totals.writes++
+            return Metric.update(l2BytesOutTotal, value.length)
+          }),
+          Effect.catch((e: L2Error) => {
+            totals.failedWrites++
+            return Metric.update(l2FailedWritesTotal, 1).pipe(Effect.andThen(failed(e)))
+          }),
+          Effect.ensuring(Effect.suspend(() => {
+            l1.unlockRead(handle)
+            inflight.delete(k)
+            inflightBytes -= valueBytes
+            return Metric.update(l2InflightBytes, inflightBytes)
+          }))
+        )
+        return Metric.update(l2InflightBytes, inflightBytes).pipe(Effect.andThen(Effect.forkIn(write, scope)), Effect.asVoid)
+      })
+
+    const existsPrefix = (chunks: ReadonlyArray<ReadonlyArray<ObjectKey>>, layout: KvLayout) =>
+      Effect.gen(function*() {
+        if (chunks.length === 0 || !breaker.isClosed()) return 0
+        const ranks = chunks[0]!.length
+        const keys = chunks.flatMap((perRank) => perRank.map((k) => keyOf(k, layout)))
+        const found = yield* timed("EXISTS", store.exists(keys, l2.lookupTimeoutMs)).pipe(
+          Effect.catch((e: L2Error) => failed(e).pipe(Effect.as(undefined)))
+        )
+        if (found === undefined) return 0
+        let n = 0
+        while (n < chunks.length && found.slice(n * ranks, (n + 1) * ranks).every((x) => x)) n++
+        totals.hitChunks += n * ranks
+        yield* Metric.update(l2HitsTotal, n * ranks)
+        yield* Metric.update(l2MissesTotal, n < chunks.length ? ranks : 0)
+        return n
+      })
+
+    const fetch = (key: ObjectKey, layout: KvLayout) =>
+      Effect.gen(function*() {
+        const cached = l1.lockRead(key)
+        if (cached !== undefined) return cached
+        if (!breaker.isClosed()) return undefined
+        const k = keyOf(key, layout)
+        const value = yield* timed("GET", store.get(k, l2.transferTimeoutMs)).pipe(
+          Effect.catch((e: L2Error) => failed(e).pipe(Effect.as(undefined)))
+        )
+        if (value === undefined) return undefined // absent (evicted, expired) or failed: a miss
+        yield* Metric.update(l2BytesInTotal, value.length)
+        const decoded = decodeValue(value, fingerprintOf(layout), layout.chunkBytes)
+        if ("corrupt" in decoded) {
+          totals.corruptValues++
+          yield* Metric.update(Metric.withAttributes(l2CorruptTotal, { reason: decoded.corrupt }), 1)
+          yield* Effect.logWarning(`L2 value ${k} is corrupt (${decoded.corrupt}); deleted, treated as a miss`)
+          yield* store.del(k, l2.transferTimeoutMs).pipe(Effect.catch(failed))
+          return undefined
+        }
+        const r = yield* l1.reserveWrite(key, layout.chunkBytes)
+        if (r._tag === "Full") return undefined
+        if (r._tag === "Reserved") {
+          r.reservation.bytes.set(decoded.payload)
+          yield* l1.commit(r.reservation)
+        }
+        return l1.lockRead(key)
+      })
+
+    const status = (): L2Status => {
+      const t = breaker.transitions()
+      const down = store.connectionError()
+      return {
+        url: l2.url.display,
+        state: breaker.state(),
+        connected: down === null,
+        inflight_bytes: inflightBytes,
+        queue_depth: inflight.size,
+        last_error: breaker.lastError() ?? down,
+        writes: totals.writes,
+        dropped_writes: totals.droppedWrites,
+        failed_writes: totals.failedWrites,
+        hit_chunks: totals.hitChunks,
+        corrupt_values: totals.corruptValues,
+        breaker_opened: t.opened,
+        breaker_closed: t.closed
+      }
+    }
+    return { enabled: true, writeThrough, existsPrefix, fetch, status } satisfies L2TierShape
+  }) satisfies Effect.Effect<L2TierShape, never, Scope.Scope>

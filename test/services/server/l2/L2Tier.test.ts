@@ -1,0 +1,229 @@
+/**
+ * The L2 tier over the in-memory L2Store (issue 15 items 4–6) on TestClock:
+ * write-through holds the L1 read lock until the SET ends, joins writes of
+ * one key, drops past the in-flight bytes; LOOKUP continues into L2 and its
+ * prefetch answers nil while pending, then the count it really got; a
+ * corrupt value is a miss and is deleted; timeouts open the breaker, after
+ * which L2 is not asked.
+ */
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Fiber, Layer } from "effect"
+import { TestClock } from "effect/testing"
+import { NativeMemoryLive } from "../../../../src/layers/NativeMemory.ts"
+import type { CacheKey } from "../../../../src/schema/CacheKey.ts"
+import { chunkHashes } from "../../../../src/services/kv/TokenHasher.ts"
+import { L1Store } from "../../../../src/services/server/L1Store.ts"
+import { type KvLayout, LayoutRegistry } from "../../../../src/services/server/LayoutRegistry.ts"
+import { Lookup, objectKeysOf } from "../../../../src/services/server/Lookup.ts"
+import { ServerConfig } from "../../../../src/services/server/ServerConfig.ts"
+import { l2Defaults } from "../../../../src/services/server/l2/L2Config.ts"
+import { L2Store, makeMemoryL2, type MemoryL2 } from "../../../../src/services/server/l2/L2Store.ts"
+import { L2Tier, layerL2Tier } from "../../../../src/services/server/l2/L2Tier.ts"
+import { encodeValue, HEADER_BYTES, l2KeyOf, layoutFingerprint } from "../../../../src/services/server/l2/L2Value.ts"
+
+const CHUNK = 4
+const BYTES = 64
+const layout: KvLayout = { numLayers: 1, hiddenDim: 4, elementBytes: 2, dtype: "float16", chunkBytes: BYTES }
+const fp = layoutFingerprint(layout, CHUNK)
+const tokens = Array.from({ length: 18 }, (_, i) => 100 + i)
+const cacheKey = (over: Partial<CacheKey> = {}): CacheKey => ({
+  model_name: "m",
+  world_size: 2,
+  worker_id: null,
+  token_ids: tokens,
+  start: 0,
+  end: 16,
+  request_id: "req-1",
+  cache_salt: "",
+  ...over
+})
+const keysOf = (rank: number) => objectKeysOf(cacheKey(), chunkHashes(tokens, CHUNK, 4), rank)
+const bytesOf = (chunk: number, rank: number) => Buffer.alloc(BYTES, 16 * chunk + rank + 1)
+
+const envOf = (memory: MemoryL2, l2 = {}) =>
+  Layer.mergeAll(Lookup.layer, layerL2Tier).pipe(
+    Layer.provideMerge(layerL2Tier),
+    Layer.provideMerge(L2Store.layerMemory(memory)),
+    Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provide(NativeMemoryLive))),
+    Layer.provideMerge(
+      ServerConfig.layerTest({
+        chunkSize: CHUNK,
+        l1SizeGb: 4096 / 2 ** 30,
+        l2: { ...l2Defaults, url: "redis://127.0.0.1:6379", breakerFailures: 3, ...l2 }
+      })
+    )
+  )
+
+/** Commits chunk `chunk` of `rank` to L1 and returns its key. */
+const putL1 = (chunk: number, rank: number) =>
+  Effect.gen(function*() {
+    const l1 = yield* L1Store
+    const k = keysOf(rank)[chunk]!
+    const r = yield* l1.reserveWrite(k, BYTES)
+    if (r._tag !== "Reserved") return assert.fail("expected a reservation")
+    r.reservation.bytes.set(bytesOf(chunk, rank))
+    yield* l1.commit(r.reservation)
+    return k
+  })
+
+/** Plants chunk `chunk` of `rank` in the in-memory L2. */
+const putL2 = (memory: MemoryL2, chunk: number, rank: number) =>
+  memory.values.set(l2KeyOf("mpc", fp, keysOf(rank)[chunk]!), encodeValue(fp, bytesOf(chunk, rank)))
+
+/** QUERY_PREFETCH_STATUS once the prefetch fiber has run (it is nil until then), yielding to it meanwhile. */
+const prefetched = (requestId: string) =>
+  Effect.gen(function*() {
+    const lookup = yield* Lookup
+    for (let i = 0; i < 1000; i++) {
+      const n = yield* lookup.queryPrefetchStatus(requestId)
+      if (n !== null) return n
+      yield* Effect.yieldNow
+    }
+    return assert.fail(`the prefetch of ${requestId} never ended`)
+  })
+
+describe("write-through", () => {
+  it.effect("the L1 object stays read-locked until its SET ends; then the value is in L2, header and bytes", () => {
+    const memory = makeMemoryL2()
+    memory.delayMs = 100
+    return Effect.gen(function*() {
+      const l1 = yield* L1Store
+      const tier = yield* L2Tier
+      const k = yield* putL1(0, 0)
+      yield* tier.writeThrough(k, layout)
+      assert.strictEqual(l1.stats().lockedObjects, 1)
+      assert.deepInclude(tier.status(), { queue_depth: 1, inflight_bytes: HEADER_BYTES + BYTES })
+      yield* TestClock.adjust("99 millis")
+      assert.strictEqual(l1.stats().lockedObjects, 1)
+      yield* TestClock.adjust("1 millis")
+      assert.strictEqual(l1.stats().lockedObjects, 0)
+      assert.deepInclude(tier.status(), { queue_depth: 0, inflight_bytes: 0, writes: 1 })
+      const stored = memory.values.get(l2KeyOf("mpc", fp, k))
+      assert.isTrue(stored !== undefined && Buffer.from(stored).equals(encodeValue(fp, bytesOf(0, 0))))
+    }).pipe(Effect.provide(envOf(memory)))
+  })
+
+  it.effect("a second write of a key in flight is joined; past --l2-max-inflight-bytes a new write is dropped and counted", () => {
+    const memory = makeMemoryL2()
+    memory.delayMs = 100
+    return Effect.gen(function*() {
+      const tier = yield* L2Tier
+      const a = yield* putL1(0, 0)
+      const b = yield* putL1(1, 0)
+      yield* tier.writeThrough(a, layout)
+      yield* tier.writeThrough(a, layout)
+      yield* tier.writeThrough(b, layout)
+      assert.deepInclude(tier.status(), { queue_depth: 1, dropped_writes: 1 })
+      yield* TestClock.adjust("100 millis")
+      assert.deepStrictEqual(memory.log, [`SET ${l2KeyOf("mpc", fp, a)}`])
+      // Room again: b goes now.
+      yield* tier.writeThrough(b, layout)
+      yield* TestClock.adjust("100 millis")
+      assert.strictEqual(memory.values.size, 2)
+    }).pipe(Effect.provide(envOf(memory, { maxInflightBytes: 1.5 * (HEADER_BYTES + BYTES) })))
+  })
+})
+
+describe("LOOKUP with L2", () => {
+  it.effect("the prefix is L1's plus the contiguous L2 hits for every rank; QUERY_PREFETCH_STATUS is nil until the GETs end", () => {
+    const memory = makeMemoryL2()
+    return Effect.gen(function*() {
+      yield* (yield* LayoutRegistry).register("m", 2, layout)
+      const lookup = yield* Lookup
+      const l1 = yield* L1Store
+      yield* putL1(0, 0)
+      yield* putL1(0, 1)
+      putL2(memory, 1, 0)
+      putL2(memory, 1, 1)
+      putL2(memory, 2, 0)
+      putL2(memory, 2, 1)
+      putL2(memory, 3, 0) // rank 1 of chunk 3 is missing: the prefix ends at 3
+      memory.delayMs = 10
+      const looking = yield* Effect.forkChild(lookup.lookup(cacheKey()))
+      yield* TestClock.adjust("10 millis") // the EXISTS step
+      yield* Fiber.join(looking)
+      assert.strictEqual(yield* lookup.queryPrefetchStatus("req-1"), null)
+      yield* TestClock.adjust("10 millis") // the GETs (concurrent)
+      assert.strictEqual(yield* prefetched("req-1"), 3)
+      // L1 holds chunks 0..2 of both ranks, all read-locked for the RETRIEVE.
+      assert.deepInclude(l1.stats(), { objects: 6, lockedObjects: 6 })
+      assert.deepInclude(lookup.stats(), { heldLocks: 6 })
+      const h = yield* lookup.acquireForRetrieve("req-1", keysOf(1)[2]!)
+      assert.isTrue(h !== undefined && h.bytes.equals(bytesOf(2, 1)))
+      yield* lookup.endSession("req-1")
+      assert.strictEqual(l1.stats().lockedObjects, 1)
+    }).pipe(Effect.provide(envOf(memory)))
+  })
+
+  it.effect("FREE_LOOKUP_LOCKS while the prefetch runs: the freed chunks arrive unlocked, the count stands", () => {
+    const memory = makeMemoryL2()
+    return Effect.gen(function*() {
+      yield* (yield* LayoutRegistry).register("m", 2, layout)
+      const lookup = yield* Lookup
+      const l1 = yield* L1Store
+      yield* putL1(0, 0)
+      yield* putL1(0, 1)
+      for (const c of [1, 2]) for (const r of [0, 1]) putL2(memory, c, r)
+      yield* lookup.lookup(cacheKey())
+      memory.delayMs = 10 // the GETs are in flight when the scheduler frees chunks 2 and 3
+      yield* Effect.yieldNow
+      yield* lookup.freeLookupLocks(cacheKey({ start: 2 * CHUNK, end: 4 * CHUNK }))
+      yield* TestClock.adjust("10 millis")
+      assert.strictEqual(yield* prefetched("req-1"), 3)
+      assert.deepInclude(l1.stats(), { objects: 6, lockedObjects: 4 })
+      assert.deepInclude(lookup.stats(), { heldLocks: 4 })
+    }).pipe(Effect.provide(envOf(memory)))
+  })
+
+  it.effect("a corrupt value shortens the prefix, is deleted and counted; the objects past it are not left locked", () => {
+    const memory = makeMemoryL2()
+    return Effect.gen(function*() {
+      yield* (yield* LayoutRegistry).register("m", 2, layout)
+      const lookup = yield* Lookup
+      const tier = yield* L2Tier
+      const l1 = yield* L1Store
+      for (const c of [0, 1, 2]) for (const r of [0, 1]) putL2(memory, c, r)
+      const bad = l2KeyOf("mpc", fp, keysOf(1)[1]!)
+      const v = Buffer.from(memory.values.get(bad)!)
+      v[HEADER_BYTES + 5] = v[HEADER_BYTES + 5]! ^ 0xff
+      memory.values.set(bad, v)
+      yield* lookup.lookup(cacheKey())
+      assert.strictEqual(yield* prefetched("req-1"), 1)
+      assert.isFalse(memory.values.has(bad))
+      assert.strictEqual(tier.status()?.corrupt_values, 1)
+      // Chunk 0 of both ranks locked for the session; chunk 1 rank 0 and chunk 2 are in L1, unlocked.
+      assert.deepInclude(l1.stats(), { objects: 5, lockedObjects: 2 })
+    }).pipe(Effect.provide(envOf(memory)))
+  })
+
+  it.effect("EXISTS past the lookup timeout answers L1 only; the 3rd timeout opens the breaker and L2 is no longer asked", () => {
+    const memory = makeMemoryL2()
+    return Effect.gen(function*() {
+      yield* (yield* LayoutRegistry).register("m", 2, layout)
+      const lookup = yield* Lookup
+      const tier = yield* L2Tier
+      yield* putL1(0, 0)
+      yield* putL1(0, 1)
+      putL2(memory, 1, 0)
+      putL2(memory, 1, 1)
+      memory.delayMs = 1000
+      for (let i = 0; i < 3; i++) {
+        const looking = yield* Effect.forkChild(lookup.lookup(cacheKey({ request_id: `r${i}` })))
+        yield* TestClock.adjust("49 millis")
+        assert.isUndefined(looking.pollUnsafe())
+        yield* TestClock.adjust("1 millis")
+        yield* Fiber.join(looking)
+        assert.strictEqual(yield* lookup.queryPrefetchStatus(`r${i}`), 1)
+      }
+      assert.strictEqual(tier.status()?.state, "open")
+      assert.strictEqual(tier.status()?.last_error, "EXISTS did not answer within 50 ms")
+      const asked = memory.log.length
+      yield* lookup.lookup(cacheKey({ request_id: "r3" }))
+      assert.strictEqual(yield* lookup.queryPrefetchStatus("r3"), 1)
+      assert.strictEqual(memory.log.length, asked)
+      // Writes are skipped while open.
+      yield* tier.writeThrough(keysOf(0)[0]!, layout)
+      assert.strictEqual(tier.status()?.dropped_writes, 1)
+    }).pipe(Effect.provide(envOf(memory)))
+  })
+})
