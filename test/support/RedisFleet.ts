@@ -62,6 +62,8 @@ export interface RedisFleet {
   readonly cluster: boolean
   /** `redis://127.0.0.1:P` for one node; `redis+cluster://127.0.0.1:P1,…` (every node as a seed) for a cluster (issue 15 §1). */
   readonly url: string
+  /** `url` with `auth` as its user info (`redis://user:pass@…`, `redis+cluster://user:pass@…`): the url of an ACL user. */
+  readonly urlAs: (auth: RedisAuth) => string
   /** Whether the node on `port` runs now. */
   readonly isUp: (port: number) => boolean
   /** The pid of the node on `port`, or undefined when it is down. */
@@ -445,11 +447,16 @@ const makeFleet = async (count: number, cluster: boolean, options: RedisFleetOpt
       catch: (e) => (e instanceof RedisFleetError || e instanceof RedisReplyError ? e : new RedisFleetError({ port: 0, message: String(e), logTail: "" }))
     })
 
+  const fleetUrl = cluster ? `redis+cluster://${ports.map((p) => `127.0.0.1:${p}`).join(",")}` : `redis://127.0.0.1:${ports[0]}`
   const fleet: RedisFleet = {
     dir,
     ports,
     cluster,
-    url: cluster ? `redis+cluster://${ports.map((p) => `127.0.0.1:${p}`).join(",")}` : `redis://127.0.0.1:${ports[0]}`,
+    url: fleetUrl,
+    urlAs: (auth) => {
+      const [scheme, rest] = fleetUrl.split("://")
+      return `${scheme}://${encodeURIComponent(auth.user)}:${encodeURIComponent(auth.pass)}@${rest}`
+    },
     isUp: (port) => procs.has(port),
     pid: (port) => procs.get(port)?.pid,
     command: (port, args, auth) => lift(() => commandP(port, args, auth)),

@@ -91,6 +91,7 @@ redisSuite("RedisFleet (real redis-server)", () => {
       const port = fleet.ports[0]!
       yield* fleet.createAclUser("mpc", "s3cret", "mpc:*")
       const auth = { user: "mpc", pass: "s3cret" }
+      assert.strictEqual(fleet.urlAs(auth), `redis://mpc:s3cret@127.0.0.1:${port}`)
       assert.strictEqual(yield* fleet.command(port, ["SET", chunkKey(7), "v"], auth), "OK")
       assert.strictEqual(yield* fleet.command(port, ["GET", chunkKey(7)], auth), "v")
       const refused = yield* fleet.command(port, ["SET", "other:key", "v"], auth).pipe(Effect.flip)
