@@ -31,39 +31,30 @@
  */
 import { spawnSync } from "node:child_process"
 import { randomBytes } from "node:crypto"
-import { existsSync, rmSync } from "node:fs"
 import { Effect, Exit, Layer, ManagedRuntime, References, Scope } from "effect"
 import { loggerLayer } from "../src/layers/Logging.ts"
 import { ClientLive } from "../src/layers/Client.ts"
-import { loadNativeAddon, NativeMemory } from "../src/native/Native.ts"
+import type { NativeMemory } from "../src/native/Native.ts"
 import type { ReplaySummary } from "../src/replay/Driver.ts"
-import { makePagedKvCache, type PagedKvCache } from "../src/services/client/PagedKvCache.ts"
+import type { PagedKvCache } from "../src/services/client/PagedKvCache.ts"
 import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/services/client/SchedulerAdapter.ts"
 import { makeWorkerAdapter, type WorkerAdapterShape } from "../src/services/client/WorkerAdapter.ts"
 import type { ZmqSockets } from "../src/services/zmq/Sockets.ts"
 import { REDIS_CLI, REDIS_SERVER, redisAvailable, startRedis, type RedisFleet } from "../test/support/RedisFleet.ts"
 import { parseBenchArgs, usageError } from "./lib/args.ts"
+import { BLOCK_BYTES, BLOCKS_PER_CHUNK, CHUNK_BYTES, CHUNK_TOKENS, makeFilledCache, NUM_LAYERS, segmentNamesOf, unlinkSegments } from "./lib/kvChunks.ts"
 import { ROOT, runNode, startLineChild } from "./lib/children.ts"
 import { makeResources, runBench } from "./lib/resources.ts"
 import { ascending, percentile } from "./lib/stats.ts"
 import { secondsSince, sleep } from "./lib/time.ts"
 
-// Geometry of bench:transfer: one chunk of one rank = 2 × 32 × 256 × 1024 × 2 B = 32 MiB.
-const NUM_LAYERS = 32
-const NUM_HEADS = 8
-const HEAD_SIZE = 128
-const BLOCK_TOKENS = 16
-const CHUNK_TOKENS = 256
-const BLOCK_BYTES = BLOCK_TOKENS * NUM_HEADS * HEAD_SIZE * 2
-const CHUNK_BYTES = 2 * NUM_LAYERS * CHUNK_TOKENS * NUM_HEADS * HEAD_SIZE * 2
-const BLOCKS_PER_CHUNK = CHUNK_TOKENS / BLOCK_TOKENS
+// Geometry of bench:transfer (bench/lib/kvChunks.ts): one chunk of one rank = 32 MiB.
 const MODEL = "bench-l2-32l-8x128-f16"
 const CHUNKS_PER_REQUEST = 4
 const REQUEST_TOKENS = CHUNKS_PER_REQUEST * CHUNK_TOKENS
 const BLOCKS_PER_REQUEST = CHUNKS_PER_REQUEST * BLOCKS_PER_CHUNK
 /** Block 0 (vLLM's null block) + one request's source blocks + one request's destination blocks. */
 const NUM_BLOCKS = 1 + 2 * BLOCKS_PER_REQUEST
-const LAYER_BYTES = 2 * NUM_BLOCKS * BLOCK_BYTES
 const L1_SIZE_GB = 1
 const READY_TIMEOUT_MS = 30_000
 const REQUEST_TIMEOUT_MS = 30_000
@@ -90,17 +81,8 @@ const f2 = (x: number) => (Number.isFinite(x) ? x.toFixed(2) : "n/a")
 const pct = (x: number) => `${(100 * x).toFixed(2)}%`
 
 const resources = makeResources(`mpcache-bench-l2-${process.pid}-${Date.now().toString(36)}`, { stopTimeoutMs: 10_000, onSignal: "kill" })
-const segmentNames = Array.from({ length: NUM_LAYERS }, (_, l) => `${resources.tag}-L${l}`)
-resources.onCleanup(() => {
-  for (const name of segmentNames) {
-    if (!existsSync(`/dev/shm/${name}`)) continue
-    try {
-      loadNativeAddon().shmUnlink(name)
-    } catch {
-      rmSync(`/dev/shm/${name}`, { force: true })
-    }
-  }
-})
+const segmentNames = segmentNamesOf(resources.tag)
+resources.onCleanup(() => unlinkSegments(segmentNames))
 
 /** What could not be measured, and why: printed at the end; the exit status is then 1. */
 const notRun: Array<string> = []
@@ -191,25 +173,7 @@ const run = <A, E>(effect: Effect.Effect<A, E, NativeMemory | ZmqSockets | Scope
 /** One KV cache in POSIX shm (every block non-zero and distinct), registered with each server it is given. */
 const makeCache = async (): Promise<PagedKvCache> => {
   workerScope = await runtime.runPromise(Scope.make())
-  const cache = await run(makePagedKvCache({
-    namePrefix: resources.tag,
-    numLayers: NUM_LAYERS,
-    numBlocks: NUM_BLOCKS,
-    blockSizeTokens: BLOCK_TOKENS,
-    numHeads: NUM_HEADS,
-    headSize: HEAD_SIZE,
-    dtype: "float16"
-  }))
-  await run(Effect.scoped(Effect.gen(function*() {
-    const native = yield* NativeMemory
-    const data = Buffer.allocUnsafe(LAYER_BYTES)
-    for (const name of cache.segmentNames) {
-      data.fill(randomBytes(4099).map((b) => b | 1))
-      const mapping = yield* native.map(name, LAYER_BYTES)
-      yield* native.scatter(mapping, Float64Array.of(0, 0, LAYER_BYTES), data)
-    }
-  })))
-  return cache
+  return run(makeFilledCache(resources.tag, NUM_BLOCKS))
 }
 
 interface Attached {
