@@ -28,7 +28,7 @@ import { Clock, Effect, Fiber, Queue, Random, Ref, Schema } from "effect"
 import { dtypeBytes } from "../schema/Dtype.ts"
 import { makeSchedulerAdapter } from "../services/client/SchedulerAdapter.ts"
 import { perfectLruCumulative } from "./LruSim.ts"
-import { L2_LOOKUP_HIT_CHUNKS, l2HitChunks, redactUrl } from "./L2Split.ts"
+import { l2HitChunks, redactUrl } from "./L2Split.ts"
 import { ConversationRouter } from "./Routing.ts"
 import type { Done, RunRequest, TransferMode, WorkerSettings } from "./Messages.ts"
 import { Samples, promCounters } from "./Stats.ts"
@@ -101,7 +101,7 @@ export interface ReplaySummary {
   readonly hit_ratio: number
   /**
    * Hit chunks by tier: `l2` is what the servers' LOOKUPs found in L2 past their L1 prefix (the delta of
-   * `mpcache_l2_lookup_hit_chunks_total` over the run, summed over servers), `l1` the rest of `chunks.hit`.
+   * `mpcache_l2_hits_total` over the run, summed over servers), `l1` the rest of `chunks.hit`.
    */
   readonly hits_by_tier: { readonly l1: number; readonly l2: number }
   /** `hits_by_tier` / `chunks.looked_up`. */
@@ -460,15 +460,16 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     }
     const reapsNow = Effect.map(Effect.forEach(nodes, metricsOf), sumReaps)
     const baseReaps = yield* reapsNow.pipe(Effect.orElseSucceed(() => ({} as Record<string, number>)))
-    // Per server, the L2 hit counter now (0 for a server without L2; one with --l2-url must export it).
-    const l2HitsNow = Effect.forEach(nodes, (node) =>
-      Effect.flatMap(metricsOf(node), (text) => {
-        const n = l2HitChunks(text)
-        if (n !== undefined) return Effect.succeed(n)
-        return o.l2Url === undefined
-          ? Effect.succeed(0)
-          : Effect.fail(new ReplayError({ message: `${node.httpUrl}/metrics has no ${L2_LOOKUP_HIT_CHUNKS}: this server does not report its L2 hits (is its L2 tier built?)` }))
-      }))
+    // With --l2-url every server must say it has an L2 (`l2` in /api/status), or the split would be made up.
+    if (o.l2Url !== undefined) {
+      yield* Effect.forEach(nodes, (node) =>
+        Effect.flatMap(getJson(`${node.httpUrl}/api/status`), (doc) =>
+          typeof doc["l2"] === "object" && doc["l2"] !== null
+            ? Effect.void
+            : Effect.fail(new ReplayError({ message: `${node.httpUrl}/api/status has no l2: this server has no L2 tier, so its L2 hits cannot be told apart` }))))
+    }
+    // Per server, the L2 hit counter now (absent until the first L2 hit, and on a server without L2: 0).
+    const l2HitsNow = Effect.forEach(nodes, (node) => Effect.map(metricsOf(node), (text) => l2HitChunks(text) ?? 0))
     const baseL2Hits = yield* l2HitsNow
 
     const progressLine = Effect.gen(function*() {

@@ -9,7 +9,7 @@
  * (and reported as part of the prefix): the L2 counterpart of
  * `mpcache_lookup_hit_chunks_total`.
  */
-export const L2_LOOKUP_HIT_CHUNKS = "mpcache_l2_lookup_hit_chunks_total"
+export const L2_LOOKUP_HIT_CHUNKS = "mpcache_l2_hits_total"
 
 /**
  * The sum of every sample of `L2_LOOKUP_HIT_CHUNKS` in Prometheus text (any labels), or undefined

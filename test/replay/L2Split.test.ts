@@ -2,16 +2,16 @@ import { assert, describe, it } from "@effect/vitest"
 import { l2HitChunks, redactUrl } from "../../src/replay/L2Split.ts"
 
 describe("L2Split", () => {
-  it("sums every sample of mpcache_l2_lookup_hit_chunks_total; undefined when the server exports none", () => {
+  it("sums every sample of mpcache_l2_hits_total; undefined when the server exports none", () => {
     const text = [
-      "# TYPE mpcache_l2_lookup_hit_chunks_total counter",
-      "mpcache_l2_lookup_hit_chunks_total{model=\"a\"} 12",
-      "mpcache_l2_lookup_hit_chunks_total{model=\"b\"} 30",
+      "# TYPE mpcache_l2_hits_total counter",
+      "mpcache_l2_hits_total{model=\"a\"} 12",
+      "mpcache_l2_hits_total{model=\"b\"} 30",
       "mpcache_lookup_hit_chunks_total 99",
-      "mpcache_l2_lookup_hit_chunks_total_extra 5"
+      "mpcache_l2_hits_total_extra 5"
     ].join("\n")
     assert.strictEqual(l2HitChunks(text), 42)
-    assert.strictEqual(l2HitChunks("mpcache_l2_lookup_hit_chunks_total 7\n"), 7)
+    assert.strictEqual(l2HitChunks("mpcache_l2_hits_total 7\n"), 7)
     assert.strictEqual(l2HitChunks("mpcache_lookup_hit_chunks_total 99\n"), undefined)
   })
 
