@@ -50,6 +50,8 @@ export interface ReplayOptions {
   readonly servers: number
   /** Given to every server the replay starts as `--l2-url` (issue 15); undefined: no L2. */
   readonly l2Url: string | undefined
+  /** With `l2Url`: every server's `--l2-lookup-timeout-ms`; undefined: the server's default. */
+  readonly l2LookupTimeoutMs: number | undefined
   /** How the workers move KV (`--transfer-mode`). */
   readonly transferMode: TransferMode
   /** `cuda`: LMCache-driven workers keep their KV cache in device memory (CUDA IPC); needs a GPU. */
@@ -187,7 +189,8 @@ const startOwnServer = (o: ReplayOptions) =>
         String(o.l1SizeGb),
         "--worker-disconnect-grace-seconds",
         String(o.disconnectGraceSeconds),
-        ...(o.l2Url === undefined ? [] : ["--l2-url", o.l2Url])
+        ...(o.l2Url === undefined ? [] : ["--l2-url", o.l2Url]),
+        ...(o.l2Url === undefined || o.l2LookupTimeoutMs === undefined ? [] : ["--l2-lookup-timeout-ms", String(o.l2LookupTimeoutMs)])
       ], { stdio: ["ignore", "ignore", "pipe"] })
       let stderr = ""
       let httpUrl: string | undefined

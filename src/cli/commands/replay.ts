@@ -76,6 +76,11 @@ const flags = {
     Flag.withDescription("HTTP frontend of --server (status and metrics)"),
     Flag.withDefault("http://127.0.0.1:8080")
   ),
+  l2LookupTimeoutMs: Flag.Int("l2-lookup-timeout-ms").pipe(
+    Flag.withDescription("With --l2-url: each server's --l2-lookup-timeout-ms (default: the server's own)"),
+    Flag.filter((n) => n >= 1, (n) => `must be at least 1 (got ${n})`),
+    Flag.optional
+  ),
   killEvery: positive("kill-every", "SIGKILL a random worker every S seconds and start a replacement").pipe(Flag.optional),
   pauseEvery: positive("pause-every", "SIGSTOP a random worker every S seconds, SIGCONT it after --pause-seconds").pipe(Flag.optional),
   pauseSeconds: positive("pause-seconds", "How long a paused worker stays stopped").pipe(Flag.withDefault(3)),
@@ -103,6 +108,7 @@ export const replay = Command.make("replay", flags, (f) =>
           workers: f.workers,
           servers: f.servers,
           l2Url: Option.getOrUndefined(f.l2Url),
+          l2LookupTimeoutMs: Option.getOrUndefined(f.l2LookupTimeoutMs),
           transferMode: f.transferMode,
           device: f.device,
           rate: f.rate,
@@ -151,6 +157,8 @@ export const replay = Command.make("replay", flags, (f) =>
   Command.validate((f) =>
     f.device === "cuda" && f.transferMode === "engine-driven"
       ? Effect.fail(new CliError.ValidationError({ message: "--device cuda applies to --transfer-mode lmcache-driven (engine-driven workers copy through the server's host pool)" }))
+      : Option.isSome(f.l2LookupTimeoutMs) && Option.isNone(f.l2Url)
+      ? Effect.fail(new CliError.ValidationError({ message: "--l2-lookup-timeout-ms applies with --l2-url" }))
       : Option.isSome(f.server) && (f.servers > 1 || Option.isSome(f.l2Url))
       ? Effect.fail(new CliError.ValidationError({ message: "--servers and --l2-url apply to the servers the replay starts, not to --server (a running server has its own flags)" }))
       : Effect.void
