@@ -13,7 +13,7 @@
  * Commands go through the real `redis-cli`, so the harness needs no client
  * library and proves nothing about the one mpcache uses.
  */
-import { execFile, spawn, type ChildProcess } from "node:child_process"
+import { execFile, execFileSync, spawn, type ChildProcess } from "node:child_process"
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs"
 import { createServer } from "node:net"
 import { tmpdir } from "node:os"
@@ -54,7 +54,22 @@ export interface ClusterNodeView {
   readonly slots: ReadonlyArray<readonly [number, number]>
 }
 
+/** One node of a fleet, by itself (the shape the L2 tests use: synchronous `cli` for short checks). */
+export interface RedisNode {
+  readonly port: number
+  /** `redis://127.0.0.1:PORT`. */
+  readonly url: string
+  /** Runs `redis-cli -p PORT ...args` (5 s at most) and returns its stdout, trimmed; throws when redis-cli fails. */
+  readonly cli: (...args: ReadonlyArray<string>) => string
+  /** SIGKILL, and waits for the exit. */
+  readonly kill: Effect.Effect<void>
+  /** Starts it again on its port, with its cluster config file (no data: nothing is saved), once it answers PING. */
+  readonly restart: Effect.Effect<void, RedisFleetError>
+}
+
 export interface RedisFleet {
+  /** Every node, in creation order (for a cluster: masters first). */
+  readonly nodes: ReadonlyArray<RedisNode>
   /** The temporary folder; each node logs to `<dir>/<port>/redis.log`. */
   readonly dir: string
   /** Every node's port, in creation order (for a cluster: the first three were made masters). */
@@ -79,6 +94,8 @@ export interface RedisFleet {
   readonly topology: (port?: number) => Effect.Effect<ReadonlyArray<ClusterNodeView>, RedisFleetError | RedisReplyError>
   /** Ports of the masters that serve slots now. */
   readonly masters: () => Effect.Effect<ReadonlyArray<number>, RedisFleetError | RedisReplyError>
+  /** The same, synchronously (`CLUSTER NODES` of the first live node that answers); [] when none does. */
+  readonly masterPorts: () => ReadonlyArray<number>
   /** The port of the master owning `key`'s slot (`CLUSTER KEYSLOT` + `CLUSTER NODES`); the only node without cluster mode. */
   readonly masterOf: (key: string) => Effect.Effect<number, RedisFleetError | RedisReplyError>
   /** For each key, the port of the master owning its slot (one redis-cli for all the KEYSLOTs). */
@@ -91,7 +108,7 @@ export interface RedisFleet {
   /** SIGKILLs every live node and waits for their exits. */
   readonly killAll: () => Effect.Effect<void>
   /** SIGKILLs the node on `port` (any role) and waits for its exit. */
-  readonly kill: (port: number) => Effect.Effect<void>
+  readonly killNode: (port: number) => Effect.Effect<void>
   /**
    * Starts every node that is down on its own port with its own cluster config file, then waits
    * (at most `timeoutMs`, default 60 s) until the fleet is healthy; ACL users and memory limits set
@@ -216,20 +233,46 @@ export const parseClusterNodes = (text: string): ReadonlyArray<ClusterNodeView> 
     return { id: f[0]!, port, flags: (f[2] ?? "").split(","), masterId: f[3] === "-" ? undefined : f[3], slots }
   })
 
-/** One node, not in cluster mode; stopped with the scope. */
-export const startRedis = (options: RedisFleetOptions = {}) => startFleet(1, false, options)
+/** Where redis-server is, or undefined when it is not installed (the L2 suites are then skipped, loudly: RedisSuite.ts). */
+export const redisServerPath: string | undefined = existsSync(REDIS_SERVER) ? REDIS_SERVER : undefined
 
 /**
- * A Redis Cluster of 3 masters and 3 replicas (`--cluster-replicas 1`), once every node says
- * `cluster_state:ok` with all 16384 slots assigned and ok, knows the 6 nodes, and all agree on who
- * serves which slots; stopped with the scope.
+ * One node, not in cluster mode, with `options` (or just extra redis-server arguments, e.g.
+ * `["--maxmemory-policy", "allkeys-lru"]`); the fleet and its only node in one (`redis.cli(…)`,
+ * `redis.kill`, `redis.restart`, `redis.port`); stopped with the scope.
  */
-export const startRedisCluster = (options: RedisFleetOptions = {}) => startFleet(6, true, options)
+export const startRedis = (
+  options: RedisFleetOptions | ReadonlyArray<string> = {}
+): Effect.Effect<RedisFleet & RedisNode, RedisFleetError | RedisReplyError, Scope.Scope> =>
+  Effect.map(startFleet(1, 0, false, isArgs(options) ? { extraArgs: options } : options), (fleet) => ({ ...fleet, ...fleet.nodes[0]! }))
 
-const startFleet = (count: number, cluster: boolean, options: RedisFleetOptions): Effect.Effect<RedisFleet, RedisFleetError | RedisReplyError, Scope.Scope> =>
+const isArgs = (o: RedisFleetOptions | ReadonlyArray<string>): o is ReadonlyArray<string> => Array.isArray(o)
+
+/**
+ * A Redis Cluster of `masters` masters (default 3, at least 3: redis-cli's minimum) with `replicas`
+ * replicas each (default 1), made with `redis-cli --cluster create … --cluster-replicas R
+ * --cluster-yes`, once every node says `cluster_state:ok` with all 16384 slots assigned and ok,
+ * knows every node, every replica's link to its master is up, and all agree on who serves which
+ * slots; stopped with the scope.
+ */
+export const startRedisCluster = (
+  masters = 3,
+  replicas = 1,
+  options: RedisFleetOptions = {}
+): Effect.Effect<RedisFleet, RedisFleetError | RedisReplyError, Scope.Scope> =>
+  masters < 3 || !Number.isInteger(masters) || replicas < 0 || !Number.isInteger(replicas)
+    ? Effect.fail(new RedisFleetError({ port: 0, message: `a cluster needs at least 3 masters and 0 or more replicas (got ${masters} and ${replicas})`, logTail: "" }))
+    : startFleet(masters * (1 + replicas), replicas, true, options)
+
+const startFleet = (
+  count: number,
+  replicas: number,
+  cluster: boolean,
+  options: RedisFleetOptions
+): Effect.Effect<RedisFleet, RedisFleetError | RedisReplyError, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.tryPromise({
-      try: () => makeFleet(count, cluster, options),
+      try: () => makeFleet(count, replicas, cluster, options),
       catch: (e) => (e instanceof RedisFleetError || e instanceof RedisReplyError ? e : new RedisFleetError({ port: 0, message: String(e), logTail: "" }))
     }),
     (h) => Effect.promise(() => h.close())
@@ -240,7 +283,7 @@ interface FleetHandle {
   readonly close: () => Promise<void>
 }
 
-const makeFleet = async (count: number, cluster: boolean, options: RedisFleetOptions): Promise<FleetHandle> => {
+const makeFleet = async (count: number, replicas: number, cluster: boolean, options: RedisFleetOptions): Promise<FleetHandle> => {
   installExitHook()
   const dir = mkdtempSync(join(tmpdir(), "mpcache-redis-"))
   dirs.add(dir)
@@ -408,7 +451,7 @@ const makeFleet = async (count: number, cluster: boolean, options: RedisFleetOpt
       const create = await new Promise<{ code: number | null; out: string }>((resolve) => {
         execFile(
           REDIS_CLI,
-          ["--cluster", "create", ...ports.map((p) => `127.0.0.1:${p}`), "--cluster-replicas", "1", "--cluster-yes"],
+          ["--cluster", "create", ...ports.map((p) => `127.0.0.1:${p}`), "--cluster-replicas", String(replicas), "--cluster-yes"],
           { timeout: 60_000 },
           (err, stdout, stderr) => resolve({ code: err ? (typeof err.code === "number" ? err.code : -1) : 0, out: `${stdout}${stderr}` })
         )
@@ -447,8 +490,21 @@ const makeFleet = async (count: number, cluster: boolean, options: RedisFleetOpt
       catch: (e) => (e instanceof RedisFleetError || e instanceof RedisReplyError ? e : new RedisFleetError({ port: 0, message: String(e), logTail: "" }))
     })
 
+  const cliSync = (port: number, args: ReadonlyArray<string>) =>
+    execFileSync(REDIS_CLI, ["-h", "127.0.0.1", "-p", String(port), ...args], { encoding: "utf8", timeout: 5_000 }).trim()
+  const nodes: Array<RedisNode> = ports.map((port) => ({
+    port,
+    url: `redis://127.0.0.1:${port}`,
+    cli: (...args) => cliSync(port, args),
+    kill: Effect.promise(() => killP(port)),
+    restart: lift(async () => {
+      if (!procs.has(port)) await spawnNode(port)
+      for (const s of settings) await commandP(port, s)
+    }) as Effect.Effect<void, RedisFleetError>
+  }))
   const fleetUrl = cluster ? `redis+cluster://${ports.map((p) => `127.0.0.1:${p}`).join(",")}` : `redis://127.0.0.1:${ports[0]}`
   const fleet: RedisFleet = {
+    nodes,
     dir,
     ports,
     cluster,
@@ -468,6 +524,16 @@ const makeFleet = async (count: number, cluster: boolean, options: RedisFleetOpt
       }) as Effect.Effect<ReadonlyArray<string>, RedisFleetError>,
     topology: (port) => lift(() => topologyP(port)),
     masters: () => lift(async () => (await topologyP()).filter((n) => n.slots.length > 0).map((n) => n.port)),
+    masterPorts: () => {
+      for (const p of livePorts()) {
+        try {
+          return parseClusterNodes(cliSync(p, ["CLUSTER", "NODES"])).filter((n) => n.slots.length > 0).map((n) => n.port)
+        } catch {
+          continue
+        }
+      }
+      return []
+    },
     masterOf: (key) => lift(async () => (await mastersOfP([key]))[0]!),
     mastersOf: (keys) => lift(() => mastersOfP(keys)),
     killMaster: (port, timeoutMs = 60_000) =>
@@ -491,7 +557,7 @@ const makeFleet = async (count: number, cluster: boolean, options: RedisFleetOpt
         await waitHealthyP(Math.max(1_000, timeoutMs - (Date.now() - started)))
         return promoted
       }),
-    kill: (port) => Effect.promise(() => killP(port)),
+    killNode: (port) => Effect.promise(() => killP(port)),
     killAll: () => Effect.promise(() => Promise.all(livePorts().map(killP)).then(() => undefined)),
     restartAll: (timeoutMs) =>
       lift(async () => {

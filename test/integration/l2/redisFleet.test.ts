@@ -16,7 +16,7 @@ const chunkKey = (i: number) => `mpc:v1:small-f16-256-2x2x16@0@${(i * 2654435761
 const infoField = (text: string, field: string) => text.split(/\r?\n/).find((l) => l.startsWith(`${field}:`))?.slice(field.length + 1).trim()
 
 redisSuite("RedisFleet (real redis-server)", () => {
-  it.live("one node: PING, SET and GET; stopped by pid with the scope", () =>
+  it.live("one node: PING, SET and GET; SIGKILLed and restarted empty on its port; stopped by pid with the scope", () =>
     Effect.gen(function*() {
       const pids: Array<number> = []
       yield* Effect.scoped(Effect.gen(function*() {
@@ -25,6 +25,14 @@ redisSuite("RedisFleet (real redis-server)", () => {
         assert.strictEqual(yield* fleet.command(fleet.ports[0]!, ["SET", chunkKey(1), "v"]), "OK")
         assert.strictEqual(yield* fleet.command(fleet.ports[0]!, ["GET", chunkKey(1)]), "v")
         assert.strictEqual(yield* fleet.masterOf(chunkKey(1)), fleet.ports[0])
+        assert.strictEqual(fleet.cli("EXISTS", chunkKey(1)), "1")
+        const first = fleet.pid(fleet.port)!
+        yield* fleet.kill
+        assert.isFalse(fleet.isUp(fleet.port))
+        assert.throws(() => process.kill(first, 0), /ESRCH/)
+        yield* fleet.restart
+        assert.strictEqual(fleet.cli("PING"), "PONG")
+        assert.strictEqual(fleet.cli("DBSIZE"), "0")
         pids.push(fleet.pid(fleet.ports[0]!)!)
       }))
       // kill(pid, 0) throws ESRCH once the process is gone.
@@ -43,6 +51,8 @@ redisSuite("RedisFleet (real redis-server)", () => {
       }
       const masters = yield* fleet.masters()
       assert.strictEqual(masters.length, 3)
+      assert.sameMembers([...fleet.masterPorts()], [...masters])
+      assert.sameMembers([...masters], fleet.ports.slice(0, 3))
       const topology = yield* fleet.topology()
       assert.strictEqual(topology.filter((n) => n.masterId !== undefined).length, 3)
 
