@@ -8,7 +8,7 @@
  */
 import { spawnSync } from "node:child_process"
 import { randomUUID } from "node:crypto"
-import { rmSync, writeFileSync } from "node:fs"
+import { readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
@@ -81,7 +81,7 @@ describe("mpcache replay --servers", () => {
       })
     ), 120_000)
 
-  it.live("1 server: every turn reuses its conversation's previous one, as the perfect LRU does; the text report says so", () =>
+  it.live("1 server: every turn reuses its conversation's previous one, as the perfect LRU does; the text and HTML reports of 2 servers say how the hits split", () =>
     withTrace((trace) =>
       Effect.gen(function*() {
         const r = yield* replay(["--trace", trace, "--max-rate"])
@@ -91,8 +91,12 @@ describe("mpcache replay --servers", () => {
         assert.strictEqual(s.servers, 1)
         assert.strictEqual(s.chunks.hit, 14)
         assert.deepStrictEqual(s.per_server, [{ requests: 5, looked_up: 28, hit: 14, l2_hit: 0 }])
-        const text = yield* runCli(["replay", "--trace", trace, "--max-rate", "--workers", "1", "--servers", "2", "--l1-size-gb", "0.25"], 120_000)
+        const report = `${trace}.html`
+        const text = yield* runCli(["replay", "--trace", trace, "--max-rate", "--workers", "1", "--servers", "2", "--l1-size-gb", "0.25", "--report", report], 120_000)
         assert.strictEqual(text.code, 0, text.stderr.slice(-3000))
+        const html = readFileSync(report, "utf8")
+        rmSync(report, { force: true })
+        assert.include(html, "<dt>hits by tier</dt><dd>2 servers · L2 none · L1 14.29% · L2 0% · perfect LRU of the combined capacity 50%</dd>")
         assert.include(text.stdout, "servers           2 · L2 none · each conversation's turns round-robin over the servers")
         assert.include(text.stdout, "hits by tier      L1 14.29% · L2 0.00% (a perfect LRU of the 2 servers' combined capacity: 50.00%)")
         assert.include(text.stdout, "    server 1        3 requests · looked up 18 · hit 4 (L2 0) = 22.22%")
