@@ -50,7 +50,6 @@
  */
 import type { ChildProcess } from "node:child_process"
 import { randomBytes } from "node:crypto"
-import { existsSync, rmSync } from "node:fs"
 import os from "node:os"
 import path from "node:path"
 import { monitorEventLoopDelay } from "node:perf_hooks"
@@ -68,6 +67,22 @@ import { makePagedKvCache, type PagedKvCache, type PagedKvCacheOptions } from ".
 import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/services/client/SchedulerAdapter.ts"
 import { makeWorkerAdapter, type TransferRequest, type WorkerAdapterShape } from "../src/services/client/WorkerAdapter.ts"
 import { parseBenchArgs, positiveSeconds } from "./lib/args.ts"
+import {
+  BLOCK_BYTES,
+  BLOCK_TOKENS,
+  BLOCKS_PER_CHUNK,
+  CHUNK_BYTES,
+  CHUNK_TOKENS,
+  DTYPE,
+  ELEMENT_BYTES,
+  HEAD_SIZE,
+  layerBytes,
+  makeFilledCache,
+  NUM_HEADS,
+  NUM_LAYERS,
+  segmentNamesOf,
+  unlinkSegments
+} from "./lib/kvChunks.ts"
 import { spawnReady, startLineChild, stopChild } from "./lib/children.ts"
 import { int as intOf, orNa } from "./lib/format.ts"
 import { type GuardCost, measureGuardCost } from "./lib/guardCost.ts"
@@ -81,19 +96,7 @@ import { startPingChild, type PingChild } from "./pingChild.ts"
 
 const HEADING = "## STORE and RETRIEVE throughput (bench:transfer)"
 
-// Model geometry (one kv rank).
-const NUM_LAYERS = 32
-const NUM_HEADS = 8
-const HEAD_SIZE = 128
-const DTYPE = "float16" as const
-const ELEMENT_BYTES = 2
-const BLOCK_TOKENS = 16
-const CHUNK_TOKENS = 256
-/** One block of K (or V) of one layer: 32 KiB. */
-const BLOCK_BYTES = BLOCK_TOKENS * NUM_HEADS * HEAD_SIZE * ELEMENT_BYTES
-/** One chunk of one rank, `[2, layers, chunk, heads × head size]`: 32 MiB. */
-const CHUNK_BYTES = 2 * NUM_LAYERS * CHUNK_TOKENS * NUM_HEADS * HEAD_SIZE * ELEMENT_BYTES
-const BLOCKS_PER_CHUNK = CHUNK_TOKENS / BLOCK_TOKENS
+// Model geometry (one kv rank): bench/lib/kvChunks.ts.
 const MODEL = "bench-32l-8x128-f16"
 
 /**
@@ -133,7 +136,7 @@ const REQUEST_BYTES = CHUNKS_PER_REQUEST * CHUNK_BYTES
 const RETRIEVE_SET = 8
 /** Block 0 (null, unused) + STREAMS × 64 source blocks + STREAMS × 64 destination blocks. */
 const NUM_BLOCKS = 1 + 2 * STREAMS * BLOCKS_PER_REQUEST
-const LAYER_BYTES = 2 * NUM_BLOCKS * BLOCK_BYTES
+const LAYER_BYTES = layerBytes(NUM_BLOCKS)
 const L1_SIZE_GB = 4
 
 // Timing.
@@ -178,18 +181,9 @@ const resources = makeResources(`mpcache-bench-${process.pid}-${Date.now().toStr
 const tag = resources.tag
 const endpoint = resources.ipcEndpoint()
 const echoEndpoint = resources.ipcEndpoint("echo")
-const segmentNames = Array.from({ length: NUM_LAYERS }, (_, l) => `${tag}-L${l}`)
+const segmentNames = segmentNamesOf(tag)
 let serverChild: ChildProcess | undefined
-resources.onCleanup(() => {
-  for (const name of segmentNames) {
-    if (!existsSync(`/dev/shm/${name}`)) continue
-    try {
-      loadNativeAddon().shmUnlink(name)
-    } catch {
-      rmSync(`/dev/shm/${name}`, { force: true })
-    }
-  }
-})
+resources.onCleanup(() => unlinkSegments(segmentNames))
 
 // ------------------------------------------------------------------ server
 
@@ -368,25 +362,7 @@ const run = <A, E>(effect: Effect.Effect<A, E, NativeMemory | ZmqSockets | Scope
 
 const startWorker = async (kind: CacheKind): Promise<Worker> => {
   workerScope = await runtime.runPromise(Scope.make())
-  const cache = await run(kind.makeCache({
-    namePrefix: tag,
-    numLayers: NUM_LAYERS,
-    numBlocks: NUM_BLOCKS,
-    blockSizeTokens: BLOCK_TOKENS,
-    numHeads: NUM_HEADS,
-    headSize: HEAD_SIZE,
-    dtype: DTYPE
-  }))
-  // Every layer filled once with non-zero bytes: a random pattern of odd
-  // length, repeated, so that no two blocks hold the same bytes. Through the
-  // cache's own writes, so that any kind fills the same way.
-  const data = Buffer.allocUnsafe(LAYER_BYTES / 2)
-  for (let l = 0; l < NUM_LAYERS; l++) {
-    for (const kv of [0, 1] as const) {
-      data.fill(randomBytes(4099).map((b) => b | 1))
-      await run(cache.writeBlocks(l, kv, 0, data))
-    }
-  }
+  const cache = await run(makeFilledCache(tag, NUM_BLOCKS, kind.makeCache))
   const adapter = await run(makeWorkerAdapter({ endpoint, modelName: MODEL, worldSize: 1, kvRank: 0, requestTimeoutMs: REQUEST_TIMEOUT_MS }))
   await run(kind.register(adapter, cache))
   const scheduler = await run(makeSchedulerAdapter({ endpoint, modelName: MODEL, worldSize: 1, requestTimeoutMs: REQUEST_TIMEOUT_MS }))

@@ -7,6 +7,14 @@
  * prefetch), a worker RETRIEVEs the hit prefix into its own KV blocks,
  * "computes" the rest, STOREs the new chunks, and the scheduler ends the
  * session. Requests go to idle workers in trace order.
+ *
+ * With `servers` N > 1 (issue 15 §8) the replay starts N servers, each with
+ * its own L1, its own `workers` workers and its own scheduler, all given the
+ * same `--l2-url` when one is set; each conversation's turns go round-robin
+ * over the servers (Routing.ts), so a turn reuses its conversation's earlier
+ * chunks only through the shared L2. The summary then splits the hits by tier
+ * (L2 hits from each server's `/metrics`) and compares them with a perfect
+ * LRU of the servers' combined capacity.
  */
 import { planMemory, readMachineMemory, refusal, type ReplayShape } from "./MemoryPlan.ts"
 import { decodeStatusDocument } from "../schema/Status.ts"
@@ -20,6 +28,8 @@ import { Clock, Effect, Fiber, Queue, Random, Ref, Schema } from "effect"
 import { dtypeBytes } from "../schema/Dtype.ts"
 import { makeSchedulerAdapter } from "../services/client/SchedulerAdapter.ts"
 import { perfectLruCumulative } from "./LruSim.ts"
+import { l2HitChunks, redactUrl } from "./L2Split.ts"
+import { ConversationRouter } from "./Routing.ts"
 import type { Done, RunRequest, TransferMode, WorkerSettings } from "./Messages.ts"
 import { Samples, promCounters } from "./Stats.ts"
 import type { ModelPreset } from "./Synth.ts"
@@ -34,7 +44,14 @@ export interface ReplayOptions {
   readonly requests: number | undefined
   /** Requests with more input tokens are skipped (and counted); undefined = none skipped. */
   readonly maxInputTokens: number | undefined
+  /** Engine workers per server. */
   readonly workers: number
+  /** Servers the replay starts (each its own L1 and workers); 1 without `--servers`. */
+  readonly servers: number
+  /** Given to every server the replay starts as `--l2-url` (issue 15); undefined: no L2. */
+  readonly l2Url: string | undefined
+  /** With `l2Url`: every server's `--l2-lookup-timeout-ms`; undefined: the server's default. */
+  readonly l2LookupTimeoutMs: number | undefined
   /** How the workers move KV (`--transfer-mode`). */
   readonly transferMode: TransferMode
   /** `cuda`: LMCache-driven workers keep their KV cache in device memory (CUDA IPC); needs a GPU. */
@@ -73,13 +90,37 @@ export interface ReplaySummary {
   /** Why requests failed (first 20). */
   readonly failures: ReadonlyArray<{ readonly request: number; readonly message: string }>
   readonly retried_requests: number
+  /** Workers per server. */
   readonly workers: number
+  /** Servers the requests were spread over (issue 15 §8). */
+  readonly servers: number
+  /** The L2 every server shared, password removed; null: none. */
+  readonly l2_url: string | null
   readonly transfer_mode: TransferMode
   readonly model: string
   readonly chunk_size: number
   readonly chunks: { readonly looked_up: number; readonly hit: number; readonly stored: number; readonly retrieved: number }
   readonly hit_ratio: number
+  /**
+   * Hit chunks by tier: `l2` is what the servers' LOOKUPs found in L2 past their L1 prefix (the delta of
+   * `mpcache_l2_hits_total` over the run, summed over servers), `l1` the rest of `chunks.hit`.
+   */
+  readonly hits_by_tier: { readonly l1: number; readonly l2: number }
+  /** `hits_by_tier` / `chunks.looked_up`. */
+  readonly hit_ratio_l1: number
+  readonly hit_ratio_l2: number
+  /** A perfect LRU of one server's L1 capacity over the whole trace. */
   readonly perfect_lru_hit_ratio: number
+  /** A perfect LRU of the servers' combined capacity (`servers` × `l1_capacity_chunks`) over the whole trace. */
+  readonly perfect_lru_combined_hit_ratio: number
+  /** Per server, in start order: its share of the requests and of the hits. */
+  readonly per_server: ReadonlyArray<{
+    readonly requests: number
+    readonly looked_up: number
+    readonly hit: number
+    readonly l2_hit: number
+  }>
+  /** One server's L1 capacity. */
   readonly l1_capacity_chunks: number
   readonly gb_stored: number
   readonly gb_retrieved: number
@@ -147,7 +188,9 @@ const startOwnServer = (o: ReplayOptions) =>
         "--l1-size-gb",
         String(o.l1SizeGb),
         "--worker-disconnect-grace-seconds",
-        String(o.disconnectGraceSeconds)
+        String(o.disconnectGraceSeconds),
+        ...(o.l2Url === undefined ? [] : ["--l2-url", o.l2Url]),
+        ...(o.l2Url === undefined || o.l2LookupTimeoutMs === undefined ? [] : ["--l2-lookup-timeout-ms", String(o.l2LookupTimeoutMs)])
       ], { stdio: ["ignore", "ignore", "pipe"] })
       let stderr = ""
       let httpUrl: string | undefined
@@ -203,7 +246,8 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     // Before anything starts: what the workers, the L1 pool and the processes will take, against the machine.
     const checkMemory = (chunk: number, l1Bytes: number) => {
       const shape: ReplayShape = {
-        workers: o.workers + (o.killEverySeconds === undefined ? 0 : 1),
+        workers: o.workers * o.servers + (o.killEverySeconds === undefined ? 0 : 1),
+        servers: o.servers,
         transferMode: o.transferMode,
         device: o.device,
         kvBytesPerToken: 2 * o.model.numLayers * o.model.numHeads * o.model.headSize * dtypeBytes(o.model.dtype),
@@ -214,10 +258,14 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       const refused = refusal(shape, planMemory(shape), readMachineMemory())
       return refused === undefined ? Effect.void : Effect.fail(new ReplayError({ message: refused }))
     }
-    if (o.server === undefined) yield* checkMemory(o.chunkSizeTokens, Math.floor(o.l1SizeGb * 2 ** 30))
-    const own = o.server === undefined ? yield* startOwnServer(o) : undefined
-    const endpoint = own?.endpoint ?? o.server!
-    const httpUrl = own?.httpUrl ?? o.httpUrl
+    if (o.server !== undefined && o.servers > 1) {
+      return yield* new ReplayError({ message: `--server uses one running server; --servers ${o.servers} starts its own (use one or the other)` })
+    }
+    if (o.server === undefined) yield* checkMemory(o.chunkSizeTokens, o.servers * Math.floor(o.l1SizeGb * 2 ** 30))
+    const places = o.server === undefined
+      ? yield* Effect.forEach(Array.from({ length: o.servers }), () => startOwnServer(o), { concurrency: "unbounded" })
+      : [{ endpoint: o.server, httpUrl: o.httpUrl }]
+    const httpUrl = places[0]!.httpUrl
     const status0 = yield* getStatus(httpUrl)
     const chunk = status0.chunk_size
     if (o.server !== undefined) yield* checkMemory(chunk, 0)
@@ -226,7 +274,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     const chunkBytes = 2 * o.model.numLayers * chunk * tokenBytes
     const capacityChunks = Math.floor(l1.capacity_bytes / chunkBytes)
     const maxTokens = Math.max(...requests.map((r) => Math.floor(r.inputLength / chunk) * chunk))
-    const settings = (slot: number): WorkerSettings => ({
+    const settings = (slot: number, endpoint: string): WorkerSettings => ({
       endpoint,
       transferMode: o.transferMode,
       device: o.device,
@@ -241,23 +289,33 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       namePrefix: `mpcache-replay-${process.pid}-${slot}-${randomUUID().slice(0, 8)}`
     })
 
-    const scheduler = yield* makeSchedulerAdapter({ endpoint, modelName: o.model.name, worldSize: 1, requestTimeoutMs: 30_000 }).pipe(
-      Effect.mapError((e) => new ReplayError({ message: `scheduler could not reach ${endpoint}: ${e.message}` }))
-    )
+    // Per server: its scheduler, every worker ever started on it, its idle ones and its share of the figures.
+    const nodes = yield* Effect.forEach(places, (place, index) =>
+      Effect.gen(function*() {
+        const scheduler = yield* makeSchedulerAdapter({ endpoint: place.endpoint, modelName: o.model.name, worldSize: 1, requestTimeoutMs: 30_000 }).pipe(
+          Effect.mapError((e) => new ReplayError({ message: `scheduler could not reach ${place.endpoint}: ${e.message}` }))
+        )
+        const idle = yield* Queue.unbounded<WorkerHandle>()
+        return { index, ...place, scheduler, idle, workers: [] as Array<WorkerHandle>, requests: 0, lookedUp: 0, hit: 0 }
+      }))
+    type Node = (typeof nodes)[number]
 
-    // Workers: every one ever started, and the idle ones.
+    // Workers: every one ever started (on any server), and the server each one serves.
     const all: Array<WorkerHandle> = []
-    const idle = yield* Queue.unbounded<WorkerHandle>()
+    const nodeOf = new Map<WorkerHandle, Node>()
     let nextSlot = 1
-    const start = Effect.gen(function*() {
-      const slot = nextSlot++
-      const w = yield* spawnWorker(slot, settings(slot))
-      all.push(w)
-      yield* Queue.offer(idle, w)
-      return w
-    })
+    const start = (node: Node) =>
+      Effect.gen(function*() {
+        const slot = nextSlot++
+        const w = yield* spawnWorker(slot, settings(slot, node.endpoint))
+        all.push(w)
+        node.workers.push(w)
+        nodeOf.set(w, node)
+        yield* Queue.offer(node.idle, w)
+        return w
+      })
     yield* Effect.addFinalizer(() => Effect.forEach(all, (w) => w.shutdown(10_000), { concurrency: "unbounded", discard: true }))
-    yield* Effect.forEach(Array.from({ length: o.workers }), () => start, { concurrency: "unbounded", discard: true }).pipe(
+    yield* Effect.forEach(nodes.flatMap((n) => Array.from({ length: o.workers }, () => n)), start, { concurrency: "unbounded", discard: true }).pipe(
       Effect.mapError((e) => new ReplayError({ message: `a worker failed to start: ${e.message}` }))
     )
     const alive = () => all.filter((w) => w.isAlive())
@@ -280,11 +338,13 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     const lat = { lookup: new Samples(), retrieve: new Samples(), compute: new Samples(), store: new Samples(), request: new Samples() }
     const reapsSeen = yield* Ref.make<Record<string, number>>({})
 
-    const takeWorker: Effect.Effect<WorkerHandle> = Effect.flatMap(Queue.take(idle), (w) => (w.isAlive() ? Effect.succeed(w) : takeWorker))
+    const takeWorker = (node: Node): Effect.Effect<WorkerHandle> =>
+      Effect.flatMap(Queue.take(node.idle), (w) => (w.isAlive() ? Effect.succeed(w) : takeWorker(node)))
 
-    /** One request on one worker; another worker if that one dies. */
-    const serve = (r: TraceRequest, first: WorkerHandle): Effect.Effect<void> =>
+    /** One request on one worker of `node`; another of its workers if that one dies. */
+    const serve = (r: TraceRequest, node: Node, first: WorkerHandle): Effect.Effect<void> =>
       Effect.gen(function*() {
+        const scheduler = node.scheduler
         let worker = first
         const t0 = performance.now()
         const requestId = `req-${r.index}-${randomUUID().slice(0, 8)}`
@@ -298,15 +358,18 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
           if (result._tag === "Failure") {
             retried++
             yield* scheduler.endSession(requestId).pipe(Effect.ignore)
-            worker = yield* takeWorker
+            worker = yield* takeWorker(node)
             continue
           }
-          yield* Queue.offer(idle, worker)
+          yield* Queue.offer(node.idle, worker)
           yield* scheduler.endSession(requestId).pipe(Effect.ignore)
           const m = result.success
           const full = Math.floor(r.inputLength / chunk)
           lookedUp += full
           hit += hitTokens / chunk
+          node.requests++
+          node.lookedUp += full
+          node.hit += hitTokens / chunk
           done++
           const atMs = yield* Clock.currentTimeMillis
           if (m._tag === "Failed") {
@@ -359,7 +422,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
             // A killed worker cannot unlink its own segments; like an engine's supervisor, we do.
             // The server's mappings stay valid until it reaps the instance.
             removeSegments(victim.namePrefix)
-            yield* start.pipe(
+            yield* start(nodeOf.get(victim)!).pipe(
               Effect.tap((w) =>
                 Effect.map(Clock.currentTimeMillis, (at) => {
                   replaced++
@@ -391,8 +454,26 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
         }
       })
 
-    const reapsNow = Effect.map(getText(`${httpUrl}/metrics`), (t) => promCounters(t, "mpcache_reaps_total", "reason"))
+    // Reaps and L2 hits, summed over the servers.
+    const metricsOf = (node: Node) => getText(`${node.httpUrl}/metrics`)
+    const sumReaps = (texts: ReadonlyArray<string>) => {
+      const out: Record<string, number> = {}
+      for (const t of texts) for (const [k, v] of Object.entries(promCounters(t, "mpcache_reaps_total", "reason"))) out[k] = (out[k] ?? 0) + v
+      return out
+    }
+    const reapsNow = Effect.map(Effect.forEach(nodes, metricsOf), sumReaps)
     const baseReaps = yield* reapsNow.pipe(Effect.orElseSucceed(() => ({} as Record<string, number>)))
+    // With --l2-url every server must say it has an L2 (`l2` in /api/status), or the split would be made up.
+    if (o.l2Url !== undefined) {
+      yield* Effect.forEach(nodes, (node) =>
+        Effect.flatMap(getJson(`${node.httpUrl}/api/status`), (doc) =>
+          typeof doc["l2"] === "object" && doc["l2"] !== null
+            ? Effect.void
+            : Effect.fail(new ReplayError({ message: `${node.httpUrl}/api/status has no l2: this server has no L2 tier, so its L2 hits cannot be told apart` }))))
+    }
+    // Per server, the L2 hit counter now (absent until the first L2 hit, and on a server without L2: 0).
+    const l2HitsNow = Effect.forEach(nodes, (node) => Effect.map(metricsOf(node), (text) => l2HitChunks(text) ?? 0))
+    const baseL2Hits = yield* l2HitsNow
 
     const progressLine = Effect.gen(function*() {
       const reaps = yield* reapsNow.pipe(Effect.orElseSucceed(() => ({} as Record<string, number>)))
@@ -416,7 +497,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
         for (let tick = 1;; tick++) {
           yield* Effect.sleep("250 millis")
           timeline.sampleAlive(yield* Clock.currentTimeMillis, alive().length)
-          if (tick % 4 === 0) yield* getStatus(httpUrl).pipe(Effect.map(recordReaps), Effect.ignore)
+          if (tick % 4 === 0) yield* Effect.forEach(nodes, (n) => getStatus(n.httpUrl).pipe(Effect.map(recordReaps), Effect.ignore))
         }
       })
     )
@@ -436,6 +517,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
 
     // Dispatch in trace order: wait for the arrival time, then for an idle worker.
     const inflight: Array<Fiber.Fiber<void>> = []
+    const router = new ConversationRouter(nodes.length)
     const t0 = requests[0]!.timestampMs
     for (const r of requests) {
       if (!o.maxRate) {
@@ -443,33 +525,39 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
         const now = yield* Clock.currentTimeMillis
         if (due > now) yield* Effect.sleep(`${due - now} millis`)
       }
-      const w = yield* takeWorker
-      inflight.push(yield* Effect.forkChild(serve(r, w)))
+      const node = nodes[router.route(r.hashIds)]!
+      const w = yield* takeWorker(node)
+      inflight.push(yield* Effect.forkChild(serve(r, node, w)))
     }
     yield* Fiber.joinAll(inflight)
     const durationSeconds = ((yield* Clock.currentTimeMillis) - startedMs) / 1000
     yield* Fiber.interruptAll(chaos)
     if (progress !== undefined) yield* Fiber.interrupt(progress)
 
+    const l2Hits = (yield* l2HitsNow).map((n, i) => n - baseL2Hits[i]!)
+
     // Killed workers must be reaped: wait at most the grace plus one reaper scan (and a little slack).
-    const status = getStatus(httpUrl)
-    const tracked = Effect.map(status, (s) => s.worker_liveness.tracked_instances)
-    const liveIds = new Set(alive().map((w) => w.instanceId))
+    // Each server tracks only its own workers.
     const graceMs = (o.server === undefined ? o.disconnectGraceSeconds : 10) * 1000
     const waitUntil = (yield* Clock.currentTimeMillis) + graceMs * 1.5 + 1_500
-    let trackedNow = yield* tracked
-    while (trackedNow > liveIds.size && (yield* Clock.currentTimeMillis) < waitUntil) {
-      yield* Effect.sleep("100 millis")
-      trackedNow = yield* tracked
+    let leaked = 0
+    for (const node of nodes) {
+      const tracked = Effect.map(getStatus(node.httpUrl), (s) => s.worker_liveness.tracked_instances)
+      const liveIds = node.workers.filter((w) => w.isAlive()).length
+      let trackedNow = yield* tracked
+      while (trackedNow > liveIds && (yield* Clock.currentTimeMillis) < waitUntil) {
+        yield* Effect.sleep("100 millis")
+        trackedNow = yield* tracked
+      }
+      leaked += Math.max(0, trackedNow - liveIds)
     }
-    const leaked = Math.max(0, trackedNow - liveIds.size)
 
     // Every live worker unregisters; then nothing may stay mapped.
     yield* Effect.forEach(all, (w) => w.shutdown(10_000), { concurrency: "unbounded", discard: true })
-    const after = yield* status
-    recordReaps(after)
+    const after = yield* Effect.forEach(nodes, (n) => getStatus(n.httpUrl))
+    after.forEach(recordReaps)
     const endedMs = yield* Clock.currentTimeMillis
-    const openMappings = after.native.open_mappings
+    const openMappings = after.reduce((n, s) => n + s.native.open_mappings, 0)
     const finalReaps = yield* reapsNow.pipe(Effect.catch(() => Ref.get(reapsSeen)))
     const reaped: Record<string, number> = {}
     for (const reason of ["timeout", "grace", "disconnect"]) reaped[reason] = (finalReaps[reason] ?? 0) - (baseReaps[reason] ?? 0)
@@ -478,6 +566,10 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     const lruSteps = perfectLruCumulative(requests, chunk, capacityChunks)
     const [lruLookedUp, lruHits] = lruSteps[lruSteps.length - 1] ?? [0, 0]
     const lru = { hitRatio: lruLookedUp === 0 ? 0 : lruHits / lruLookedUp }
+    const combinedSteps = nodes.length === 1 ? lruSteps : perfectLruCumulative(requests, chunk, nodes.length * capacityChunks)
+    const [combinedLookedUp, combinedHits] = combinedSteps[combinedSteps.length - 1] ?? [0, 0]
+    const l2Total = l2Hits.reduce((a, b) => a + b, 0)
+    const ratio = (n: number) => round(lookedUp === 0 ? 0 : n / lookedUp, 4)
     const q = (s: Samples) => ({ p50: round(s.quantile(0.5)), p99: round(s.quantile(0.99)), mean: round(s.mean()) })
     const summary: ReplaySummary = {
       trace: o.tracePath,
@@ -486,12 +578,19 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       failures,
       retried_requests: retried,
       workers: o.workers,
+      servers: nodes.length,
+      l2_url: o.l2Url === undefined ? null : redactUrl(o.l2Url),
       transfer_mode: o.transferMode,
       model: o.model.name,
       chunk_size: chunk,
       chunks: { looked_up: lookedUp, hit, stored, retrieved },
-      hit_ratio: round(lookedUp === 0 ? 0 : hit / lookedUp, 4),
+      hit_ratio: ratio(hit),
+      hits_by_tier: { l1: hit - l2Total, l2: l2Total },
+      hit_ratio_l1: ratio(hit - l2Total),
+      hit_ratio_l2: ratio(l2Total),
       perfect_lru_hit_ratio: round(lru.hitRatio, 4),
+      perfect_lru_combined_hit_ratio: round(combinedLookedUp === 0 ? 0 : combinedHits / combinedLookedUp, 4),
+      per_server: nodes.map((n, i) => ({ requests: n.requests, looked_up: n.lookedUp, hit: n.hit, l2_hit: l2Hits[i]! })),
       l1_capacity_chunks: capacityChunks,
       gb_stored: round(bytesStored / 1e9, 4),
       gb_retrieved: round(bytesRetrieved / 1e9, 4),

@@ -4,8 +4,8 @@
  * machine down). Each LMCache-driven worker keeps one KV cache sized for the
  * longest request of the slice in `/dev/shm`; an engine-driven worker builds
  * that request's chunk objects in its own heap; a CUDA worker keeps its KV
- * cache in device memory. The replay's own server holds its L1 pool in
- * `/dev/shm`. Every process (the replay, its server, each worker) costs a
+ * cache in device memory. Each of the replay's own servers holds its L1 pool in
+ * `/dev/shm`. Every process (the replay, its servers, each worker) costs a
  * Node heap besides. Shared memory is RAM too, so the whole sum is compared
  * with `MemAvailable`, and the `/dev/shm` part with that file system's free
  * space.
@@ -29,8 +29,10 @@ export interface ReplayShape {
   /** Tokens of the longest request's complete chunks. */
   readonly maxTokens: number
   readonly blockSizeTokens: number
-  /** The L1 pool of the replay's own server; 0 with `--server`. */
+  /** The L1 pools of the replay's own servers, together; 0 with `--server`. */
   readonly l1Bytes: number
+  /** Server processes (`--servers`; default 1, also counted with `--server`, as before). */
+  readonly servers?: number
 }
 
 /** The plan's figures, bytes. */
@@ -57,7 +59,7 @@ export const planMemory = (shape: ReplayShape): MemoryNeeds => {
   const cacheBytes = blocks * shape.blockSizeTokens * shape.kvBytesPerToken
   const workerKvBytes = shape.device === "cuda" ? 0 : shape.transferMode === "engine-driven" ? shape.maxTokens * shape.kvBytesPerToken : cacheBytes
   const workerShm = shape.transferMode === "lmcache-driven" && shape.device === "cpu" ? workerKvBytes : 0
-  const processes = shape.workers + 2
+  const processes = shape.workers + 1 + (shape.servers ?? 1)
   const shmBytes = shape.workers * workerShm + shape.l1Bytes
   return {
     workerKvBytes,

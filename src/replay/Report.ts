@@ -20,6 +20,15 @@ export const formatSummary = (s: ReplaySummary): string => {
     `  model             ${s.model}, chunk ${s.chunk_size} tokens, L1 ${s.l1_capacity_chunks} chunks, ${s.transfer_mode} transfers`,
     `  chunks            looked up ${s.chunks.looked_up} · hit ${s.chunks.hit} · stored ${s.chunks.stored} · retrieved ${s.chunks.retrieved}`,
     `  hit ratio         ${pct(s.hit_ratio)} (a perfect LRU of the same capacity: ${pct(s.perfect_lru_hit_ratio)})`,
+    ...(s.servers > 1 || s.l2_url !== null
+      ? [
+        `  servers           ${s.servers} · L2 ${s.l2_url ?? "none"} · each conversation's turns round-robin over the servers`,
+        `  hits by tier      L1 ${pct(s.hit_ratio_l1)} · L2 ${pct(s.hit_ratio_l2)} (a perfect LRU of the ${s.servers} servers' combined capacity: ${pct(s.perfect_lru_combined_hit_ratio)})`,
+        ...s.per_server.map((p, i) =>
+          `    server ${i + 1}        ${p.requests} requests · looked up ${p.looked_up} · hit ${p.hit} (L2 ${p.l2_hit}) = ${pct(p.looked_up === 0 ? 0 : p.hit / p.looked_up)}`
+        )
+      ]
+      : []),
     `  moved             ${s.gb_stored} GB stored · ${s.gb_retrieved} GB retrieved`,
     `  latency ms p50/p99 lookup ${l.lookup.p50}/${l.lookup.p99} · retrieve ${l.retrieve.p50}/${l.retrieve.p99} · store ${l.store.p50}/${l.store.p99} · compute ${l.compute.p50}/${l.compute.p99} · request ${l.request.p50}/${l.request.p99}`,
     `  mean ms           lookup ${l.lookup.mean} · retrieve ${l.retrieve.mean} · store ${l.store.mean} · compute ${l.compute.mean} · request ${l.request.mean}`,

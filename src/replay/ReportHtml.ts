@@ -252,6 +252,13 @@ export const reportHtml = (summary: ReplaySummary, timeline: ReplayTimeline): st
   const figures: Array<[string, string]> = [
     ["requests", `${summary.requests} (${summary.failed_requests} failed) in ${summary.duration_seconds} s`],
     ["hit ratio", `${num(100 * summary.hit_ratio)}% · perfect LRU ${num(100 * summary.perfect_lru_hit_ratio)}%`],
+    ...(summary.servers > 1 || summary.l2_url !== null
+      ? [[
+        "hits by tier",
+        `${summary.servers} servers · L2 ${summary.l2_url ?? "none"} · L1 ${num(100 * summary.hit_ratio_l1)}% · L2 ${num(100 * summary.hit_ratio_l2)}% · ` +
+        `perfect LRU of the combined capacity ${num(100 * summary.perfect_lru_combined_hit_ratio)}%`
+      ] as [string, string]]
+      : []),
     ["latency p50 / p99", `${summary.latency_ms.request.p50} / ${summary.latency_ms.request.p99} ms`],
     ["moved", `${summary.gb_stored} GB stored · ${summary.gb_retrieved} GB retrieved`],
     ["churn", `killed ${summary.churn.killed} · paused ${summary.churn.paused} · replaced ${summary.churn.replaced}`],

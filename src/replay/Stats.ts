@@ -27,3 +27,11 @@ export const promCounters = (text: string, name: string, label: string): Record<
   for (const m of text.matchAll(re)) out[m[1]!] = Number(m[2])
   return out
 }
+
+/** The sum of every sample of `name` (any labels, or none) in Prometheus text; undefined when there is none. */
+export const promSum = (text: string, name: string): number | undefined => {
+  let total: number | undefined
+  const re = new RegExp(`^${name}(?:\\{[^}]*\\})? ([0-9.e+]+)$`, "gm")
+  for (const m of text.matchAll(re)) total = (total ?? 0) + Number(m[1])
+  return total
+}

@@ -56,7 +56,18 @@ const flags = {
     Flag.withDescription("KV shape preset: small (2 layers × 2 × 16, runs in seconds) or llama3-8b (32 × 8 × 128 float16)"),
     Flag.withDefault<"small" | "llama3-8b">("small")
   ),
-  l1SizeGb: positive("l1-size-gb", "L1 capacity of the replay's own server").pipe(Flag.withDefault(1)),
+  l1SizeGb: positive("l1-size-gb", "L1 capacity of each of the replay's own servers").pipe(Flag.withDefault(1)),
+  servers: Flag.Int("servers").pipe(
+    Flag.withDescription(
+      "Start this many servers, each with its own L1 and --workers workers; each conversation's turns go to them round-robin (with --l2-url they share one L2)"
+    ),
+    Flag.withDefault(1),
+    Flag.filter((n) => n >= 1 && n <= 16, (n) => `must be from 1 to 16 (got ${n})`)
+  ),
+  l2Url: Flag.String("l2-url").pipe(
+    Flag.withDescription("Give every server the replay starts this L2 (mpcache serve --l2-url: redis://host:port or redis+cluster://host:port,…)"),
+    Flag.optional
+  ),
   server: Flag.String("server").pipe(
     Flag.withDescription("Use a running server at this ZeroMQ endpoint instead of starting one"),
     Flag.optional
@@ -64,6 +75,11 @@ const flags = {
   httpUrl: Flag.String("http-url").pipe(
     Flag.withDescription("HTTP frontend of --server (status and metrics)"),
     Flag.withDefault("http://127.0.0.1:8080")
+  ),
+  l2LookupTimeoutMs: Flag.Int("l2-lookup-timeout-ms").pipe(
+    Flag.withDescription("With --l2-url: each server's --l2-lookup-timeout-ms (default: the server's own)"),
+    Flag.filter((n) => n >= 1, (n) => `must be at least 1 (got ${n})`),
+    Flag.optional
   ),
   killEvery: positive("kill-every", "SIGKILL a random worker every S seconds and start a replacement").pipe(Flag.optional),
   pauseEvery: positive("pause-every", "SIGSTOP a random worker every S seconds, SIGCONT it after --pause-seconds").pipe(Flag.optional),
@@ -90,6 +106,9 @@ export const replay = Command.make("replay", flags, (f) =>
           requests: Option.getOrUndefined(f.requests),
           maxInputTokens: Option.getOrUndefined(f.maxInputTokens),
           workers: f.workers,
+          servers: f.servers,
+          l2Url: Option.getOrUndefined(f.l2Url),
+          l2LookupTimeoutMs: Option.getOrUndefined(f.l2LookupTimeoutMs),
           transferMode: f.transferMode,
           device: f.device,
           rate: f.rate,
@@ -138,6 +157,10 @@ export const replay = Command.make("replay", flags, (f) =>
   Command.validate((f) =>
     f.device === "cuda" && f.transferMode === "engine-driven"
       ? Effect.fail(new CliError.ValidationError({ message: "--device cuda applies to --transfer-mode lmcache-driven (engine-driven workers copy through the server's host pool)" }))
+      : Option.isSome(f.l2LookupTimeoutMs) && Option.isNone(f.l2Url)
+      ? Effect.fail(new CliError.ValidationError({ message: "--l2-lookup-timeout-ms applies with --l2-url" }))
+      : Option.isSome(f.server) && (f.servers > 1 || Option.isSome(f.l2Url))
+      ? Effect.fail(new CliError.ValidationError({ message: "--servers and --l2-url apply to the servers the replay starts, not to --server (a running server has its own flags)" }))
       : Effect.void
   ),
   Command.withDescription("Replay a production trace through real worker processes (see README: Run it on a real trace)")

@@ -1,0 +1,397 @@
+/**
+ * `npm run bench:l2 [-- --quick | --full] [-- --chunks N] [-- --requests N]`
+ *
+ * The L2 tier on Redis (issue 15 "Benchmark"), against a real redis-server
+ * started for the run (test/support/RedisFleet.ts: loopback port, temporary
+ * folder, `--save '' --appendonly no`, stopped by pid at the end):
+ *
+ * 1. Reference: the Redis client's own SET and GET (node-redis, Buffer
+ *    values, every command of a phase in flight at once) of `chunks` values
+ *    of one 256-token chunk of a 32-layer 8 × 128 float16 model (32 MiB).
+ * 2. STORE → L2: a worker in this process STOREs the same number of chunks
+ *    (4 per request) into server A (`--l2-url`); timed from the first STORE
+ *    to the moment Redis holds a key for every chunk (DBSIZE, polled every
+ *    5 ms): the write-through is asynchronous, so the STOREs' own answers
+ *    say nothing about L2. GB/s, and the ratio to the client's SET (target
+ *    ≥ 0.8×).
+ * 3. L2 → RETRIEVE: server B (its own empty L1, the same L2) gets LOOKUP
+ *    (the prefix is found in L2 and prefetched into L1) and RETRIEVE of every
+ *    request into the worker's blocks; the last one is checked byte for byte
+ *    against the source blocks. GB/s, and the ratio to the client's GET.
+ * 4. LOOKUP p99 of prefixes found nowhere (every chunk asked of L2) on a
+ *    server with `--l2-url`, against the same on a server without L2.
+ * 5. `mpcache replay --servers 2 --max-rate` on the conversation trace,
+ *    without L2 (each server alone) and with one shared L2 (servers'
+ *    `--l2-lookup-timeout-ms 1000`): hit ratio of each, the L1/L2 split and
+ *    the perfect LRU of the combined capacity.
+ *
+ * Parts 2–4 and the L2 half of 5 need `mpcache serve --l2-url` (issue 15's
+ * L2 tier); a build without it runs the rest, says which parts it could not
+ * run and why, and exits 1. A benchmark, never a test: ratios against a
+ * reference measured in the same run.
+ */
+import { spawnSync } from "node:child_process"
+import { randomBytes } from "node:crypto"
+import { Effect, Exit, Layer, ManagedRuntime, References, Scope } from "effect"
+import { loggerLayer } from "../src/layers/Logging.ts"
+import { ClientLive } from "../src/layers/Client.ts"
+import type { NativeMemory } from "../src/native/Native.ts"
+import type { ReplaySummary } from "../src/replay/Driver.ts"
+import { promSum } from "../src/replay/Stats.ts"
+import type { PagedKvCache } from "../src/services/client/PagedKvCache.ts"
+import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/services/client/SchedulerAdapter.ts"
+import { makeWorkerAdapter, type WorkerAdapterShape } from "../src/services/client/WorkerAdapter.ts"
+import type { ZmqSockets } from "../src/services/zmq/Sockets.ts"
+import { REDIS_CLI, REDIS_SERVER, redisAvailable, startRedis, type RedisFleet } from "../test/support/RedisFleet.ts"
+import { parseBenchArgs, usageError } from "./lib/args.ts"
+import { BLOCK_BYTES, BLOCKS_PER_CHUNK, CHUNK_BYTES, CHUNK_TOKENS, makeFilledCache, NUM_LAYERS, segmentNamesOf, unlinkSegments } from "./lib/kvChunks.ts"
+import { ROOT, runNode, startLineChild } from "./lib/children.ts"
+import { makeResources, runBench } from "./lib/resources.ts"
+import { ascending, percentile } from "./lib/stats.ts"
+import { secondsSince, sleep } from "./lib/time.ts"
+
+// Geometry of bench:transfer (bench/lib/kvChunks.ts): one chunk of one rank = 32 MiB.
+const MODEL = "bench-l2-32l-8x128-f16"
+const CHUNKS_PER_REQUEST = 4
+const REQUEST_TOKENS = CHUNKS_PER_REQUEST * CHUNK_TOKENS
+const BLOCKS_PER_REQUEST = CHUNKS_PER_REQUEST * BLOCKS_PER_CHUNK
+/** Block 0 (vLLM's null block) + one request's source blocks + one request's destination blocks. */
+const NUM_BLOCKS = 1 + 2 * BLOCKS_PER_REQUEST
+const L1_SIZE_GB = 1
+const READY_TIMEOUT_MS = 30_000
+const REQUEST_TIMEOUT_MS = 30_000
+const L2_WAIT_TIMEOUT_MS = 120_000
+/** LOOKUPs of prefixes found nowhere, per server (16 chunks each). */
+const MISS_LOOKUPS = 300
+const MISS_TOKENS = 16 * CHUNK_TOKENS
+/**
+ * The replay's servers' L2 lookup limit: on a shared 2-core machine the default 50 ms turns many
+ * L2 steps into misses, and the replay measures reuse across servers, not that limit.
+ */
+const REPLAY_L2_LOOKUP_TIMEOUT_MS = 1000
+/** The ratio issue 15 asks of STORE → L2 and L2 → RETRIEVE against the client's own SET and GET. */
+const TARGET_RATIO = 0.8
+
+const args = parseBenchArgs({ chunks: { type: "string" }, requests: { type: "string" } })
+const count = (flag: string, text: string | undefined, fallback: number, multipleOf = 1): number => {
+  if (text === undefined) return fallback
+  const n = Number(text)
+  return Number.isInteger(n) && n > 0 && n % multipleOf === 0 ? n : usageError(`--${flag} must be a positive multiple of ${multipleOf}, got ${text}`)
+}
+const CHUNKS = count("chunks", args.chunks, args.quick ? 8 : args.full ? 32 : 16, CHUNKS_PER_REQUEST)
+const REPLAY_REQUESTS = count("requests", args.requests, args.quick ? 200 : args.full ? 1000 : 300)
+const REQUESTS = CHUNKS / CHUNKS_PER_REQUEST
+
+const log = (line: string): void => void process.stderr.write(`${line}\n`)
+const gbps = (bytes: number, seconds: number) => bytes / seconds / 1e9
+const f2 = (x: number) => (Number.isFinite(x) ? x.toFixed(2) : "n/a")
+const pct = (x: number) => `${(100 * x).toFixed(2)}%`
+
+const resources = makeResources(`mpcache-bench-l2-${process.pid}-${Date.now().toString(36)}`, { stopTimeoutMs: 10_000, onSignal: "kill" })
+const segmentNames = segmentNamesOf(resources.tag)
+resources.onCleanup(() => unlinkSegments(segmentNames))
+
+/** What could not be measured, and why: printed at the end; the exit status is then 1. */
+const notRun: Array<string> = []
+
+/** Whether this build's `mpcache serve` has the L2 tier (issue 15's `--l2-url`). */
+const serveHasL2 = (): boolean =>
+  spawnSync(process.execPath, ["src/cli/main.ts", "serve", "--help"], { cwd: ROOT, encoding: "utf8" }).stdout.includes("--l2-url")
+const NO_L2 = "this build's mpcache serve has no --l2-url (issue 15's L2 tier, src/services/server/l2, is not in it yet)"
+
+// ------------------------------------------------------------------ redis
+
+/** The part of node-redis (`redis`) the reference uses; Buffer values through its type mapping. */
+interface ReferenceClient {
+  readonly connect: () => Promise<unknown>
+  readonly set: (key: string, value: Buffer) => Promise<unknown>
+  readonly get: (key: string) => Promise<Buffer | null>
+  readonly dbSize: () => Promise<number>
+  readonly flushAll: () => Promise<unknown>
+  readonly close: () => Promise<void>
+}
+interface RedisModule {
+  readonly createClient: (options: { readonly url: string }) => {
+    readonly withTypeMapping: (mapping: Record<number, unknown>) => ReferenceClient
+  }
+  readonly RESP_TYPES: { readonly BLOB_STRING: number }
+}
+
+/**
+ * The Redis client mpcache's L2 uses (node-redis), connected to `url` with Buffer replies. Loaded at
+ * run time: the package comes with issue 15's L2 tier, and without it this fails naming it.
+ */
+const connectReference = async (url: string): Promise<ReferenceClient> => {
+  const specifier = "redis"
+  const mod = (await import(specifier).catch((e: unknown) => {
+    throw new Error(`bench:l2 needs the Redis client package \`redis\` (node-redis; issue 15's L2 tier adds it): ${e instanceof Error ? e.message : String(e)}`)
+  })) as RedisModule
+  const client = mod.createClient({ url }).withTypeMapping({ [mod.RESP_TYPES.BLOB_STRING]: Buffer })
+  await client.connect()
+  return client
+}
+
+let fleetScope: Scope.Closeable | undefined
+const startFleet = async (): Promise<RedisFleet> => {
+  if (!redisAvailable()) throw new Error(`bench:l2 needs ${REDIS_SERVER} and ${REDIS_CLI} (apt-get install -y redis-server)`)
+  fleetScope = await Effect.runPromise(Scope.make())
+  return Effect.runPromise(Scope.provide(fleetScope)(startRedis()))
+}
+
+/** The L2 tier's counters of writes it did not make (src/services/server/l2/L2Metrics.ts). */
+const LOST_WRITES = ["mpcache_l2_dropped_writes_total", "mpcache_l2_failed_writes_total"] as const
+
+/** Sum of every sample of `name` in the server's /metrics (0 while absent). */
+const metricSum = async (s: Server, name: string): Promise<number> => promSum(await (await fetch(`${s.httpUrl}/metrics`)).text(), name) ?? 0
+
+/**
+ * Polls DBSIZE every 5 ms until it is at least `keys`. Fails, naming the server's dropped and failed
+ * L2 writes, as soon as those make `keys` unreachable, or after L2_WAIT_TIMEOUT_MS.
+ */
+const waitForKeys = async (client: ReferenceClient, s: Server, keys: number): Promise<void> => {
+  const t0 = performance.now()
+  for (let polls = 0;; polls++) {
+    const n = await client.dbSize()
+    if (n >= keys) return
+    if (polls % 20 === 19 || performance.now() - t0 > L2_WAIT_TIMEOUT_MS) {
+      const [dropped, failed] = await Promise.all(LOST_WRITES.map((m) => metricSum(s, m)))
+      if (n + dropped! + failed! >= keys || performance.now() - t0 > L2_WAIT_TIMEOUT_MS) {
+        throw new Error(`L2 holds ${n} of the ${keys} chunks stored (the server dropped ${dropped} and failed ${failed} L2 writes) after ${f2((performance.now() - t0) / 1000)} s`)
+      }
+    }
+    await sleep(5)
+  }
+}
+
+// ------------------------------------------------------------------ servers
+
+interface Server {
+  readonly endpoint: string
+  readonly httpUrl: string
+}
+
+/**
+ * The L2 flags of the measured servers: throughput, not the limits, is measured, so nothing of a
+ * phase may be dropped for the in-flight cap (twice the phase's bytes) or time out on a loaded machine.
+ */
+const l2Flags = (url: string): Array<string> => [
+  "--l2-url", url,
+  "--l2-max-inflight-bytes", String(2 * CHUNKS * CHUNK_BYTES + 2 ** 20),
+  "--l2-transfer-timeout-ms", "60000",
+  "--l2-lookup-timeout-ms", "5000"
+]
+
+/** `mpcache serve` (chunk 256, L1 1 GiB, JSON logs) with `flags`, once its MQ and HTTP frontends listen. */
+const startServer = async (name: string, flags: ReadonlyArray<string>): Promise<Server> => {
+  const endpoint = resources.ipcEndpoint(name)
+  const child = startLineChild(`mpcache server ${name}`, [
+    "src/cli/main.ts", "serve", "--endpoint", endpoint, "--http-port", "0", "--l1-size-gb", String(L1_SIZE_GB),
+    "--chunk-size", String(CHUNK_TOKENS), "--log-format", "json", ...flags
+  ], resources.children)
+  const [, http] = await Promise.all([
+    child.waitFor(/MQ server listening on/, READY_TIMEOUT_MS),
+    child.waitFor(/HTTP frontend listening on (http:\/\/[^\s"]+)/, READY_TIMEOUT_MS)
+  ])
+  return { endpoint, httpUrl: http[1]! }
+}
+
+// ------------------------------------------------------------------ worker
+
+const runtime = ManagedRuntime.make(Layer.mergeAll(ClientLive, loggerLayer("pretty"), Layer.succeed(References.MinimumLogLevel, "Warn")))
+let workerScope: Scope.Closeable | undefined
+const run = <A, E>(effect: Effect.Effect<A, E, NativeMemory | ZmqSockets | Scope.Scope>): Promise<A> =>
+  workerScope === undefined ? Promise.reject(new Error("the worker is not started")) : runtime.runPromise(Scope.provide(workerScope)(effect))
+
+/** One KV cache in POSIX shm (every block non-zero and distinct), registered with each server it is given. */
+const makeCache = async (): Promise<PagedKvCache> => {
+  workerScope = await runtime.runPromise(Scope.make())
+  return run(makeFilledCache(resources.tag, NUM_BLOCKS))
+}
+
+interface Attached {
+  readonly server: Server
+  readonly adapter: WorkerAdapterShape
+  readonly scheduler: SchedulerAdapterShape
+}
+const attach = async (cache: PagedKvCache, s: Server): Promise<Attached> => {
+  const adapter = await run(makeWorkerAdapter({ endpoint: s.endpoint, modelName: MODEL, worldSize: 1, kvRank: 0, requestTimeoutMs: REQUEST_TIMEOUT_MS }))
+  await run(adapter.registerKvCaches(cache.descriptors))
+  const scheduler = await run(makeSchedulerAdapter({ endpoint: s.endpoint, modelName: MODEL, worldSize: 1, requestTimeoutMs: REQUEST_TIMEOUT_MS }))
+  return { server: s, adapter, scheduler }
+}
+
+const SOURCE = Array.from({ length: BLOCKS_PER_REQUEST }, (_, i) => 1 + i)
+const DEST = Array.from({ length: BLOCKS_PER_REQUEST }, (_, i) => 1 + BLOCKS_PER_REQUEST + i)
+/** Token ids of request `n` of a set: the first token makes every chunk hash of it unique to the run. */
+const tokensFor = (set: number, n: number, length = REQUEST_TOKENS): Array<number> =>
+  Array.from({ length }, (_, i) => (i === 0 ? set * 1_000_000 + n : (i * 31 + 7) % 32_000))
+
+// ------------------------------------------------------------------ parts
+
+interface Reference {
+  readonly setGbps: number
+  readonly getGbps: number
+}
+
+/** The client's own SET, then GET, of CHUNKS values of CHUNK_BYTES, each phase all in flight; after a warm-up. */
+const reference = async (client: ReferenceClient): Promise<Reference> => {
+  const values = Array.from({ length: CHUNKS }, () => Buffer.alloc(CHUNK_BYTES).fill(randomBytes(4099)))
+  const keys = values.map((_, i) => `bench:ref:${i}`)
+  await client.set("bench:warm", values[0]!)
+  await client.get("bench:warm")
+  const t0 = process.hrtime.bigint()
+  await Promise.all(keys.map((k, i) => client.set(k, values[i]!)))
+  const setSeconds = secondsSince(t0)
+  const t1 = process.hrtime.bigint()
+  const got = await Promise.all(keys.map((k) => client.get(k)))
+  const getSeconds = secondsSince(t1)
+  got.forEach((g, i) => {
+    if (g === null || !g.equals(values[i]!)) throw new Error(`the reference GET of ${keys[i]} returned other bytes`)
+  })
+  await client.flushAll()
+  return { setGbps: gbps(CHUNKS * CHUNK_BYTES, setSeconds), getGbps: gbps(CHUNKS * CHUNK_BYTES, getSeconds) }
+}
+
+/**
+ * p99 (ms), per scheduler, of MISS_LOOKUPS LOOKUPs each of prefixes no tier holds, each session ended
+ * after; the schedulers take turns lookup by lookup, so a busy moment of the machine falls on all alike.
+ */
+const missLookupP99s = async (schedulers: ReadonlyArray<SchedulerAdapterShape>, set: number): Promise<Array<number>> => {
+  const ms = schedulers.map((): Array<number> => [])
+  for (let i = 0; i < MISS_LOOKUPS; i++) {
+    for (const [k, scheduler] of schedulers.entries()) {
+      const requestId = `miss-${set}-${k}-${i}`
+      const t0 = performance.now()
+      const hit = await run(scheduler.lookup(requestId, tokensFor(set, k * MISS_LOOKUPS + i, MISS_TOKENS)))
+      ms[k]!.push(performance.now() - t0)
+      if (hit !== 0) throw new Error(`a LOOKUP of a prefix stored nowhere answered ${hit} tokens`)
+      await run(scheduler.endSession(requestId))
+    }
+  }
+  return ms.map((m) => percentile(ascending(m), 99))
+}
+
+/** STOREs every request into `a`; seconds until L2 holds a key for every chunk. */
+const storeToL2 = async (a: Attached, client: ReferenceClient, set: number): Promise<number> => {
+  const t0 = process.hrtime.bigint()
+  for (let r = 0; r < REQUESTS; r++) {
+    const ok = await run(a.adapter.store({ requestId: `store-${r}`, tokenIds: tokensFor(set, r), start: 0, end: REQUEST_TOKENS, blockIds: SOURCE }))
+    if (!ok) throw new Error(`STORE of request ${r} answered ok = false`)
+  }
+  await waitForKeys(client, a.server, CHUNKS)
+  return secondsSince(t0)
+}
+
+/** LOOKUP (found in L2, prefetched) and RETRIEVE of every request through `b`; the last checked byte for byte. Seconds. */
+const retrieveFromL2 = async (cache: PagedKvCache, b: Attached, set: number): Promise<number> => {
+  const zero = Buffer.alloc(BLOCK_BYTES)
+  for (let l = 0; l < NUM_LAYERS; l++) for (const kv of [0, 1] as const) for (const blk of DEST) await run(cache.writeBlock(l, kv, blk, zero))
+  const t0 = process.hrtime.bigint()
+  for (let r = 0; r < REQUESTS; r++) {
+    const requestId = `retrieve-${r}`
+    const tokenIds = tokensFor(set, r)
+    const hit = await run(b.scheduler.lookup(requestId, tokenIds))
+    if (hit !== REQUEST_TOKENS) throw new Error(`LOOKUP of request ${r} on the second server found ${hit} of ${REQUEST_TOKENS} tokens in L2`)
+    const ok = await run(b.adapter.retrieve({ requestId, tokenIds, start: 0, end: hit, blockIds: DEST }))
+    if (!ok) throw new Error(`RETRIEVE of request ${r} answered ok = false`)
+    await run(b.scheduler.endSession(requestId))
+  }
+  const seconds = secondsSince(t0)
+  for (let l = 0; l < NUM_LAYERS; l++) {
+    for (const kv of [0, 1] as const) {
+      for (let j = 0; j < BLOCKS_PER_REQUEST; j++) {
+        const expected = await run(cache.readBlock(l, kv, SOURCE[j]!))
+        const actual = await run(cache.readBlock(l, kv, DEST[j]!))
+        if (!expected.equals(actual)) throw new Error(`L2 → RETRIEVE wrote wrong bytes: layer ${l}, kv ${kv}, block ${DEST[j]}`)
+      }
+    }
+  }
+  return seconds
+}
+
+/** `mpcache replay --servers 2 --max-rate --json` on the conversation trace, with `extra` flags. */
+const replay2 = async (extra: ReadonlyArray<string>): Promise<ReplaySummary> => {
+  const argv = ["src/cli/main.ts", "replay", "--servers", "2", "--workers", "1", "--requests", String(REPLAY_REQUESTS), "--max-rate", "--json", ...extra]
+  const { code, stdout } = await runNode(argv, true)
+  if (!stdout.trimStart().startsWith("{")) throw new Error(`mpcache replay ${argv.slice(2).join(" ")} exited ${code} without a summary`)
+  const s = JSON.parse(stdout) as ReplaySummary
+  if (code !== 0) throw new Error(`mpcache replay ${argv.slice(2).join(" ")} exited ${code}: failed its checks`)
+  return s
+}
+const serverRatios = (s: ReplaySummary) => s.per_server.map((p) => (p.looked_up === 0 ? 0 : p.hit / p.looked_up))
+
+// ------------------------------------------------------------------ main
+
+const main = async (): Promise<void> => {
+  const hasL2 = serveHasL2()
+  log(`bench:l2 — ${CHUNKS} chunks of ${CHUNK_BYTES / 2 ** 20} MiB (256 tokens, ${MODEL}); replay ${REPLAY_REQUESTS} requests over 2 servers`)
+  if (!hasL2) log(`  note: ${NO_L2}; parts 2–4 and the L2 replay are not run`)
+  const fleet = await startFleet()
+  const client = await connectReference(fleet.url)
+  const rows: Array<[string, string]> = []
+  try {
+    const ref = await reference(client)
+    log(`  1. client SET ${f2(ref.setGbps)} GB/s · GET ${f2(ref.getGbps)} GB/s`)
+    rows.push(["client SET / GET (reference)", `${f2(ref.setGbps)} / ${f2(ref.getGbps)} GB/s`])
+
+    const l1Only = await startServer("l1only", [])
+    const cache = await makeCache()
+    const plain = await attach(cache, l1Only)
+
+    if (hasL2) {
+      const a = await attach(cache, await startServer("a", l2Flags(fleet.url)))
+      const b = await attach(cache, await startServer("b", l2Flags(fleet.url)))
+      const storeSeconds = await storeToL2(a, client, 2)
+      const storeGbps = gbps(CHUNKS * CHUNK_BYTES, storeSeconds)
+      const retrieveGbps = gbps(CHUNKS * CHUNK_BYTES, await retrieveFromL2(cache, b, 2))
+      log(`  2. STORE → L2 ${f2(storeGbps)} GB/s = ${f2(storeGbps / ref.setGbps)}× the client's SET`)
+      log(`  3. L2 → RETRIEVE ${f2(retrieveGbps)} GB/s = ${f2(retrieveGbps / ref.getGbps)}× the client's GET`)
+      rows.push(["STORE → L2", `${f2(storeGbps)} GB/s = ${f2(storeGbps / ref.setGbps)}× SET (target ≥ ${TARGET_RATIO}×)`])
+      rows.push(["L2 → RETRIEVE", `${f2(retrieveGbps)} GB/s = ${f2(retrieveGbps / ref.getGbps)}× GET (target ≥ ${TARGET_RATIO}×)`])
+      await client.flushAll()
+      const [p99L1, p99L2] = await missLookupP99s([plain.scheduler, a.scheduler], 3)
+      log(`  4. LOOKUP p99 with the L2 step: ${f2(p99L2!)} ms; L1 only: ${f2(p99L1!)} ms`)
+      rows.push(["LOOKUP p99, 16 chunks found nowhere", `${f2(p99L2!)} ms with the L2 step vs ${f2(p99L1!)} ms L1 only`])
+    } else {
+      notRun.push(`2. STORE → L2 GB/s: ${NO_L2}`, `3. L2 → RETRIEVE GB/s: ${NO_L2}`, `4. LOOKUP p99 with the L2 step: ${NO_L2}`)
+      const [p99L1] = await missLookupP99s([plain.scheduler], 1)
+      log(`  4. LOOKUP p99, L1 only: ${f2(p99L1!)} ms`)
+      rows.push(["LOOKUP p99, 16 chunks found nowhere", `${f2(p99L1!)} ms L1 only (with L2: not run)`])
+    }
+    await closeWorker()
+
+    const alone = await replay2([])
+    const each = serverRatios(alone)
+    log(`  5. replay, 2 servers without L2: hit ${pct(alone.hit_ratio)} (server 1 ${pct(each[0]!)}, server 2 ${pct(each[1]!)}); perfect LRU of the combined capacity ${pct(alone.perfect_lru_combined_hit_ratio)}`)
+    rows.push(["replay, 2 servers, each alone", `${pct(alone.hit_ratio)} (${each.map(pct).join(", ")}); perfect LRU combined ${pct(alone.perfect_lru_combined_hit_ratio)}`])
+    if (hasL2) {
+      await client.flushAll()
+      const shared = await replay2(["--l2-url", fleet.url, "--l2-lookup-timeout-ms", String(REPLAY_L2_LOOKUP_TIMEOUT_MS)])
+      log(`  5. replay, 2 servers sharing L2: hit ${pct(shared.hit_ratio)} (L1 ${pct(shared.hit_ratio_l1)}, L2 ${pct(shared.hit_ratio_l2)})`)
+      rows.push(["replay, 2 servers sharing L2", `${pct(shared.hit_ratio)} (L1 ${pct(shared.hit_ratio_l1)} + L2 ${pct(shared.hit_ratio_l2)})`])
+    } else {
+      notRun.push(`5. replay across 2 servers with L2: ${NO_L2}`)
+    }
+  } finally {
+    await closeWorker()
+    await client.close().catch(() => undefined)
+    if (fleetScope !== undefined) await Effect.runPromise(Scope.close(fleetScope, Exit.void))
+  }
+  const width = Math.max(...rows.map(([k]) => k.length))
+  process.stdout.write(`\n${rows.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join("\n")}\n`)
+  if (notRun.length > 0) {
+    process.stdout.write(`\nNOT RUN (exit status 1):\n${notRun.map((n) => `  ${n}`).join("\n")}\n`)
+    process.exitCode = 1
+  }
+}
+
+const closeWorker = async (): Promise<void> => {
+  const scope = workerScope
+  workerScope = undefined
+  if (scope !== undefined) await runtime.runPromise(Scope.close(scope, Exit.void))
+}
+
+await runBench("bench:l2", async () => {
+  await main()
+  await runtime.dispose()
+}, resources)
