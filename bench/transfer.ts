@@ -327,6 +327,7 @@ const run = <A, E>(effect: Effect.Effect<A, E, NativeMemory | ZmqSockets | Scope
 const startWorker = async (): Promise<Worker> => {
   workerScope = await runtime.runPromise(Scope.make())
   const cache = await run(makePagedKvCache({
+    backing: "cpu_shm",
     namePrefix: tag,
     numLayers: NUM_LAYERS,
     numBlocks: NUM_BLOCKS,

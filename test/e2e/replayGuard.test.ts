@@ -82,10 +82,15 @@ describe("mpcache replay guards", () => {
         const replay = yield* startCli(["replay", "--requests", "300", "--max-rate", "--workers", "2"])
         const pid = replay.child.pid!
         yield* replay.waitForStderr(/\] \d+\/300 requests/, 60_000)
-        assert.isAbove(replaySegments(pid).length, 0)
         // Its server and its 2 workers; the server's ipc socket file.
         const children = childrenOf(pid)
         assert.strictEqual(children.length, 3)
+        // The workers' KV caches are memfds (issue 13 item 2): mapped by them and the server, nothing in /dev/shm.
+        const memfdMappings = children.flatMap((c) =>
+          readFileSync(`/proc/${c}/maps`, "utf8").split("\n").filter((l) => l.includes(`/memfd:mpcache-replay-${pid}-`))
+        )
+        assert.isAbove(memfdMappings.length, 0)
+        assert.deepStrictEqual(replaySegments(pid), [])
         const sockets = children.flatMap((c) => {
           const endpoint = argOf(c, "--endpoint")
           return endpoint === undefined ? [] : [endpoint.slice("ipc://".length)]
@@ -97,6 +102,7 @@ describe("mpcache replay guards", () => {
         assert.deepStrictEqual(replaySegments(pid), [])
         assert.deepStrictEqual(children.filter(isAlive), [])
         assert.isFalse(existsSync(sockets[0]!))
+        assert.isFalse(existsSync(`${sockets[0]!}.fds`))
       })), 90_000)
   }
 })

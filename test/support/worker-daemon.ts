@@ -26,6 +26,7 @@ const say = (event: Record<string, unknown>) => Effect.sync(() => void process.s
 
 const program = Effect.gen(function*() {
   const cache = yield* makePagedKvCache({
+    backing: "cpu_shm",
     namePrefix: args.namePrefix,
     numLayers: 2,
     numBlocks: 16,

@@ -240,13 +240,15 @@ const make = Effect.gen(function*() {
   /** The reply for `op` on `id` whose context a fault released. */
   const faultError = (op: string, id: InstanceId, r: FaultRecord) => {
     const idText = formatInstanceId(id)
-    const now = r.currentBytes === undefined ? "its name is gone" : `${r.currentBytes} bytes now`
+    // A passed memfd has no name to measure it by: the server closed its descriptor after mapping it.
+    const memfd = r.segment.startsWith("memfd:")
+    const now = r.currentBytes !== undefined ? `${r.currentBytes} bytes now` : memfd ? "a passed memfd, shrunk by its owner" : "its name is gone"
     return new InvalidArgument({
       op,
       instance_id: idText,
       field: "kv_caches",
       expected: `segment ${r.segment} of at least ${r.registeredBytes} bytes (as registered)`,
-      actual: r.currentBytes === undefined ? `segment ${r.segment} is gone` : `${r.currentBytes} bytes`,
+      actual: r.currentBytes !== undefined ? `${r.currentBytes} bytes` : memfd ? `segment ${r.segment} shrank` : `segment ${r.segment} is gone`,
       message: `${op}: instance ${idText}: segment ${r.segment}: ${SEGMENT_SHRANK} (${r.registeredBytes} bytes registered, ${now}; ${r.call} faulted on the page at byte ${r.offset}); its context is released: recreate the memory and register it again`
     })
   }
@@ -254,7 +256,9 @@ const make = Effect.gen(function*() {
   const releaseFaulted = (op: string, id: InstanceId, entry: ContextEntry, fault: SegmentFault, mappedBytes?: number) =>
     Effect.gen(function*() {
       const registeredBytes = entry.mappings.get(fault.segment)?.sizeBytes ?? mappedBytes ?? 0
-      const currentBytes = Option.getOrUndefined(yield* Effect.option(native.segmentSize(fault.segment)))
+      const currentBytes = fault.segment.startsWith("memfd:")
+        ? undefined
+        : Option.getOrUndefined(yield* Effect.option(native.segmentSize(fault.segment)))
       const record: FaultRecord = { segment: fault.segment, registeredBytes, currentBytes, call: fault.call, offset: fault.offset }
       const held = yield* contexts.get(id)
       if (held?.scope === entry.scope) {
