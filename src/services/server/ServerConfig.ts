@@ -4,8 +4,8 @@
  * `ServerConfigInput` and `validate` turns it into a `ServerConfig` or the
  * list of broken rules, each naming its flag (exit status 2).
  */
-import { readFileSync } from "node:fs"
-import { totalmem } from "node:os"
+import { accessSync, constants, readFileSync } from "node:fs"
+import { tmpdir, totalmem } from "node:os"
 import { Context, Effect, Layer, Schema } from "effect"
 import { unsafeIpcDirectory } from "../zmq/Sockets.ts"
 
@@ -376,12 +376,24 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
 /**
  * Where the descriptor socket goes when `--fd-socket` is not given (issue 13
  * item 2): next to an ipc endpoint's socket file (`<file>.fds`); else
- * `$XDG_RUNTIME_DIR/mpcache-<host>-<port>.fds`, or under /run without it.
+ * `$XDG_RUNTIME_DIR/mpcache-<host>-<port>.fds`, or under /run without it
+ * (the temp folder when /run is not writable; the socket is mode 0600
+ * wherever it is).
  */
 export const defaultFdSocket = (endpoint: string, runtimeDir: string | undefined = process.env["XDG_RUNTIME_DIR"]): string => {
   if (endpoint.startsWith("ipc://")) return `${endpoint.slice("ipc://".length)}.fds`
   const tag = endpoint.replace(/^[a-z]+:\/\//, "").replace(/[^A-Za-z0-9.]+/g, "-")
-  return `${runtimeDir !== undefined && runtimeDir.length > 0 ? runtimeDir : "/run"}/mpcache-${tag}.fds`
+  const dir = runtimeDir !== undefined && runtimeDir.length > 0 ? runtimeDir : writable("/run") ? "/run" : tmpdir()
+  return `${dir}/mpcache-${tag}.fds`
+}
+
+const writable = (dir: string): boolean => {
+  try {
+    accessSync(dir, constants.W_OK)
+    return true
+  } catch {
+    return false
+  }
 }
 
 /** The server's configuration as a service. */
