@@ -376,13 +376,15 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
 /**
  * Where the descriptor socket goes when `--fd-socket` is not given (issue 13
  * item 2): next to an ipc endpoint's socket file (`<file>.fds`); else
- * `$XDG_RUNTIME_DIR/mpcache-<host>-<port>.fds`, or under /run without it
+ * `$XDG_RUNTIME_DIR/mpcache-<host>-<port>.fds` (`<port>` = `pid<N>` for an
+ * ephemeral port `*`), or under /run without it
  * (the temp folder when /run is not writable; the socket is mode 0600
  * wherever it is).
  */
 export const defaultFdSocket = (endpoint: string, runtimeDir: string | undefined = process.env["XDG_RUNTIME_DIR"]): string => {
   if (endpoint.startsWith("ipc://")) return `${endpoint.slice("ipc://".length)}.fds`
-  const tag = endpoint.replace(/^[a-z]+:\/\//, "").replace(/[^A-Za-z0-9.]+/g, "-")
+  // An ephemeral port ("*") is known only after the bind: the process id keeps such servers apart.
+  const tag = endpoint.replace(/^[a-z]+:\/\//, "").replace(/:\*$/, `:pid${process.pid}`).replace(/[^A-Za-z0-9.]+/g, "-").replace(/^-|-$/g, "")
   const dir = runtimeDir !== undefined && runtimeDir.length > 0 ? runtimeDir : writable("/run") ? "/run" : tmpdir()
   return `${dir}/mpcache-${tag}.fds`
 }
