@@ -11,7 +11,8 @@
  *   64 MiB (other processes of this machine move it too; the cache moves
  *   it by 256 MiB).
  * - Tokens: a replay is refused; a token used on another ZeroMQ connection,
- *   or for another instance, is refused and stays usable by its owner.
+ *   or for another instance, is refused and stays usable by its owner; a
+ *   connection that closes has its pending descriptors closed.
  * - An unsealed memfd: refused under --require-sealed-memfd; without it,
  *   shrinking it is caught by the fault guard (the STORE's error, the server
  *   alive).
@@ -22,7 +23,7 @@ import { randomUUID } from "node:crypto"
 import { existsSync, readdirSync, readFileSync, readlinkSync, statSync } from "node:fs"
 import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Exit, Scope } from "effect"
 import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
 import { createMemfd, KV_SEALS, sendFds } from "../../src/native/FdPassing.ts"
 import { pack, unpack } from "../../src/schema/Frame.ts"
@@ -157,7 +158,7 @@ describe("cpu_memfd: memory handed over, not named", () => {
   it.live("a token registers once, only on the connection and for the instance it was issued for", () =>
     Effect.scoped(Effect.gen(function*() {
       const endpoint = ipcEndpoint()
-      yield* startServer(endpoint, ["--l1-size-gb", "0.25", "--no-l1-prefault"], 60_000)
+      const { server } = yield* startServer(endpoint, ["--l1-size-gb", "0.25", "--no-l1-prefault"], 60_000)
       const a = yield* client(endpoint)
       const b = yield* client(endpoint)
       const name = `mpcache-memfd-tok-${randomUUID().slice(0, 8)}`
@@ -186,6 +187,15 @@ describe("cpu_memfd: memory handed over, not named", () => {
         refused(3, t2, "was issued for another instance_id (the one the descriptor request declared)")
       )
       yield* register(a, 2, [descriptor(t2, 0)])
+      // A connection that closes revokes its pending tokens: the server closes their descriptors (TTL 30 s, not waited).
+      const leaving = `mpcache-memfd-leave-${randomUUID().slice(0, 8)}`
+      const leavingFd = yield* createMemfd(leaving, LAYER_BYTES)
+      const closing = yield* Scope.make()
+      const c = yield* client(endpoint).pipe(Scope.provide(closing))
+      assert.strictEqual((yield* pass(c, 9, [leavingFd]))["ok"], true)
+      assert.strictEqual(memfdFds(server.child.pid!, leaving), 1)
+      yield* Scope.close(closing, Exit.void)
+      assert.strictEqual(yield* eventually(Effect.sync(() => memfdFds(server.child.pid!, leaving)), (n) => n === 0, 10_000), 0)
       // A token this server never issued.
       const forged = new Uint8Array(16).fill(7)
       assert.strictEqual(yield* failure(register(a, 4, [descriptor(forged, 0)])), refused(4, forged, "is not a token this server issued"))

@@ -477,7 +477,11 @@ void DeliverToJs(Napi::Env env, Napi::Function onRequest, void*, Delivery* raw) 
   }
   req.Set("fds", fds);
   d->fds.clear();  // JS owns them now (it closes each)
-  onRequest.Call({req});
+  try {
+    onRequest.Call({req});
+  } catch (const Napi::Error&) {
+    // The callback only queues the request; nothing to undo here, and no exception may leave a TSFN call.
+  }
 }
 
 Listener* ListenerOf(const Napi::CallbackInfo& info) {

@@ -84,7 +84,7 @@ export class FdExchange extends Context.Service<FdExchange, {
 }
 
 /** The reply map of a refused request. */
-const refusal = (code: "invalid_argument" | "forbidden" | "overloaded", message: string) => ({ ok: false, code, message })
+const refusal = (code: "invalid_argument" | "forbidden" | "overloaded" | "internal", message: string) => ({ ok: false, code, message })
 
 const make = Effect.gen(function*() {
   const config = yield* ServerConfig
@@ -176,7 +176,11 @@ const make = Effect.gen(function*() {
 
   const handle = (req: FdRequest) =>
     Effect.gen(function*() {
-      const answer = decide(req, yield* Clock.currentTimeMillis)
+      // A defect in the checks must not stop the socket: the request is refused as internal.
+      const answer = yield* Effect.map(Clock.currentTimeMillis, (now) => decide(req, now)).pipe(
+        Effect.catchDefect((defect) =>
+          Effect.as(Effect.logError("descriptor socket: a request's checks failed", defect), refusal("internal", "descriptor request: the server failed to check it (logged)")))
+      )
       // A refused request's descriptors are closed now; an accepted one's belong to its token.
       if (answer["ok"] !== true) {
         yield* closeAll(req.fds)
