@@ -6,13 +6,13 @@
  * this process's /proc/self/fd.
  */
 import { randomUUID } from "node:crypto"
-import { readdirSync, readlinkSync } from "node:fs"
+import { closeSync, openSync, readdirSync, readlinkSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Layer, Scope } from "effect"
 import { TestClock } from "effect/testing"
-import { createMemfd, KV_SEALS, sendFds } from "../../../src/native/FdPassing.ts"
+import { createMemfd, F_SEAL, KV_SEALS, sendFds } from "../../../src/native/FdPassing.ts"
 import { pack, unpack } from "../../../src/schema/Frame.ts"
 import { makeInstanceId } from "../../../src/schema/InstanceId.ts"
 import { ServerInfo } from "../../../src/schema/Op.ts"
@@ -108,6 +108,37 @@ describe("FdExchange", () => {
           "descriptor request: the nonce is not one this server gave a live connection; ask GET_SERVER_INFO on the ZeroMQ connection that will REGISTER and send its fd_nonce"
       })
       assert.strictEqual(openOn(name), 1)
+    }).pipe(Effect.scoped, Effect.provide(layer(socket)))
+  })
+
+  it.effect("on an abstract socket (@name): a regular file, a read-only memfd and a write-sealed memfd are refused, each named", () => {
+    const socket = `@mpcache-fdx-${randomUUID()}`
+    const name = `fdx-kinds-${randomUUID().slice(0, 8)}`
+    return Effect.gen(function*() {
+      const fdx = yield* FdExchange
+      const info = (yield* fdx.module.rows[0]!.handle([], ctxOf("1a1b"))) as typeof ServerInfo.Type
+      assert.strictEqual(info.fd_socket, socket)
+      const ask = (fd: number) =>
+        Effect.map(
+          sendFds(socket, pack({ version: 1, nonce: info.fd_nonce, instance_id: 1, fds: 1 }), [fd], 5_000),
+          (bytes) => unpack(bytes)?.value as Record<string, unknown>
+        )
+      const file = join(tmpdir(), `mpcache-fdx-${randomUUID()}`)
+      writeFileSync(file, Buffer.alloc(4096))
+      const regular = yield* Effect.acquireRelease(Effect.sync(() => openSync(file, "r+")), (fd) => Effect.sync(() => closeSync(fd)))
+      assert.deepStrictEqual(yield* ask(regular), {
+        ok: false,
+        code: "invalid_argument",
+        message:
+          "descriptor request: descriptor 0 is not a read-write memfd (regular true, access rw, seals unsupported); expected memfd_create(…, MFD_ALLOW_SEALING) memory"
+      })
+      rmSync(file)
+      const memfd = yield* createMemfd(name, 4096, 0)
+      const readOnly = yield* Effect.acquireRelease(Effect.sync(() => openSync(`/proc/self/fd/${memfd}`, "r")), (fd) => Effect.sync(() => closeSync(fd)))
+      assert.strictEqual((yield* ask(readOnly))["message"], "descriptor request: descriptor 0 is not a read-write memfd (regular true, access r, seals 0); expected memfd_create(…, MFD_ALLOW_SEALING) memory")
+      const writeSealed = yield* createMemfd(`${name}-w`, 4096, F_SEAL.write | F_SEAL.seal)
+      assert.strictEqual((yield* ask(writeSealed))["message"], "descriptor request: descriptor 0 is sealed against writes (seal, write); RETRIEVE writes into it")
+      assert.strictEqual((yield* ask(memfd))["ok"], true)
     }).pipe(Effect.scoped, Effect.provide(layer(socket)))
   })
 })
