@@ -32,7 +32,7 @@ import { makeInstanceId } from "../../src/schema/InstanceId.ts"
 import { GetServerInfo, Ping, RegisterKvCache } from "../../src/schema/Op.ts"
 import type { TensorDescriptor } from "../../src/schema/TensorDescriptor.ts"
 import { makeMqClient, type MqClientShape } from "../../src/services/client/MqClient.ts"
-import { runJsonScript, startScript } from "../support/Cli.ts"
+import { runCli, runJsonScript, startScript } from "../support/Cli.ts"
 import { eventually, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
 
 const WORKER = fileURLToPath(new URL("../support/worker-main.ts", import.meta.url))
@@ -268,5 +268,23 @@ describe("cpu_memfd: memory handed over, not named", () => {
       // And the token is gone with them.
       const token = reply["token"] as Uint8Array
       assert.include(yield* failure(register(c, 1, [descriptor(token, 0)])), "expired (passed descriptors are closed 1 s after passing unless registered)")
+    }).pipe(Effect.provide(ZmqSocketsLive))), 120_000)
+
+  it.live("--fd-socket @name serves on the abstract namespace; a socket a live server holds refuses to start a second one (exit 1)", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const endpoint = ipcEndpoint()
+      const abstract = `@mpcache-e2e-${randomUUID()}`
+      yield* startServer(endpoint, ["--l1-size-gb", "0.25", "--no-l1-prefault", "--fd-socket", abstract], 60_000)
+      const c = yield* client(endpoint)
+      assert.strictEqual((yield* c.request(GetServerInfo, [])).fd_socket, abstract)
+      const fd = yield* createMemfd(`mpcache-memfd-abs-${randomUUID().slice(0, 8)}`, LAYER_BYTES)
+      yield* register(c, 1, [descriptor((yield* pass(c, 1, [fd]))["token"] as Uint8Array, 0)])
+
+      const second = yield* runCli(
+        ["serve", "--endpoint", ipcEndpoint(), "--http-port", "0", "--l1-size-gb", "0.25", "--no-l1-prefault", "--fd-socket", abstract],
+        60_000
+      )
+      assert.strictEqual(second.code, 1)
+      assert.include(second.stderr, `mpcache cannot start: bind on descriptor socket ${abstract} failed: Address already in use (EADDRINUSE)`)
     }).pipe(Effect.provide(ZmqSocketsLive))), 120_000)
 })

@@ -242,6 +242,7 @@ export const serve = Command.make("serve", serveFlags, (flags) =>
       Effect.catchTags({
         L1PoolError: (e) => cannotStart(e.message),
         ZmqError: (e) => cannotStart(e.message),
+        NativeError: (e) => cannotStart(e.message),
         KeyFileInvalid: (e) => badKeyFile(e.message),
         AuthorizedKeysInvalid: (e) => badKeyFile(e.message),
         HttpTokenInvalid: (e) => badKeyFile(e.message)

@@ -59,6 +59,12 @@ export const FD_REQUEST_VERSION = 1
 /** Most tokens pending at once (a bound on descriptors held for unregistered requests). */
 const MAX_PENDING_TOKENS = 1024
 
+/**
+ * The descriptor socket service. Its layer fails with NativeError when an
+ * explicit `--fd-socket` cannot be listened on (EADDRINUSE: a live server or
+ * a non-socket file holds it; ENOENT: no such folder …); the default place
+ * only turns cpu_memfd off.
+ */
 export class FdExchange extends Context.Service<FdExchange, {
   /** The socket's path ("@name": abstract); undefined when off (`--fd-socket off`, or the default failed). */
   readonly socketPath: string | undefined
@@ -109,8 +115,7 @@ const make = Effect.gen(function*() {
       explicit === undefined
         ? Effect.as(Effect.logWarning(`cpu_memfd off: cannot listen on the default descriptor socket ${path}: ${e.message}; pass --fd-socket`), undefined)
         : Effect.fail(e)
-    ),
-    Effect.orDie
+    )
   )
 
   const decide = (req: FdRequest, nowMs: number): Record<string, unknown> => {
