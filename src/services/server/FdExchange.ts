@@ -274,14 +274,14 @@ const make = Effect.gen(function*() {
       name: "fd_exchange",
       rows: [row(GetServerInfo, "NORMAL", (_payload, ctx) => serverInfo(ctx))],
       status: () =>
-        Effect.succeed({
+        Effect.sync(() => ({
           fd_socket: {
             path: socketPath ?? null,
             require_sealed: config.requireSealedMemfd,
             token_ttl_seconds: config.fdTokenTtlSeconds,
             pending_tokens: table.pending().length
           }
-        })
+        }))
     }
   })
 })

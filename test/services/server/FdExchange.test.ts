@@ -60,10 +60,14 @@ describe("FdExchange", () => {
       assert.deepStrictEqual(reply["fds"], [{ size: 8192, seals: KV_SEALS }, { size: 8192, seals: KV_SEALS }])
       // The server side holds its two received copies.
       assert.strictEqual(openOn(name), 3)
+      const fdx = yield* FdExchange
+      const pending = Effect.map(fdx.module.status!(), (b) => (b["fd_socket"] as { pending_tokens: number }).pending_tokens)
+      assert.strictEqual(yield* pending, 1)
       yield* TestClock.adjust("4999 millis")
       assert.strictEqual(openOn(name), 3)
       yield* TestClock.adjust("1001 millis")
       assert.strictEqual(openOn(name), 1)
+      assert.strictEqual(yield* pending, 0)
     }).pipe(Effect.scoped, Effect.provide(layer(socket)))
   })
 
@@ -141,4 +145,18 @@ describe("FdExchange", () => {
       assert.strictEqual((yield* ask(memfd))["ok"], true)
     }).pipe(Effect.scoped, Effect.provide(layer(socket)))
   })
+
+  it.effect("--fd-socket off: GET_SERVER_INFO names no socket and a cpu_memfd REGISTER is refused saying so", () =>
+    Effect.gen(function*() {
+      const fdx = yield* FdExchange
+      assert.strictEqual(fdx.socketPath, undefined)
+      const info = (yield* fdx.module.rows[0]!.handle([], ctxOf("2a2b"))) as typeof ServerInfo.Type
+      assert.deepStrictEqual([info.fd_socket, info.features], ["", ["named_segments"]])
+      const refused = yield* Effect.flip(Effect.scoped(fdx.claim("register_kv_cache", makeInstanceId(3), "2a2b", "kv_caches[1].fd_token", new Uint8Array(16))))
+      assert.deepStrictEqual([refused.field, refused.actual, refused.message], [
+        "kv_caches[1].fd_token",
+        "cpu_memfd off",
+        "register_kv_cache: instance 3: kv_caches[1].fd_token names passed descriptors, but this server has no descriptor socket (--fd-socket)"
+      ])
+    }).pipe(Effect.provide(FdExchange.layer.pipe(Layer.provideMerge(ServerConfig.layerTest({ fdSocket: "off" }))))))
 })
