@@ -72,8 +72,9 @@ export const sendFds = (
   })
 
 /**
- * Scoped: listens on `socketPath` (mode 0600 for a path, set before
- * listen; a stale socket file nobody answers on is replaced) and returns
+ * Scoped: listens on `socketPath` (a path gets mode 0600, or 0660 and group
+ * `groupId` when given, set before listen; a stale socket file nobody
+ * answers on is replaced) and returns
  * the listener with the queue its requests arrive on, in order. Closing
  * the scope stops the listener's thread, closes its connections and the
  * descriptors of requests not yet handed over, and removes the path.
@@ -81,13 +82,14 @@ export const sendFds = (
  * the path.
  */
 export const listenFds = (
-  socketPath: string
+  socketPath: string,
+  groupId?: number
 ): Effect.Effect<{ readonly listener: FdListener; readonly requests: Queue.Dequeue<FdRequest> }, NativeError, Scope.Scope> =>
   Effect.gen(function*() {
     const requests = yield* Queue.unbounded<FdRequest>()
     const listener = yield* Effect.acquireRelease(
       Effect.try({
-        try: () => loadNativeAddon().listenFds(socketPath, (request) => void Queue.offerUnsafe(requests, request)),
+        try: () => loadNativeAddon().listenFds(socketPath, (request) => void Queue.offerUnsafe(requests, request), groupId ?? -1),
         catch: (e) => toNativeError(e, "listenFds")
       }),
       // Stop the thread first (nothing is queued after), then close what was queued and never taken.

@@ -420,7 +420,7 @@ export interface NativeAddon {
   /** Client side of the descriptor socket (src/native/FdPassing.ts). */
   sendFds(socketPath: string, payload: Uint8Array, fds: ReadonlyArray<number>, timeoutMs: number): Promise<Uint8Array>
   /** Server side of the descriptor socket (src/native/FdPassing.ts). */
-  listenFds(socketPath: string, onRequest: (request: FdRequest) => void): FdListener
+  listenFds(socketPath: string, onRequest: (request: FdRequest) => void, groupId?: number): FdListener
   /** Rejects with ENOCUDA, EINVAL (UUID), EINVAL_HANDLE (cudaIpcOpenMemHandle refused), ECUDA; throws EINVAL for bad arguments. */
   openCudaIpcMapping(ipcHandle: Uint8Array, deviceUuid: string, nbytes: number): Promise<AddonMapping>
   cudaAllocate(deviceUuid: string, nbytes: number): Promise<AddonMapping>

@@ -557,8 +557,8 @@ Napi::Value SendFds(const Napi::CallbackInfo& info) {
   return promise;
 }
 
-// listenFds(path, onRequest): socket, bind, chmod 0600 (a path; before listen, so no one connects while
-// the mode is still the umask's), listen. A path that exists is taken over only when it is a socket no one
+// listenFds(path, onRequest, groupId?): socket, bind, for a path chown to groupId with mode 0660 when given
+// (--ipc-group), else mode 0600 (before listen, so no one connects while the mode is still the umask's), listen. A path that exists is taken over only when it is a socket no one
 // answers on (a server that died); EADDRINUSE when one does, or when it is not a socket.
 Napi::Value ListenFds(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -589,7 +589,11 @@ Napi::Value ListenFds(const Napi::CallbackInfo& info) {
     return SocketError(env, call, path, err);
   };
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) throw fail("bind", errno, false);
-  if (!abstract && chmod(path.c_str(), 0600) != 0) throw fail("chmod", errno, true);
+  const double group = info.Length() > 2 && info[2].IsNumber() ? info[2].As<Napi::Number>().DoubleValue() : -1;
+  if (!abstract && group >= 0 && chown(path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(group)) != 0) {
+    throw fail("chown", errno, true);
+  }
+  if (!abstract && chmod(path.c_str(), group >= 0 ? 0660 : 0600) != 0) throw fail("chmod", errno, true);
   if (listen(fd, 64) != 0) throw fail("listen", errno, true);
   const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) throw fail("eventfd", errno, true);

@@ -6,7 +6,7 @@
 //   fdInfo(fd) -> { size, seals, regular, access, identity }
 //   closeFd(fd)                                    close(2); EBADF when not open
 //   sendFds(socketPath, payload, fds, timeoutMs) -> Promise<Uint8Array>   (client side, on the libuv pool)
-//   listenFds(socketPath, onRequest) -> FdListener { reply(conn, bytes), close() -> Promise<void>, path }
+//   listenFds(socketPath, onRequest, groupId?) -> FdListener { reply(conn, bytes), close() -> Promise<void>, path }
 //                                                  (server side, on a thread of its own)
 // Framing, both ways: a 4-byte big-endian length L (at most kMaxFrameBytes) and L payload bytes; the
 // request's descriptors ride in SCM_RIGHTS on the bytes of the request (docs/memfd.md). socketPath is a

@@ -10,8 +10,9 @@
  *   fds}` with the descriptors in SCM_RIGHTS. Each descriptor must be a
  *   read-write memfd (a file that takes seals) not sealed against writes;
  *   with `--require-sealed-memfd` also sealed with F_SEAL_SHRINK and
- *   F_SEAL_SEAL. The sender must run as the server's uid or root (an
- *   abstract socket has no file mode). The reply names a one-time token
+ *   F_SEAL_SEAL. A path's mode is its access check (0600; 0660 and the
+ *   group with --ipc-group); on an abstract socket, which has no mode, the
+ *   sender must run as the server's uid or root. The reply names a one-time token
  *   (TokenTable.ts), or the error.
  * - **REGISTER** of `cpu_memfd` descriptors claims the token
  *   ({@link FdExchange.claim}): the mappings are made from the passed
@@ -108,7 +109,8 @@ const make = Effect.gen(function*() {
 
   const explicit = config.fdSocket
   const path = explicit === "off" ? undefined : explicit ?? defaultFdSocket(config.endpoint)
-  const listening = path === undefined ? undefined : yield* listenFds(path).pipe(
+  // The socket file's mode is the access check of a path (0600, or 0660 for --ipc-group like the ipc endpoint).
+  const listening = path === undefined ? undefined : yield* listenFds(path, config.ipcGroupId).pipe(
     Effect.tap(() => Effect.logInfo(`descriptor socket (cpu_memfd) on ${path}`)),
     // The default location may be unusable (no /run access): memfd is then off, the server serves on.
     Effect.catch((e) =>
@@ -120,8 +122,9 @@ const make = Effect.gen(function*() {
 
   const decide = (req: FdRequest, nowMs: number): Record<string, unknown> => {
     if (req.error !== "") return refusal("invalid_argument", `descriptor request: ${req.error}`)
+    // An abstract socket has no file mode: anyone in the network namespace can connect, so the uid decides.
     const euid = process.geteuid?.() ?? 0
-    if (req.uid !== euid && req.uid !== 0) {
+    if (path?.startsWith("@") === true && req.uid !== euid && req.uid !== 0) {
       return refusal("forbidden", `descriptor request: the sender runs as uid ${req.uid}; this server takes descriptors from uid ${euid} or root only`)
     }
     const decoded = unpack(req.payload)?.value as Record<string, unknown> | undefined

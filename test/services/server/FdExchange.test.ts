@@ -6,7 +6,7 @@
  * this process's /proc/self/fd.
  */
 import { randomUUID } from "node:crypto"
-import { closeSync, openSync, readdirSync, readlinkSync, rmSync, writeFileSync } from "node:fs"
+import { closeSync, openSync, readdirSync, readlinkSync, rmSync, statSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
@@ -159,4 +159,13 @@ describe("FdExchange", () => {
         "register_kv_cache: instance 3: kv_caches[1].fd_token names passed descriptors, but this server has no descriptor socket (--fd-socket)"
       ])
     }).pipe(Effect.provide(FdExchange.layer.pipe(Layer.provideMerge(ServerConfig.layerTest({ fdSocket: "off" }))))))
+
+  it.effect("the socket file is mode 0600, or 0660 in the --ipc-group group next to an ipc endpoint", () => {
+    const endpoint = `ipc://${join(tmpdir(), `mpcache-fdx-${randomUUID()}.sock`)}`
+    return Effect.gen(function*() {
+      const fdx = yield* FdExchange
+      const st = statSync(fdx.socketPath!)
+      assert.deepStrictEqual([fdx.socketPath, st.mode & 0o777, st.gid], [`${endpoint.slice("ipc://".length)}.fds`, 0o660, 1])
+    }).pipe(Effect.provide(FdExchange.layer.pipe(Layer.provideMerge(ServerConfig.layerTest({ endpoint, ipcGroup: "daemon" })))))
+  })
 })
