@@ -328,4 +328,24 @@ describe("cpu_memfd: memory handed over, not named", () => {
       assert.strictEqual(second.code, 1)
       assert.include(second.stderr, `mpcache cannot start: bind on descriptor socket ${abstract} failed: Address already in use (EADDRINUSE)`)
     }).pipe(Effect.provide(ZmqSocketsLive))), 120_000)
+
+  it.live("kill -9 the server and start it again: a memfd worker hands its memfds to the new server and registers again", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const endpoint = ipcEndpoint()
+      const first = yield* startServer(endpoint, ["--l1-size-gb", "0.25", "--no-l1-prefault"], 60_000)
+      const prefix = `mpcache-memfd-restart-${randomUUID().slice(0, 8)}`
+      const daemon = yield* startScript(DAEMON, [JSON.stringify({ endpoint, namePrefix: prefix, heartbeatIntervalMs: 1_000, storeEveryMs: 300, backing: "cpu_memfd" })])
+      const [, id] = yield* daemon.waitForStdout(/"event":"registered","instanceId":"(\d+)"/, 20_000)
+      yield* first.server.stop("SIGKILL")
+      // The dead server's socket files stay behind; the new one replaces the descriptor socket nobody answers on.
+      const second = yield* startServer(endpoint, ["--l1-size-gb", "0.25", "--no-l1-prefault"], 60_000)
+      const row = yield* eventually(
+        Effect.map(statusOf(second.httpPort), (s) => s.instances.find((i) => i.instance_id === id)),
+        (r) => r !== undefined,
+        10_000
+      )
+      assert.deepStrictEqual(row?.memfd?.segments.map((x) => x.seals), [["seal", "shrink", "grow"], ["seal", "shrink", "grow"]])
+      assert.strictEqual(memfdMaps(second.server.child.pid!, prefix).length, 2)
+      yield* daemon.waitForStdout(/"event":"store","n":\d+,"ok":true,"healthy":true,"reregistrations":1/, 20_000)
+    }).pipe(Effect.provide(ZmqSocketsLive))), 120_000)
 })
