@@ -205,7 +205,7 @@ const childMain = async (): Promise<void> => {
         const { scheduler } = await inScope(Effect.gen(function*() {
           const cache = yield* makePagedKvCache({ namePrefix: `${tag}-sessions`, ...KV_GEOMETRY })
           const worker = yield* makeWorkerAdapter({ endpoint, modelName: MODEL_LM, worldSize: 1, kvRank: 0, requestTimeoutMs: REQUEST_TIMEOUT_MS })
-          yield* worker.registerKvCaches(cache.descriptors)
+          yield* worker.registerPagedKvCache(cache)
           const blockIds = Array.from({ length: PREFIX_TOKENS / BLOCK_TOKENS }, (_, i) => i + 1)
           for (let i = 0; i < PREFIXES; i++) {
             const ok = yield* worker.store({ requestId: `prefix-${i}`, tokenIds: prefixTokens(i), start: 0, end: PREFIX_TOKENS, blockIds })
@@ -278,7 +278,7 @@ const childMain = async (): Promise<void> => {
           await many(count, CONCURRENCY.register, () =>
             Effect.scoped(Effect.gen(function*() {
               const worker = yield* makeWorkerAdapter({ endpoint, modelName: MODEL_LM, worldSize: 1, kvRank: 0, requestTimeoutMs: REQUEST_TIMEOUT_MS })
-              yield* worker.registerKvCaches(cache.descriptors)
+              yield* worker.registerPagedKvCache(cache)
               return 0
             })))
           return { misses: 0, reserved: 0 }

@@ -21,7 +21,7 @@ const namePrefix = process.argv[3]!
 const program = Effect.gen(function*() {
   const cache = yield* makePagedKvCache({ namePrefix, ...KV_GEOMETRY })
   const worker = yield* makeWorkerAdapter({ endpoint, modelName: MODEL_LM, worldSize: 1, kvRank: 0, heartbeatIntervalMs: 1_000, requestTimeoutMs: 10_000 })
-  yield* worker.registerKvCaches(cache.descriptors)
+  yield* worker.registerPagedKvCache(cache)
   yield* Effect.sync(() => void process.stdout.write(`${JSON.stringify({ event: "registered", instanceId: worker.instanceId.toString(), pid: process.pid })}\n`))
   // Bounded even if no one kills it: a stray worker exits (unregistering) after 10 minutes.
   yield* Effect.sleep("10 minutes")

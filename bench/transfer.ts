@@ -28,9 +28,9 @@
  * - memcpy: `Uint8Array.prototype.set` of a 32 MiB buffer into another, one
  *   thread, warmed up, as many copies as the phase moved chunks, right after
  *   each phase.
- * - Descriptor kinds: every phase runs once per entry of KINDS (cpu_shm now;
- *   cpu_memfd, issue 13 item 2, is its second entry once its client side
- *   exists), each with a worker (and instance) of its own, after a CLEAR.
+ * - Descriptor kinds: every phase runs once per entry of KINDS (cpu_shm, and
+ *   cpu_memfd of issue 13 item 2), each with a worker (and instance) of its
+ *   own, after a CLEAR.
  * - The fault guard's cost (issue 13, target under 5 %): one chunk's copy job
  *   of the server's own code (`copyBatch` with the server's copy plan) against
  *   the same job outside the guard (`copyBatchUnguarded`), in this process,
@@ -105,14 +105,9 @@ const MODEL = "bench-32l-8x128-f16"
  * this run's unique tag) and registers it. Every phase, table row, summary
  * row and the byte check run once per entry.
  *
- * The hook for `cpu_memfd` (issue 13 item 2: memory from memfd_create,
- * handed over with SCM_RIGHTS; branch memfd, not merged here). With its
- * client side makePagedKvCache defaults to cpu_memfd, so the cpu_shm entry
- * must name its backing (guardCost opens that cache's segments by name);
- * the entries are
- *   { kind: "cpu_shm", makeCache: (o) => makePagedKvCache({ ...o, backing: "cpu_shm" }), register: byDescriptors },
- *   { kind: "cpu_memfd", makeCache: (o) => makePagedKvCache({ ...o, backing: "cpu_memfd" }),
- *     register: (adapter, cache) => adapter.registerPagedKvCache(cache) }
+ * makePagedKvCache defaults to cpu_memfd, so the cpu_shm entry names its
+ * backing (guardCost opens that cache's segments by name); a memfd cache is
+ * registered through registerPagedKvCache, which hands its descriptors over.
  */
 interface CacheKind {
   readonly kind: "cpu_shm" | "cpu_memfd"
@@ -123,7 +118,10 @@ interface CacheKind {
 }
 /** REGISTER_KV_CACHE with the cache's descriptors as they are (cpu_shm). */
 const byDescriptors = (adapter: WorkerAdapterShape, cache: PagedKvCache) => adapter.registerKvCaches(cache.descriptors)
-const KINDS: ReadonlyArray<CacheKind> = [{ kind: "cpu_shm", makeCache: makePagedKvCache, register: byDescriptors }]
+const KINDS: ReadonlyArray<CacheKind> = [
+  { kind: "cpu_shm", makeCache: (o) => makePagedKvCache({ ...o, backing: "cpu_shm" }), register: byDescriptors },
+  { kind: "cpu_memfd", makeCache: (o) => makePagedKvCache({ ...o, backing: "cpu_memfd" }), register: (adapter, cache) => adapter.registerPagedKvCache(cache) }
+]
 
 // Load shape.
 const CHUNKS_PER_REQUEST = 4

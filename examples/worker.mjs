@@ -2,8 +2,8 @@
 // @ts-check
 /**
  * An inference worker in miniature, written against the public entry points
- * only: it creates a paged KV cache in shared memory, registers it through
- * the WorkerAdapter, writes two chunks of KV bytes and STOREs them, LOOKUPs
+ * only: it creates a paged KV cache in sealed memfds, registers it through
+ * the WorkerAdapter (which hands the descriptors to the server: docs/memfd.md), writes two chunks of KV bytes and STOREs them, LOOKUPs
  * the same tokens through the SchedulerAdapter, RETRIEVEs them into other
  * blocks of its cache and checks every byte.
  *
@@ -17,7 +17,7 @@
  *   retrieved 128 tokens into blocks 8-15: true
  *   verified 32768 bytes: all equal
  * On failure it prints the error on stderr and exits 1. Closing the scope
- * UNREGISTERs the worker and unlinks its segments.
+ * UNREGISTERs the worker and closes its memfds.
  *
  * Plain JavaScript (ESM): see ping.mjs for why.
  */
@@ -57,7 +57,7 @@ const program = Effect.gen(function*() {
     headSize: 16,
     dtype: "bfloat16"
   })
-  yield* worker.registerKvCaches(cache.descriptors)
+  yield* worker.registerPagedKvCache(cache)
   const g = cache.geometry
   const lines = [
     `chunk size: ${chunk} tokens`,

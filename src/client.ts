@@ -2,7 +2,8 @@
  * `mpcache/client`: what an inference worker, a scheduler or a probe needs
  * to talk to an mpcache server (DESIGN §6, §7) — the MQ client, the worker,
  * engine-driven and scheduler adapters with their heartbeat, the paged KV
- * cache helpers (shared memory and CUDA), the `ZmqSockets` service they run
+ * cache helpers (memfd, shared memory and CUDA) and the memfd hand-over
+ * (docs/memfd.md), the `ZmqSockets` service they run
  * on and `ClientLive`, which provides it together with the native memory
  * backend. Wire types (CacheKey, TensorDescriptor, Op …) come from
  * `mpcache/schema`.
@@ -24,6 +25,7 @@ export * from "./services/client/CudaPagedKvCache.ts"
 export * from "./services/client/EngineDrivenWorkerAdapter.ts"
 export * from "./services/client/Heartbeat.ts"
 export * from "./services/client/InstanceIdGen.ts"
+export * from "./services/client/MemfdHandOver.ts"
 export * from "./services/client/MqClient.ts"
 export * from "./services/client/PagedKvCache.ts"
 export * from "./services/client/SchedulerAdapter.ts"
@@ -47,6 +49,9 @@ export {
   type NativeMemoryShape,
   type ShmMapping
 } from "./native/Native.ts"
+
+// memfd memory and descriptor passing (cpu_memfd, docs/memfd.md)
+export { closeFd, createMemfd, F_SEAL, type FdFacts, fdInfo, KV_SEALS, sealNames, sendFds } from "./native/FdPassing.ts"
 
 // live layers: everything at once, or one each (a scheduler needs no native memory)
 export { ClientLive } from "./layers/Client.ts"

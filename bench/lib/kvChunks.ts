@@ -54,7 +54,7 @@ export type CacheMakerContext = NativeMemory | ZmqSockets | Scope.Scope
 export const makeFilledCache = (
   namePrefix: string,
   numBlocks: number,
-  make: (options: PagedKvCacheOptions) => Effect.Effect<PagedKvCache, NativeError | InvalidArgument, CacheMakerContext> = makePagedKvCache
+  make: (options: PagedKvCacheOptions) => Effect.Effect<PagedKvCache, NativeError | InvalidArgument, CacheMakerContext> = (o) => makePagedKvCache({ ...o, backing: "cpu_shm" })
 ): Effect.Effect<PagedKvCache, NativeError | InvalidArgument, CacheMakerContext> =>
   Effect.gen(function*() {
     const cache = yield* make({

@@ -184,6 +184,7 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
       segmentSize: calls.segmentSize,
       unlinkSegmentIf: calls.unlinkSegmentIf,
       map: (name, nbytes) => acquire("map", `segment ${name}`, calls.openMapping(name, nbytes)),
+      mapFd: (fd, name, nbytes) => acquire("mapFd", `passed descriptor ${name}`, calls.openMappingFd(fd, name, nbytes)),
       mapCudaIpc: (ipcHandle, deviceUuid, nbytes) =>
         acquire(
           "mapCudaIpc",

@@ -13,11 +13,12 @@
  * same graph for tests and benches (an ephemeral port, test doubles joined as
  * plugins, optionally without sockets), so nobody wires the graph by hand.
  */
-import { Context, Effect, Layer } from "effect"
+import { Context, Effect, Layer, Option } from "effect"
 import type { InstanceId } from "../schema/InstanceId.ts"
 import { Blend } from "../services/server/Blend.ts"
 import { CacheControl } from "../services/server/CacheControl.ts"
 import { EngineDrivenTransfer } from "../services/server/EngineDrivenTransfer.ts"
+import { FdExchange } from "../services/server/FdExchange.ts"
 import { makeTable, type ServerModule } from "../services/server/Handler.ts"
 import { L1Store, storageModule } from "../services/server/L1Store.ts"
 import { LayoutRegistry } from "../services/server/LayoutRegistry.ts"
@@ -73,6 +74,7 @@ const BuiltinModulesLive = Layer.effect(
     return [
       (yield* Lookup).module,
       (yield* LmcacheDrivenTransfer).module,
+      (yield* FdExchange).module,
       (yield* EngineDrivenTransfer).module,
       (yield* Blend).module,
       yield* storageModule,
@@ -83,7 +85,7 @@ const BuiltinModulesLive = Layer.effect(
 ).pipe(
   Layer.provideMerge(Blend.layer),
   Layer.provideMerge(Layer.mergeAll(LmcacheDrivenTransfer.layer, EngineDrivenTransfer.layer)),
-  Layer.provideMerge(Layer.mergeAll(Lookup.layer, L1Store.layerCacheControl)),
+  Layer.provideMerge(Layer.mergeAll(Lookup.layer, L1Store.layerCacheControl, FdExchange.layer)),
   Layer.provideMerge(L2Live),
   Layer.provideMerge(StorageLive)
 )
@@ -140,10 +142,16 @@ const PeerEventsLive = Layer.effect(
   Effect.gen(function*() {
     const inner = yield* PeerEvents
     const tenancy = yield* Tenancy
-    if (!tenancy.enabled) return inner
+    // A closed connection's descriptor-socket nonce and pending tokens go too (issue 13 item 2).
+    const fdExchange = Option.getOrUndefined(yield* Effect.serviceOption(FdExchange))
+    if (!tenancy.enabled && fdExchange === undefined) return inner
     return PeerEvents.of({
       ...inner,
-      disconnected: (peer) => Effect.andThen(inner.disconnected(peer), tenancy.disconnected(peer))
+      disconnected: (peer) =>
+        inner.disconnected(peer).pipe(
+          Effect.andThen(tenancy.enabled ? tenancy.disconnected(peer) : Effect.void),
+          Effect.andThen(fdExchange === undefined ? Effect.void : fdExchange.disconnected(peer))
+        )
     })
   })
 ).pipe(Layer.provide(Connections.layerPeerEvents))

@@ -251,6 +251,15 @@ export interface NativeMemoryShape {
    */
   readonly map: (name: string, nbytes: number) => Effect.Effect<ShmMapping, InvalidArgument | NativeError, Scope.Scope>
   /**
+   * Scoped: maps bytes [0, nbytes) of a descriptor this process holds (a
+   * passed memfd, `cpu_memfd`; issue 13 item 2) like `map` does a named
+   * segment: the same mapping core, release and fault guard. `name` labels
+   * the mapping (its segment key). The caller keeps `fd` and closes it; the
+   * mapping holds the memory. InvalidArgument when the file is shorter than
+   * `nbytes`; NativeError for system errors.
+   */
+  readonly mapFd: (fd: number, name: string, nbytes: number) => Effect.Effect<ShmMapping, InvalidArgument | NativeError, Scope.Scope>
+  /**
    * Scoped: opens another process's CUDA allocation from its 64-byte IPC
    * handle (cudaIpcOpenMemHandle on the device whose UUID is `deviceUuid`,
    * with a CUDA stream of its own), as a mapping of `nbytes` bytes that
@@ -405,6 +414,49 @@ export interface AddonMapping {
 }
 
 /**
+ * What the addon reads of a descriptor (fdInfo, and each one a request passed).
+ *
+ * @category models
+ */
+export interface FdFacts {
+  readonly fd: number
+  /** st_size, bytes; -1 when fstat failed. */
+  readonly size: number
+  /** F_GET_SEALS: F_SEAL_* bits; -1 when the file takes no seals (not a memfd or shmem file). */
+  readonly seals: number
+  readonly regular: boolean
+  /** The open file's access mode: "rw", "r", "w" ("?" unknown). */
+  readonly access: "rw" | "r" | "w" | "?"
+  /** "<st_dev>:<st_ino>". */
+  readonly identity: string
+}
+
+/**
+ * One request on the descriptor socket, as the listener's thread hands it
+ * over: the connection to reply on, the sender's SO_PEERCRED, the payload and
+ * the passed descriptors (now the receiver's to close), or the framing
+ * `error` that ended the request ("" when none; then `fds` is empty).
+ *
+ * @category models
+ */
+export interface FdRequest {
+  readonly conn: number
+  readonly pid: number
+  readonly uid: number
+  readonly gid: number
+  readonly error: string
+  readonly payload: Uint8Array
+  readonly fds: ReadonlyArray<FdFacts>
+}
+
+/** The descriptor socket's listener: `reply` once per request (then the connection closes); `close` is final. */
+export interface FdListener {
+  readonly path: string
+  reply(conn: number, bytes: Uint8Array): void
+  close(): void
+}
+
+/**
  * The addon's exports (`src/native/addon/addon.cc`). Every throw or rejection
  * is an Error with a string `code` (errno name, or EINVAL, EINVAL_SIZE,
  * EINVAL_RANGE, ECLOSED, EFAULT for a guarded fault, which also carries
@@ -419,6 +471,17 @@ export interface NativeAddon {
   shmSize(name: string): number
   shmUnlinkIf(name: string, identity: string): "unlinked" | "replaced" | "absent"
   openMapping(name: string, nbytes: number): AddonMapping
+  /** Maps a descriptor this process holds (cpu_memfd); the caller keeps and closes `fd`. EINVAL_SIZE when shorter than nbytes. */
+  openMappingFd(fd: number, name: string, nbytes: number): AddonMapping
+  /** memfd_create(MFD_CLOEXEC|MFD_ALLOW_SEALING), ftruncate(nbytes), F_ADD_SEALS `seals` (F_SEAL_* bits) → the descriptor. */
+  memfdCreate(name: string, nbytes: number, seals: number): number
+  /** fstat, F_GET_SEALS (-1: the file takes no seals) and the access mode of a descriptor. */
+  fdInfo(fd: number): FdFacts
+  closeFd(fd: number): void
+  /** Client side of the descriptor socket (src/native/FdPassing.ts). */
+  sendFds(socketPath: string, payload: Uint8Array, fds: ReadonlyArray<number>, timeoutMs: number): Promise<Uint8Array>
+  /** Server side of the descriptor socket (src/native/FdPassing.ts). */
+  listenFds(socketPath: string, onRequest: (request: FdRequest) => void, groupId?: number): FdListener
   /**
    * Rejects with ENOCUDA, EINVAL (UUID), EINVAL_HANDLE (cudaIpcOpenMemHandle refused), ECUDA (those two with
    * `segment`, `device`, `cudaError`, `cudaErrorName`, `cudaErrorString`); throws EINVAL for bad arguments.
@@ -633,6 +696,8 @@ export const makeNativeCalls = (addon: NativeAddon) => ({
     Effect.try({ try: () => addon.shmUnlinkIf(name, identity), catch: (e) => toNativeError(e, "shmUnlinkIf") }),
   openMapping: (name: string, nbytes: number): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
     Effect.try({ try: () => addon.openMapping(name, nbytes), catch: (e) => toMapError(name, nbytes, e) }),
+  openMappingFd: (fd: number, name: string, nbytes: number): Effect.Effect<AddonMapping, InvalidArgument | NativeError> =>
+    Effect.try({ try: () => addon.openMappingFd(fd, name, nbytes), catch: (e) => toMapError(name, nbytes, e) }),
   /** Opens a cuda_ipc mapping (on the libuv pool). */
   openCudaIpcMapping: (
     ipcHandle: Uint8Array,

@@ -104,7 +104,7 @@ const lmcacheDriven = Effect.gen(function*() {
     heartbeatIntervalMs: settings.heartbeatIntervalMs,
     requestTimeoutMs: 30_000
   })
-  yield* worker.registerKvCaches(cache.descriptors)
+  yield* worker.registerPagedKvCache(cache)
   const chunk = worker.chunkSizeTokens
   const bs = settings.blockSizeTokens
   const chunkBytes = 2 * settings.numLayers * chunk * tokenBytes

@@ -292,6 +292,29 @@ export const Hello = op({
   response: HelloGrant
 })
 
+/**
+ * GET_SERVER_INFO's answer (issue 13 item 2, docs/memfd.md): `fd_socket` is
+ * where to pass memfd descriptors ("@name": the abstract namespace; "" when
+ * this server takes none), `fd_nonce` the 16 bytes a descriptor request
+ * names to tie its token to this connection (the same for the connection's
+ * life), `protocol_version` the wire version, `features` what is on
+ * ("cpu_memfd", "require_sealed_memfd", "named_segments", "curve", "tenants").
+ */
+export const ServerInfo = Schema.Struct({
+  fd_socket: WireString,
+  fd_nonce: Schema.Uint8Array,
+  protocol_version: Uint,
+  features: Schema.Array(WireString)
+})
+
+/** GET_SERVER_INFO (mpcache's own): what a client needs before it registers memfd memory. */
+export const GetServerInfo = op({
+  id: 67,
+  name: "get_server_info",
+  payload: [],
+  response: ServerInfo
+})
+
 /** Every op of DESIGN §3.1, in id order. */
 export const OPS: ReadonlyArray<Op> = [
   RegisterKvCache,
@@ -317,7 +340,8 @@ export const OPS: ReadonlyArray<Op> = [
   CbRetrievePreComputed,
   PingRegistered,
   HelloChallenge,
-  Hello
+  Hello,
+  GetServerInfo
 ]
 
 /** Op by its id; undefined for an id this protocol version does not define. */

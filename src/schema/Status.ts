@@ -50,7 +50,18 @@ export const StatusInstance = Schema.StructWithRest(
     has_liveness_signal: Schema.Boolean,
     has_transfer_activity: Schema.Boolean,
     /** The tenant that registered it (CURVE on, docs/security.md); null with CURVE off. */
-    tenant: Schema.optionalKey(Schema.NullOr(Schema.String))
+    tenant: Schema.optionalKey(Schema.NullOr(Schema.String)),
+    /**
+     * A cpu_memfd registration (issue 13 item 2, docs/memfd.md): the sender's
+     * SO_PEERCRED and each passed memfd's segment key, bytes and seals
+     * ("seal", "shrink", "grow", "write", "future_write").
+     */
+    memfd: Schema.optionalKey(Schema.Struct({
+      pid: Schema.Number,
+      uid: Schema.Number,
+      gid: Schema.Number,
+      segments: Schema.Array(Schema.Struct({ segment: Schema.String, bytes: Schema.Number, seals: Schema.Array(Schema.String) }))
+    }))
   }),
   [Schema.Record(Schema.String, Schema.Unknown)]
 )

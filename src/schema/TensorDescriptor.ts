@@ -10,17 +10,25 @@ import { WireString } from "./Text.ts"
 import { Dtype } from "./Dtype.ts"
 import { Uint } from "./Integer.ts"
 
-/** Where the memory lives: POSIX shared memory, or a CUDA IPC allocation. */
-export const TensorKind = Schema.Literals(["cpu_shm", "cuda_ipc"])
+/**
+ * Where the memory lives: POSIX shared memory named in /dev/shm (`cpu_shm`),
+ * a memfd whose descriptor the worker passed over the descriptor socket
+ * (`cpu_memfd`, issue 13 item 2, docs/memfd.md), or a CUDA IPC allocation.
+ */
+export const TensorKind = Schema.Literals(["cpu_shm", "cpu_memfd", "cuda_ipc"])
 export type TensorKind = typeof TensorKind.Type
 
 export const TensorDescriptor = Schema.Struct({
   kind: TensorKind,
   /** cpu_shm: the POSIX name without its leading slash (as listed in /dev/shm). */
   shm_name: Schema.optionalKey(WireString),
+  /** cpu_memfd: the 16-byte one-time token the descriptor socket answered for the passed descriptors. */
+  fd_token: Schema.optionalKey(Schema.Uint8Array),
+  /** cpu_memfd: which of that request's descriptors holds this tensor (0-based, in the order passed). */
+  fd_index: Schema.optionalKey(Uint),
   /** cuda_ipc: the 64-byte cudaIpcMemHandle_t. */
   ipc_handle: Schema.optionalKey(Schema.Uint8Array),
-  /** "cpu" for cpu_shm; the GPU's UUID for cuda_ipc. */
+  /** "cpu" for cpu_shm and cpu_memfd; the GPU's UUID for cuda_ipc. */
   device_uuid: WireString,
   /** Size of the whole segment in bytes. */
   nbytes: Uint,
@@ -32,3 +40,11 @@ export const TensorDescriptor = Schema.Struct({
   storage_offset: Uint
 })
 export type TensorDescriptor = typeof TensorDescriptor.Type
+
+/**
+ * The segment key of a cpu_memfd descriptor: `memfd:<hex of the token>:<fd_index>`
+ * (descriptors naming one passed descriptor share one mapping). Also the
+ * mapping's name in errors and fault reports.
+ */
+export const memfdSegmentKey = (token: Uint8Array, index: number): string =>
+  `memfd:${Buffer.from(token.buffer, token.byteOffset, token.byteLength).toString("hex")}:${index}`

@@ -3,7 +3,8 @@
  * what it will need and refuses a run the machine cannot hold, before it
  * starts anything; it skips requests longer than `--max-input-tokens`; and
  * interrupted (SIGINT, SIGTERM) it stops its workers and server and removes
- * what it created.
+ * what it created. Its workers' KV caches are memfds (issue 13 item 2), so
+ * workers it SIGKILLs (--kill-every) leave nothing in /dev/shm.
  */
 import { execFileSync } from "node:child_process"
 import { existsSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
@@ -11,7 +12,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { randomUUID } from "node:crypto"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Fiber, Schedule } from "effect"
 import type { ReplaySummary } from "../../src/replay/Driver.ts"
 import { runCli, startCli } from "../support/Cli.ts"
 
@@ -82,10 +83,15 @@ describe("mpcache replay guards", () => {
         const replay = yield* startCli(["replay", "--requests", "300", "--max-rate", "--workers", "2"])
         const pid = replay.child.pid!
         yield* replay.waitForStderr(/\] \d+\/300 requests/, 60_000)
-        assert.isAbove(replaySegments(pid).length, 0)
         // Its server and its 2 workers; the server's ipc socket file.
         const children = childrenOf(pid)
         assert.strictEqual(children.length, 3)
+        // The workers' KV caches are memfds (issue 13 item 2): mapped by them and the server, nothing in /dev/shm.
+        const memfdMappings = children.flatMap((c) =>
+          readFileSync(`/proc/${c}/maps`, "utf8").split("\n").filter((l) => l.includes(`/memfd:mpcache-replay-${pid}-`))
+        )
+        assert.isAbove(memfdMappings.length, 0)
+        assert.deepStrictEqual(replaySegments(pid), [])
         const sockets = children.flatMap((c) => {
           const endpoint = argOf(c, "--endpoint")
           return endpoint === undefined ? [] : [endpoint.slice("ipc://".length)]
@@ -97,6 +103,25 @@ describe("mpcache replay guards", () => {
         assert.deepStrictEqual(replaySegments(pid), [])
         assert.deepStrictEqual(children.filter(isAlive), [])
         assert.isFalse(existsSync(sockets[0]!))
+        assert.isFalse(existsSync(`${sockets[0]!}.fds`))
       })), 90_000)
   }
+
+  it.live("--kill-every 2: SIGKILLed workers' KV caches never appear in /dev/shm (cpu_memfd), and nothing leaks", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const replay = yield* startCli(["replay", "--requests", "60", "--workers", "2", "--kill-every", "2"])
+      const pid = replay.child.pid!
+      // Sampled all along: a cpu_shm cache would be listed while its worker lives.
+      const seen = new Set<string>()
+      const sampler = yield* Effect.forkScoped(
+        Effect.sync(() => replaySegments(pid).forEach((n) => seen.add(n))).pipe(Effect.repeat(Schedule.spaced("100 millis")))
+      )
+      yield* replay.waitForStdout(/data mismatches\s+0 ✓/, 240_000)
+      yield* Fiber.interrupt(sampler)
+      const out = replay.stdout()
+      const reaped = Number(/reaped\s+timeout \d+ · grace \d+ · disconnect (\d+)/.exec(out)?.[1] ?? -1)
+      assert.isAtLeast(reaped, 1, out.slice(-2000))
+      assert.match(out, /leaked contexts\s+0 ✓/)
+      assert.deepStrictEqual([...seen], [])
+    })), 300_000)
 })

@@ -62,7 +62,7 @@ const key = (over: Partial<CacheKey> = {}): CacheKey => ({
 })
 
 const newCache = (dtype: Dtype) =>
-  makePagedKvCache({ namePrefix: `mpcache-test-${randomUUID()}`, numLayers: NUM_LAYERS, numBlocks: 64, blockSizeTokens: BLOCK, numHeads: NUM_HEADS, headSize: HEAD, dtype })
+  makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-test-${randomUUID()}`, numLayers: NUM_LAYERS, numBlocks: 64, blockSizeTokens: BLOCK, numHeads: NUM_HEADS, headSize: HEAD, dtype })
 
 const tokenBytes = (cache: PagedKvCache) => cache.geometry.blockBytes / BLOCK
 
@@ -191,8 +191,8 @@ describe("CB_RETRIEVE_PRE_COMPUTED over real sockets", () => {
       const client = yield* MqClient
       // One 256-token chunk of 3 layers × 8 heads × 128 dims: 131,072 pairs per layer, so the rotation yields after layer 2.
       const geometry = { numLayers: 3, numBlocks: 40, blockSizeTokens: 16, numHeads: 8, headSize: 128, dtype: "float16" as const }
-      const a = yield* makePagedKvCache({ namePrefix: `mpcache-test-${randomUUID()}`, ...geometry })
-      const b = yield* makePagedKvCache({ namePrefix: `mpcache-test-${randomUUID()}`, ...geometry })
+      const a = yield* makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-test-${randomUUID()}`, ...geometry })
+      const b = yield* makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-test-${randomUUID()}`, ...geometry })
       yield* client.request(RegisterKvCache, [id(1), a.descriptors, "big", 1, "vllm", {}, []])
       yield* client.request(RegisterKvCache, [id(2), b.descriptors, "big", 1, "vllm", {}, []])
       const bigTokens = Array.from({ length: 256 }, (_, i) => i + 1)

@@ -58,7 +58,7 @@ const id = (n: number) => makeInstanceId(BigInt(n))
 const setup = Effect.gen(function*() {
   const client = yield* MqClient
   const cache = () =>
-    makePagedKvCache({ namePrefix: `mpcache-test-${randomUUID()}`, numLayers: 2, numBlocks: 64, blockSizeTokens: 16, numHeads: 2, headSize: HEAD, dtype: "float16" })
+    makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-test-${randomUUID()}`, numLayers: 2, numBlocks: 64, blockSizeTokens: 16, numHeads: 2, headSize: HEAD, dtype: "float16" })
   const a = yield* cache()
   const b = yield* cache()
   yield* client.request(RegisterKvCache, [id(1), a.descriptors, "blend-fault", 1, "vllm", {}, []])

@@ -46,7 +46,7 @@ const key = (over: Partial<CacheKey> = {}): CacheKey => ({
   ...over
 })
 
-const newCache = () => makePagedKvCache({ namePrefix: `mpcache-test-${randomUUID()}`, ...geometry })
+const newCache = () => makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-test-${randomUUID()}`, ...geometry })
 
 const register = (id: bigint, cache: PagedKvCache, model = "tiny") =>
   Effect.gen(function*() {

@@ -33,7 +33,8 @@ const DESIGN_TABLE: ReadonlyArray<readonly [number, string, string]> = [
   [27, "cb_retrieve_pre_computed", "AFFINITY"],
   [64, "ping_registered", "NORMAL"],
   [65, "hello_challenge", "NORMAL"],
-  [66, "hello", "NORMAL"]
+  [66, "hello", "NORMAL"],
+  [67, "get_server_info", "NORMAL"]
 ]
 
 describe.each([{ curve: false }, { curve: true }])("op table (CURVE $curve)", ({ curve }) => {

@@ -21,6 +21,7 @@ export const livenessEnv = (
 /** A worker's KV cache (real shared memory) for registering. */
 export const workerCache = Effect.suspend(() =>
   makePagedKvCache({
+    backing: "cpu_shm",
     namePrefix: `mpcache-test-${randomUUID()}`,
     numLayers: 1,
     numBlocks: 4,

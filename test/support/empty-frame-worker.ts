@@ -21,6 +21,7 @@ const instanceId = makeInstanceId(BigInt(process.pid) * 1_000_003n)
 
 const program = Effect.gen(function*() {
   const cache = yield* makePagedKvCache({
+    backing: "cpu_shm",
     namePrefix: args.namePrefix,
     numLayers: 1,
     numBlocks: 4,

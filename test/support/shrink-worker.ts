@@ -16,7 +16,7 @@
  *                    then STORE
  *   register-only    REGISTER, nothing else (its outcome: --named-segments deny refuses it)
  */
-import { truncateSync } from "node:fs"
+import { ftruncateSync, truncateSync } from "node:fs"
 import { Effect } from "effect"
 import { ClientLive } from "../../src/layers/Client.ts"
 import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
@@ -44,6 +44,8 @@ interface Args {
   readonly shrinkTo: number
   /** register-shrink: the server's HTTP port, polled for the fault count. */
   readonly httpPort?: number
+  /** Default cpu_shm; cpu_memfd creates UNSEALED memfds and shrinks the first with ftruncate(fd). */
+  readonly backing?: "cpu_memfd" | "cpu_shm"
 }
 
 const args = JSON.parse(process.argv[2] ?? "{}") as Args
@@ -61,19 +63,22 @@ const serverView = (port: number) =>
   )
 
 const program = Effect.gen(function*() {
-  const cache = yield* makePagedKvCache({ namePrefix: args.namePrefix, ...args.geometry, dtype: "bfloat16" })
+  const backing = args.backing ?? "cpu_shm"
+  const cache = yield* makePagedKvCache({ namePrefix: args.namePrefix, backing, seals: 0, ...args.geometry, dtype: "bfloat16" })
   const worker = yield* makeWorkerAdapter({ endpoint: args.endpoint, modelName: "fault-e2e", worldSize: 1, kvRank: 0 })
   const segment = cache.segmentNames[0]!
   const registeredBytes = cache.descriptors[0]!.nbytes
   const shrunkBytes = Math.floor(registeredBytes * args.shrinkTo)
-  const shrink = Effect.sync(() => truncateSync(`/dev/shm/${segment}`, shrunkBytes))
+  const shrink = Effect.sync(() =>
+    backing === "cpu_memfd" ? ftruncateSync(cache.memfds[0]!, shrunkBytes) : truncateSync(`/dev/shm/${segment}`, shrunkBytes)
+  )
   const end = Math.floor(args.tokenCount / worker.chunkSizeTokens) * worker.chunkSizeTokens
   const request = { requestId: args.requestId, tokenIds, start: 0, end, blockIds: args.blockIds }
   const base = { instanceId: worker.instanceId.toString(), pid: process.pid, segment, registeredBytes, shrunkBytes }
-  if (args.mode === "register-only") return { ...base, register: yield* outcome(worker.registerKvCaches(cache.descriptors)) }
+  if (args.mode === "register-only") return { ...base, register: yield* outcome(worker.registerPagedKvCache(cache)) }
   if (args.mode === "register-shrink") {
     const before = (yield* serverView(args.httpPort!)).faults
-    yield* worker.registerKvCaches(cache.descriptors)
+    yield* worker.registerPagedKvCache(cache)
     yield* shrink
     // The event: the server's background prefault counted the fault and released the context (polled, bounded).
     const waitStarted = Date.now()
@@ -83,7 +88,7 @@ const program = Effect.gen(function*() {
     const store = yield* outcome(worker.store(request))
     return { ...base, faultSeenAfterMs: Date.now() - waitStarted, store }
   }
-  yield* worker.registerKvCaches(cache.descriptors)
+  yield* worker.registerPagedKvCache(cache)
   yield* writeTokens(cache, 1, args.blockIds)
   if (args.mode === "shrink-store") {
     yield* shrink

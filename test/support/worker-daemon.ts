@@ -19,6 +19,10 @@ interface Args {
   readonly namePrefix: string
   readonly heartbeatIntervalMs: number
   readonly storeEveryMs: number
+  /** Default cpu_shm (the liveness tests read /dev/shm); cpu_memfd hands sealed memfds over. */
+  readonly backing?: "cpu_memfd" | "cpu_shm"
+  /** Blocks of the 2-layer cache (default 16; 2 KiB each). */
+  readonly numBlocks?: number
 }
 
 const args = JSON.parse(process.argv[2] ?? "{}") as Args
@@ -26,9 +30,10 @@ const say = (event: Record<string, unknown>) => Effect.sync(() => void process.s
 
 const program = Effect.gen(function*() {
   const cache = yield* makePagedKvCache({
+    backing: args.backing ?? "cpu_shm",
     namePrefix: args.namePrefix,
     numLayers: 2,
-    numBlocks: 16,
+    numBlocks: args.numBlocks ?? 16,
     blockSizeTokens: 16,
     numHeads: 1,
     headSize: 16,
@@ -42,7 +47,7 @@ const program = Effect.gen(function*() {
     heartbeatIntervalMs: args.heartbeatIntervalMs,
     requestTimeoutMs: 2_000
   })
-  yield* worker.registerKvCaches(cache.descriptors)
+  yield* worker.registerPagedKvCache(cache)
   yield* say({ event: "registered", instanceId: worker.instanceId.toString(), pid: process.pid })
   const blockIds = [1, 2, 3, 4]
   yield* writeTokens(cache, 1, blockIds)

@@ -1,6 +1,6 @@
 /**
  * A worker process for end-to-end tests: creates its own shared-memory KV
- * cache, registers it through the WorkerAdapter, then either writes
+ * cache (cpu_shm, or cpu_memfd with `backing`), registers it through the WorkerAdapter, then either writes
  * deterministic KV bytes and STOREs them, or LOOKUPs (SchedulerAdapter),
  * RETRIEVEs into its own blocks and verifies every byte. Prints one JSON line.
  *
@@ -21,6 +21,8 @@ interface Args {
   readonly blockIds: ReadonlyArray<number>
   readonly tokenCount: number
   readonly requestId: string
+  /** The KV cache's memory (default cpu_shm: the e2e tests that read /dev/shm). */
+  readonly backing?: "cpu_memfd" | "cpu_shm"
 }
 
 const args = JSON.parse(process.argv[2] ?? "{}") as Args
@@ -28,9 +30,9 @@ const geometry = { numLayers: 4, numBlocks: 64, blockSizeTokens: 16, numHeads: 2
 const tokenIds = Array.from({ length: args.tokenCount }, (_, i) => (i * 31 + 7) % 32000)
 
 const program = Effect.gen(function*() {
-  const cache = yield* makePagedKvCache({ namePrefix: args.namePrefix, ...geometry })
+  const cache = yield* makePagedKvCache({ namePrefix: args.namePrefix, backing: args.backing ?? "cpu_shm", ...geometry })
   const worker = yield* makeWorkerAdapter({ endpoint: args.endpoint, modelName: "e2e-model", worldSize: 1, kvRank: 0 })
-  yield* worker.registerKvCaches(cache.descriptors)
+  yield* worker.registerPagedKvCache(cache)
   const end = Math.floor(args.tokenCount / worker.chunkSizeTokens) * worker.chunkSizeTokens
   const request = { requestId: args.requestId, tokenIds, start: 0, end, blockIds: args.blockIds }
   if (args.mode === "store") {

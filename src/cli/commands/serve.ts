@@ -63,6 +63,23 @@ const serveFlags = {
     ),
     Flag.withDefault(defaults.unlinkReapedSegments)
   ),
+  fdSocket: Flag.String("fd-socket").pipe(
+    Flag.withDescription(
+      "Unix socket cpu_memfd descriptors are passed on: a path (mode 0600), @name (abstract namespace) or off; default next to an ipc endpoint, else under $XDG_RUNTIME_DIR or /run"
+    ),
+    Flag.filter((s) => rules.fdSocket(s) === undefined, (s) => rules.fdSocket(s) ?? ""),
+    Flag.optional
+  ),
+  requireSealedMemfd: Flag.Boolean("require-sealed-memfd").pipe(
+    Flag.withDescription("Refuse passed memfds not sealed with F_SEAL_SHRINK and F_SEAL_SEAL (invalid_argument)"),
+    Flag.withDefault(defaults.requireSealedMemfd)
+  ),
+  fdTokenTtlSeconds: seconds(
+    "fd-token-ttl-seconds",
+    "Passed descriptors not registered within this many seconds are closed",
+    defaults.fdTokenTtlSeconds,
+    rules.fdTokenTtl
+  ),
   maxWorkers: int("max-workers", "Default size of the NORMAL and AFFINITY pools", defaults.maxWorkers, rules.workers),
   maxCpuWorkers: Flag.Int("max-cpu-workers").pipe(
     Flag.withDescription("NORMAL pool size (default: --max-workers)"),
@@ -162,6 +179,9 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   l1Prefault: f.l1Prefault,
   namedSegments: f.namedSegments,
   unlinkReapedSegments: f.unlinkReapedSegments,
+  fdSocket: Option.getOrUndefined(f.fdSocket),
+  requireSealedMemfd: f.requireSealedMemfd,
+  fdTokenTtlSeconds: f.fdTokenTtlSeconds,
   maxWorkers: f.maxWorkers,
   maxCpuWorkers: Option.getOrUndefined(f.maxCpuWorkers),
   maxGpuWorkers: Option.getOrUndefined(f.maxGpuWorkers),
@@ -226,6 +246,7 @@ export const serve = Command.make("serve", serveFlags, (flags) =>
       Effect.catchTags({
         L1PoolError: (e) => cannotStart(e.message),
         ZmqError: (e) => cannotStart(e.message),
+        NativeError: (e) => cannotStart(e.message),
         KeyFileInvalid: (e) => badKeyFile(e.message),
         AuthorizedKeysInvalid: (e) => badKeyFile(e.message),
         HttpTokenInvalid: (e) => badKeyFile(e.message)

@@ -4,6 +4,8 @@
 //   shmUnlinkIf(name, identity) -> "unlinked" | "replaced" | "absent"
 //   openMapping(name, nbytes) -> Mapping { gather, scatter, close, prefault, arrayBuffer, ipcHandle,
 //                                          name, size, closed, kind, device, identity }
+//   openMappingFd(fd, name, nbytes) -> Mapping                              (cpu_memfd: a passed descriptor)
+//   memfdCreate, fdInfo, closeFd, sendFds, listenFds                         (descriptor passing, fdpass.h)
 //   openCudaIpcMapping(ipcHandle, deviceUuid, nbytes) -> Promise<Mapping>   (cuda_ipc, see cudart.h)
 //   cudaAllocate(deviceUuid, nbytes) -> Promise<Mapping>                     (worker side: cudaMalloc + IPC handle)
 //   cudaProbe(libraryPath?) -> Promise<{ available, reason, library, tried, devices: [{ ordinal, uuid }] }>
@@ -18,6 +20,7 @@
 #include <napi.h>
 
 #include "addon_data.h"
+#include "fdpass.h"
 #include "guard.h"
 #include "mapping.h"
 #include "shm.h"
@@ -36,6 +39,12 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("shmSize", Napi::Function::New<ShmSize>(env, "shmSize"));
   exports.Set("shmUnlinkIf", Napi::Function::New<ShmUnlinkIf>(env, "shmUnlinkIf"));
   exports.Set("openMapping", Napi::Function::New<Mapping::Open>(env, "openMapping"));
+  exports.Set("openMappingFd", Napi::Function::New<Mapping::OpenFd>(env, "openMappingFd"));
+  exports.Set("memfdCreate", Napi::Function::New<MemfdCreate>(env, "memfdCreate"));
+  exports.Set("fdInfo", Napi::Function::New<FdInfo>(env, "fdInfo"));
+  exports.Set("closeFd", Napi::Function::New<CloseFd>(env, "closeFd"));
+  exports.Set("sendFds", Napi::Function::New<SendFds>(env, "sendFds"));
+  exports.Set("listenFds", Napi::Function::New<ListenFds>(env, "listenFds"));
   exports.Set("openCudaIpcMapping", Napi::Function::New<Mapping::OpenCudaIpc>(env, "openCudaIpcMapping"));
   exports.Set("cudaAllocate", Napi::Function::New<Mapping::CudaAllocate>(env, "cudaAllocate"));
   exports.Set("copyBatch", Napi::Function::New<Mapping::CopyBatch>(env, "copyBatch"));

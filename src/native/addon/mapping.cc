@@ -747,33 +747,23 @@ Napi::Function Mapping::DefineClass(Napi::Env env) {
       });
 }
 
-// openMapping(name, nbytes): shm_open O_RDWR, fstat, refuse a segment shorter
-// than nbytes (EINVAL_SIZE: touching pages past its end would raise SIGBUS),
-// mmap nbytes shared read/write, close the descriptor. The fstat's st_dev/st_ino stay on the mapping as
-// `identity` (--unlink-reaped-segments unlinks the name only while it still names that file).
-Napi::Value Mapping::Open(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  const std::string name = SegmentNameArg(info, 0, "openMapping");
-  const uint64_t nbytes = ByteCountArg(info, 1, "openMapping", 1);
-  const int fd = shm_open(ShmPath(name).c_str(), O_RDWR, 0);
-  if (fd < 0) throw ErrnoError(env, "shm_open", name, errno);
+namespace {
+
+// The mapping core of every host-memory backend (cpu_shm by name, cpu_memfd by a passed descriptor): fstat,
+// refuse a file shorter than nbytes (EINVAL_SIZE: touching pages past its end would raise SIGBUS), mmap nbytes
+// shared read/write, construct the Mapping. The fstat's st_dev/st_ino stay on it as `identity`. The caller
+// keeps `fd` (and closes it); the mapping holds the memory on its own.
+Napi::Value MapHostFile(Napi::Env env, int fd, const std::string& name, uint64_t nbytes, const char* fn) {
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    throw ErrnoError(env, "fstat", name, err);
-  }
+  if (fstat(fd, &st) != 0) throw ErrnoError(env, "fstat", name, errno);
   const uint64_t segmentBytes = st.st_size < 0 ? 0 : static_cast<uint64_t>(st.st_size);
   if (segmentBytes < nbytes) {
-    close(fd);
-    throw MakeError(env, "EINVAL_SIZE", "openMapping",
-                    "openMapping: segment " + name + " holds " + std::to_string(segmentBytes) +
+    throw MakeError(env, "EINVAL_SIZE", fn,
+                    std::string(fn) + ": segment " + name + " holds " + std::to_string(segmentBytes) +
                         " bytes, the descriptor claims " + std::to_string(nbytes));
   }
   void* base = mmap(nullptr, static_cast<size_t>(nbytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
-  close(fd);
-  if (base == MAP_FAILED) throw ErrnoError(env, "mmap", name, err);
+  if (base == MAP_FAILED) throw ErrnoError(env, "mmap", name, errno);
   Counters().openMappings.fetch_add(1);
   Counters().mappedBytes.fetch_add(static_cast<int64_t>(nbytes));
 
@@ -794,6 +784,42 @@ Napi::Value Mapping::Open(const Napi::CallbackInfo& info) {
     }
     throw;
   }
+}
+
+}  // namespace
+
+// openMapping(name, nbytes): shm_open O_RDWR, then the host mapping core (MapHostFile), then close the
+// descriptor. The identity lets --unlink-reaped-segments unlink the name only while it still names that file.
+Napi::Value Mapping::Open(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const std::string name = SegmentNameArg(info, 0, "openMapping");
+  const uint64_t nbytes = ByteCountArg(info, 1, "openMapping", 1);
+  const int fd = shm_open(ShmPath(name).c_str(), O_RDWR, 0);
+  if (fd < 0) throw ErrnoError(env, "shm_open", name, errno);
+  try {
+    Napi::Value mapping = MapHostFile(env, fd, name, nbytes, "openMapping");
+    close(fd);
+    return mapping;
+  } catch (...) {
+    close(fd);
+    throw;
+  }
+}
+
+// openMappingFd(fd, name, nbytes): the host mapping core over a descriptor this process holds (a memfd a
+// worker passed, cpu_memfd; or the worker's own). `name` labels the mapping in errors and fault reports. The
+// descriptor stays open: the caller closes it (the mapping keeps the memory).
+Napi::Value Mapping::OpenFd(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const double fd = info.Length() > 0 && info[0].IsNumber() ? info[0].As<Napi::Number>().DoubleValue() : -1;
+  if (fd < 0 || fd != static_cast<double>(static_cast<int>(fd))) {
+    throw MakeError(env, "EINVAL", "openMappingFd", "openMappingFd: the descriptor must be an integer >= 0");
+  }
+  if (info.Length() < 2 || !info[1].IsString()) {
+    throw MakeError(env, "EINVAL", "openMappingFd", "openMappingFd: the name must be a string");
+  }
+  const uint64_t nbytes = ByteCountArg(info, 2, "openMappingFd", 1);
+  return MapHostFile(env, static_cast<int>(fd), info[1].As<Napi::String>().Utf8Value(), nbytes, "openMappingFd");
 }
 
 // openCudaIpcMapping(handle, deviceUuid, nbytes) -> Promise<Mapping>: on the

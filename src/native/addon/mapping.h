@@ -117,6 +117,8 @@ class Mapping : public Napi::ObjectWrap<Mapping> {
   static Napi::Function DefineClass(Napi::Env env);
   // openMapping(name, nbytes): maps the segment, or throws (see mapping.cc).
   static Napi::Value Open(const Napi::CallbackInfo& info);
+  // openMappingFd(fd, name, nbytes): maps a descriptor this process holds (cpu_memfd), or throws (see mapping.cc).
+  static Napi::Value OpenFd(const Napi::CallbackInfo& info);
   // openCudaIpcMapping(handle, deviceUuid, nbytes) -> Promise<Mapping> (see mapping.cc).
   static Napi::Value OpenCudaIpc(const Napi::CallbackInfo& info);
   // cudaAllocate(deviceUuid, nbytes) -> Promise<Mapping> (see mapping.cc).

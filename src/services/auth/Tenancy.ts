@@ -36,7 +36,7 @@ import { Clock, Context, Effect, Layer, Metric, Queue } from "effect"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import { opById, type Op } from "../../schema/Op.ts"
 import { Clear, Hello, HelloChallenge, Ping } from "../../schema/Op.ts"
-import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
+import { memfdSegmentKey, type TensorDescriptor } from "../../schema/TensorDescriptor.ts"
 import { Forbidden, Overloaded, type WireError } from "../../schema/WireError.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
 import { noopTarget } from "../liveness/LivenessTarget.ts"
@@ -89,11 +89,15 @@ export const instanceIdOf = (op: Op, payload: ReadonlyArray<unknown>): InstanceI
   return typeof v === "bigint" ? v as InstanceId : undefined
 }
 
-/** Bytes of worker memory `descriptors` map: each distinct segment (shm name or IPC handle) once. */
+/** Bytes of worker memory `descriptors` map: each distinct segment (shm name, passed memfd or IPC handle) once. */
 export const mappedBytesOf = (descriptors: ReadonlyArray<TensorDescriptor>): number => {
   const segments = new Map<string, number>()
   for (const d of descriptors) {
-    const name = d.kind === "cpu_shm" ? `shm:${d.shm_name}` : `ipc:${Buffer.from(d.ipc_handle ?? new Uint8Array()).toString("hex")}`
+    const name = d.kind === "cpu_shm"
+      ? `shm:${d.shm_name}`
+      : d.kind === "cpu_memfd"
+      ? memfdSegmentKey(d.fd_token ?? new Uint8Array(), d.fd_index ?? 0)
+      : `ipc:${Buffer.from(d.ipc_handle ?? new Uint8Array()).toString("hex")}`
     segments.set(name, Math.max(segments.get(name) ?? 0, d.nbytes))
   }
   let total = 0

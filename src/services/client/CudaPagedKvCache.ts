@@ -131,7 +131,9 @@ export const makeCudaPagedKvCache = (
       Float64Array.of(place(layer).base + (kv * numBlocks + blockId) * blockBytes, 0, count * blockBytes)
     return {
       geometry: { numLayers, numBlocks, blockSizeTokens, numHeads, headSize, dtype, elementBytes, hiddenDim, blockBytes },
+      backing: "cuda_ipc",
       descriptors,
+      memfds: [],
       segmentNames: allocations.map((a) => a.name),
       allocations,
       deviceUuid,

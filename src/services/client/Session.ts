@@ -198,6 +198,13 @@ export interface SessionSpec<Reg extends object, O extends Op, E> {
   readonly registerOp: O
   readonly registerPayload: (reg: Reg) => PayloadOf<O>
   /**
+   * Runs before every REGISTER (initial and re-registrations), inside the
+   * register lock, and gives the registration actually sent (the kept one is
+   * unchanged): cpu_memfd hands its descriptors over for a fresh one-time
+   * token each time (MemfdHandOver.ts). Default: the registration as is.
+   */
+  readonly prepare?: (reg: Reg) => Effect.Effect<Reg, RequestError>
+  /**
    * Runs on every acknowledged REGISTER (initial or not), inside the
    * register lock; its failure fails that registration. Default: nothing.
    */
@@ -264,10 +271,11 @@ export const makeSession = <Reg extends object, O extends Op, E = never>(
     const now = Clock.currentTimeMillis
     const onRegistered = spec.onRegistered ?? (() => Effect.void)
 
+    const prepare = spec.prepare ?? Effect.succeed
     const sendRegister = (reg: Reg): Effect.Effect<ResponseOf<O>, RequestError | E> =>
-      Effect.flatMap(
-        client.request(spec.registerOp, spec.registerPayload(reg), { timeoutMs: requestTimeoutMs }),
-        (answer) => Effect.as(onRegistered(answer), answer)
+      prepare(reg).pipe(
+        Effect.flatMap((sent) => client.request(spec.registerOp, spec.registerPayload(sent), { timeoutMs: requestTimeoutMs })),
+        Effect.flatMap((answer) => Effect.as(onRegistered(answer), answer))
       )
 
     /**

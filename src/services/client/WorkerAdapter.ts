@@ -34,6 +34,7 @@
  *   Nothing re-registers once shutdown has begun.
  */
 import { Context, Effect, Exit, Fiber, Layer, type Scope } from "effect"
+import { handOverMemfds, withFdToken } from "./MemfdHandOver.ts"
 import { type PayloadOf, RegisterKvCache, Retrieve, Store, UnregisterKvCache } from "../../schema/Op.ts"
 import type { LayoutHints } from "../../schema/Registration.ts"
 import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
@@ -116,6 +117,18 @@ export interface WorkerAdapterShape extends SessionView {
    * no heartbeat. The descriptors and hints are kept for re-registration.
    */
   readonly registerKvCaches: (kvCaches: ReadonlyArray<TensorDescriptor>, layoutHints?: LayoutHints) => Effect.Effect<void, RequestError>
+  /**
+   * REGISTER_KV_CACHE of a paged KV cache (PagedKvCache.ts), as
+   * `registerKvCaches`: cpu_shm descriptors as they are; cpu_memfd (the
+   * default backing) hands the cache's memfds over before every REGISTER,
+   * re-registrations included, and sends the descriptors with the fresh
+   * token (MemfdHandOver.ts; issue 13 item 2). Also fails as the handover
+   * does (the server takes no memfd, refuses an unsealed one …).
+   */
+  readonly registerPagedKvCache: (
+    cache: { readonly descriptors: ReadonlyArray<TensorDescriptor>; readonly memfds: ReadonlyArray<number> },
+    layoutHints?: LayoutHints
+  ) => Effect.Effect<void, RequestError>
   /** STORE and wait: true when the server stored every chunk it could; false at once (nothing sent) in degraded mode. */
   readonly store: (request: TransferRequest) => Effect.Effect<boolean, RequestError>
   /** RETRIEVE and wait, leaving the first `skipFirstNTokens` untouched; false at once (nothing sent) in degraded mode. */
@@ -153,6 +166,8 @@ interface Pending {
 interface Registration {
   readonly kvCaches: ReadonlyArray<TensorDescriptor>
   readonly layoutHints: LayoutHints
+  /** cpu_memfd: the descriptors to hand over before each REGISTER; empty otherwise. */
+  readonly memfds: ReadonlyArray<number>
 }
 
 /**
@@ -182,6 +197,13 @@ export const makeWorkerAdapterWith = (
         reg.layoutHints,
         []
       ],
+      prepare: (reg: Registration) =>
+        reg.memfds.length === 0
+          ? Effect.succeed(reg)
+          : Effect.map(
+            handOverMemfds(client, opening.instanceId, reg.memfds, opening.requestTimeoutMs),
+            (token) => ({ ...reg, kvCaches: withFdToken(reg.kvCaches, token) })
+          ),
       unregisterOp: UnregisterKvCache,
       legacyPingNote: "(a server restart is then noticed only through a not_registered reply to a transfer)"
     })
@@ -197,7 +219,7 @@ export const makeWorkerAdapterWith = (
     const hasPendingStore = (requestId: string) => pending.get(requestId)?.some((p) => p.kind === "store") ?? false
     let droppedRetrieves: Array<string> = []
 
-    const registerKvCaches = (kvCaches: ReadonlyArray<TensorDescriptor>, layoutHints: LayoutHints = {}) =>
+    const registerKvCaches = (kvCaches: ReadonlyArray<TensorDescriptor>, layoutHints: LayoutHints = {}, memfds: ReadonlyArray<number> = []) =>
       Effect.gen(function*() {
         const blockSize = kvCaches[0]?.shape[2]
         if (blockSize !== undefined && chunkSizeTokens % blockSize !== 0) {
@@ -205,7 +227,14 @@ export const makeWorkerAdapterWith = (
             message: `the server's chunk size (${chunkSizeTokens} tokens) is not a multiple of the engine block size (${blockSize})`
           })
         }
-        yield* session.register({ kvCaches, layoutHints })
+        const untokened = kvCaches.findIndex((d) => d.kind === "cpu_memfd" && d.fd_token === undefined)
+        if (untokened >= 0 && memfds.length === 0) {
+          return yield* new InvalidArgument({
+            field: `kv_caches[${untokened}].fd_token`,
+            message: `kv_caches[${untokened}] is a cpu_memfd descriptor without a token: register a memfd cache with registerPagedKvCache (it hands the descriptors over)`
+          })
+        }
+        yield* session.register({ kvCaches, layoutHints, memfds })
       })
 
     const sendStore = (r: TransferRequest) =>
@@ -295,7 +324,8 @@ export const makeWorkerAdapterWith = (
 
     return {
       ...session.view,
-      registerKvCaches,
+      registerKvCaches: (kvCaches, layoutHints) => registerKvCaches(kvCaches, layoutHints),
+      registerPagedKvCache: (cache, layoutHints) => registerKvCaches(cache.descriptors, layoutHints, cache.memfds),
       store,
       retrieve,
       submitStore,

@@ -9,7 +9,7 @@
  * it is mapped.
  */
 import { dtypeBytes, type Dtype } from "../../schema/Dtype.ts"
-import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
+import { memfdSegmentKey, type TensorDescriptor } from "../../schema/TensorDescriptor.ts"
 
 /** The paged KV geometry shared by every layer of one registration. */
 export interface PagedKvGeometry {
@@ -42,6 +42,8 @@ export interface ValidatedKvCaches {
   readonly segments: ReadonlyMap<string, number>
   /** The cuda_ipc ones among `segments`, by key: what mapping them takes. */
   readonly cudaIpc: ReadonlyMap<string, { readonly ipcHandle: Uint8Array; readonly deviceUuid: string }>
+  /** The cpu_memfd ones among `segments`, by key: the token (hex) and the index of the passed descriptor. */
+  readonly memfd: ReadonlyMap<string, { readonly tokenHex: string; readonly index: number; readonly field: string }>
 }
 
 /** Whether this host can map cuda_ipc descriptors, and why not. */
@@ -71,6 +73,7 @@ export const validateKvCaches = (
   const layers: Array<LayerPlacement> = []
   const segments = new Map<string, number>()
   const cudaIpc = new Map<string, { readonly ipcHandle: Uint8Array; readonly deviceUuid: string }>()
+  const memfd = new Map<string, { readonly tokenHex: string; readonly index: number; readonly field: string }>()
   for (let i = 0; i < kvCaches.length; i++) {
     const d = kvCaches[i]!
     const at = `kv_caches[${i}]`
@@ -86,6 +89,13 @@ export const validateKvCaches = (
       }
       key = cudaSegmentKey(d.device_uuid, d.ipc_handle)
       cudaIpc.set(key, { ipcHandle: d.ipc_handle, deviceUuid: d.device_uuid })
+    } else if (d.kind === "cpu_memfd") {
+      if (d.fd_token === undefined || d.fd_token.length !== 16) {
+        return { error: `${at}.fd_token: required for a cpu_memfd descriptor: the 16-byte token the descriptor socket answered (docs/memfd.md)` }
+      }
+      if (d.fd_index === undefined) return { error: `${at}.fd_index: required for a cpu_memfd descriptor: which passed descriptor (0-based) holds this layer` }
+      key = memfdSegmentKey(d.fd_token, d.fd_index)
+      memfd.set(key, { tokenHex: Buffer.from(d.fd_token).toString("hex"), index: d.fd_index, field: at })
     } else {
       if (d.shm_name === undefined || d.shm_name.length === 0) return { error: `${at}.shm_name: required for a cpu_shm descriptor` }
       if (d.shm_name.includes("/")) return { error: `${at}.shm_name: expected a POSIX name without slashes (as listed in /dev/shm), got "${d.shm_name}"` }
@@ -136,7 +146,8 @@ export const validateKvCaches = (
     },
     layers,
     segments,
-    cudaIpc
+    cudaIpc,
+    memfd
   }
 }
 
@@ -144,7 +155,8 @@ export const validateKvCaches = (
 export const sameDescriptors = (a: ReadonlyArray<TensorDescriptor>, b: ReadonlyArray<TensorDescriptor>): boolean =>
   a.length === b.length && a.every((d, i) => {
     const e = b[i]!
-    return d.kind === e.kind && d.shm_name === e.shm_name && d.device_uuid === e.device_uuid && d.nbytes === e.nbytes &&
+    return d.kind === e.kind && d.shm_name === e.shm_name && d.fd_index === e.fd_index &&
+      (d.fd_token === undefined ? e.fd_token === undefined : e.fd_token !== undefined && Buffer.from(d.fd_token).equals(Buffer.from(e.fd_token))) && d.device_uuid === e.device_uuid && d.nbytes === e.nbytes &&
       d.dtype === e.dtype && fmt(d.shape) === fmt(e.shape) && fmt(d.stride) === fmt(e.stride) &&
       d.storage_offset === e.storage_offset &&
       (d.ipc_handle === undefined ? e.ipc_handle === undefined : e.ipc_handle !== undefined && Buffer.from(d.ipc_handle).equals(Buffer.from(e.ipc_handle)))

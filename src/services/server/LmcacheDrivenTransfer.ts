@@ -73,6 +73,8 @@ import { Lookup, objectKeysOf } from "./Lookup.ts"
 import { chunkHashes } from "../kv/TokenHasher.ts"
 import { L2Tier } from "./l2/L2Tier.ts"
 import type { KvLayout } from "./LayoutRegistry.ts"
+import { type ClaimedFds, FdExchange } from "./FdExchange.ts"
+import { sealNames } from "../../native/FdPassing.ts"
 
 /** One registered worker context (upstream ContextEntry); its liveness fields live in the registry. */
 export interface ContextEntry {
@@ -83,8 +85,18 @@ export interface ContextEntry {
   readonly geometry: PagedKvGeometry
   readonly layers: ReadonlyArray<LayerPlacement>
   readonly mappings: ReadonlyMap<string, ShmMapping>
+  /** cpu_memfd (issue 13 item 2): who passed the descriptors (SO_PEERCRED) and each one's size and seals. */
+  readonly memfd: MemfdOrigin | undefined
   /** Owns the mappings and the layout reference; closed exactly once. */
   readonly scope: Scope.Closeable
+}
+
+/** The `memfd` detail of an instance in /api/status: the sender's credentials and each passed descriptor's size and seals. */
+export interface MemfdOrigin {
+  readonly pid: number
+  readonly uid: number
+  readonly gid: number
+  readonly segments: ReadonlyArray<{ readonly segment: string; readonly bytes: number; readonly seals: ReadonlyArray<string> }>
 }
 
 const storedChunksTotal = Metric.counter("mpcache_stored_chunks_total", { description: "Chunks copied into L1 by STORE", incremental: true })
@@ -93,13 +105,18 @@ const storedBytesTotal = Metric.counter("mpcache_stored_bytes_total", { descript
 const retrievedBytesTotal = Metric.counter("mpcache_retrieved_bytes_total", { description: "Bytes copied out of L1 by RETRIEVE", incremental: true })
 
 export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer, {
-  /** REGISTER_KV_CACHE. Fails with InvalidArgument naming the bad field or the changed memory. */
+  /**
+   * REGISTER_KV_CACHE, received on connection `peer` (routing id hex; its
+   * cpu_memfd tokens must have been issued to it: FdExchange). Fails with
+   * InvalidArgument naming the bad field, the refused token or the changed memory.
+   */
   readonly register: (
     id: InstanceId,
     kvCaches: ReadonlyArray<TensorDescriptor>,
     modelName: string,
     worldSize: number,
-    engineType: string
+    engineType: string,
+    peer?: string
   ) => Effect.Effect<void, InvalidArgument>
   /** UNREGISTER_KV_CACHE. An unknown id logs a WARNING and succeeds. */
   readonly unregister: (id: InstanceId) => Effect.Effect<void>
@@ -236,6 +253,8 @@ const make = Effect.gen(function*() {
   const l1 = yield* L1Store
   const lookup = yield* Lookup
   const layouts = yield* LayoutRegistry
+  // Absent in module-level test assemblies: cpu_memfd is then refused as "no descriptor socket".
+  const fdExchange = Option.getOrUndefined(yield* Effect.serviceOption(FdExchange))
   const chunk = config.chunkSizeTokens
   const contexts = yield* makeTrackedInstances<ContextEntry>({
     name: "lmcache_driven_transfer",
@@ -245,6 +264,7 @@ const make = Effect.gen(function*() {
     missing: "is not registered",
     remedy: "register it again",
     details: (e) => ({
+      ...(e.memfd === undefined ? {} : { memfd: e.memfd }),
       model_name: e.modelName,
       world_size: e.worldSize,
       engine_type: e.engineType,
@@ -301,13 +321,14 @@ const make = Effect.gen(function*() {
   const faultError = (op: string, id: InstanceId, r: FaultRecord) => {
     const idText = formatInstanceId(id)
     if (r._tag === "CudaFailed") return cudaFaultError(op, idText, r.field, r.fault)
-    const now = r.currentBytes === undefined ? "its name is gone" : `${r.currentBytes} bytes now`
+    const memfd = r.segment.startsWith("memfd:")
+    const now = r.currentBytes !== undefined ? `${r.currentBytes} bytes now` : memfd ? "a passed memfd, shrunk by its owner" : "its name is gone"
     return new InvalidArgument({
       op,
       instance_id: idText,
       field: "kv_caches",
       expected: `segment ${r.segment} of at least ${r.registeredBytes} bytes (as registered)`,
-      actual: r.currentBytes === undefined ? `segment ${r.segment} is gone` : `${r.currentBytes} bytes`,
+      actual: r.currentBytes !== undefined ? `${r.currentBytes} bytes` : memfd ? `segment ${r.segment} shrank` : `segment ${r.segment} is gone`,
       message: `${op}: instance ${idText}: segment ${r.segment}: ${SEGMENT_SHRANK} (${r.registeredBytes} bytes registered, ${now}; ${r.call} faulted on the page at byte ${r.offset}); its context is released: recreate the memory and register it again`
     })
   }
@@ -315,14 +336,18 @@ const make = Effect.gen(function*() {
   /** What a fault leaves for later requests of the id (a shrunk segment's size is read now). */
   const faultRecord = (entry: ContextEntry, fault: WorkerMemoryFault, mappedBytes?: number) =>
     isSegmentFault(fault)
-      ? Effect.map(Effect.option(native.segmentSize(fault.segment)), (size): FaultRecord => ({
-        _tag: "SegmentShrank",
-        segment: fault.segment,
-        registeredBytes: entry.mappings.get(fault.segment)?.sizeBytes ?? mappedBytes ?? 0,
-        currentBytes: Option.getOrUndefined(size),
-        call: fault.call,
-        offset: fault.offset
-      }))
+      ? Effect.map(
+        // A passed memfd has no name to measure it by: the server closed its descriptor after mapping it.
+        fault.segment.startsWith("memfd:") ? Effect.succeedNone : Effect.option(native.segmentSize(fault.segment)),
+        (size): FaultRecord => ({
+          _tag: "SegmentShrank",
+          segment: fault.segment,
+          registeredBytes: entry.mappings.get(fault.segment)?.sizeBytes ?? mappedBytes ?? 0,
+          currentBytes: Option.getOrUndefined(size),
+          call: fault.call,
+          offset: fault.offset
+        })
+      )
       : Effect.succeed<FaultRecord>({ _tag: "CudaFailed", field: fieldOfSegment(entry.descriptors, fault.segment), fault })
 
   const releaseFaulted = (op: string, id: InstanceId, entry: ContextEntry, fault: WorkerMemoryFault, mappedBytes?: number) =>
@@ -369,6 +394,7 @@ const make = Effect.gen(function*() {
     id: InstanceId,
     kvCaches: ReadonlyArray<TensorDescriptor>,
     validated: ValidatedKvCaches,
+    claimed: ReadonlyMap<string, ClaimedFds>,
     modelName: string,
     worldSize: number,
     onPrefaultFault: (fault: SegmentFault) => Effect.Effect<void>
@@ -389,7 +415,10 @@ const make = Effect.gen(function*() {
           mappings.set(name, mapping)
           continue
         }
-        const mapping = yield* native.map(name, nbytes).pipe(Scope.provide(scope))
+        const passed = validated.memfd.get(name)
+        const mapping = passed === undefined
+          ? yield* native.map(name, nbytes).pipe(Scope.provide(scope))
+          : yield* mapPassed(scope, name, nbytes, passed, claimed)
         mappings.set(name, mapping)
         // Populate this mapping's page tables off the JS thread, so the first transfers do not pay
         // a page fault per 4 KiB; the context's scope (and so a reap) waits for it like for a copy.
@@ -417,14 +446,66 @@ const make = Effect.gen(function*() {
       )
     )
 
+  /** A passed descriptor (cpu_memfd) mapped into `scope`; the claim closes the descriptor after REGISTER. */
+  const mapPassed = (
+    scope: Scope.Closeable,
+    name: string,
+    nbytes: number,
+    passed: { readonly tokenHex: string; readonly index: number; readonly field: string },
+    claimed: ReadonlyMap<string, ClaimedFds>
+  ) => {
+    const fds = claimed.get(passed.tokenHex)?.fds ?? []
+    const fd = fds[passed.index]
+    return fd === undefined
+      ? Effect.fail(new InvalidArgument({ message: `${passed.field}.fd_index: ${passed.index}, but the token's request passed ${fds.length} descriptor(s)` }))
+      : native.mapFd(fd.fd, name, nbytes).pipe(Scope.provide(scope))
+  }
+
+  /**
+   * Scoped: claims every token the cpu_memfd descriptors name (FdExchange), before anything else, so a
+   * replayed token is refused even when the instance is held; the descriptors close with the scope.
+   */
+  const claimTokens = (peer: string, id: InstanceId, kvCaches: ReadonlyArray<TensorDescriptor>) =>
+    Effect.gen(function*() {
+      const claimed = new Map<string, ClaimedFds>()
+      for (const [i, d] of kvCaches.entries()) {
+        if (d.kind !== "cpu_memfd" || d.fd_token === undefined) continue
+        const hex = Buffer.from(d.fd_token).toString("hex")
+        if (claimed.has(hex)) continue
+        const field = `kv_caches[${i}].fd_token`
+        if (fdExchange === undefined) {
+          return yield* new InvalidArgument({ op: RegisterKvCache.name, field, message: `${RegisterKvCache.name}: ${field} names passed descriptors, but this server has no descriptor socket` })
+        }
+        claimed.set(hex, yield* fdExchange.claim(RegisterKvCache.name, id, peer, field, d.fd_token))
+      }
+      return claimed
+    })
+
+  /** The /api/status detail of claimed descriptors. */
+  const memfdOrigin = (validated: ValidatedKvCaches, claimed: ReadonlyMap<string, ClaimedFds>): MemfdOrigin | undefined => {
+    const first = claimed.values().next().value
+    if (first === undefined) return undefined
+    return {
+      pid: first.pid,
+      uid: first.uid,
+      gid: first.gid,
+      segments: [...validated.memfd].map(([segment, p]) => {
+        const fd = claimed.get(p.tokenHex)?.fds[p.index]
+        return { segment, bytes: fd?.size ?? 0, seals: sealNames(fd?.seals ?? -1) }
+      })
+    }
+  }
+
   const register = (
     id: InstanceId,
     kvCaches: ReadonlyArray<TensorDescriptor>,
     modelName: string,
     worldSize: number,
-    engineType: string
+    engineType: string,
+    peer = ""
   ) =>
-    Effect.gen(function*() {
+    Effect.scoped(Effect.gen(function*() {
+      const claimed = yield* claimTokens(peer, id, kvCaches)
       // A prefault fault waits until the entry is in (or never: a failed REGISTER closes the scope, interrupting it).
       const inserted = yield* Deferred.make<ContextEntry>()
       const onPrefaultFault = (fault: SegmentFault) =>
@@ -447,7 +528,8 @@ const make = Effect.gen(function*() {
               descriptors: kvCaches,
               geometry: validated.geometry,
               layers: validated.layers,
-              mappings: yield* mapContext(scope, id, kvCaches, validated, modelName, worldSize, onPrefaultFault),
+              mappings: yield* mapContext(scope, id, kvCaches, validated, claimed, modelName, worldSize, onPrefaultFault),
+              memfd: memfdOrigin(validated, claimed),
               scope
             } satisfies ContextEntry
           })
@@ -466,7 +548,7 @@ const make = Effect.gen(function*() {
       yield* Effect.logInfo(
         `registered instance ${formatInstanceId(id)}: model ${modelName}, world size ${worldSize}, ${g.numLayers} layers × [2, ${g.numBlocks}, ${g.blockSizeTokens}, ${g.numHeads}, ${g.headSize}] ${g.dtype}, ${mappings.size} segment(s)`
       )
-    })
+    }))
 
   const unregister = (id: InstanceId) =>
     Effect.flatMap(Effect.andThen(Effect.sync(() => faults.delete(id)), contexts.unregister(id)), (released) =>
@@ -617,8 +699,8 @@ const make = Effect.gen(function*() {
     name: "lmcache_driven_transfer",
     target,
     rows: [
-      row(RegisterKvCache, "SYNC", ([id, kvCaches, modelName, worldSize, engineType]) =>
-        register(id, kvCaches, modelName, worldSize, engineType)),
+      row(RegisterKvCache, "SYNC", ([id, kvCaches, modelName, worldSize, engineType], ctx) =>
+        register(id, kvCaches, modelName, worldSize, engineType, ctx.peer)),
       row(UnregisterKvCache, "SYNC", ([id]) => unregister(id)),
       row(Store, "AFFINITY", ([key, id, blockIds, eventHandle]) =>
         store(key, id, blockIds).pipe(Effect.map((ok) => [eventHandle, ok] as const))),

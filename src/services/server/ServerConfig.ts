@@ -4,8 +4,8 @@
  * `ServerConfigInput` and `validate` turns it into a `ServerConfig` or the
  * list of broken rules, each naming its flag (exit status 2).
  */
-import { readFileSync } from "node:fs"
-import { totalmem } from "node:os"
+import { accessSync, constants, readFileSync } from "node:fs"
+import { tmpdir, totalmem } from "node:os"
 import { Context, Effect, Layer, Schema } from "effect"
 import { unsafeIpcDirectory } from "../zmq/Sockets.ts"
 import { type L2Config, type L2ConfigInput, l2Defaults, validateL2 } from "./l2/L2Config.ts"
@@ -57,6 +57,17 @@ export interface ServerConfigShape {
    * cpu_shm names whose file is still the one mapped (`--unlink-reaped-segments`, default off).
    */
   readonly unlinkReapedSegments: boolean
+  /**
+   * The descriptor socket cpu_memfd descriptors are passed on (`--fd-socket`,
+   * issue 13 item 2; docs/memfd.md): a path, `@name` (abstract namespace), or
+   * undefined for the default ({@link defaultFdSocket}, where a failure to
+   * listen only turns cpu_memfd off); "off" turns it off.
+   */
+  readonly fdSocket: string | undefined
+  /** Refuse memfds not sealed with F_SEAL_SHRINK and F_SEAL_SEAL (`--require-sealed-memfd`, default off). */
+  readonly requireSealedMemfd: boolean
+  /** Passed descriptors not registered within this many seconds are closed (`--fd-token-ttl-seconds`, default 30). */
+  readonly fdTokenTtlSeconds: number
   /** NORMAL pool size (`--max-cpu-workers`, default `--max-workers`). */
   readonly maxCpuWorkers: number
   /** AFFINITY lanes (`--max-gpu-workers`, default `--max-workers`). */
@@ -122,6 +133,9 @@ export interface ServerConfigInput {
   readonly l1Prefault: boolean
   readonly namedSegments: NamedSegments
   readonly unlinkReapedSegments: boolean
+  readonly fdSocket: string | undefined
+  readonly requireSealedMemfd: boolean
+  readonly fdTokenTtlSeconds: number
   readonly maxWorkers: number
   readonly maxCpuWorkers: number | undefined
   readonly maxGpuWorkers: number | undefined
@@ -155,6 +169,9 @@ export const defaults: ServerConfigInput = {
   l1Prefault: true,
   namedSegments: "allow",
   unlinkReapedSegments: false,
+  fdSocket: undefined,
+  requireSealedMemfd: false,
+  fdTokenTtlSeconds: 30,
   maxWorkers: 4,
   maxCpuWorkers: undefined,
   maxGpuWorkers: undefined,
@@ -243,6 +260,12 @@ export const rules = {
     (ENGINE_DRIVEN_TRANSPORTS as ReadonlyArray<string>).includes(s) ? undefined : `must be shm or inline (got "${s}")`,
   namedSegments: (s: string) =>
     (NAMED_SEGMENTS as ReadonlyArray<string>).includes(s) ? undefined : `must be allow or deny (got "${s}")`,
+  fdSocket: (s: string) =>
+    s === "off" || (s.length > 1 && !s.includes("\0") && Buffer.byteLength(s) <= 107)
+      ? undefined
+      : `must be a socket path, @name (abstract namespace) or off, at most 107 bytes (got "${s}")`,
+  fdTokenTtl: (n: number) =>
+    Number.isFinite(n) && n > 0 ? undefined : `must be a number of seconds above 0 (got ${n})`,
   positiveInt: (n: number) => Number.isSafeInteger(n) && n >= 1 ? undefined : `must be an integer of at least 1 (got ${n})`,
   path: (s: string) => s.length > 0 ? undefined : "must be a file path"
 } as const
@@ -266,6 +289,8 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
   check("chunk-size", rules.chunkSize(input.chunkSize))
   check("l1-size-gb", rules.l1SizeGb(input.l1SizeGb))
   check("named-segments", rules.namedSegments(input.namedSegments))
+  if (input.fdSocket !== undefined) check("fd-socket", rules.fdSocket(input.fdSocket))
+  check("fd-token-ttl-seconds", rules.fdTokenTtl(input.fdTokenTtlSeconds))
   check("max-workers", rules.workers(input.maxWorkers))
   if (input.maxCpuWorkers !== undefined) check("max-cpu-workers", rules.workers(input.maxCpuWorkers))
   if (input.maxGpuWorkers !== undefined) check("max-gpu-workers", rules.workers(input.maxGpuWorkers))
@@ -327,6 +352,9 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
       l1Prefault: input.l1Prefault,
       namedSegments: input.namedSegments,
       unlinkReapedSegments: input.unlinkReapedSegments,
+      fdSocket: input.fdSocket,
+      requireSealedMemfd: input.requireSealedMemfd,
+      fdTokenTtlSeconds: input.fdTokenTtlSeconds,
       maxCpuWorkers: input.maxCpuWorkers ?? input.maxWorkers,
       maxGpuWorkers: input.maxGpuWorkers ?? input.maxWorkers,
       logFormat: input.logFormat,
@@ -349,6 +377,31 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
       },
       l2
     }
+  }
+}
+
+/**
+ * Where the descriptor socket goes when `--fd-socket` is not given (issue 13
+ * item 2): next to an ipc endpoint's socket file (`<file>.fds`); else
+ * `$XDG_RUNTIME_DIR/mpcache-<host>-<port>.fds` (`<port>` = `pid<N>` for an
+ * ephemeral port `*`), or under /run without it
+ * (the temp folder when /run is not writable; the socket is mode 0600
+ * wherever it is).
+ */
+export const defaultFdSocket = (endpoint: string, runtimeDir: string | undefined = process.env["XDG_RUNTIME_DIR"]): string => {
+  if (endpoint.startsWith("ipc://")) return `${endpoint.slice("ipc://".length)}.fds`
+  // An ephemeral port ("*") is known only after the bind: the process id keeps such servers apart.
+  const tag = endpoint.replace(/^[a-z]+:\/\//, "").replace(/:\*$/, `:pid${process.pid}`).replace(/[^A-Za-z0-9.]+/g, "-").replace(/^-|-$/g, "")
+  const dir = runtimeDir !== undefined && runtimeDir.length > 0 ? runtimeDir : writable("/run") ? "/run" : tmpdir()
+  return `${dir}/mpcache-${tag}.fds`
+}
+
+const writable = (dir: string): boolean => {
+  try {
+    accessSync(dir, constants.W_OK)
+    return true
+  } catch {
+    return false
   }
 }
 

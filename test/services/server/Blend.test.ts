@@ -253,7 +253,7 @@ describe("RoPE state lifecycle", () => {
         yield* message([{ ...table, shape: [32, 16], stride: [16, 1] }], 16, [[0, 16]]),
         "cb_register_rope: head_size: 16 does not match the head size (8) of the instance's registered KV cache"
       )
-      const int8 = yield* makePagedKvCache({ namePrefix: `mpcache-test-int8-${randomUUID()}`, numLayers: 1, numBlocks: 4, blockSizeTokens: 16, numHeads: 1, headSize: HEAD, dtype: "int8" })
+      const int8 = yield* makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-test-int8-${randomUUID()}`, numLayers: 1, numBlocks: 4, blockSizeTokens: 16, numHeads: 1, headSize: HEAD, dtype: "int8" })
       yield* transfer.register(id(10), int8.descriptors, "m8", 1, "vllm")
       const int8Error = yield* Effect.flip(blend.registerRope(id(10), [table], HEAD, true, [], []))
       assert.include(int8Error.message, "registered KV cache has dtype int8, which blend cannot re-rotate")

@@ -53,6 +53,7 @@ const setup = Effect.gen(function*() {
   const caches = new Map<number, PagedKvCache>()
   for (const n of IDS) {
     const cache = yield* makePagedKvCache({
+      backing: "cpu_shm",
       namePrefix: `mpcache-race-${randomUUID()}`,
       numLayers: 2,
       numBlocks: 8,

@@ -29,6 +29,7 @@ const transferLayer = (opened: Array<ShmMapping>) =>
   )
 
 const workerCache = makePagedKvCache({
+  backing: "cpu_shm",
   namePrefix: `mpcache-test-${randomUUID()}`,
   numLayers: 2,
   numBlocks: 8,

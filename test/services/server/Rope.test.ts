@@ -209,6 +209,10 @@ describe("CB_REGISTER_ROPE validation", () => {
       error(validateRope([{ kind: "cuda_ipc", ipc_handle: new Uint8Array(64), device_uuid: "GPU-0", nbytes: 1, dtype: "float32", shape: [1, 2], stride: [2, 1], storage_offset: 0 }], 64, [], [])),
       "cos_sin_caches[0].kind: cuda_ipc: CUDA IPC backend not available on this host"
     )
+    assert.strictEqual(
+      error(validateRope([{ kind: "cpu_memfd", fd_token: new Uint8Array(16), fd_index: 0, device_uuid: "cpu", nbytes: 1, dtype: "float32", shape: [1, 2], stride: [2, 1], storage_offset: 0 }], 64, [], [])),
+      "cos_sin_caches[0].kind: cpu_memfd is not taken for cos/sin tables; expected cpu_shm (docs/memfd.md covers kv_caches only)"
+    )
     assert.include(error(validateRope([table({ dtype: "float16" })], 64, [], [])), "cos_sin_caches[0].dtype: expected float32")
     assert.include(error(validateRope([table({ shape: [4096, 63], stride: [63, 1] })], 64, [], [])), "cos_sin_caches[0].shape: expected [max_position, rotary_dim]")
     assert.include(error(validateRope([table({ shape: [2, 4096, 64] })], 64, [], [])), "cos_sin_caches[0].shape")

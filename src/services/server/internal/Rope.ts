@@ -328,6 +328,7 @@ export const validateRope = (
     const d = caches[i]!
     const at = `cos_sin_caches[${i}]`
     if (d.kind === "cuda_ipc") return { error: `${at}.kind: cuda_ipc: CUDA IPC backend not available on this host` }
+    if (d.kind === "cpu_memfd") return { error: `${at}.kind: cpu_memfd is not taken for cos/sin tables; expected cpu_shm (docs/memfd.md covers kv_caches only)` }
     if (d.shm_name === undefined || d.shm_name.length === 0) return { error: `${at}.shm_name: required for a cpu_shm descriptor` }
     if (d.shm_name.includes("/")) {
       return { error: `${at}.shm_name: expected a POSIX name without slashes (as listed in /dev/shm), got "${d.shm_name}"` }
