@@ -83,7 +83,7 @@ class Client:
             raise Failure(f"op {op}: a reply for uid {uid} op {got_op}, expected uid {self.uid}")
         if len(frames) == 4 and frames[2] == ERROR_MARKER:
             body = msgpack.unpackb(frames[3])
-            raise Failure(f"op {op}: {body['code']}: {body['message']}")
+            raise Failure(f"{body['code']}: {body['message']}")  # the server's message names the op
         return msgpack.unpackb(frames[2]) if len(frames) > 2 else None
 
 
@@ -124,7 +124,7 @@ def main(endpoint, hold):
     chunk = client.request(GET_CHUNK_SIZE)
     info = client.request(GET_SERVER_INFO)
     if "cpu_memfd" not in info["features"] or not info["fd_socket"]:
-        raise Failure(f"the server takes no memfd descriptors (features: {info['features']}); start it with --fd-socket")
+        raise Failure(f"the server takes no memfd descriptors (features: {', '.join(info['features']) or 'none'}); start it with --fd-socket")
 
     tokens = 2 * chunk  # two complete chunks stored, in blocks [0, stored_blocks)
     stored_blocks, blocks = tokens // BLOCK_TOKENS, 2 * tokens // BLOCK_TOKENS
