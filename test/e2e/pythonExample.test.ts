@@ -11,10 +11,13 @@
  *   /proc/<server>/maps); after UNREGISTER the instance and the mappings
  *   are gone; the worker never maps anything from /dev/shm and leaves no
  *   name there;
+ * - SIGKILLed while registered, on an abstract descriptor socket (`@name`):
+ *   the disconnect reap removes the instance and the server's mappings;
  * - an error reply (a REGISTER the server refuses) and a server without a
  *   descriptor socket end it with exit 1 and the reason on stderr.
  */
 import { spawn, spawnSync } from "node:child_process"
+import { randomUUID } from "node:crypto"
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -22,7 +25,7 @@ import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { startCli } from "../support/Cli.ts"
-import { getJson, getText, startServer, statusOf } from "../support/LiveFleet.ts"
+import { eventually, getJson, getText, startServer, statusOf } from "../support/LiveFleet.ts"
 
 const EXAMPLE = fileURLToPath(new URL("../../examples/memfd_worker.py", import.meta.url))
 const PYTHON = "/usr/bin/python3"
@@ -174,6 +177,31 @@ describe.skipIf(!pythonReady)("examples/memfd_worker.py", () => {
       )
       assert.deepStrictEqual(mapsWith(serverPid, `/memfd:${memfdName}`), [])
       // Other tests share /dev/shm: no name of this worker's (it creates none: memfds have no name there).
+      assert.deepStrictEqual(readdirSync("/dev/shm").filter((n) => n.includes("mpcache-py") || n.includes(String(example.pid))), [])
+    })), 90_000)
+
+  it.live("SIGKILLed while registered (abstract descriptor socket): the disconnect reap unmaps its memfds", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const endpoint = yield* tempEndpoint
+      const fdSocket = `@mpcache-py-${randomUUID()}`
+      const { server, httpPort } = yield* startServer(endpoint, [...SERVER_FLAGS, "--fd-socket", fdSocket, "--worker-disconnect-grace-seconds", "1"], 60_000)
+      const raw = yield* rawStatus(httpPort)
+      assert.deepStrictEqual((raw["fd_socket"] as Record<string, unknown>)["path"], fdSocket)
+      const example = yield* startExample([endpoint, "--hold"])
+      const held = yield* waitFor(example.stderr, /holding instance (\d+)/, 30_000)
+      assert.isDefined(held, `the example never held its registration: ${example.stderr()}`)
+      const id = held![1]!
+      assert.strictEqual(mapsWith(server.child.pid!, `/memfd:mpcache-py-${example.pid}-L`).length, 2)
+
+      example.kill()
+      const done = yield* Effect.promise(() => example.exited)
+      assert.strictEqual(done.stdout, "")
+      const reaped = yield* eventually(statusOf(httpPort), (s) => s.recent_reaps.length > 0, 20_000)
+      assert.deepStrictEqual(reaped.recent_reaps.map((r) => [r.instance_id, r.reason]), [[id, "disconnect"]])
+      assert.deepStrictEqual(reaped.instances, [])
+      assert.deepStrictEqual(reaped.native, { open_mappings: 0, mapped_bytes: 0 })
+      // The server held the last mapping: with it gone the kernel frees the memory; no name was ever in /dev/shm.
+      assert.deepStrictEqual(mapsWith(server.child.pid!, `/memfd:mpcache-py-${example.pid}-L`), [])
       assert.deepStrictEqual(readdirSync("/dev/shm").filter((n) => n.includes("mpcache-py") || n.includes(String(example.pid))), [])
     })), 90_000)
 
