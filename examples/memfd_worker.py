@@ -23,8 +23,8 @@ stdout (exit 0) is one JSON line, e.g. against `mpcache serve --chunk-size 64`:
      "memfd_bytes": 32768, "seals_seen_by_server": [7, 7], "stored_tokens": 128,
      "store_ok": true, "hit_tokens": 128, "retrieve_ok": true,
      "bytes_verified": 65536, "bytes_differing": 0}
-An error reply, a refused descriptor request, a timeout or a mismatch prints
-`memfd_worker: …` on stderr and exits 1.
+An error reply, a refused descriptor request or a timeout prints
+`memfd_worker: …` on stderr and exits 1; so does a mismatch, after the JSON.
 
 `--hold` waits for a line on stdin after the bytes are verified and before
 UNREGISTER (announced on stderr), so that /api/status can be read while the
@@ -142,19 +142,25 @@ def main(endpoint, hold):
 
     instance_id = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits
     granted = hand_over(info["fd_socket"], info["fd_nonce"], instance_id, fds)
-    descriptor = lambda index: {
-        "kind": "cpu_memfd", "fd_token": granted["token"], "fd_index": index, "device_uuid": "cpu",
-        "nbytes": layer_bytes, "dtype": DTYPE, "shape": [2, blocks, BLOCK_TOKENS, HEADS, HEAD_SIZE],
-        "stride": [blocks * BLOCK_TOKENS * HEADS * HEAD_SIZE, BLOCK_TOKENS * HEADS * HEAD_SIZE, HEADS * HEAD_SIZE, HEAD_SIZE, 1],
-        "storage_offset": 0,
-    }
+
+    def descriptor(index):  # layer `index` is the whole of passed descriptor `index`
+        return {
+            "kind": "cpu_memfd", "fd_token": granted["token"], "fd_index": index, "device_uuid": "cpu",
+            "nbytes": layer_bytes, "dtype": DTYPE, "shape": [2, blocks, BLOCK_TOKENS, HEADS, HEAD_SIZE],
+            "stride": [blocks * BLOCK_TOKENS * HEADS * HEAD_SIZE, BLOCK_TOKENS * HEADS * HEAD_SIZE, HEADS * HEAD_SIZE, HEAD_SIZE, 1],
+            "storage_offset": 0,
+        }
+
     client.request(REGISTER_KV_CACHE, instance_id, [descriptor(i) for i in range(LAYERS)], MODEL, WORLD_SIZE, "python", {}, [])
 
     token_ids = [(i * 31 + 7) % 32000 for i in range(tokens)]
-    key = lambda request_id, worker_id, end: {
-        "model_name": MODEL, "world_size": WORLD_SIZE, "worker_id": worker_id, "token_ids": token_ids,
-        "start": 0, "end": end, "request_id": request_id, "cache_salt": "",
-    }
+
+    def key(request_id, worker_id, end):  # worker_id None: a scheduler's LOOKUP (every rank)
+        return {
+            "model_name": MODEL, "world_size": WORLD_SIZE, "worker_id": worker_id, "token_ids": token_ids,
+            "start": 0, "end": end, "request_id": request_id, "cache_salt": "",
+        }
+
     event = b"py-event"
     handle, store_ok = client.request(STORE, key("py-store", KV_RANK, tokens), instance_id, [list(range(stored_blocks))], event)
     if handle != event:
@@ -163,12 +169,11 @@ def main(endpoint, hold):
     for m in maps:
         m[:] = bytes(layer_bytes)
     client.request(LOOKUP, key("py-retrieve", None, tokens), WORLD_SIZE)
-    deadline, hit_chunks = time.monotonic() + TIMEOUT_S, None
-    while hit_chunks is None and time.monotonic() < deadline:
-        hit_chunks = client.request(QUERY_PREFETCH_STATUS, "py-retrieve")
-        time.sleep(0 if hit_chunks is not None else 0.001)
-    if hit_chunks is None:
-        raise Failure(f"LOOKUP still pending after {TIMEOUT_S} s")
+    deadline = time.monotonic() + TIMEOUT_S
+    while (hit_chunks := client.request(QUERY_PREFETCH_STATUS, "py-retrieve")) is None:  # nil: still pending
+        if time.monotonic() > deadline:
+            raise Failure(f"LOOKUP still pending after {TIMEOUT_S} s")
+        time.sleep(0.001)
     hit = hit_chunks * chunk
     _, retrieve_ok = client.request(RETRIEVE, key("py-retrieve", KV_RANK, hit), instance_id, [list(range(hit // BLOCK_TOKENS))], event, 0)
     client.request(END_SESSION, "py-retrieve")
