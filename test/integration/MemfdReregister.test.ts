@@ -60,4 +60,27 @@ describe("WorkerAdapter over cpu_memfd", () => {
       assert.isTrue(yield* worker.retrieve({ requestId: "r1", tokenIds, start: 0, end: 64, blockIds: [9, 10, 11, 12] }))
       assert.deepStrictEqual(yield* verifyTokens(cache, 5, [9, 10, 11, 12]), [])
     }).pipe(Effect.scoped, Effect.provide(testServer({ config: { chunkSize: 64, fdSocket: join(tmpdir(), `mpcache-rereg-${randomUUID()}.fds`) } }))))
+
+  // DESIGN §5: a REGISTER of the memory the server already holds for the id is a no-op refresh. A memfd's
+  // token is new on every hand-over, so "the same memory" is the same passed files (st_dev:st_ino).
+  it.live("a REGISTER of the same memfds while the server holds them is a no-op refresh; other memfds are refused", () =>
+    Effect.gen(function*() {
+      const client = yield* MqClient
+      const transfer = yield* LmcacheDrivenTransfer
+      const cache = yield* makePagedKvCache({ namePrefix: `mpcache-memfd-again-${randomUUID().slice(0, 8)}`, ...geometry })
+      const worker = yield* makeWorkerAdapterWith(client, { modelName: "m", worldSize: 1, kvRank: 0, heartbeatIntervalMs: 10_000 })
+      yield* worker.registerPagedKvCache(cache)
+      const first = (yield* transfer.contextOf(worker.instanceId))!
+      // The reply of the first REGISTER lost, say: the worker sends it again, with a fresh token.
+      yield* worker.registerPagedKvCache(cache)
+      const again = (yield* transfer.contextOf(worker.instanceId))!
+      assert.strictEqual(again.scope, first.scope)
+      assert.strictEqual(again.memoryIdentities.length, 2)
+      assert.isTrue(again.memoryIdentities.every((m) => /^[0-9]+:[0-9]+$/.test(m)))
+      // Same geometry, other files: not the memory the id holds.
+      const other = yield* makePagedKvCache({ namePrefix: `mpcache-memfd-other-${randomUUID().slice(0, 8)}`, ...geometry })
+      const refused = yield* Effect.flip(worker.registerPagedKvCache(other))
+      assert.include(refused.message, "already registered with different memory or model")
+      assert.strictEqual((yield* transfer.contextOf(worker.instanceId))!.scope, first.scope)
+    }).pipe(Effect.scoped, Effect.provide(testServer({ config: { chunkSize: 64, fdSocket: join(tmpdir(), `mpcache-again-${randomUUID()}.fds`) } }))))
 })

@@ -151,12 +151,17 @@ export const validateKvCaches = (
   }
 }
 
-/** Same memory: equal descriptors in the same order (REGISTER of a held id is a no-op refresh only then). */
+/**
+ * Same memory: equal descriptors in the same order (REGISTER of a held id is a no-op refresh only then,
+ * DESIGN §5). A cpu_memfd descriptor's `fd_token` is a one-time ticket, not the memory's name (every
+ * REGISTER brings a fresh one), so it is not compared here: the caller compares the passed descriptors'
+ * identities (st_dev:st_ino) instead.
+ */
 export const sameDescriptors = (a: ReadonlyArray<TensorDescriptor>, b: ReadonlyArray<TensorDescriptor>): boolean =>
   a.length === b.length && a.every((d, i) => {
     const e = b[i]!
     return d.kind === e.kind && d.shm_name === e.shm_name && d.fd_index === e.fd_index &&
-      (d.fd_token === undefined ? e.fd_token === undefined : e.fd_token !== undefined && Buffer.from(d.fd_token).equals(Buffer.from(e.fd_token))) && d.device_uuid === e.device_uuid && d.nbytes === e.nbytes &&
+      (d.fd_token === undefined) === (e.fd_token === undefined) && d.device_uuid === e.device_uuid && d.nbytes === e.nbytes &&
       d.dtype === e.dtype && fmt(d.shape) === fmt(e.shape) && fmt(d.stride) === fmt(e.stride) &&
       d.storage_offset === e.storage_offset &&
       (d.ipc_handle === undefined ? e.ipc_handle === undefined : e.ipc_handle !== undefined && Buffer.from(d.ipc_handle).equals(Buffer.from(e.ipc_handle)))

@@ -87,6 +87,8 @@ export interface ContextEntry {
   readonly mappings: ReadonlyMap<string, ShmMapping>
   /** cpu_memfd (issue 13 item 2): who passed the descriptors (SO_PEERCRED) and each one's size and seals. */
   readonly memfd: MemfdOrigin | undefined
+  /** Per descriptor, the passed memfd's "<dev>:<ino>" ("" for other kinds): what a repeated REGISTER must match. */
+  readonly memoryIdentities: ReadonlyArray<string>
   /** Owns the mappings and the layout reference; closed exactly once. */
   readonly scope: Scope.Closeable
 }
@@ -481,6 +483,13 @@ const make = Effect.gen(function*() {
       return claimed
     })
 
+  /** Per descriptor, the identity of the memfd it names ("" for other kinds); a token is unique per claim. */
+  const memoryIdentities = (kvCaches: ReadonlyArray<TensorDescriptor>, claimed: ReadonlyMap<string, ClaimedFds>) =>
+    kvCaches.map((d) =>
+      d.kind === "cpu_memfd" && d.fd_token !== undefined
+        ? claimed.get(Buffer.from(d.fd_token).toString("hex"))?.fds[d.fd_index ?? 0]?.identity ?? ""
+        : "")
+
   /** The /api/status detail of claimed descriptors. */
   const memfdOrigin = (validated: ValidatedKvCaches, claimed: ReadonlyMap<string, ClaimedFds>): MemfdOrigin | undefined => {
     const first = claimed.values().next().value
@@ -506,12 +515,15 @@ const make = Effect.gen(function*() {
   ) =>
     Effect.scoped(Effect.gen(function*() {
       const claimed = yield* claimTokens(peer, id, kvCaches)
+      const identities = memoryIdentities(kvCaches, claimed)
       // A prefault fault waits until the entry is in (or never: a failed REGISTER closes the scope, interrupting it).
       const inserted = yield* Deferred.make<ContextEntry>()
       const onPrefaultFault = (fault: SegmentFault) =>
         Effect.flatMap(Deferred.await(inserted), (entry) => Effect.asVoid(releaseFaulted(RegisterKvCache.name, id, entry, fault)))
       const registered = yield* contexts.register(id, {
-        same: (held) => sameDescriptors(held.descriptors, kvCaches) && held.modelName === modelName && held.worldSize === worldSize,
+        same: (held) =>
+          sameDescriptors(held.descriptors, kvCaches) && held.memoryIdentities.every((m, i) => m === identities[i]) &&
+          held.modelName === modelName && held.worldSize === worldSize,
         acquire: (scope) =>
           Effect.gen(function*() {
             if (worldSize < 1) return yield* new InvalidArgument({ message: `register_kv_cache: world_size must be ≥ 1, got ${worldSize}` })
@@ -530,6 +542,7 @@ const make = Effect.gen(function*() {
               layers: validated.layers,
               mappings: yield* mapContext(scope, id, kvCaches, validated, claimed, modelName, worldSize, onPrefaultFault),
               memfd: memfdOrigin(validated, claimed),
+              memoryIdentities: identities,
               scope
             } satisfies ContextEntry
           })
