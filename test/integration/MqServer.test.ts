@@ -191,7 +191,7 @@ describe("client", () => {
       )
       assert.strictEqual(
         new RequestTimeout({ op: "noop", endpoint: "tcp://127.0.0.1:1", timeoutMs: 200 }).message,
-        "noop to tcp://127.0.0.1:1: no reply within 200 ms (is the server running?)"
+        "noop to tcp://127.0.0.1:1: no reply within 200 ms: the server did not answer (is it running?)"
       )
       assert.strictEqual(client.pendingCount(), 0)
     }).pipe(Effect.provide(ZmqSocketsLive))))
