@@ -28,6 +28,9 @@ const setRouterNotify = (router: zmq.Router): void => {
 /** libzmq's ZMQ_ZAP_ENFORCE_DOMAIN (draft option 93): without a ZAP handler, no handshake succeeds (fail closed). */
 const ZMQ_ZAP_ENFORCE_DOMAIN = 93
 
+/** Binds of the ZAP address tried 20 ms apart while a closed handler still holds it (one second in all). */
+const ZAP_BIND_ATTEMPTS = 50
+
 /** Where libzmq sends ZAP requests (RFC 27). */
 export const ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 
@@ -233,7 +236,7 @@ const parseZapRequest = (frames: ReadonlyArray<Buffer>): ZapRequest | undefined 
  * with `authenticate`'s reply; a malformed request or another version is
  * answered "400". Bind it before the ROUTER it serves; its Scope must
  * outlive that ROUTER's. Fails with `ZmqError` (op "bind") when another
- * handler holds the address (one per process).
+ * handler holds the address for more than a second (one per process).
  */
 export const serveZap = (
   authenticate: (request: ZapRequest) => Effect.Effect<ZapReply>
@@ -242,14 +245,21 @@ export const serveZap = (
     const socket = yield* Effect.acquireRelease(
       Effect.tryPromise({
         try: async () => {
-          const zap = new zmq.Router({ linger: 0 })
-          try {
-            await zap.bind(ZAP_ENDPOINT)
-          } catch (e) {
-            zap.close()
-            throw e
+          // libzmq frees an inproc address only when its closed socket is reaped, a moment after close: a
+          // handler started right after another in the same process (a server restarted in-process) retries.
+          // Unbinding before close instead trips a libzmq assertion while a CURVE session's ZAP pipe is open.
+          for (let attempt = 1; ; attempt++) {
+            const zap = new zmq.Router({ linger: 0 })
+            try {
+              await zap.bind(ZAP_ENDPOINT)
+              return zap
+            } catch (e) {
+              zap.close()
+              const inUse = typeof e === "object" && e !== null && "code" in e && e.code === "EADDRINUSE"
+              if (!inUse || attempt >= ZAP_BIND_ATTEMPTS) throw e
+              await new Promise((resolve) => setTimeout(resolve, 20))
+            }
           }
-          return zap
         },
         catch: (cause) => new ZmqError({ op: "bind", endpoint: ZAP_ENDPOINT, cause })
       }),

@@ -6,6 +6,7 @@
  */
 import { statSync } from "node:fs"
 import { dirname } from "node:path"
+import { inspect } from "node:util"
 import { Context, Schema } from "effect"
 import type { Effect, Scope } from "effect"
 import type * as zmq from "zeromq"
@@ -18,7 +19,8 @@ export class ZmqError extends Schema.TaggedError<ZmqError>()("ZmqError", {
 }) {
   override get message(): string {
     const c = this.cause
-    return `zeromq ${this.op} on ${this.endpoint} failed: ${c instanceof Error ? c.message : String(c)}`
+    // A cause that is no Error (zeromq.js may reject with a plain object) is shown as inspect shows it.
+    return `zeromq ${this.op} on ${this.endpoint} failed: ${c instanceof Error ? c.message : inspect(c)}`
   }
 }
 
