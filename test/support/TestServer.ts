@@ -4,7 +4,7 @@
  * (`layerTest`), extra modules (test doubles of later modules) joined as
  * plugins.
  */
-import { Effect, Layer } from "effect"
+import { Context, Effect, Layer } from "effect"
 import { layerTest, layerTestBare } from "../../src/layers/Server.ts"
 import type { ServerConfigInput } from "../../src/services/server/ServerConfig.ts"
 import type { ServerModule } from "../../src/services/server/Handler.ts"
@@ -26,6 +26,9 @@ export interface TestServerOptions {
   readonly requestTimeoutMs?: number
 }
 
+/** The CURVE fixture the server in context runs with, for the clients a test connects besides `MqClient`. */
+export class TestCurve extends Context.Service<TestCurve, CurveFixture>()("test/support/TestCurve") {}
+
 /** An MqClient connected to the server in context. */
 const clientOf = (requestTimeoutMs: number, curve?: DealerCurve) =>
   Layer.unwrap(
@@ -35,12 +38,13 @@ const clientOf = (requestTimeoutMs: number, curve?: DealerCurve) =>
     })
   )
 
-/** MqServer + modules + an MqClient connected to it (with `curve`, both speak CURVE). */
+/** MqServer + modules + an MqClient connected to it (with `curve`, both speak CURVE) + its `TestCurve`. */
 export const testServer = (options: TestServerOptions = {}) => {
   const fx = typeof options.curve === "object" ? options.curve : curveFixture(options.curve === true)
   const config: Partial<ServerConfigInput> = { ...options.config, ...fx.serverConfig }
   return clientOf(options.requestTimeoutMs ?? 5_000, fx.client().curve).pipe(
-    Layer.provideMerge(layerTest({ config, plugins: options.modules ?? [] }))
+    Layer.provideMerge(layerTest({ config, plugins: options.modules ?? [] })),
+    Layer.merge(Layer.succeed(TestCurve, fx))
   )
 }
 
