@@ -42,7 +42,8 @@ describe.each(CURVE_MODES)("liveness end to end (CURVE $curve)", ({ curve }) => 
           "--worker-reap-timeout-seconds",
           "30",
           "--worker-registration-grace-seconds",
-          "30"
+          "30",
+          ...fx.serverArgs
         ])
         const { worker, instanceId } = yield* startWorker(endpoint, 2_000, 1_000, fx.client().curve)
         const before = yield* instancesOf(httpPort)
