@@ -20,7 +20,9 @@ import { Clock, Effect, Fiber, Queue, Random, Ref, Schema } from "effect"
 import { dtypeBytes } from "../schema/Dtype.ts"
 import { makeSchedulerAdapter } from "../services/client/SchedulerAdapter.ts"
 import { perfectLruCumulative } from "./LruSim.ts"
-import type { Done, RunRequest, TransferMode, WorkerSettings } from "./Messages.ts"
+import { KeyFileInvalid, readClientKeys } from "../services/auth/Curve.ts"
+import type { CurveKeyFiles, Done, RunRequest, TransferMode, WorkerSettings } from "./Messages.ts"
+import { makeRunKeys, type RunKeys } from "./RunKeys.ts"
 import { Samples, promCounters } from "./Stats.ts"
 import type { ModelPreset } from "./Synth.ts"
 import { tokensFor } from "./Synth.ts"
@@ -58,6 +60,13 @@ export interface ReplayOptions {
   readonly chunkSizeTokens: number
   readonly blockSizeTokens: number
   readonly heartbeatIntervalMs: number
+  /**
+   * CURVE (docs/security.md): `"generate"` turns it on for the replay's own
+   * server with per-run keys (RunKeys.ts); key files speak it to `server`
+   * (a running CURVE server: `--curve-server-public-key-file`,
+   * `--curve-secret-key-file`); undefined: off.
+   */
+  readonly curve: "generate" | CurveKeyFiles | undefined
   /** Progress output: a bar on a terminal, plain lines otherwise, nothing when false. */
   readonly progress: boolean
 }
@@ -127,8 +136,8 @@ const getText = (url: string) =>
     catch: (e) => new ReplayError({ message: `GET ${url} failed: ${e instanceof Error ? e.message : String(e)}` })
   })
 
-/** Starts `mpcache serve` as a child process for the life of the scope. */
-const startOwnServer = (o: ReplayOptions) =>
+/** Starts `mpcache serve` as a child process for the life of the scope; with `keys`, CURVE on. */
+const startOwnServer = (o: ReplayOptions, keys: RunKeys | undefined) =>
   Effect.acquireRelease(
     Effect.callback<{ readonly child: ChildProcess; readonly endpoint: string; readonly httpUrl: string }, ReplayError>((resume) => {
       const socket = join(tmpdir(), `mpcache-replay-${randomUUID()}.sock`)
@@ -147,7 +156,8 @@ const startOwnServer = (o: ReplayOptions) =>
         "--l1-size-gb",
         String(o.l1SizeGb),
         "--worker-disconnect-grace-seconds",
-        String(o.disconnectGraceSeconds)
+        String(o.disconnectGraceSeconds),
+        ...(keys === undefined ? [] : ["--curve-secret-key-file", keys.serverSecretFile, "--curve-authorized-keys", keys.authorizedKeysFile])
       ], { stdio: ["ignore", "ignore", "pipe"] })
       let stderr = ""
       let httpUrl: string | undefined
@@ -215,7 +225,15 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       return refused === undefined ? Effect.void : Effect.fail(new ReplayError({ message: refused }))
     }
     if (o.server === undefined) yield* checkMemory(o.chunkSizeTokens, Math.floor(o.l1SizeGb * 2 ** 30))
-    const own = o.server === undefined ? yield* startOwnServer(o) : undefined
+    const runKeys = o.curve === "generate" && o.server === undefined ? yield* makeRunKeys : undefined
+    const keyFiles = o.curve === "generate" ? runKeys?.client : o.curve
+    // The scheduler's keys now; the workers read the same files (never keys in their argv).
+    const clientCurve = keyFiles === undefined ? undefined : yield* Effect.try({
+      try: () => readClientKeys(keyFiles.serverPublicKeyFile, keyFiles.secretKeyFile),
+      catch: (e) => new ReplayError({ message: e instanceof KeyFileInvalid ? e.message : String(e) })
+    })
+    const own = o.server === undefined ? yield* startOwnServer(o, runKeys) : undefined
+    if (runKeys !== undefined) onProgress(`the replay's server speaks CURVE with per-run keys in ${runKeys.dir}`, true)
     const endpoint = own?.endpoint ?? o.server!
     const httpUrl = own?.httpUrl ?? o.httpUrl
     const status0 = yield* getStatus(httpUrl)
@@ -238,10 +256,17 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       blockSizeTokens: o.blockSizeTokens,
       numBlocks: Math.ceil(maxTokens / o.blockSizeTokens) + 1,
       heartbeatIntervalMs: o.heartbeatIntervalMs,
-      namePrefix: `mpcache-replay-${process.pid}-${slot}-${randomUUID().slice(0, 8)}`
+      namePrefix: `mpcache-replay-${process.pid}-${slot}-${randomUUID().slice(0, 8)}`,
+      ...(keyFiles === undefined ? {} : { curve: keyFiles })
     })
 
-    const scheduler = yield* makeSchedulerAdapter({ endpoint, modelName: o.model.name, worldSize: 1, requestTimeoutMs: 30_000 }).pipe(
+    const scheduler = yield* makeSchedulerAdapter({
+      endpoint,
+      modelName: o.model.name,
+      worldSize: 1,
+      requestTimeoutMs: 30_000,
+      ...(clientCurve === undefined ? {} : { curve: clientCurve })
+    }).pipe(
       Effect.mapError((e) => new ReplayError({ message: `scheduler could not reach ${endpoint}: ${e.message}` }))
     )
 
