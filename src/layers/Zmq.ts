@@ -212,8 +212,14 @@ export const sendWithin = (
         throw e
       }
     },
-    catch: (cause) => new ZmqError({ op: "send", endpoint: dealer.lastEndpoint ?? "", cause })
+    catch: (cause) => new ZmqError({ op: "send", endpoint: endpointOf(dealer), cause })
   }))
+
+/** The endpoint a DEALER connected to, for errors; a closed socket no longer says (reading it throws ENOTSOCK). */
+const endpointOf = (dealer: zmq.Dealer): string => {
+  if (dealer.closed) return "(a closed socket)"
+  return dealer.lastEndpoint ?? ""
+}
 
 /** A ZAP/1.0 request's frames after the routing id and delimiter; undefined when malformed. */
 const parseZapRequest = (frames: ReadonlyArray<Buffer>): ZapRequest | undefined => {

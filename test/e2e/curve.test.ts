@@ -111,8 +111,10 @@ describe("CURVE and fail-closed binds (real processes)", () => {
           const second = yield* Effect.flip(c.request(Noop, [], { timeoutMs }))
           const took = (yield* Clock.currentTimeMillis) - start
           assert.isBelow(took, 2 * timeoutMs + 1_500, "each request ends at its own timeout")
-          assert.deepStrictEqual(first, second)
-          return first
+          // The first may time out before the refusal reaches the client on a loaded machine; by the second it has.
+          assert.instanceOf(first, RequestTimeout)
+          assert.strictEqual((first as RequestTimeout).timeoutMs, timeoutMs)
+          return second
         })
       const stranger = yield* refused(keys.clients["stranger"], 1_000)
       assert.deepStrictEqual(stranger, new RequestTimeout({ op: "noop", endpoint, timeoutMs: 1_000, handshake: REFUSED_KEY }))

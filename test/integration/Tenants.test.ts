@@ -6,7 +6,7 @@
  * within their timeout; limits answer `overloaded` naming the flag.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit } from "effect"
+import { Effect, Exit, Fiber, Scope } from "effect"
 import type { CacheKey } from "../../src/schema/CacheKey.ts"
 import { makeInstanceId } from "../../src/schema/InstanceId.ts"
 import {
@@ -21,7 +21,7 @@ import {
 import { Forbidden, Overloaded } from "../../src/schema/WireError.ts"
 import { Tenancy } from "../../src/services/auth/Tenancy.ts"
 import { handshakeRefusal } from "../../src/services/client/HandshakeRefusal.ts"
-import { makeMqClient, RequestTimeout } from "../../src/services/client/MqClient.ts"
+import { ClientClosed, makeMqClient, RequestTimeout } from "../../src/services/client/MqClient.ts"
 import { LivenessTargets } from "../../src/services/liveness/LivenessTarget.ts"
 import { MqServer } from "../../src/services/server/MqServer.ts"
 import { layerTest } from "../../src/layers/Server.ts"
@@ -148,6 +148,20 @@ describe("tenants (CURVE on, real sockets)", () => {
         handshakeRefusal({ reason: "protocol", address: "", code: "EPIPE" }, false)
       ])
       assert.strictEqual(yield* a.request(Noop, []), "OK")
+    }).pipe(Effect.scoped, Effect.provide(server())))
+
+  it.live("closing a refused client while its request waits on the send ends that request at once with ClientClosed", () =>
+    Effect.gen(function*() {
+      const clientScope = yield* Scope.make()
+      const stranger = yield* Scope.provide(clientScope)(clientFor(keys.clients["stranger"], 60_000))
+      // The first request finds the refusal; the second one's send then has no connection to queue on.
+      yield* Effect.flip(stranger.request(Noop, [], { timeoutMs: 500 }))
+      const waiting = yield* Effect.forkChild(Effect.exit(stranger.request(Noop, [])))
+      yield* Effect.sleep("200 millis")
+      assert.isUndefined(waiting.pollUnsafe(), "still waiting on the send")
+      yield* Scope.close(clientScope, Exit.void)
+      const ended = yield* Fiber.join(waiting).pipe(Effect.timeout("5 seconds"))
+      assert.deepStrictEqual(ended, Exit.fail(new ClientClosed({ op: "noop", endpoint: stranger.endpoint })))
     }).pipe(Effect.scoped, Effect.provide(server())))
 
   it.live("over tcp:// on loopback: a CURVE client of a server without CURVE is told the server does not speak it", () =>

@@ -172,8 +172,11 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
       Effect.catch((e) => Effect.logDebug("reply reader stopped", e.message)),
       Effect.forkScoped
     )
+    /** Set when the Scope closes: a send the closing socket refused is then `ClientClosed`, not a socket error. */
+    let closing = false
     yield* Effect.addFinalizer(() =>
       Effect.gen(function*() {
+        closing = true
         yield* Fiber.interrupt(reader)
         const waiting = [...pending.entries()]
         pending.clear()
@@ -221,7 +224,9 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
         return Effect.gen(function*() {
           const waiter = yield* Deferred.make<ReplyHeader, ClientClosed>()
           pending.set(uid, waiter)
-          yield* send(frames.value, budget)
+          yield* send(frames.value, budget).pipe(
+            Effect.mapError((e): RequestError => closing && e._tag === "ZmqError" ? new ClientClosed({ op: op.name, endpoint }) : e)
+          )
           const header = yield* Deferred.await(waiter).pipe(Effect.mapError(() => new ClientClosed({ op: op.name, endpoint })))
           if (header.opId !== op.id) {
             return yield* new BadRequest({
@@ -266,7 +271,11 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
               }).pipe(Effect.andThen(ensureHello(budget)), Effect.andThen(rawRequest(op, payload, budget))))
           )
         // One bound for the locks, HELLO, send and reply together; a send in flight ends by itself at the same deadline.
-        return exchange.pipe(Effect.timeoutOrElse({ duration: timeoutMs, orElse: () => Effect.fail(budget.expired()) }))
+        // A close during the HELLO names the request's own op, as its timeout does.
+        return exchange.pipe(
+          Effect.timeoutOrElse({ duration: timeoutMs, orElse: () => Effect.fail(budget.expired()) }),
+          Effect.mapError((e): RequestError => e._tag === "ClientClosed" && e.op !== op.name ? new ClientClosed({ op: op.name, endpoint }) : e)
+        )
       })
     }
 
