@@ -1,5 +1,5 @@
 /**
- * `npm run bench:ping [-- --quick | --full] [-- --duration S --rounds R] [-- --summary FILE]`
+ * `npm run bench:ping [-- --quick | --full] [-- --duration S --rounds R] [-- --summary FILE] [-- --curve]`
  *
  * PING round trips per second and p50/p99 latency with 1, 4 and 16
  * concurrent clients, against (a) the real mpcache server and (b) a bare
@@ -11,10 +11,22 @@
  * docs/benchmarks.md; `--summary FILE` also writes the target rows as JSON
  * for bench/suite.ts.
  *
+ * `--curve` (issue 14): instead of the echo, the reference is the same
+ * mpcache server with CURVE off, and the subject mpcache with CURVE on
+ * (per-run keys; each client speaks CURVE and binds its connection with
+ * HELLO before it is timed), both in the same run, alternating the same way;
+ * writes "## PING with CURVE (bench:ping --curve)". Target: CURVE costs
+ * under 15 % of the round trips per second at 16 clients.
+ *
  * A benchmark, never a test: exits 0 on success, 1 on failure, and always
- * stops its child processes and removes its ipc socket files.
+ * stops its child processes and removes its ipc socket files (and keys).
  */
 import type { ChildProcess } from "node:child_process"
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
+import os from "node:os"
+import path from "node:path"
+import { newKeyPair } from "../src/services/auth/Curve.ts"
+import type { DealerCurve } from "../src/services/zmq/Sockets.ts"
 import { Ping } from "../src/schema/Op.ts"
 import { parseBenchArgs, positiveSeconds, usageError } from "./lib/args.ts"
 import { isRunning, spawnReady } from "./lib/children.ts"
@@ -28,6 +40,9 @@ import { writeSummary, type SummaryRow } from "./lib/summary.ts"
 import { secondsSince, sleep } from "./lib/time.ts"
 
 const HEADING = "## PING round trips (bench:ping)"
+const CURVE_HEADING = "## PING with CURVE (bench:ping --curve)"
+/** The issue's CURVE target: round trips/s with CURVE ≥ 0.85 × without, at 16 clients. */
+const CURVE_TARGET = 0.85
 const CONCURRENCY = [1, 4, 16] as const
 const WARMUP_S = 0.5
 const READY_TIMEOUT_MS = 30_000
@@ -35,7 +50,7 @@ const STOP_TIMEOUT_MS = 5_000
 
 // ---------------------------------------------------------------- arguments
 
-const args = parseBenchArgs({ duration: { type: "string" }, rounds: { type: "string" } })
+const args = parseBenchArgs({ duration: { type: "string" }, rounds: { type: "string" }, curve: { type: "boolean" } })
 /** Seconds measured per server and configuration, over all rounds. */
 const durationS = args.duration !== undefined ? positiveSeconds("--duration", args.duration) : args.full ? 12 : 4
 const rounds = args.rounds !== undefined ? Number(args.rounds) : args.full ? 6 : 4
@@ -48,17 +63,44 @@ interface Server {
   readonly endpoint: string
   readonly responder: Responder
   readonly child: ChildProcess
+  /** The clients' CURVE keys when the server speaks CURVE. */
+  readonly curve?: DealerCurve
 }
 
 const resources = makeResources(`mpcache-bench-${process.pid}-${Date.now()}`, { stopTimeoutMs: STOP_TIMEOUT_MS, onSignal: "stop" })
 
 /** Spawns `node ...argv` and resolves once its stdout or stderr shows `ready`. */
-const startServer = async (responder: Responder, endpoint: string, argv: ReadonlyArray<string>, ready: string): Promise<Server> => ({
-  name: responder,
-  endpoint,
-  responder,
-  child: await spawnReady(`${responder} server`, argv, ready, READY_TIMEOUT_MS, resources.children)
-})
+const startServer = async (
+  responder: Responder,
+  endpoint: string,
+  argv: ReadonlyArray<string>,
+  ready: string,
+  options: { readonly name?: string; readonly curve?: DealerCurve } = {}
+): Promise<Server> => {
+  const name = options.name ?? responder
+  const child = await spawnReady(`${name} server`, argv, ready, READY_TIMEOUT_MS, resources.children)
+  return { name, endpoint, responder, child, ...(options.curve === undefined ? {} : { curve: options.curve }) }
+}
+
+/** `mpcache serve` on `endpoint` with the bench's settings and `extra` flags. */
+const mpcacheArgv = (endpoint: string, extra: ReadonlyArray<string> = []) =>
+  ["src/cli/main.ts", "serve", "--endpoint", endpoint, "--http-port", "0", "--log-format", "json", "--no-l1-prefault", ...extra]
+
+/** Per-run CURVE keys in a private folder (removed on cleanup): the server's flags and one client's keys. */
+const curveKeys = (): { readonly serverFlags: ReadonlyArray<string>; readonly client: DealerCurve } => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), `${resources.tag}-keys-`))
+  resources.onCleanup(() => rmSync(dir, { recursive: true, force: true }))
+  const server = newKeyPair()
+  const client = newKeyPair()
+  const secretFile = path.join(dir, "server.key")
+  const authorized = path.join(dir, "authorized_keys")
+  writeFileSync(secretFile, `${server.secretKey}\n`, { mode: 0o600 })
+  writeFileSync(authorized, `${client.publicKey} bench admin\n`, { mode: 0o600 })
+  return {
+    serverFlags: ["--curve-secret-key-file", secretFile, "--curve-authorized-keys", authorized],
+    client: { serverPublicKey: server.publicKey, secretKey: client.secretKey, publicKey: client.publicKey }
+  }
+}
 
 // ------------------------------------------------------------------ client
 
@@ -82,7 +124,7 @@ const result = (p: Pooled): Result => {
 /** One round: `clients` clients for WARMUP_S, then `seconds` measured into `into`. */
 const measure = async (server: Server, clients: number, seconds: number, into: Pooled): Promise<void> => {
   const run: PingRun = { measuring: false, stopped: false, latenciesUs: into.latenciesUs }
-  const all = Promise.all(Array.from({ length: clients }, () => pingLoop(server.endpoint, run, server.responder))).catch(
+  const all = Promise.all(Array.from({ length: clients }, () => pingLoop(server.endpoint, run, server.responder, server.curve))).catch(
     (error: unknown) => {
       const { exitCode, signalCode } = server.child
       const state = isRunning(server.child) ? "running" : `exited (code ${exitCode}, signal ${signalCode})`
@@ -186,42 +228,117 @@ const summaryRows = (rows: ReadonlyArray<Row>): Array<SummaryRow> => {
   return out
 }
 
+// ------------------------------------------------------------- CURVE report
+
+interface CurveRow {
+  readonly clients: number
+  readonly on: Result
+  readonly off: Result
+}
+
+const curveTable = (rows: ReadonlyArray<CurveRow>): string => {
+  const ratio = (n: number): string => n.toFixed(2)
+  const lines = [
+    "| clients | CURVE off req/s | CURVE on req/s | req/s ratio (on / off) | cost | off p50 µs | on p50 µs | off p99 µs | on p99 µs |",
+    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  ]
+  for (const { clients, on, off } of rows) {
+    lines.push(
+      `| ${clients} | ${int(off.rps)} | ${int(on.rps)} | ${ratio(on.rps / off.rps)} | ${((1 - on.rps / off.rps) * 100).toFixed(1)} % | ` +
+        `${int(off.p50Us)} | ${int(on.p50Us)} | ${int(off.p99Us)} | ${int(on.p99Us)} |`
+    )
+  }
+  return lines.join("\n")
+}
+
+const curveSection = (rows: ReadonlyArray<CurveRow>): string =>
+  [
+    CURVE_HEADING,
+    "",
+    `Measured ${measuredDate()} · ${nodeAndCpu()} · transport ipc · ` +
+    `${durationS} s measured per server and configuration, in ${rounds} rounds that alternate the two servers ` +
+    `(each round after a ${WARMUP_S} s warm-up); percentiles over all the rounds' round trips.`,
+    "",
+    "Two `mpcache serve` processes in the same run: one with CURVE off, one with CURVE on (per-run keys,",
+    "`--curve-secret-key-file`, `--curve-authorized-keys`; the ZAP handler and the tenant guard on every request).",
+    `Each client is a raw zeromq.js DEALER keeping exactly one PING (op ${Ping.id}, nil instance id) in flight; with CURVE`,
+    "it speaks CURVE and binds its connection with HELLO before it is timed. cost = 1 − on / off in round trips per second.",
+    `Target (issue 14): CURVE costs under ${((1 - CURVE_TARGET) * 100).toFixed(0)} % at 16 clients.`,
+    "",
+    curveTable(rows),
+    "",
+    "Reproduce: `npm run bench:ping -- --curve` (`-- --full` and `-- --duration S --rounds R` as above).",
+    ""
+  ].join("\n")
+
+const curveSummaryRows = (rows: ReadonlyArray<CurveRow>): Array<SummaryRow> => {
+  const at16 = rows.find((r) => r.clients === 16)
+  if (at16 === undefined) return []
+  const ratio = at16.on.rps / at16.off.rps
+  return [{
+    bench: "ping",
+    figure: "PING round trips/s with CURVE, 16 clients",
+    measured: `${int(at16.on.rps)} /s`,
+    reference: `CURVE off ${int(at16.off.rps)} /s`,
+    ratio,
+    target: `≥ ${CURVE_TARGET} × CURVE off`,
+    met: ratio >= CURVE_TARGET
+  }]
+}
+
 // -------------------------------------------------------------------- main
+
+/**
+ * `subject` against `reference` at each concurrency: the servers alternate round by round (and which goes
+ * first), so that a drift in machine load hits both alike.
+ */
+const compare = async (subject: Server, reference: Server) => {
+  process.stderr.write(`servers up (${subject.endpoint}, ${reference.endpoint}); ${durationS} s per configuration\n`)
+  const rows: Array<{ readonly clients: number; readonly subject: Result; readonly reference: Result }> = []
+  for (const clients of CONCURRENCY) {
+    const pooledSubject: Pooled = { latenciesUs: [], seconds: 0 }
+    const pooledReference: Pooled = { latenciesUs: [], seconds: 0 }
+    for (let r = 0; r < rounds; r++) {
+      const referenceRound = () => measure(reference, clients, durationS / rounds, pooledReference)
+      const subjectRound = () => measure(subject, clients, durationS / rounds, pooledSubject)
+      if (r % 2 === 0) await referenceRound().then(subjectRound)
+      else await subjectRound().then(referenceRound)
+    }
+    rows.push({ clients, subject: result(pooledSubject), reference: result(pooledReference) })
+    process.stderr.write(`  ${clients} client(s) done\n`)
+  }
+  return rows
+}
+
+const report = (heading: string, body: string, summary: Array<SummaryRow>): void => {
+  writeSummary(args.summary, summary)
+  process.stdout.write(`\n${body}\n`)
+  writeDocSection(heading, body)
+  process.stdout.write(`wrote ${DOC_NAME}\n`)
+}
 
 const main = async (): Promise<void> => {
   const mpcacheEndpoint = resources.ipcEndpoint("mpcache")
+  if (args.curve === true) {
+    const keys = curveKeys()
+    const curveEndpoint = resources.ipcEndpoint("mpcache-curve")
+    const [on, off] = await Promise.all([
+      startServer("mpcache", curveEndpoint, mpcacheArgv(curveEndpoint, keys.serverFlags), "MQ server listening on", {
+        name: "mpcache (CURVE on)",
+        curve: keys.client
+      }),
+      startServer("mpcache", mpcacheEndpoint, mpcacheArgv(mpcacheEndpoint), "MQ server listening on", { name: "mpcache (CURVE off)" })
+    ])
+    const rows = (await compare(on, off)).map((r) => ({ clients: r.clients, on: r.subject, off: r.reference }))
+    return report(CURVE_HEADING, curveSection(rows), curveSummaryRows(rows))
+  }
   const echoEndpoint = resources.ipcEndpoint("echo")
   const [mpcache, echo] = await Promise.all([
-    startServer(
-      "mpcache",
-      mpcacheEndpoint,
-      ["src/cli/main.ts", "serve", "--endpoint", mpcacheEndpoint, "--http-port", "0", "--log-format", "json", "--no-l1-prefault"],
-      "MQ server listening on"
-    ),
+    startServer("mpcache", mpcacheEndpoint, mpcacheArgv(mpcacheEndpoint), "MQ server listening on"),
     startServer("echo", echoEndpoint, ["bench/echo-router.ts", echoEndpoint], "echo router listening on")
   ])
-  process.stderr.write(`servers up (${mpcache.endpoint}, ${echo.endpoint}); ${durationS} s per configuration\n`)
-
-  const rows: Row[] = []
-  for (const clients of CONCURRENCY) {
-    // Alternate the servers round by round (and which goes first) so that a drift in machine load hits both alike.
-    const pooledMpcache: Pooled = { latenciesUs: [], seconds: 0 }
-    const pooledEcho: Pooled = { latenciesUs: [], seconds: 0 }
-    for (let r = 0; r < rounds; r++) {
-      const echoRound = () => measure(echo, clients, durationS / rounds, pooledEcho)
-      const mpcacheRound = () => measure(mpcache, clients, durationS / rounds, pooledMpcache)
-      if (r % 2 === 0) await echoRound().then(mpcacheRound)
-      else await mpcacheRound().then(echoRound)
-    }
-    rows.push({ clients, mpcache: result(pooledMpcache), echo: result(pooledEcho) })
-    process.stderr.write(`  ${clients} client(s) done\n`)
-  }
-  writeSummary(args.summary, summaryRows(rows))
-
-  const body = section(rows)
-  process.stdout.write(`\n${body}\n`)
-  writeDocSection(HEADING, body)
-  process.stdout.write(`wrote ${DOC_NAME}\n`)
+  const rows = (await compare(mpcache, echo)).map((r) => ({ clients: r.clients, mpcache: r.subject, echo: r.reference }))
+  report(HEADING, section(rows), summaryRows(rows))
 }
 
 await runBench("bench:ping", main, resources)

@@ -12,12 +12,17 @@
  *   phase its PING was sent in (bench:liveness part 2).
  *
  * All round trips are in microseconds, from the send to the reply's arrival.
+ * With CURVE keys (`pingLoop`'s `curve`), the DEALER speaks CURVE and binds
+ * its connection with HELLO (docs/security.md) before the first PING, which
+ * is not timed.
  */
 import { Exit } from "effect"
 import { Dealer } from "zeromq"
 import type { InstanceId } from "../../src/schema/InstanceId.ts"
-import { decodeReplyHeader, encodeRequest, pack, unpack } from "../../src/schema/Frame.ts"
-import { Ping } from "../../src/schema/Op.ts"
+import { decodeReplyHeader, decodeResponse, encodeRequest, pack, unpack } from "../../src/schema/Frame.ts"
+import { Hello, HelloChallenge, type Op, type PayloadOf, Ping, type ResponseOf } from "../../src/schema/Op.ts"
+import { helloProof } from "../../src/services/auth/Curve.ts"
+import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
 import { sleep } from "./time.ts"
 
 /**
@@ -70,15 +75,44 @@ export interface PingRun {
 /** Send and receive timeouts of `pingLoop` and `pacedPingLoop`, ms: a silent server fails the run. */
 const TIMEOUT_MS = 5_000
 
+/** One request and its decoded reply over a raw DEALER; throws on an error reply or a timeout. */
+const exchange = async <O extends Op>(dealer: Dealer, op: O, uid: number, payload: PayloadOf<O>): Promise<ResponseOf<O>> => {
+  const frames = encodeRequest(op, uid, payload)
+  if (Exit.isFailure(frames)) throw new Error(`cannot encode ${op.name}`)
+  await dealer.send(frames.value)
+  const reply = await dealer.receive()
+  const header = decodeReplyHeader(reply)
+  if (header === undefined || header._tag !== "Ok") throw new Error(`${op.name} failed: ${show(reply)}`)
+  const response = decodeResponse(op, header.body)
+  if (Exit.isFailure(response)) throw new Error(`${op.name}: a reply that does not decode: ${show(reply)}`)
+  return response.value
+}
+
+/** HELLO_CHALLENGE then HELLO with the proof over the nonce: binds the DEALER's connection to its key's tenant. */
+const hello = async (dealer: Dealer, curve: DealerCurve): Promise<void> => {
+  const nonce = await exchange(dealer, HelloChallenge, 0, [])
+  await exchange(dealer, Hello, 1, [curve.publicKey, new Uint8Array(helloProof(curve.secretKey, curve.serverPublicKey, nonce))])
+}
+
+/** A bench DEALER with the send and receive timeouts (a silent server fails the run), CURVE keys when given. */
+const benchDealer = (timeouts: { readonly sendTimeout: number; readonly receiveTimeout: number }, curve?: DealerCurve) =>
+  new Dealer({
+    linger: 0,
+    ...timeouts,
+    ...(curve === undefined ? {} : { curveServerKey: curve.serverPublicKey, curveSecretKey: curve.secretKey, curvePublicKey: curve.publicKey })
+  })
+
 /**
  * One client: a DEALER with exactly one PING [nil] in flight until
- * `run.stopped`. A reply other than `responder`'s throws.
+ * `run.stopped`. A reply other than `responder`'s throws. With `curve`, it
+ * speaks CURVE and says HELLO first.
  */
-export const pingLoop = async (endpoint: string, run: PingRun, responder: Responder): Promise<void> => {
-  const dealer = new Dealer({ linger: 0, sendTimeout: TIMEOUT_MS, receiveTimeout: TIMEOUT_MS })
+export const pingLoop = async (endpoint: string, run: PingRun, responder: Responder, curve?: DealerCurve): Promise<void> => {
+  const dealer = benchDealer({ sendTimeout: TIMEOUT_MS, receiveTimeout: TIMEOUT_MS }, curve)
   const tail = pingTail(null)
   try {
     dealer.connect(endpoint)
+    if (curve !== undefined) await hello(dealer, curve)
     for (let uid = 0; !run.stopped; uid++) {
       const start = process.hrtime.bigint()
       await dealer.send(pingRequest(uid, tail))

@@ -7,13 +7,13 @@
  * Bound to `--http-host`/`--http-port` (port 0 picks a free one; the bound
  * address is logged).
  */
-import { createHash, timingSafeEqual } from "node:crypto"
 import { readFileSync } from "node:fs"
 import { createServer } from "node:http"
 import { NodeHttpServer } from "@effect/platform-node"
 import { Clock, Context, Effect, Layer, Schema } from "effect"
 import { HttpRouter, HttpServer, HttpServerRequest, HttpServerResponse } from "effect/http"
 import { PrometheusMetrics } from "effect/observability"
+import { bearerCheck } from "../services/auth/BearerToken.ts"
 import { MqServer } from "../services/server/MqServer.ts"
 import { PROTOCOL_VERSION, VERSION } from "../version.ts"
 import { ServerConfig } from "../services/server/ServerConfig.ts"
@@ -93,8 +93,7 @@ export class HttpTokenInvalid extends Schema.TaggedError<HttpTokenInvalid>()("Ht
 /**
  * The bearer-token guard (docs/security.md): with `--http-token-file`,
  * every request needs `Authorization: Bearer <token>`, else 401. The
- * comparison runs on SHA-256 digests with `timingSafeEqual`, so its time
- * says nothing about the token's length or prefix.
+ * comparison runs in constant time (`bearerCheck`, BearerToken.ts).
  */
 const bearerGuard = (path: string) =>
   Layer.unwrap(
@@ -104,20 +103,18 @@ const bearerGuard = (path: string) =>
         catch: (e) => new HttpTokenInvalid({ path, reason: `cannot read: ${e instanceof Error ? e.message : String(e)}` })
       })
       if (token.length < 16) return yield* new HttpTokenInvalid({ path, reason: "the token must be at least 16 characters" })
-      const expected = createHash("sha256").update(`Bearer ${token}`).digest()
+      const authorized = bearerCheck(token)
       return HttpRouter.middleware(
         (httpEffect) =>
-          Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) => {
-            const given = createHash("sha256").update(request.headers["authorization"] ?? "").digest()
-            return timingSafeEqual(given, expected)
+          Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) =>
+            authorized(request.headers["authorization"])
               ? httpEffect
               : Effect.succeed(
                 HttpServerResponse.text("unauthorized: this frontend needs Authorization: Bearer <token>", {
                   status: 401,
                   headers: { "www-authenticate": "Bearer" }
                 })
-              )
-          }),
+              )),
         { global: true }
       )
     })

@@ -28,6 +28,9 @@ const setRouterNotify = (router: zmq.Router): void => {
 /** libzmq's ZMQ_ZAP_ENFORCE_DOMAIN (draft option 93): without a ZAP handler, no handshake succeeds (fail closed). */
 const ZMQ_ZAP_ENFORCE_DOMAIN = 93
 
+/** Binds of the ZAP address tried 20 ms apart while a closed handler still holds it (one second in all). */
+const ZAP_BIND_ATTEMPTS = 50
+
 /** Where libzmq sends ZAP requests (RFC 27). */
 export const ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 
@@ -42,17 +45,34 @@ const HANDSHAKE_FAILURES: ReadonlyMap<string, HandshakeFailure["reason"]> = new 
   ["handshake:error:other", "protocol"]
 ])
 
-/** Reads the ROUTER's monitor events until the socket closes, telling `onFailure` of each failed handshake. */
-const watchHandshakes = (router: zmq.Router, onFailure: (failure: HandshakeFailure) => Effect.Effect<void>) =>
-  Effect.tryPromise(() => router.events.receive()).pipe(
-    Effect.flatMap((event) => {
-      const reason = HANDSHAKE_FAILURES.get(event.type)
-      if (reason === undefined) return Effect.void
-      const error = "error" in event ? event.error as unknown as { readonly code?: unknown } | undefined : undefined
-      const code = error?.code === undefined ? "" : String(error.code)
-      const address = "address" in event ? event.address : ""
-      return onFailure({ reason: code === "ERR_ZMTP_MECHANISM_MISMATCH" ? "mechanism" : reason, address, code })
-    }),
+/** The HandshakeFailure of a monitor event, or undefined when it is no failed handshake. */
+const handshakeFailureOf = (event: zmq.Event): HandshakeFailure | undefined => {
+  const reason = HANDSHAKE_FAILURES.get(event.type)
+  if (reason === undefined) return undefined
+  const error = "error" in event ? event.error as unknown as { readonly code?: unknown; readonly status?: unknown } | undefined : undefined
+  const code = error?.code === undefined ? "" : String(error.code)
+  const address = "address" in event ? event.address : ""
+  return {
+    reason: code === "ERR_ZMTP_MECHANISM_MISMATCH" ? "mechanism" : reason,
+    address,
+    code,
+    ...(typeof error?.status === "number" ? { status: error.status } : {})
+  }
+}
+
+/**
+ * Reads a socket's monitor events until the socket closes, telling
+ * `onEvent` of each handshake: its failure, or undefined when it succeeded.
+ */
+const watchHandshakes = (
+  events: zmq.Observer,
+  onEvent: (failure: HandshakeFailure | undefined) => Effect.Effect<void>
+) =>
+  Effect.tryPromise(() => events.receive()).pipe(
+    Effect.flatMap((event) => event.type === "handshake" ? onEvent(undefined) : (() => {
+      const failure = handshakeFailureOf(event)
+      return failure === undefined ? Effect.void : onEvent(failure)
+    })()),
     Effect.forever,
     Effect.ignore
   )
@@ -119,13 +139,17 @@ export const bindRouter = (
       })
   ).pipe(
     Effect.tap((router) =>
-      options.onHandshakeFailure === undefined ? Effect.void : Effect.forkScoped(watchHandshakes(router, options.onHandshakeFailure))
+      options.onHandshakeFailure === undefined ? Effect.void : Effect.forkScoped(
+        watchHandshakes(router.events, (failure) => failure === undefined ? Effect.void : options.onHandshakeFailure!(failure))
+      )
     )
   )
 
 /**
  * Connects a DEALER to `endpoint` for the life of the current Scope. The
  * ROUTER assigns the routing id (zeromq-notes: never set it ourselves).
+ * With `onHandshake`, the socket's monitor is opened before the connect (so
+ * the first handshake is seen) and read by a fiber of the Scope.
  * Fails with `ZmqError` (op "connect") on a malformed endpoint; an
  * unreachable server is not an error here (ZeroMQ reconnects by itself).
  */
@@ -143,25 +167,59 @@ export const connectDealer = (
           reconnectMaxInterval: options.reconnectMaxIntervalMs,
           sendHighWaterMark: 0,
           receiveHighWaterMark: 0,
-          ...(options.sendTimeoutMs === undefined ? {} : { sendTimeout: options.sendTimeoutMs }),
           ...(options.curve === undefined ? {} : {
             curveServerKey: options.curve.serverPublicKey,
             curveSecretKey: options.curve.secretKey,
             curvePublicKey: options.curve.publicKey
           })
         })
+        // The observer is created on first access; libzmq reports no event from before it exists.
+        const events = options.onHandshake === undefined ? undefined : dealer.events
         try {
           dealer.connect(endpoint)
         } catch (e) {
           dealer.close()
           throw e
         }
-        return dealer
+        return { dealer, events }
       },
       catch: (cause) => new ZmqError({ op: "connect", endpoint, cause })
     }),
-    (dealer) => Effect.sync(() => dealer.close())
+    ({ dealer }) => Effect.sync(() => dealer.close())
+  ).pipe(
+    Effect.tap(({ events }) =>
+      events === undefined || options.onHandshake === undefined
+        ? Effect.void
+        : Effect.forkScoped(watchHandshakes(events, options.onHandshake))
+    ),
+    Effect.map(({ dealer }) => dealer)
   )
+
+/** `ZmqSockets.sendWithin`: ZMQ_SNDTIMEO set to the caller's bound right before the send (sends are serialized by the caller). */
+export const sendWithin = (
+  dealer: zmq.Dealer,
+  frames: ReadonlyArray<Buffer>,
+  timeoutMs: number
+): Effect.Effect<boolean, ZmqError> =>
+  Effect.uninterruptible(Effect.tryPromise({
+    try: async () => {
+      dealer.sendTimeout = Math.max(1, Math.ceil(timeoutMs))
+      try {
+        await dealer.send([...frames])
+        return true
+      } catch (e) {
+        if (typeof e === "object" && e !== null && "code" in e && e.code === "EAGAIN" && !dealer.closed) return false
+        throw e
+      }
+    },
+    catch: (cause) => new ZmqError({ op: "send", endpoint: endpointOf(dealer), cause })
+  }))
+
+/** The endpoint a DEALER connected to, for errors; a closed socket no longer says (reading it throws ENOTSOCK). */
+const endpointOf = (dealer: zmq.Dealer): string => {
+  if (dealer.closed) return "(a closed socket)"
+  return dealer.lastEndpoint ?? ""
+}
 
 /** A ZAP/1.0 request's frames after the routing id and delimiter; undefined when malformed. */
 const parseZapRequest = (frames: ReadonlyArray<Buffer>): ZapRequest | undefined => {
@@ -184,7 +242,7 @@ const parseZapRequest = (frames: ReadonlyArray<Buffer>): ZapRequest | undefined 
  * with `authenticate`'s reply; a malformed request or another version is
  * answered "400". Bind it before the ROUTER it serves; its Scope must
  * outlive that ROUTER's. Fails with `ZmqError` (op "bind") when another
- * handler holds the address (one per process).
+ * handler holds the address for more than a second (one per process).
  */
 export const serveZap = (
   authenticate: (request: ZapRequest) => Effect.Effect<ZapReply>
@@ -193,14 +251,21 @@ export const serveZap = (
     const socket = yield* Effect.acquireRelease(
       Effect.tryPromise({
         try: async () => {
-          const zap = new zmq.Router({ linger: 0 })
-          try {
-            await zap.bind(ZAP_ENDPOINT)
-          } catch (e) {
-            zap.close()
-            throw e
+          // libzmq frees an inproc address only when its closed socket is reaped, a moment after close: a
+          // handler started right after another in the same process (a server restarted in-process) retries.
+          // Unbinding before close instead trips a libzmq assertion while a CURVE session's ZAP pipe is open.
+          for (let attempt = 1; ; attempt++) {
+            const zap = new zmq.Router({ linger: 0 })
+            try {
+              await zap.bind(ZAP_ENDPOINT)
+              return zap
+            } catch (e) {
+              zap.close()
+              const inUse = typeof e === "object" && e !== null && "code" in e && e.code === "EADDRINUSE"
+              if (!inUse || attempt >= ZAP_BIND_ATTEMPTS) throw e
+              await new Promise((resolve) => setTimeout(resolve, 20))
+            }
           }
-          return zap
         },
         catch: (cause) => new ZmqError({ op: "bind", endpoint: ZAP_ENDPOINT, cause })
       }),
@@ -231,4 +296,4 @@ export const serveZap = (
   })
 
 /** The `ZmqSockets` service over the acquirers above. */
-export const ZmqSocketsLive: Layer.Layer<ZmqSockets> = Layer.succeed(ZmqSockets, ZmqSockets.of({ bindRouter, connectDealer, serveZap }))
+export const ZmqSocketsLive: Layer.Layer<ZmqSockets> = Layer.succeed(ZmqSockets, ZmqSockets.of({ bindRouter, connectDealer, sendWithin, serveZap }))

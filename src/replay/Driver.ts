@@ -30,7 +30,9 @@ import { makeSchedulerAdapter } from "../services/client/SchedulerAdapter.ts"
 import { perfectLruCumulative } from "./LruSim.ts"
 import { l2HitChunks, redactUrl } from "./L2Split.ts"
 import { ConversationRouter } from "./Routing.ts"
-import type { Done, RunRequest, TransferMode, WorkerSettings } from "./Messages.ts"
+import { KeyFileInvalid, readClientKeys } from "../services/auth/Curve.ts"
+import type { CurveKeyFiles, Done, RunRequest, TransferMode, WorkerSettings } from "./Messages.ts"
+import { makeRunKeys, type RunKeys } from "./RunKeys.ts"
 import { Samples, promCounters } from "./Stats.ts"
 import type { ModelPreset } from "./Synth.ts"
 import { tokensFor } from "./Synth.ts"
@@ -75,6 +77,13 @@ export interface ReplayOptions {
   readonly chunkSizeTokens: number
   readonly blockSizeTokens: number
   readonly heartbeatIntervalMs: number
+  /**
+   * CURVE (docs/security.md): `"generate"` turns it on for the replay's own
+   * server with per-run keys (RunKeys.ts); key files speak it to `server`
+   * (a running CURVE server: `--curve-server-public-key-file`,
+   * `--curve-secret-key-file`); undefined: off.
+   */
+  readonly curve: "generate" | CurveKeyFiles | undefined
   /** Progress output: a bar on a terminal, plain lines otherwise, nothing when false. */
   readonly progress: boolean
 }
@@ -168,8 +177,8 @@ const getText = (url: string) =>
     catch: (e) => new ReplayError({ message: `GET ${url} failed: ${e instanceof Error ? e.message : String(e)}` })
   })
 
-/** Starts `mpcache serve` as a child process for the life of the scope. */
-const startOwnServer = (o: ReplayOptions) =>
+/** Starts `mpcache serve` as a child process for the life of the scope; with `keys`, CURVE on. */
+const startOwnServer = (o: ReplayOptions, keys: RunKeys | undefined) =>
   Effect.acquireRelease(
     Effect.callback<{ readonly child: ChildProcess; readonly endpoint: string; readonly httpUrl: string }, ReplayError>((resume) => {
       const socket = join(tmpdir(), `mpcache-replay-${randomUUID()}.sock`)
@@ -190,7 +199,8 @@ const startOwnServer = (o: ReplayOptions) =>
         "--worker-disconnect-grace-seconds",
         String(o.disconnectGraceSeconds),
         ...(o.l2Url === undefined ? [] : ["--l2-url", o.l2Url]),
-        ...(o.l2Url === undefined || o.l2LookupTimeoutMs === undefined ? [] : ["--l2-lookup-timeout-ms", String(o.l2LookupTimeoutMs)])
+        ...(o.l2Url === undefined || o.l2LookupTimeoutMs === undefined ? [] : ["--l2-lookup-timeout-ms", String(o.l2LookupTimeoutMs)]),
+        ...(keys === undefined ? [] : ["--curve-secret-key-file", keys.serverSecretFile, "--curve-authorized-keys", keys.authorizedKeysFile])
       ], { stdio: ["ignore", "ignore", "pipe"] })
       let stderr = ""
       let httpUrl: string | undefined
@@ -262,9 +272,17 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       return yield* new ReplayError({ message: `--server uses one running server; --servers ${o.servers} starts its own (use one or the other)` })
     }
     if (o.server === undefined) yield* checkMemory(o.chunkSizeTokens, o.servers * Math.floor(o.l1SizeGb * 2 ** 30))
+    const runKeys = o.curve === "generate" && o.server === undefined ? yield* makeRunKeys : undefined
+    const keyFiles = o.curve === "generate" ? runKeys?.client : o.curve
+    // The scheduler's keys now; the workers read the same files (never keys in their argv).
+    const clientCurve = keyFiles === undefined ? undefined : yield* Effect.try({
+      try: () => readClientKeys(keyFiles.serverPublicKeyFile, keyFiles.secretKeyFile),
+      catch: (e) => new ReplayError({ message: e instanceof KeyFileInvalid ? e.message : String(e) })
+    })
     const places = o.server === undefined
-      ? yield* Effect.forEach(Array.from({ length: o.servers }), () => startOwnServer(o), { concurrency: "unbounded" })
+      ? yield* Effect.forEach(Array.from({ length: o.servers }), () => startOwnServer(o, runKeys), { concurrency: "unbounded" })
       : [{ endpoint: o.server, httpUrl: o.httpUrl }]
+    if (runKeys !== undefined) onProgress(`the replay's server${places.length > 1 ? "s speak" : " speaks"} CURVE with per-run keys in ${runKeys.dir}`, true)
     const httpUrl = places[0]!.httpUrl
     const status0 = yield* getStatus(httpUrl)
     const chunk = status0.chunk_size
@@ -286,13 +304,20 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       blockSizeTokens: o.blockSizeTokens,
       numBlocks: Math.ceil(maxTokens / o.blockSizeTokens) + 1,
       heartbeatIntervalMs: o.heartbeatIntervalMs,
-      namePrefix: `mpcache-replay-${process.pid}-${slot}-${randomUUID().slice(0, 8)}`
+      namePrefix: `mpcache-replay-${process.pid}-${slot}-${randomUUID().slice(0, 8)}`,
+      ...(keyFiles === undefined ? {} : { curve: keyFiles })
     })
 
     // Per server: its scheduler, every worker ever started on it, its idle ones and its share of the figures.
     const nodes = yield* Effect.forEach(places, (place, index) =>
       Effect.gen(function*() {
-        const scheduler = yield* makeSchedulerAdapter({ endpoint: place.endpoint, modelName: o.model.name, worldSize: 1, requestTimeoutMs: 30_000 }).pipe(
+        const scheduler = yield* makeSchedulerAdapter({
+          endpoint: place.endpoint,
+          modelName: o.model.name,
+          worldSize: 1,
+          requestTimeoutMs: 30_000,
+          ...(clientCurve === undefined ? {} : { curve: clientCurve })
+        }).pipe(
           Effect.mapError((e) => new ReplayError({ message: `scheduler could not reach ${place.endpoint}: ${e.message}` }))
         )
         const idle = yield* Queue.unbounded<WorkerHandle>()

@@ -12,6 +12,12 @@
  */
 export type TransferMode = "lmcache-driven" | "engine-driven"
 
+/** A client's CURVE key files: `--curve-server-public-key-file` and `--curve-secret-key-file`. */
+export interface CurveKeyFiles {
+  readonly serverPublicKeyFile: string
+  readonly secretKeyFile: string
+}
+
 /** Settings a worker starts with (its first argv, JSON). */
 export interface WorkerSettings {
   readonly endpoint: string
@@ -28,6 +34,12 @@ export interface WorkerSettings {
   readonly numBlocks: number
   readonly heartbeatIntervalMs: number
   readonly namePrefix: string
+  /**
+   * CURVE: the key files the worker reads at start (never the keys
+   * themselves: argv is readable by every user of the machine through
+   * /proc/PID/cmdline); absent: no CURVE.
+   */
+  readonly curve?: CurveKeyFiles
 }
 
 /** One request for a worker: retrieve the hit prefix, compute the rest, store the new chunks. */

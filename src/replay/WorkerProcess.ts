@@ -26,12 +26,20 @@ import { makeEngineDrivenWorkerAdapter } from "../services/client/EngineDrivenWo
 import { makeCudaPagedKvCache } from "../services/client/CudaPagedKvCache.ts"
 import { makePagedKvCache } from "../services/client/PagedKvCache.ts"
 import { makeWorkerAdapter } from "../services/client/WorkerAdapter.ts"
+import { KeyFileInvalid, readClientKeys } from "../services/auth/Curve.ts"
 import type { Done, DriverMessage, RunRequest, WorkerMessage, WorkerSettings } from "./Messages.ts"
 import { fillKv, modelSeed, tokensFor } from "./Synth.ts"
 
 const settings = JSON.parse(process.argv[2] ?? "{}") as WorkerSettings
 
 const send = (m: WorkerMessage) => Effect.sync(() => process.send?.(m))
+
+/** The adapters' CURVE option from the settings' key files; fails with `KeyFileInvalid` naming the file. */
+const curveOption = Effect.try({
+  try: () =>
+    settings.curve === undefined ? {} : { curve: readClientKeys(settings.curve.serverPublicKeyFile, settings.curve.secretKeyFile) },
+  catch: (e) => e instanceof KeyFileInvalid ? e : new KeyFileInvalid({ path: settings.curve?.secretKeyFile ?? "", reason: String(e) })
+})
 
 /** A registered worker: its id, the server's chunk size, and one request's work. */
 interface Runner {
@@ -102,7 +110,8 @@ const lmcacheDriven = Effect.gen(function*() {
     worldSize: 1,
     kvRank: 0,
     heartbeatIntervalMs: settings.heartbeatIntervalMs,
-    requestTimeoutMs: 30_000
+    requestTimeoutMs: 30_000,
+    ...(yield* curveOption)
   })
   yield* worker.registerPagedKvCache(cache)
   const chunk = worker.chunkSizeTokens
@@ -190,7 +199,8 @@ const engineDriven = Effect.gen(function*() {
     hiddenDimSize: settings.numHeads * settings.headSize,
     dtype: settings.dtype,
     heartbeatIntervalMs: settings.heartbeatIntervalMs,
-    requestTimeoutMs: 30_000
+    requestTimeoutMs: 30_000,
+    ...(yield* curveOption)
   })
   yield* worker.register
   const chunk = worker.chunkSizeTokens

@@ -5,7 +5,8 @@
  * the server's shared L1 pool that each worker maps in its own process, and
  * through inline bytes (`--engine-driven-transport inline`). And a worker
  * SIGKILLed between PREPARE_STORE and COMMIT_STORE is reaped on disconnect
- * with nothing of its pending store published.
+ * with nothing of its pending store published. With CURVE off and on
+ * (test/support/CurveMode.ts, issue 14).
  */
 import { decodeStatusDocument } from "../../src/schema/Status.ts"
 import { randomUUID } from "node:crypto"
@@ -15,12 +16,14 @@ import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { type CliProcess, startCli, startScript, runJsonScript } from "../support/Cli.ts"
+import { CURVE_MODES, type CurveFixture, curveFixture } from "../support/CurveMode.ts"
 
 const WORKER = fileURLToPath(new URL("../support/engine-driven-worker-main.ts", import.meta.url))
 
-const runWorker = (args: Record<string, unknown>) => runJsonScript(WORKER, args)
+/** A worker process with `fx`'s client keys. */
+const runWorker = (fx: CurveFixture, args: Record<string, unknown>) => runJsonScript(WORKER, { ...args, ...fx.client() })
 
-const startServer = (extra: ReadonlyArray<string>) =>
+const startServer = (fx: CurveFixture, extra: ReadonlyArray<string>) =>
   Effect.gen(function*() {
     const endpoint = `ipc://${join(tmpdir(), `mpcache-e2e-ed-${randomUUID()}.sock`)}`
     const server = yield* startCli([
@@ -34,6 +37,7 @@ const startServer = (extra: ReadonlyArray<string>) =>
       "--l1-size-gb",
       "0.0625",
       "--no-l1-prefault",
+      ...fx.serverArgs,
       ...extra
     ])
     const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/)
@@ -51,13 +55,13 @@ const stopServer = (server: CliProcess) =>
 const status = (port: number) =>
   Effect.promise(() => fetch(`http://127.0.0.1:${port}/api/status`).then((r) => r.json())).pipe(Effect.flatMap(decodeStatusDocument), Effect.orDie)
 
-const storeThenRetrieve = (transport: "shm" | "inline") =>
+const storeThenRetrieve = (fx: CurveFixture, transport: "shm" | "inline") =>
   Effect.scoped(Effect.gen(function*() {
-    const { endpoint, httpPort, server } = yield* startServer(["--engine-driven-transport", transport])
-    const a = yield* runWorker({ endpoint, mode: "store", seed: 42, tokenCount: 330, requestId: "req-a" })
+    const { endpoint, httpPort, server } = yield* startServer(fx, ["--engine-driven-transport", transport])
+    const a = yield* runWorker(fx, { endpoint, mode: "store", seed: 42, tokenCount: 330, requestId: "req-a" })
     assert.strictEqual(a.code, 0, a.stderr)
     assert.deepStrictEqual([a.result["ok"], a.result["transport"]], [true, transport])
-    const b = yield* runWorker({ endpoint, mode: "retrieve", seed: 42, tokenCount: 330, requestId: "req-b" })
+    const b = yield* runWorker(fx, { endpoint, mode: "retrieve", seed: 42, tokenCount: 330, requestId: "req-b" })
     assert.strictEqual(b.code, 0, b.stderr)
     assert.deepStrictEqual(
       { ok: b.result["ok"], chunks: b.result["chunks"], hitTokens: b.result["hitTokens"], mismatches: b.result["mismatches"], transport: b.result["transport"] },
@@ -76,31 +80,33 @@ const storeThenRetrieve = (transport: "shm" | "inline") =>
     yield* stopServer(server)
   }))
 
-describe("engine-driven workers in two processes", () => {
-  it.live("through the shared pool: A stores, B retrieves every byte", () => storeThenRetrieve("shm"), 60_000)
+describe.each(CURVE_MODES)("engine-driven workers in two processes (CURVE $curve)", ({ curve }) => {
+  const fx = curveFixture(curve)
 
-  it.live("through inline bytes: A stores, B retrieves every byte", () => storeThenRetrieve("inline"), 60_000)
+    it.live("through the shared pool: A stores, B retrieves every byte", () => storeThenRetrieve(fx, "shm"), 60_000)
 
-  it.live("a worker SIGKILLed between PREPARE_STORE and COMMIT_STORE is reaped on disconnect; nothing of it is published", () =>
-    Effect.scoped(Effect.gen(function*() {
-      const { endpoint, httpPort, server } = yield* startServer(["--worker-disconnect-grace-seconds", "1"])
-      const hung = yield* startScript(WORKER, [JSON.stringify({ endpoint, mode: "prepare-and-hang", seed: 5, tokenCount: 256, requestId: "hang" })])
-      const [line] = yield* hung.waitForStdout(/\{.*\}\n/)
-      const info = JSON.parse(line) as { readonly instanceId: string; readonly slots: number }
-      assert.strictEqual(info.slots, 4)
-      const before = yield* status(httpPort)
-      assert.strictEqual(before.l1.reserved_objects, 4)
-      yield* hung.stop("SIGKILL")
-      yield* server.waitForStderr(new RegExp(`reaped instance ${info.instanceId}: .*reason disconnect`), 15_000)
-      const after = yield* status(httpPort)
-      assert.deepStrictEqual(after["instances"], [])
-      const l1 = after.l1
-      assert.deepStrictEqual([l1.objects, l1.reserved_objects, l1.used_bytes], [0, 0, 0])
-      // A later worker stores the same tokens from scratch: all 4 chunks are wanted again.
-      const again = yield* runWorker({ endpoint, mode: "store", seed: 5, tokenCount: 256, requestId: "again" })
-      assert.strictEqual(again.code, 0, again.stderr)
-      assert.strictEqual(again.result["ok"], true)
-      assert.strictEqual((yield* status(httpPort)).l1.objects, 4)
-      yield* stopServer(server)
-    })), 60_000)
+    it.live("through inline bytes: A stores, B retrieves every byte", () => storeThenRetrieve(fx, "inline"), 60_000)
+
+    it.live("a worker SIGKILLed between PREPARE_STORE and COMMIT_STORE is reaped on disconnect; nothing of it is published", () =>
+      Effect.scoped(Effect.gen(function*() {
+        const { endpoint, httpPort, server } = yield* startServer(fx, ["--worker-disconnect-grace-seconds", "1"])
+        const hung = yield* startScript(WORKER, [JSON.stringify({ endpoint, mode: "prepare-and-hang", seed: 5, tokenCount: 256, requestId: "hang", ...fx.client() })])
+        const [line] = yield* hung.waitForStdout(/\{.*\}\n/)
+        const info = JSON.parse(line) as { readonly instanceId: string; readonly slots: number }
+        assert.strictEqual(info.slots, 4)
+        const before = yield* status(httpPort)
+        assert.strictEqual(before.l1.reserved_objects, 4)
+        yield* hung.stop("SIGKILL")
+        yield* server.waitForStderr(new RegExp(`reaped instance ${info.instanceId}: .*reason disconnect`), 15_000)
+        const after = yield* status(httpPort)
+        assert.deepStrictEqual(after["instances"], [])
+        const l1 = after.l1
+        assert.deepStrictEqual([l1.objects, l1.reserved_objects, l1.used_bytes], [0, 0, 0])
+        // A later worker stores the same tokens from scratch: all 4 chunks are wanted again.
+        const again = yield* runWorker(fx, { endpoint, mode: "store", seed: 5, tokenCount: 256, requestId: "again" })
+        assert.strictEqual(again.code, 0, again.stderr)
+        assert.strictEqual(again.result["ok"], true)
+        assert.strictEqual((yield* status(httpPort)).l1.objects, 4)
+        yield* stopServer(server)
+      })), 60_000)
 })

@@ -54,7 +54,7 @@ const serverWithWorker = (url: string, id: bigint, flags: ReadonlyArray<string> 
       "--l2-url", url, "--l1-size-gb", "0.0625", "--no-l1-prefault", "--l2-breaker-probe-max-ms", "1000", "--l2-lookup-timeout-ms", "1000", ...flags
     ])
     const client = yield* makeMqClient({ endpoint, requestTimeoutMs: 10_000 })
-    const cache = yield* makePagedKvCache({ namePrefix: `mpcache-l2-${randomUUID()}`, ...geometry })
+    const cache = yield* makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-l2-${randomUUID()}`, ...geometry })
     yield* client.request(RegisterKvCache, [makeInstanceId(id), cache.descriptors, "tiny", 1, "vllm", {}, []])
     return { server, httpPort, client, cache, id: makeInstanceId(id) }
   })

@@ -5,6 +5,7 @@
  * worker's blocks — K re-rotated (checked against a float64 reference to
  * within 1 ulp), V byte for byte, every other position untouched — and the
  * failure rows, after each of which the server keeps serving.
+ * The whole suite runs with CURVE off and on (test/support/CurveMode.ts, issue 14).
  */
 import { randomUUID } from "node:crypto"
 import { assert, describe, it } from "@effect/vitest"
@@ -35,6 +36,7 @@ import {
   type TestDtype,
   worstUlp
 } from "../support/RopeReference.ts"
+import { CURVE_MODES, curveFixture } from "../support/CurveMode.ts"
 import { testServer } from "../support/TestServer.ts"
 
 const CHUNK = 32
@@ -170,125 +172,129 @@ const MATCHES: ReadonlyArray<CbMatch> = [
   match(70, 75, 90) // chunk 2 again, Δ = +20
 ]
 
-const env = () => testServer({ config: { chunkSize: CHUNK } })
+describe.each(CURVE_MODES)("CacheBlend over real sockets (CURVE $curve)", ({ curve }) => {
+  const fx = curveFixture(curve)
 
-describe("CB_RETRIEVE_PRE_COMPUTED over real sockets", () => {
-  for (const [dtype, isNeoxStyle] of [["float16", true], ["bfloat16", false], ["float16", false], ["bfloat16", true]] as const) {
-    it.live(`${dtype}, ${isNeoxStyle ? "neox" : "GPT-J"}: stored chunks land at the shifted positions, K re-rotated, V byte-equal, nothing else written`, () =>
+  const env = () => testServer({ curve: fx, config: { chunkSize: CHUNK } })
+
+  describe("CB_RETRIEVE_PRE_COMPUTED over real sockets", () => {
+    for (const [dtype, isNeoxStyle] of [["float16", true], ["bfloat16", false], ["float16", false], ["bfloat16", true]] as const) {
+      it.live(`${dtype}, ${isNeoxStyle ? "neox" : "GPT-J"}: stored chunks land at the shifted positions, K re-rotated, V byte-equal, nothing else written`, () =>
+        Effect.gen(function*() {
+          const client = yield* MqClient
+          const world = yield* setup(dtype, isNeoxStyle)
+          const reply = yield* client.request(CbRetrievePreComputed, [key({ token_ids: [], end: 0 }), MATCHES, [world.blocksB], id(2), EVENT])
+          assert.deepStrictEqual(reply, [EVENT, true])
+          yield* verify(dtype, isNeoxStyle, world, MATCHES)
+          assert.deepStrictEqual(yield* client.request(PingRegistered, [id(2), ["kv_cache", "cb_rope"]]), [])
+          assert.deepStrictEqual(yield* (yield* Blend).status(), { blend: { rope_instances: ["2"] } })
+        }).pipe(Effect.scoped, Effect.provide(env())))
+    }
+
+    it.live("a retrieve large enough to yield to the event loop mid-rotation (over 2^18 K pairs) is still exact", () =>
       Effect.gen(function*() {
         const client = yield* MqClient
-        const world = yield* setup(dtype, isNeoxStyle)
-        const reply = yield* client.request(CbRetrievePreComputed, [key({ token_ids: [], end: 0 }), MATCHES, [world.blocksB], id(2), EVENT])
-        assert.deepStrictEqual(reply, [EVENT, true])
-        yield* verify(dtype, isNeoxStyle, world, MATCHES)
-        assert.deepStrictEqual(yield* client.request(PingRegistered, [id(2), ["kv_cache", "cb_rope"]]), [])
-        assert.deepStrictEqual(yield* (yield* Blend).status(), { blend: { rope_instances: ["2"] } })
+        // One 256-token chunk of 3 layers × 8 heads × 128 dims: 131,072 pairs per layer, so the rotation yields after layer 2.
+        const geometry = { numLayers: 3, numBlocks: 40, blockSizeTokens: 16, numHeads: 8, headSize: 128, dtype: "float16" as const }
+        const a = yield* makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-test-${randomUUID()}`, ...geometry })
+        const b = yield* makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-test-${randomUUID()}`, ...geometry })
+        yield* client.request(RegisterKvCache, [id(1), a.descriptors, "big", 1, "vllm", {}, []])
+        yield* client.request(RegisterKvCache, [id(2), b.descriptors, "big", 1, "vllm", {}, []])
+        const bigTokens = Array.from({ length: 256 }, (_, i) => i + 1)
+        const bigKey = key({ model_name: "big", token_ids: bigTokens, end: 256 })
+        const blocksA = Array.from({ length: 16 }, (_, i) => i)
+        const blocksB = Array.from({ length: 32 }, (_, i) => 39 - i)
+        const next = gaussian(5, 2)
+        const source = Array.from({ length: 3 }, () => encodeAll("float16", Array.from({ length: 256 * 8 * 128 }, next)))
+        for (let l = 0; l < 3; l++) {
+          yield* writePositions(a, blocksA, l, 0, source[l]!)
+          yield* writePositions(a, blocksA, l, 1, source[l]!)
+        }
+        assert.deepStrictEqual(yield* client.request(Store, [bigKey, id(1), [blocksA], EVENT]), [EVENT, true])
+        const table = yield* makeTableSegment(512, 128)
+        yield* client.request(CbRegisterRope, [id(2), [table], 128, true, [], []])
+        const m: CbMatch = { old_st: 0, old_ed: 256, cur_st: 256, cur_ed: 512, hash: chunkHashes(bigTokens, 256)[0]! }
+        assert.deepStrictEqual(yield* client.request(CbRetrievePreComputed, [bigKey, [m], [blocksB], id(2), EVENT]), [EVENT, true])
+        const spec = { dtype: "float16" as const, numHeads: 8, headSize: 128, rotaryOffset: 0, rotaryDim: 128, isNeoxStyle: true }
+        for (let l = 0; l < 3; l++) {
+          const k = (yield* readPositions(b, blocksB, l, 0)).subarray(256 * b.geometry.blockBytes / 16)
+          const v = (yield* readPositions(b, blocksB, l, 1)).subarray(256 * b.geometry.blockBytes / 16)
+          assert.deepStrictEqual(v, source[l]!)
+          const worst = worstUlp("float16", k, referenceRotate(spec, source[l]!, 256, 256))
+          assert.isAtMost(worst.ulps, 1, `layer ${l}: ${worst.ulps} ulps at ${worst.at}`)
+        }
+      }).pipe(Effect.scoped, Effect.provide(testServer({ curve: fx, config: { chunkSize: 256 } }))))
+
+    it.live("a chunk missing from L1 fails closed: ok = false and nothing is written for the request", () =>
+      Effect.gen(function*() {
+        const client = yield* MqClient
+        const world = yield* setup("float16", true)
+        const unknown = { ...match(0, 16, 0), hash: new Uint8Array(32).fill(9) }
+        const reply = yield* client.request(CbRetrievePreComputed, [key(), [match(40, 64, 100), unknown], [world.blocksB], id(2), EVENT])
+        assert.deepStrictEqual(reply, [EVENT, false])
+        yield* verify("float16", true, world, [])
+        // Another salt is another key: not found either.
+        const salted = yield* client.request(CbRetrievePreComputed, [key({ cache_salt: "tenant-b" }), [match(40, 64, 100)], [world.blocksB], id(2), EVENT])
+        assert.deepStrictEqual(salted, [EVENT, false])
+        yield* verify("float16", true, world, [])
       }).pipe(Effect.scoped, Effect.provide(env())))
-  }
 
-  it.live("a retrieve large enough to yield to the event loop mid-rotation (over 2^18 K pairs) is still exact", () =>
-    Effect.gen(function*() {
-      const client = yield* MqClient
-      // One 256-token chunk of 3 layers × 8 heads × 128 dims: 131,072 pairs per layer, so the rotation yields after layer 2.
-      const geometry = { numLayers: 3, numBlocks: 40, blockSizeTokens: 16, numHeads: 8, headSize: 128, dtype: "float16" as const }
-      const a = yield* makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-test-${randomUUID()}`, ...geometry })
-      const b = yield* makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-test-${randomUUID()}`, ...geometry })
-      yield* client.request(RegisterKvCache, [id(1), a.descriptors, "big", 1, "vllm", {}, []])
-      yield* client.request(RegisterKvCache, [id(2), b.descriptors, "big", 1, "vllm", {}, []])
-      const bigTokens = Array.from({ length: 256 }, (_, i) => i + 1)
-      const bigKey = key({ model_name: "big", token_ids: bigTokens, end: 256 })
-      const blocksA = Array.from({ length: 16 }, (_, i) => i)
-      const blocksB = Array.from({ length: 32 }, (_, i) => 39 - i)
-      const next = gaussian(5, 2)
-      const source = Array.from({ length: 3 }, () => encodeAll("float16", Array.from({ length: 256 * 8 * 128 }, next)))
-      for (let l = 0; l < 3; l++) {
-        yield* writePositions(a, blocksA, l, 0, source[l]!)
-        yield* writePositions(a, blocksA, l, 1, source[l]!)
-      }
-      assert.deepStrictEqual(yield* client.request(Store, [bigKey, id(1), [blocksA], EVENT]), [EVENT, true])
-      const table = yield* makeTableSegment(512, 128)
-      yield* client.request(CbRegisterRope, [id(2), [table], 128, true, [], []])
-      const m: CbMatch = { old_st: 0, old_ed: 256, cur_st: 256, cur_ed: 512, hash: chunkHashes(bigTokens, 256)[0]! }
-      assert.deepStrictEqual(yield* client.request(CbRetrievePreComputed, [bigKey, [m], [blocksB], id(2), EVENT]), [EVENT, true])
-      const spec = { dtype: "float16" as const, numHeads: 8, headSize: 128, rotaryOffset: 0, rotaryDim: 128, isNeoxStyle: true }
-      for (let l = 0; l < 3; l++) {
-        const k = (yield* readPositions(b, blocksB, l, 0)).subarray(256 * b.geometry.blockBytes / 16)
-        const v = (yield* readPositions(b, blocksB, l, 1)).subarray(256 * b.geometry.blockBytes / 16)
-        assert.deepStrictEqual(v, source[l]!)
-        const worst = worstUlp("float16", k, referenceRotate(spec, source[l]!, 256, 256))
-        assert.isAtMost(worst.ulps, 1, `layer ${l}: ${worst.ulps} ulps at ${worst.at}`)
-      }
-    }).pipe(Effect.scoped, Effect.provide(testServer({ config: { chunkSize: 256 } }))))
+    it.live("bad input gets a clear error, writes nothing, and the server keeps serving", () =>
+      Effect.gen(function*() {
+        const client = yield* MqClient
+        const world = yield* setup("float16", true)
+        const cb = (matches: ReadonlyArray<CbMatch>, n = 2, blocks: ReadonlyArray<number> = world.blocksB, k: CacheKey = key()) =>
+          Effect.flip(client.request(CbRetrievePreComputed, [k, matches, [blocks], id(n), EVENT]))
 
-  it.live("a chunk missing from L1 fails closed: ok = false and nothing is written for the request", () =>
-    Effect.gen(function*() {
-      const client = yield* MqClient
-      const world = yield* setup("float16", true)
-      const unknown = { ...match(0, 16, 0), hash: new Uint8Array(32).fill(9) }
-      const reply = yield* client.request(CbRetrievePreComputed, [key(), [match(40, 64, 100), unknown], [world.blocksB], id(2), EVENT])
-      assert.deepStrictEqual(reply, [EVENT, false])
-      yield* verify("float16", true, world, [])
-      // Another salt is another key: not found either.
-      const salted = yield* client.request(CbRetrievePreComputed, [key({ cache_salt: "tenant-b" }), [match(40, 64, 100)], [world.blocksB], id(2), EVENT])
-      assert.deepStrictEqual(salted, [EVENT, false])
-      yield* verify("float16", true, world, [])
-    }).pipe(Effect.scoped, Effect.provide(env())))
+        const unknown = yield* cb(MATCHES, 99)
+        assert.instanceOf(unknown, NotRegistered)
+        assert.include(unknown.message, "cb_retrieve_pre_computed: instance 99 is not registered")
 
-  it.live("bad input gets a clear error, writes nothing, and the server keeps serving", () =>
-    Effect.gen(function*() {
-      const client = yield* MqClient
-      const world = yield* setup("float16", true)
-      const cb = (matches: ReadonlyArray<CbMatch>, n = 2, blocks: ReadonlyArray<number> = world.blocksB, k: CacheKey = key()) =>
-        Effect.flip(client.request(CbRetrievePreComputed, [k, matches, [blocks], id(n), EVENT]))
+        const lengths = yield* cb([{ ...match(40, 64, 100), cur_ed: 120 }])
+        assert.instanceOf(lengths, InvalidArgument)
+        assert.include(lengths.message, "cb_retrieve_pre_computed: matches[0]: the old range [40, 64) has 24 tokens but the current range [100, 120) has 20")
 
-      const unknown = yield* cb(MATCHES, 99)
-      assert.instanceOf(unknown, NotRegistered)
-      assert.include(unknown.message, "cb_retrieve_pre_computed: instance 99 is not registered")
+        const crossing = yield* cb([match(20, 40, 0)])
+        assert.instanceOf(crossing, InvalidArgument)
+        assert.include(crossing.message, "crosses the end of chunk 0")
 
-      const lengths = yield* cb([{ ...match(40, 64, 100), cur_ed: 120 }])
-      assert.instanceOf(lengths, InvalidArgument)
-      assert.include(lengths.message, "cb_retrieve_pre_computed: matches[0]: the old range [40, 64) has 24 tokens but the current range [100, 120) has 20")
+        const shortBlocks = yield* cb(MATCHES, 2, world.blocksB.slice(0, 4))
+        assert.instanceOf(shortBlocks, InvalidArgument)
+        assert.include(shortBlocks.message, "block_ids[0] has 4 ids")
 
-      const crossing = yield* cb([match(20, 40, 0)])
-      assert.instanceOf(crossing, InvalidArgument)
-      assert.include(crossing.message, "crosses the end of chunk 0")
+        const nilRank = yield* cb(MATCHES, 2, world.blocksB, key({ worker_id: null }))
+        assert.instanceOf(nilRank, InvalidArgument)
+        assert.include(nilRank.message, "key.worker_id is nil")
 
-      const shortBlocks = yield* cb(MATCHES, 2, world.blocksB.slice(0, 4))
-      assert.instanceOf(shortBlocks, InvalidArgument)
-      assert.include(shortBlocks.message, "block_ids[0] has 4 ids")
+        const table = world.table
+        const badTable = yield* Effect.flip(client.request(CbRegisterRope, [id(2), [{ ...table, shape: [TABLE_ROWS, HEAD], stride: [1, TABLE_ROWS] }], HEAD, true, [], []]))
+        assert.instanceOf(badTable, InvalidArgument)
+        assert.strictEqual(badTable.message, "cb_register_rope: cos_sin_caches[0].stride: expected the contiguous strides [16, 1] (elements), got [1, 256]")
+        const cuda = yield* Effect.flip(client.request(CbRegisterRope, [id(2), [{ kind: "cuda_ipc", ipc_handle: new Uint8Array(64), device_uuid: "GPU-0", nbytes: table.nbytes, dtype: "float32", shape: table.shape, stride: table.stride, storage_offset: 0 }], HEAD, true, [], []]))
+        assert.instanceOf(cuda, InvalidArgument)
+        assert.include(cuda.message, "CUDA IPC backend not available on this host")
+        const tooFar = yield* cb([match(0, 4, TABLE_ROWS - 16 + 100)], 2, Array.from({ length: 32 }, (_, i) => i))
+        assert.instanceOf(tooFar, InvalidArgument)
+        assert.include(tooFar.message, "needs cos/sin row 340, but the table has 256 rows")
 
-      const nilRank = yield* cb(MATCHES, 2, world.blocksB, key({ worker_id: null }))
-      assert.instanceOf(nilRank, InvalidArgument)
-      assert.include(nilRank.message, "key.worker_id is nil")
+        // KV context without RoPE state, and RoPE without a KV context.
+        const c = yield* newCache("float16")
+        yield* registerKv(3, c)
+        const noRope = yield* cb(MATCHES, 3)
+        assert.instanceOf(noRope, NotRegistered)
+        assert.include(noRope.message, "instance 3 has no CB RoPE state")
+        const noKv = yield* Effect.flip(client.request(CbRegisterRope, [id(4), [table], HEAD, true, [], []]))
+        assert.instanceOf(noKv, NotRegistered)
 
-      const table = world.table
-      const badTable = yield* Effect.flip(client.request(CbRegisterRope, [id(2), [{ ...table, shape: [TABLE_ROWS, HEAD], stride: [1, TABLE_ROWS] }], HEAD, true, [], []]))
-      assert.instanceOf(badTable, InvalidArgument)
-      assert.strictEqual(badTable.message, "cb_register_rope: cos_sin_caches[0].stride: expected the contiguous strides [16, 1] (elements), got [1, 256]")
-      const cuda = yield* Effect.flip(client.request(CbRegisterRope, [id(2), [{ kind: "cuda_ipc", ipc_handle: new Uint8Array(64), device_uuid: "GPU-0", nbytes: table.nbytes, dtype: "float32", shape: table.shape, stride: table.stride, storage_offset: 0 }], HEAD, true, [], []]))
-      assert.instanceOf(cuda, InvalidArgument)
-      assert.include(cuda.message, "CUDA IPC backend not available on this host")
-      const tooFar = yield* cb([match(0, 4, TABLE_ROWS - 16 + 100)], 2, Array.from({ length: 32 }, (_, i) => i))
-      assert.instanceOf(tooFar, InvalidArgument)
-      assert.include(tooFar.message, "needs cos/sin row 340, but the table has 256 rows")
-
-      // KV context without RoPE state, and RoPE without a KV context.
-      const c = yield* newCache("float16")
-      yield* registerKv(3, c)
-      const noRope = yield* cb(MATCHES, 3)
-      assert.instanceOf(noRope, NotRegistered)
-      assert.include(noRope.message, "instance 3 has no CB RoPE state")
-      const noKv = yield* Effect.flip(client.request(CbRegisterRope, [id(4), [table], HEAD, true, [], []]))
-      assert.instanceOf(noKv, NotRegistered)
-
-      yield* verify("float16", true, world, [])
-      assert.strictEqual(yield* client.request(Noop, []), "OK")
-      // The state survived the failed re-registers: a good retrieve still works.
-      assert.deepStrictEqual(yield* client.request(CbRetrievePreComputed, [key(), MATCHES, [world.blocksB], id(2), EVENT]), [EVENT, true])
-      yield* verify("float16", true, world, MATCHES)
-      // CB_UNREGISTER_ROPE: the KV context stays, the next CB retrieve is not_registered.
-      yield* client.request(CbUnregisterRope, [id(2)])
-      assert.deepStrictEqual(yield* client.request(PingRegistered, [id(2), ["kv_cache", "cb_rope"]]), ["cb_rope"])
-      assert.instanceOf(yield* cb(MATCHES), NotRegistered)
-    }).pipe(Effect.scoped, Effect.provide(env())))
+        yield* verify("float16", true, world, [])
+        assert.strictEqual(yield* client.request(Noop, []), "OK")
+        // The state survived the failed re-registers: a good retrieve still works.
+        assert.deepStrictEqual(yield* client.request(CbRetrievePreComputed, [key(), MATCHES, [world.blocksB], id(2), EVENT]), [EVENT, true])
+        yield* verify("float16", true, world, MATCHES)
+        // CB_UNREGISTER_ROPE: the KV context stays, the next CB retrieve is not_registered.
+        yield* client.request(CbUnregisterRope, [id(2)])
+        assert.deepStrictEqual(yield* client.request(PingRegistered, [id(2), ["kv_cache", "cb_rope"]]), ["cb_rope"])
+        assert.instanceOf(yield* cb(MATCHES), NotRegistered)
+      }).pipe(Effect.scoped, Effect.provide(env())))
+  })
 })

@@ -7,6 +7,7 @@
  * naming the instance, the segment and "the segment shrank below its
  * registered size"; both its kv_cache context and its RoPE state are
  * released; the other worker keeps its context and its chunks.
+ * The whole suite runs with CURVE off and on (test/support/CurveMode.ts, issue 14).
  */
 import { randomUUID } from "node:crypto"
 import { truncateSync } from "node:fs"
@@ -22,6 +23,7 @@ import { MqClient } from "../../src/services/client/MqClient.ts"
 import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
 import { chunkHashes } from "../../src/services/kv/TokenHasher.ts"
 import { makeTableSegment } from "../support/RopeReference.ts"
+import { CURVE_MODES, curveFixture } from "../support/CurveMode.ts"
 import { testServer } from "../support/TestServer.ts"
 
 const CHUNK = 32
@@ -80,50 +82,54 @@ const afterFault = (blocksA: ReadonlyArray<number>) =>
     assert.deepStrictEqual(yield* client.request(Retrieve, [key({ request_id: "after" }), id(1), [blocksA], EVENT, 0]), [EVENT, true])
   })
 
-describe("CB_RETRIEVE_PRE_COMPUTED of shrunk worker memory", () => {
-  it.live("the cos/sin table shrank: the read of its rows faults; invalid_argument, the instance released, the other served", () =>
-    Effect.gen(function*() {
-      const client = yield* MqClient
-      const { blocksA, table } = yield* setup
-      truncateSync(`/dev/shm/${table.shm_name}`, 0)
-      const e = yield* Effect.flip(client.request(CbRetrievePreComputed, [key({ token_ids: [], end: 0 }), [match(40, 64, 100)], [[50, 12, 33, 7, 60, 21, 2, 45]], id(2), EVENT]))
-      assert.deepStrictEqual(
-        e,
-        new InvalidArgument({
-          op: "cb_retrieve_pre_computed",
-          instance_id: "2",
-          field: "kv_caches",
-          expected: `segment ${table.shm_name} of at least ${table.nbytes} bytes (as registered)`,
-          actual: "0 bytes",
-          // Δ = +60: row 60 of the table, bytes 64 + 60 × 64 = 3904…, on page 0.
-          message: `cb_retrieve_pre_computed: instance 2: segment ${table.shm_name}: ${SHRANK} (${table.nbytes} bytes registered, 0 bytes now; gather faulted on the page at byte 0); its context is released: recreate the memory and register it again`
-        })
-      )
-      yield* afterFault(blocksA)
-    }).pipe(Effect.scoped, Effect.provide(testServer({ config: { chunkSize: CHUNK } }))))
+describe.each(CURVE_MODES)("CacheBlend of shrunk worker memory (CURVE $curve)", ({ curve }) => {
+  const fx = curveFixture(curve)
 
-  it.live("the KV segment shrank: the scatter faults; invalid_argument, the instance released, the other served", () =>
-    Effect.gen(function*() {
-      const client = yield* MqClient
-      const { b, blocksA } = yield* setup
-      const segment = b.segmentNames[0]!
-      const nbytes = b.descriptors[0]!.nbytes
-      truncateSync(`/dev/shm/${segment}`, 0)
-      const e = yield* Effect.flip(client.request(CbRetrievePreComputed, [key({ token_ids: [], end: 0 }), [match(64, 70, 64)], [[50, 12, 33, 7, 60, 21, 2, 45]], id(2), EVENT]))
-      // Δ = 0: a plain scatter of chunk 2's tokens 0…5 to position 64, i.e. block blocks[64 / 16] = 60; layer 0's K of
-      // block 60 (60 × 16 tokens × 64 bytes) comes first in that segment's one job.
-      const page = Math.floor((60 * 16 * 2 * HEAD * 2) / 4096) * 4096
-      assert.deepStrictEqual(
-        e,
-        new InvalidArgument({
-          op: "cb_retrieve_pre_computed",
-          instance_id: "2",
-          field: "kv_caches",
-          expected: `segment ${segment} of at least ${nbytes} bytes (as registered)`,
-          actual: "0 bytes",
-          message: `cb_retrieve_pre_computed: instance 2: segment ${segment}: ${SHRANK} (${nbytes} bytes registered, 0 bytes now; scatter faulted on the page at byte ${page}); its context is released: recreate the memory and register it again`
-        })
-      )
-      yield* afterFault(blocksA)
-    }).pipe(Effect.scoped, Effect.provide(testServer({ config: { chunkSize: CHUNK } }))))
+  describe("CB_RETRIEVE_PRE_COMPUTED of shrunk worker memory", () => {
+    it.live("the cos/sin table shrank: the read of its rows faults; invalid_argument, the instance released, the other served", () =>
+      Effect.gen(function*() {
+        const client = yield* MqClient
+        const { blocksA, table } = yield* setup
+        truncateSync(`/dev/shm/${table.shm_name}`, 0)
+        const e = yield* Effect.flip(client.request(CbRetrievePreComputed, [key({ token_ids: [], end: 0 }), [match(40, 64, 100)], [[50, 12, 33, 7, 60, 21, 2, 45]], id(2), EVENT]))
+        assert.deepStrictEqual(
+          e,
+          new InvalidArgument({
+            op: "cb_retrieve_pre_computed",
+            instance_id: "2",
+            field: "kv_caches",
+            expected: `segment ${table.shm_name} of at least ${table.nbytes} bytes (as registered)`,
+            actual: "0 bytes",
+            // Δ = +60: row 60 of the table, bytes 64 + 60 × 64 = 3904…, on page 0.
+            message: `cb_retrieve_pre_computed: instance 2: segment ${table.shm_name}: ${SHRANK} (${table.nbytes} bytes registered, 0 bytes now; gather faulted on the page at byte 0); its context is released: recreate the memory and register it again`
+          })
+        )
+        yield* afterFault(blocksA)
+      }).pipe(Effect.scoped, Effect.provide(testServer({ curve: fx, config: { chunkSize: CHUNK } }))))
+
+    it.live("the KV segment shrank: the scatter faults; invalid_argument, the instance released, the other served", () =>
+      Effect.gen(function*() {
+        const client = yield* MqClient
+        const { b, blocksA } = yield* setup
+        const segment = b.segmentNames[0]!
+        const nbytes = b.descriptors[0]!.nbytes
+        truncateSync(`/dev/shm/${segment}`, 0)
+        const e = yield* Effect.flip(client.request(CbRetrievePreComputed, [key({ token_ids: [], end: 0 }), [match(64, 70, 64)], [[50, 12, 33, 7, 60, 21, 2, 45]], id(2), EVENT]))
+        // Δ = 0: a plain scatter of chunk 2's tokens 0…5 to position 64, i.e. block blocks[64 / 16] = 60; layer 0's K of
+        // block 60 (60 × 16 tokens × 64 bytes) comes first in that segment's one job.
+        const page = Math.floor((60 * 16 * 2 * HEAD * 2) / 4096) * 4096
+        assert.deepStrictEqual(
+          e,
+          new InvalidArgument({
+            op: "cb_retrieve_pre_computed",
+            instance_id: "2",
+            field: "kv_caches",
+            expected: `segment ${segment} of at least ${nbytes} bytes (as registered)`,
+            actual: "0 bytes",
+            message: `cb_retrieve_pre_computed: instance 2: segment ${segment}: ${SHRANK} (${nbytes} bytes registered, 0 bytes now; scatter faulted on the page at byte ${page}); its context is released: recreate the memory and register it again`
+          })
+        )
+        yield* afterFault(blocksA)
+      }).pipe(Effect.scoped, Effect.provide(testServer({ curve: fx, config: { chunkSize: CHUNK } }))))
+  })
 })

@@ -4,6 +4,7 @@
  * or inline bytes) and a scheduler adapter against a real MQ server; the
  * wire's failure rows; PING_REGISTERED; re-registration after
  * not_registered.
+ * The whole suite runs with CURVE off and on (test/support/CurveMode.ts, issue 14).
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
@@ -25,7 +26,8 @@ import { MqClient } from "../../src/services/client/MqClient.ts"
 import { MqServer } from "../../src/services/server/MqServer.ts"
 import { makeSchedulerAdapter } from "../../src/services/client/SchedulerAdapter.ts"
 import { rawDealer } from "../support/RawDealer.ts"
-import { testServer } from "../support/TestServer.ts"
+import { CURVE_MODES, curveFixture } from "../support/CurveMode.ts"
+import { TestCurve, testServer } from "../support/TestServer.ts"
 
 const CHUNK = 32
 const LAYERS = 3
@@ -33,9 +35,6 @@ const HIDDEN = 16
 /** [2, 3, 32, 16] bfloat16. */
 const CHUNK_BYTES = 2 * LAYERS * CHUNK * HIDDEN * 2
 const tokens = Array.from({ length: 150 }, (_, i) => (i * 17 + 11) % 9000)
-
-const env = (transport: "shm" | "inline") =>
-  testServer({ config: { chunkSize: CHUNK, l1SizeGb: (64 * CHUNK_BYTES) / 2 ** 30, engineDrivenTransport: transport } })
 
 /** Chunk c's L1 object as worker `seed` computes it. */
 const chunkContent = (seed: number, c: number) => {
@@ -55,6 +54,7 @@ const adapter = (n: number, over: Partial<EngineDrivenWorkerAdapterOptions> = {}
     const server = yield* MqServer
     return yield* makeEngineDrivenWorkerAdapter({
       endpoint: server.endpoint,
+      ...(yield* TestCurve).client(),
       modelName: "edm",
       worldSize: 1,
       kvRank: 0,
@@ -70,7 +70,13 @@ const adapter = (n: number, over: Partial<EngineDrivenWorkerAdapterOptions> = {}
 
 const scheduler = Effect.gen(function*() {
   const server = yield* MqServer
-  return yield* makeSchedulerAdapter({ endpoint: server.endpoint, modelName: "edm", worldSize: 1, requestTimeoutMs: 5_000 })
+  return yield* makeSchedulerAdapter({
+    endpoint: server.endpoint,
+    modelName: "edm",
+    worldSize: 1,
+    requestTimeoutMs: 5_000,
+    ...(yield* TestCurve).client()
+  })
 })
 
 const storeThenRetrieve = Effect.gen(function*() {
@@ -96,110 +102,117 @@ const storeThenRetrieve = Effect.gen(function*() {
   return { poolA, transportA: yield* a.transport }
 })
 
-describe("engine-driven store and retrieve", () => {
-  it.live("shared-memory slots: worker A stores, worker B retrieves every byte through the pool", () =>
-    Effect.gen(function*() {
-      const { poolA, transportA } = yield* storeThenRetrieve
-      const l1 = yield* L1Store
-      assert.deepStrictEqual(poolA, { shm_name: l1.pool!.shmName, pool_size: l1.pool!.sizeBytes })
-      assert.strictEqual(transportA, "shm")
-      const client = yield* MqClient
-      assert.deepStrictEqual(yield* client.request(PingRegistered, [makeInstanceId(1n), ["kv_cache", "engine_driven"]]), ["kv_cache"])
-      const ed = yield* EngineDrivenTransfer
-      assert.deepStrictEqual(yield* ed.status(), {
-        engine_driven: { transport: "shm", pool: l1.pool!.shmName, contexts: 2, pending_stores: 0, pending_retrieves: 0 }
-      })
-    }).pipe(Effect.scoped, Effect.provide(env("shm"))))
+describe.each(CURVE_MODES)("engine-driven data path (CURVE $curve)", ({ curve }) => {
+  const fx = curveFixture(curve)
 
-  it.live("inline bytes: the same, with the bytes in COMMIT_STORE and PREPARE_RETRIEVE", () =>
-    Effect.gen(function*() {
-      const { poolA, transportA } = yield* storeThenRetrieve
-      assert.deepStrictEqual(poolA, { shm_name: "", pool_size: 0 })
-      assert.strictEqual(transportA, "inline")
-    }).pipe(Effect.scoped, Effect.provide(env("inline"))))
+  const env = (transport: "shm" | "inline") =>
+    testServer({ curve: fx, config: { chunkSize: CHUNK, l1SizeGb: (64 * CHUNK_BYTES) / 2 ** 30, engineDrivenTransport: transport } })
 
-  it.live("unregistering (the adapter's shutdown) leaves no context", () =>
-    Effect.gen(function*() {
-      yield* Effect.scoped(Effect.gen(function*() {
-        const a = yield* adapter(3)
+  describe("engine-driven store and retrieve", () => {
+    it.live("shared-memory slots: worker A stores, worker B retrieves every byte through the pool", () =>
+      Effect.gen(function*() {
+        const { poolA, transportA } = yield* storeThenRetrieve
+        const l1 = yield* L1Store
+        assert.deepStrictEqual(poolA, { shm_name: l1.pool!.shmName, pool_size: l1.pool!.sizeBytes })
+        assert.strictEqual(transportA, "shm")
+        const client = yield* MqClient
+        assert.deepStrictEqual(yield* client.request(PingRegistered, [makeInstanceId(1n), ["kv_cache", "engine_driven"]]), ["kv_cache"])
+        const ed = yield* EngineDrivenTransfer
+        assert.deepStrictEqual(yield* ed.status(), {
+          engine_driven: { transport: "shm", pool: l1.pool!.shmName, contexts: 2, pending_stores: 0, pending_retrieves: 0 }
+        })
+      }).pipe(Effect.scoped, Effect.provide(env("shm"))))
+
+    it.live("inline bytes: the same, with the bytes in COMMIT_STORE and PREPARE_RETRIEVE", () =>
+      Effect.gen(function*() {
+        const { poolA, transportA } = yield* storeThenRetrieve
+        assert.deepStrictEqual(poolA, { shm_name: "", pool_size: 0 })
+        assert.strictEqual(transportA, "inline")
+      }).pipe(Effect.scoped, Effect.provide(env("inline"))))
+
+    it.live("unregistering (the adapter's shutdown) leaves no context", () =>
+      Effect.gen(function*() {
+        yield* Effect.scoped(Effect.gen(function*() {
+          const a = yield* adapter(3)
+          yield* a.register
+          assert.strictEqual(yield* (yield* EngineDrivenTransfer).target.trackedInstanceCount(), 1)
+        }))
+        assert.strictEqual(yield* (yield* EngineDrivenTransfer).target.trackedInstanceCount(), 0)
+      }).pipe(Effect.scoped, Effect.provide(env("shm"))))
+
+    it.live("a transfer answered not_registered re-registers the adapter with the same id; the next store works", () =>
+      Effect.gen(function*() {
+        const client = yield* MqClient
+        const a = yield* adapter(4, { heartbeatIntervalMs: 60_000 })
         yield* a.register
-        assert.strictEqual(yield* (yield* EngineDrivenTransfer).target.trackedInstanceCount(), 1)
-      }))
-      assert.strictEqual(yield* (yield* EngineDrivenTransfer).target.trackedInstanceCount(), 0)
-    }).pipe(Effect.scoped, Effect.provide(env("shm"))))
-
-  it.live("a transfer answered not_registered re-registers the adapter with the same id; the next store works", () =>
-    Effect.gen(function*() {
-      const client = yield* MqClient
-      const a = yield* adapter(4, { heartbeatIntervalMs: 60_000 })
-      yield* a.register
-      // Let the heartbeat's first ping (at start) finish, so only the transfer notices the loss.
-      yield* Effect.sleep("300 millis")
-      yield* client.request(UnregisterKvCacheEngineDrivenContext, [makeInstanceId(4n)])
-      const error = yield* Effect.flip(a.store({ requestId: "x", tokenIds: tokens, start: 0, end: 64 }, (i) => chunkContent(1, i)))
-      assert.instanceOf(error, NotRegistered)
-      assert.strictEqual(yield* a.reregistrations, 1)
-      assert.isTrue(yield* (yield* EngineDrivenTransfer).target.holdsInstance(makeInstanceId(4n)))
-      assert.isTrue(yield* a.store({ requestId: "x", tokenIds: tokens, start: 0, end: 64 }, (i) => chunkContent(1, i)))
-    }).pipe(Effect.scoped, Effect.provide(env("shm"))))
-})
-
-describe("wire failure rows", () => {
-  const key: CacheKey = {
-    model_name: "edm",
-    world_size: 1,
-    worker_id: 0,
-    token_ids: tokens,
-    start: 0,
-    end: 64,
-    request_id: "w",
-    cache_salt: ""
-  }
-  const payload = (over: Record<string, unknown> = {}) => ({
-    instance_id: makeInstanceId(9n),
-    model_name: "edm",
-    world_size: 1,
-    block_size: 16,
-    num_layers: LAYERS,
-    hidden_dim_size: HIDDEN,
-    dtype_str: "bfloat16" as const,
-    use_mla: false,
-    ...over
+        // Let the heartbeat's first ping (at start) finish, so only the transfer notices the loss.
+        yield* Effect.sleep("300 millis")
+        yield* client.request(UnregisterKvCacheEngineDrivenContext, [makeInstanceId(4n)])
+        const error = yield* Effect.flip(a.store({ requestId: "x", tokenIds: tokens, start: 0, end: 64 }, (i) => chunkContent(1, i)))
+        assert.instanceOf(error, NotRegistered)
+        assert.strictEqual(yield* a.reregistrations, 1)
+        assert.isTrue(yield* (yield* EngineDrivenTransfer).target.holdsInstance(makeInstanceId(4n)))
+        assert.isTrue(yield* a.store({ requestId: "x", tokenIds: tokens, start: 0, end: 64 }, (i) => chunkContent(1, i)))
+      }).pipe(Effect.scoped, Effect.provide(env("shm"))))
   })
 
-  it.live("an unknown dtype or a zero size is bad_request naming the field; a block size that does not divide the chunk is invalid_argument", () =>
-    Effect.gen(function*() {
-      const server = yield* MqServer
-      const raw = yield* rawDealer(server.endpoint)
-      const send = (uid: number, body: Record<string, unknown>) =>
-        Effect.gen(function*() {
-          yield* raw.send([pack(uid), pack(14), pack(body)])
-          const reply = decodeReplyHeader((yield* raw.receive(2_000))!)
-          return reply?._tag === "Error" ? reply.error : undefined
-        })
-      const dtype = yield* send(1, { ...payload(), instance_id: 9, dtype_str: "float13" })
-      assert.instanceOf(dtype, BadRequest)
-      assert.include(dtype!.message, "register_kv_cache_engine_driven_context: payload 0 (context)")
-      assert.include(dtype!.message, "dtype_str")
-      const zero = yield* send(2, { ...payload(), instance_id: 9, block_size: 0 })
-      assert.instanceOf(zero, BadRequest)
-      assert.include(zero!.message, "block_size")
-      const client = yield* MqClient
-      const indivisible = yield* Effect.flip(client.request(RegisterKvCacheEngineDrivenContext, [payload({ block_size: 48 })]))
-      assert.instanceOf(indivisible, InvalidArgument)
-      assert.include(indivisible.message, "block_size: 48 tokens must divide the server's chunk size (32 tokens)")
-      const mla = yield* client.request(RegisterKvCacheEngineDrivenContext, [payload({ use_mla: true })])
-      assert.strictEqual(mla.pool_size, (yield* L1Store).pool!.sizeBytes)
-      const changed = yield* Effect.flip(client.request(RegisterKvCacheEngineDrivenContext, [payload()]))
-      assert.instanceOf(changed, InvalidArgument)
-    }).pipe(Effect.scoped, Effect.provide(env("shm"))))
+  describe("wire failure rows", () => {
+    const key: CacheKey = {
+      model_name: "edm",
+      world_size: 1,
+      worker_id: 0,
+      token_ids: tokens,
+      start: 0,
+      end: 64,
+      request_id: "w",
+      cache_salt: ""
+    }
+    const payload = (over: Record<string, unknown> = {}) => ({
+      instance_id: makeInstanceId(9n),
+      model_name: "edm",
+      world_size: 1,
+      block_size: 16,
+      num_layers: LAYERS,
+      hidden_dim_size: HIDDEN,
+      dtype_str: "bfloat16" as const,
+      use_mla: false,
+      ...over
+    })
 
-  it.live("PREPARE/COMMIT for an id the server does not hold are not_registered; a commit nobody prepared is false", () =>
-    Effect.gen(function*() {
-      const client = yield* MqClient
-      const e = yield* Effect.flip(client.request(PrepareStore, [key, makeInstanceId(77n)]))
-      assert.instanceOf(e, NotRegistered)
-      yield* client.request(RegisterKvCacheEngineDrivenContext, [payload()])
-      assert.isFalse(yield* client.request(CommitStore, [key, makeInstanceId(9n), new Uint8Array(0)]))
-    }).pipe(Effect.scoped, Effect.provide(env("shm"))))
+    it.live("an unknown dtype or a zero size is bad_request naming the field; a block size that does not divide the chunk is invalid_argument", () =>
+      Effect.gen(function*() {
+        const server = yield* MqServer
+        const raw = yield* rawDealer(server.endpoint, fx.client().curve)
+        const send = (uid: number, body: Record<string, unknown>) =>
+          Effect.gen(function*() {
+            yield* raw.send([pack(uid), pack(14), pack(body)])
+            const reply = decodeReplyHeader((yield* raw.receive(2_000))!)
+            return reply?._tag === "Error" ? reply.error : undefined
+          })
+        const dtype = yield* send(1, { ...payload(), instance_id: 9, dtype_str: "float13" })
+        assert.instanceOf(dtype, BadRequest)
+        assert.include(dtype!.message, "register_kv_cache_engine_driven_context: payload 0 (context)")
+        assert.include(dtype!.message, "dtype_str")
+        const zero = yield* send(2, { ...payload(), instance_id: 9, block_size: 0 })
+        assert.instanceOf(zero, BadRequest)
+        assert.include(zero!.message, "block_size")
+        const client = yield* MqClient
+        const indivisible = yield* Effect.flip(client.request(RegisterKvCacheEngineDrivenContext, [payload({ block_size: 48 })]))
+        assert.instanceOf(indivisible, InvalidArgument)
+        assert.include(indivisible.message, "block_size: 48 tokens must divide the server's chunk size (32 tokens)")
+        const mla = yield* client.request(RegisterKvCacheEngineDrivenContext, [payload({ use_mla: true })])
+        assert.strictEqual(mla.pool_size, (yield* L1Store).pool!.sizeBytes)
+        const changed = yield* Effect.flip(client.request(RegisterKvCacheEngineDrivenContext, [payload()]))
+        assert.instanceOf(changed, InvalidArgument)
+      }).pipe(Effect.scoped, Effect.provide(env("shm"))))
+
+    it.live("PREPARE/COMMIT for an id the server does not hold are not_registered; a commit nobody prepared is false", () =>
+      Effect.gen(function*() {
+        const client = yield* MqClient
+        const e = yield* Effect.flip(client.request(PrepareStore, [key, makeInstanceId(77n)]))
+        assert.instanceOf(e, NotRegistered)
+        yield* client.request(RegisterKvCacheEngineDrivenContext, [payload()])
+        assert.isFalse(yield* client.request(CommitStore, [key, makeInstanceId(9n), new Uint8Array(0)]))
+      }).pipe(Effect.scoped, Effect.provide(env("shm"))))
+  })
 })

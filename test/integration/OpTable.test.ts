@@ -6,6 +6,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { OPS } from "../../src/schema/Op.ts"
 import { MqServer } from "../../src/services/server/MqServer.ts"
+import { CURVE_MODES } from "../support/CurveMode.ts"
 import { testServer } from "../support/TestServer.ts"
 
 /** DESIGN §3.1: id, op, pool. */
@@ -37,7 +38,7 @@ const DESIGN_TABLE: ReadonlyArray<readonly [number, string, string]> = [
   [67, "get_server_info", "NORMAL"]
 ]
 
-describe.each([{ curve: false }, { curve: true }])("op table (CURVE $curve)", ({ curve }) => {
+describe.each(CURVE_MODES)("op table (CURVE $curve)", ({ curve }) => {
   it("src/schema/Op.ts defines exactly the ops of DESIGN §3.1, with their frozen ids", () => {
     assert.deepStrictEqual(OPS.map((o) => [o.id, o.name]), DESIGN_TABLE.map(([id, name]) => [id, name]))
   })

@@ -2,10 +2,11 @@
  * Tenants over real sockets with CURVE on (issue 14 items 1, 3, 4;
  * docs/security.md): tenant A attacks tenant B's instance and is answered
  * `forbidden` (PING: `true`) while nothing of B's changes; clients outside
- * the allowlist get nothing; limits answer `overloaded` naming the flag.
+ * the allowlist get nothing, over tcp:// on loopback, and are told why
+ * within their timeout; limits answer `overloaded` naming the flag.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit } from "effect"
+import { Effect, Exit, Fiber, Scope } from "effect"
 import type { CacheKey } from "../../src/schema/CacheKey.ts"
 import { makeInstanceId } from "../../src/schema/InstanceId.ts"
 import {
@@ -19,7 +20,8 @@ import {
 } from "../../src/schema/Op.ts"
 import { Forbidden, Overloaded } from "../../src/schema/WireError.ts"
 import { Tenancy } from "../../src/services/auth/Tenancy.ts"
-import { makeMqClient } from "../../src/services/client/MqClient.ts"
+import { handshakeRefusal } from "../../src/services/client/HandshakeRefusal.ts"
+import { ClientClosed, makeMqClient, RequestTimeout } from "../../src/services/client/MqClient.ts"
 import { LivenessTargets } from "../../src/services/liveness/LivenessTarget.ts"
 import { MqServer } from "../../src/services/server/MqServer.ts"
 import { layerTest } from "../../src/layers/Server.ts"
@@ -120,6 +122,63 @@ describe("tenants (CURVE on, real sockets)", () => {
       const admin = yield* clientFor(keys.clients["admin"])
       yield* admin.request(Clear, [false])
     }).pipe(Effect.scoped, Effect.provide(server())))
+
+  it.live("over tcp:// on loopback: an authorized key is served; an unlisted key and a client without CURVE are refused at the handshake, each told why within its timeout", () =>
+    Effect.gen(function*() {
+      const s = yield* MqServer
+      assert.match(s.endpoint, /^tcp:\/\/127\.0\.0\.1:\d+$/)
+      const a = yield* clientFor(keys.clients["a"])
+      assert.strictEqual(yield* a.request(Noop, []), "OK")
+      const stranger = yield* clientFor(keys.clients["stranger"], 800)
+      const refused = yield* Effect.flip(stranger.request(Noop, []))
+      assert.deepStrictEqual(
+        refused,
+        new RequestTimeout({
+          op: "noop",
+          endpoint: s.endpoint,
+          timeoutMs: 800,
+          handshake: handshakeRefusal({ reason: "auth", status: 400, address: "", code: "" }, true)
+        })
+      )
+      const plain = yield* clientFor(undefined, 800)
+      const noCurve = yield* Effect.flip(plain.request(Noop, []))
+      assert.instanceOf(noCurve, RequestTimeout)
+      assert.oneOf(noCurve.handshake, [
+        handshakeRefusal({ reason: "mechanism", address: "", code: "ERR_ZMTP_MECHANISM_MISMATCH" }, false),
+        handshakeRefusal({ reason: "protocol", address: "", code: "EPIPE" }, false)
+      ])
+      assert.strictEqual(yield* a.request(Noop, []), "OK")
+    }).pipe(Effect.scoped, Effect.provide(server())))
+
+  it.live("closing a refused client while its request waits on the send ends that request at once with ClientClosed", () =>
+    Effect.gen(function*() {
+      const clientScope = yield* Scope.make()
+      const stranger = yield* Scope.provide(clientScope)(clientFor(keys.clients["stranger"], 60_000))
+      // The first request finds the refusal; the second one's send then has no connection to queue on.
+      yield* Effect.flip(stranger.request(Noop, [], { timeoutMs: 500 }))
+      const waiting = yield* Effect.forkChild(Effect.exit(stranger.request(Noop, [])))
+      yield* Effect.sleep("200 millis")
+      assert.isUndefined(waiting.pollUnsafe(), "still waiting on the send")
+      yield* Scope.close(clientScope, Exit.void)
+      const ended = yield* Fiber.join(waiting).pipe(Effect.timeout("5 seconds"))
+      assert.deepStrictEqual(ended, Exit.fail(new ClientClosed({ op: "noop", endpoint: stranger.endpoint })))
+    }).pipe(Effect.scoped, Effect.provide(server())))
+
+  it.live("over tcp:// on loopback: a CURVE client of a server without CURVE is told the server does not speak it", () =>
+    Effect.gen(function*() {
+      const s = yield* MqServer
+      const a = yield* clientFor(keys.clients["a"], 800)
+      const refused = yield* Effect.flip(a.request(Noop, []))
+      assert.deepStrictEqual(
+        refused,
+        new RequestTimeout({
+          op: "noop",
+          endpoint: s.endpoint,
+          timeoutMs: 800,
+          handshake: handshakeRefusal({ reason: "mechanism", address: "", code: "ERR_ZMTP_MECHANISM_MISMATCH" }, true)
+        })
+      )
+    }).pipe(Effect.scoped, Effect.provide(layerTest({}))))
 
   it.live("a key removed by reload loses its connection's binding at once; the others keep working", () =>
     Effect.gen(function*() {

@@ -12,6 +12,7 @@ import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { Effect, Schedule } from "effect"
 import { decodeStatusDocument } from "../../src/schema/Status.ts"
+import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
 import { startCli, startScript } from "./Cli.ts"
 
 const DAEMON = fileURLToPath(new URL("./worker-daemon.ts", import.meta.url))
@@ -31,8 +32,11 @@ export const startServer = (endpoint: string, flags: ReadonlyArray<string>, read
     return { server, httpPort: Number(port) }
   })
 
-/** A worker daemon, once registered and its first store succeeded; its segments unlinked with the scope. */
-export const startWorker = (endpoint: string, heartbeatIntervalMs: number, storeEveryMs: number) =>
+/**
+ * A worker daemon, once registered and its first store succeeded; its segments unlinked with the scope.
+ * `curve`: its CURVE keys (CurveFixture.client()); absent: no CURVE.
+ */
+export const startWorker = (endpoint: string, heartbeatIntervalMs: number, storeEveryMs: number, curve?: DealerCurve) =>
   Effect.gen(function*() {
     const namePrefix = `mpcache-e2e-fleet-${randomUUID()}`
     // Added first, so it runs last: after the worker is gone (a SIGKILLed worker cannot unlink its segments).
@@ -41,7 +45,7 @@ export const startWorker = (endpoint: string, heartbeatIntervalMs: number, store
         for (const name of readdirSync("/dev/shm")) if (name.startsWith(namePrefix)) rmSync(`/dev/shm/${name}`, { force: true })
       })
     )
-    const worker = yield* startScript(DAEMON, [JSON.stringify({ endpoint, namePrefix, heartbeatIntervalMs, storeEveryMs })])
+    const worker = yield* startScript(DAEMON, [JSON.stringify({ endpoint, namePrefix, heartbeatIntervalMs, storeEveryMs, ...(curve === undefined ? {} : { curve }) })])
     const [, instanceId] = yield* worker.waitForStdout(/"event":"registered","instanceId":"(\d+)"/, 20_000)
     yield* worker.waitForStdout(/"event":"store","n":1,"ok":true/, 20_000)
     return { worker, namePrefix, instanceId: instanceId! }

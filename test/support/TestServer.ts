@@ -4,23 +4,30 @@
  * (`layerTest`), extra modules (test doubles of later modules) joined as
  * plugins.
  */
-import { Effect, Layer } from "effect"
+import { Context, Effect, Layer } from "effect"
 import { layerTest, layerTestBare } from "../../src/layers/Server.ts"
 import type { ServerConfigInput } from "../../src/services/server/ServerConfig.ts"
 import type { ServerModule } from "../../src/services/server/Handler.ts"
 import { MqClient } from "../../src/services/client/MqClient.ts"
 import { MqServer } from "../../src/services/server/MqServer.ts"
 import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
-import { makeTestKeys } from "./CurveKeys.ts"
+import { type CurveFixture, curveFixture } from "./CurveMode.ts"
 
 export interface TestServerOptions {
   readonly config?: Partial<ServerConfigInput>
-  /** CURVE on: fresh keys, the client authorized as tenant "test" (admin) and speaking CURVE. Default off. */
-  readonly curve?: boolean
+  /**
+   * CURVE on: `true` makes fresh keys (`curveFixture`), the client authorized
+   * as tenant "test" (admin) and speaking CURVE; a fixture is used as given
+   * (its "client" speaks), so the suite can connect more clients with it. Default off.
+   */
+  readonly curve?: boolean | CurveFixture
   readonly modules?: ReadonlyArray<ServerModule>
   /** Client request timeout; default 5,000 ms. */
   readonly requestTimeoutMs?: number
 }
+
+/** The CURVE fixture the server in context runs with, for the clients a test connects besides `MqClient`. */
+export class TestCurve extends Context.Service<TestCurve, CurveFixture>()("test/support/TestCurve") {}
 
 /** An MqClient connected to the server in context. */
 const clientOf = (requestTimeoutMs: number, curve?: DealerCurve) =>
@@ -31,15 +38,13 @@ const clientOf = (requestTimeoutMs: number, curve?: DealerCurve) =>
     })
   )
 
-/** MqServer + modules + an MqClient connected to it (with `curve`, both speak CURVE). */
+/** MqServer + modules + an MqClient connected to it (with `curve`, both speak CURVE) + its `TestCurve`. */
 export const testServer = (options: TestServerOptions = {}) => {
-  const keys = options.curve === true ? makeTestKeys({ client: "test admin" }) : undefined
-  const config: Partial<ServerConfigInput> = {
-    ...options.config,
-    ...(keys === undefined ? {} : { curveSecretKeyFile: keys.serverSecretFile, curveAuthorizedKeys: keys.authorizedKeysFile })
-  }
-  return clientOf(options.requestTimeoutMs ?? 5_000, keys?.clients["client"]).pipe(
-    Layer.provideMerge(layerTest({ config, plugins: options.modules ?? [] }))
+  const fx = typeof options.curve === "object" ? options.curve : curveFixture(options.curve === true)
+  const config: Partial<ServerConfigInput> = { ...options.config, ...fx.serverConfig }
+  return clientOf(options.requestTimeoutMs ?? 5_000, fx.client().curve).pipe(
+    Layer.provideMerge(layerTest({ config, plugins: options.modules ?? [] })),
+    Layer.merge(Layer.succeed(TestCurve, fx))
   )
 }
 
@@ -48,9 +53,13 @@ export const testServer = (options: TestServerOptions = {}) => {
  * table (no data path), plus a client: for dispatch tests whose test
  * modules serve ops the real modules also serve.
  */
-export const bareServer = (options: { readonly modules: ReadonlyArray<ServerModule>; readonly config?: Partial<ServerConfigInput> }) =>
-  clientOf(5_000).pipe(
+export const bareServer = (options: {
+  readonly modules: ReadonlyArray<ServerModule>
+  readonly config?: Partial<ServerConfigInput>
+  readonly curve?: CurveFixture
+}) =>
+  clientOf(5_000, options.curve?.client().curve).pipe(
     Layer.provideMerge(
-      layerTestBare({ ...(options.config ? { config: options.config } : {}), plugins: options.modules })
+      layerTestBare({ config: { ...options.config, ...options.curve?.serverConfig }, plugins: options.modules })
     )
   )

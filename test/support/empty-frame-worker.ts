@@ -48,9 +48,10 @@ const program = Effect.gen(function*() {
   void (async () => {
     for (;;) await dealer.receive()
   })().catch(() => {})
+  // The first frame after `everyMs`, not at once: a worker with a long period stays silent after registering.
   for (;;) {
-    yield* Effect.promise(() => dealer.send([""]))
     yield* Effect.sleep(`${args.everyMs} millis`)
+    yield* Effect.promise(() => dealer.send([""]))
   }
 })
 

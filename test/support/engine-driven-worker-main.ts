@@ -18,6 +18,7 @@ import { PrepareStore, RegisterKvCacheEngineDrivenContext } from "../../src/sche
 import { makeEngineDrivenWorkerAdapter } from "../../src/services/client/EngineDrivenWorkerAdapter.ts"
 import { makeMqClient } from "../../src/services/client/MqClient.ts"
 import { makeSchedulerAdapter } from "../../src/services/client/SchedulerAdapter.ts"
+import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
 
 interface Args {
   readonly endpoint: string
@@ -25,6 +26,8 @@ interface Args {
   readonly seed: number
   readonly tokenCount: number
   readonly requestId: string
+  /** CURVE keys of this worker (test/support/CurveMode.ts); absent: no CURVE. */
+  readonly curve?: DealerCurve
 }
 
 const args = JSON.parse(process.argv[2] ?? "{}") as Args
@@ -44,11 +47,12 @@ export const chunkContent = (seed: number, c: number, bytes: number): Uint8Array
   return out
 }
 
-const common = { endpoint: args.endpoint, modelName: "e2e-ed-model", worldSize: 1, kvRank: 0, ...layout }
+const curve = args.curve === undefined ? {} : { curve: args.curve }
+const common = { endpoint: args.endpoint, modelName: "e2e-ed-model", worldSize: 1, kvRank: 0, ...layout, ...curve }
 
 const program = Effect.gen(function*() {
   if (args.mode === "prepare-and-hang") {
-    const client = yield* makeMqClient({ endpoint: args.endpoint })
+    const client = yield* makeMqClient({ endpoint: args.endpoint, ...curve })
     const id = makeInstanceId(BigInt(process.pid) * 1000n + 17n)
     const pool = yield* client.request(RegisterKvCacheEngineDrivenContext, [{
       instance_id: id,
@@ -89,7 +93,7 @@ const program = Effect.gen(function*() {
     const ok = yield* worker.store(request, (i) => chunkContent(args.seed, i, worker.layout.chunkBytes))
     return { ok, transport, instanceId: worker.instanceId.toString(), pid: process.pid }
   }
-  const scheduler = yield* makeSchedulerAdapter({ endpoint: args.endpoint, modelName: common.modelName, worldSize: 1 })
+  const scheduler = yield* makeSchedulerAdapter({ endpoint: args.endpoint, modelName: common.modelName, worldSize: 1, ...curve })
   const hitTokens = yield* scheduler.lookup(args.requestId, tokenIds)
   const got = yield* worker.retrieve({ ...request, end: hitTokens })
   yield* scheduler.endSession(args.requestId)

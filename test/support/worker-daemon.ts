@@ -12,6 +12,7 @@ import { Effect, Schedule } from "effect"
 import { ClientLive } from "../../src/layers/Client.ts"
 import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
 import { makeWorkerAdapter } from "../../src/services/client/WorkerAdapter.ts"
+import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
 import { writeTokens } from "./KvData.ts"
 
 interface Args {
@@ -23,6 +24,8 @@ interface Args {
   readonly backing?: "cpu_memfd" | "cpu_shm"
   /** Blocks of the 2-layer cache (default 16; 2 KiB each). */
   readonly numBlocks?: number
+  /** CURVE keys of this worker (test/support/CurveMode.ts); absent: no CURVE. */
+  readonly curve?: DealerCurve
 }
 
 const args = JSON.parse(process.argv[2] ?? "{}") as Args
@@ -45,7 +48,8 @@ const program = Effect.gen(function*() {
     worldSize: 1,
     kvRank: 0,
     heartbeatIntervalMs: args.heartbeatIntervalMs,
-    requestTimeoutMs: 2_000
+    requestTimeoutMs: 2_000,
+    ...(args.curve === undefined ? {} : { curve: args.curve })
   })
   yield* worker.registerPagedKvCache(cache)
   yield* say({ event: "registered", instanceId: worker.instanceId.toString(), pid: process.pid })

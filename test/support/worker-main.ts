@@ -11,6 +11,7 @@ import { ClientLive } from "../../src/layers/Client.ts"
 import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
 import { makeSchedulerAdapter } from "../../src/services/client/SchedulerAdapter.ts"
 import { makeWorkerAdapter } from "../../src/services/client/WorkerAdapter.ts"
+import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
 import { verifyTokens, writeTokens } from "./KvData.ts"
 
 interface Args {
@@ -23,15 +24,18 @@ interface Args {
   readonly requestId: string
   /** The KV cache's memory (default cpu_shm: the e2e tests that read /dev/shm). */
   readonly backing?: "cpu_memfd" | "cpu_shm"
+  /** CURVE keys of this worker (test/support/CurveMode.ts); absent: no CURVE. */
+  readonly curve?: DealerCurve
 }
 
 const args = JSON.parse(process.argv[2] ?? "{}") as Args
 const geometry = { numLayers: 4, numBlocks: 64, blockSizeTokens: 16, numHeads: 2, headSize: 16, dtype: "bfloat16" as const }
+const curve = args.curve === undefined ? {} : { curve: args.curve }
 const tokenIds = Array.from({ length: args.tokenCount }, (_, i) => (i * 31 + 7) % 32000)
 
 const program = Effect.gen(function*() {
   const cache = yield* makePagedKvCache({ namePrefix: args.namePrefix, backing: args.backing ?? "cpu_shm", ...geometry })
-  const worker = yield* makeWorkerAdapter({ endpoint: args.endpoint, modelName: "e2e-model", worldSize: 1, kvRank: 0 })
+  const worker = yield* makeWorkerAdapter({ endpoint: args.endpoint, modelName: "e2e-model", worldSize: 1, kvRank: 0, ...curve })
   yield* worker.registerPagedKvCache(cache)
   const end = Math.floor(args.tokenCount / worker.chunkSizeTokens) * worker.chunkSizeTokens
   const request = { requestId: args.requestId, tokenIds, start: 0, end, blockIds: args.blockIds }
@@ -40,7 +44,7 @@ const program = Effect.gen(function*() {
     const ok = yield* worker.store(request)
     return { ok, instanceId: worker.instanceId.toString(), pid: process.pid }
   }
-  const scheduler = yield* makeSchedulerAdapter({ endpoint: args.endpoint, modelName: "e2e-model", worldSize: 1 })
+  const scheduler = yield* makeSchedulerAdapter({ endpoint: args.endpoint, modelName: "e2e-model", worldSize: 1, ...curve })
   const hitTokens = yield* scheduler.lookup(args.requestId, tokenIds)
   const ok = yield* worker.retrieve({ ...request, end: hitTokens })
   yield* scheduler.endSession(args.requestId)

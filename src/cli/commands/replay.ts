@@ -5,7 +5,9 @@
  * leaked, mappings stayed open, or any retrieved byte was wrong. With
  * `--report PATH.html` it also writes the run as one self-contained HTML
  * file of SVG charts (ReportHtml.ts, issue 17), before the checks decide the
- * exit status.
+ * exit status. CURVE (issue 14): `--curve` starts the replay's own server
+ * with CURVE and per-run keys; with `--server`, `--curve-server-public-key-file`
+ * and `--curve-secret-key-file` speak CURVE to a running server.
  */
 import { writeFileSync } from "node:fs"
 import { fileURLToPath } from "node:url"
@@ -17,6 +19,7 @@ import { formatSummary, mustBeZero } from "../../replay/Report.ts"
 import { reportHtml } from "../../replay/ReportHtml.ts"
 import { MODEL_PRESETS } from "../../replay/Synth.ts"
 import { CommandFailed } from "../CommandFailed.ts"
+import * as F from "./flags.ts"
 
 const DEFAULT_TRACE = fileURLToPath(new URL("../../../data/mooncake-traces/conversation_trace.jsonl", import.meta.url))
 
@@ -90,6 +93,12 @@ const flags = {
     Flag.filter((n) => n > 0, (n) => `must be above 0 (got ${n})`)
   ),
   chunkSize: Flag.Int("chunk-size").pipe(Flag.withDescription("Chunk size of the replay's own server, tokens"), Flag.withDefault(256)),
+  curve: Flag.Boolean("curve").pipe(
+    Flag.withDescription("Start the replay's own server with CURVE, with a per-run key pair and authorized-keys file (removed at the end)"),
+    Flag.withDefault(false)
+  ),
+  curveServerPublicKeyFile: F.curveServerPublicKeyFile,
+  curveSecretKeyFile: F.curveSecretKeyFile,
   json: Flag.Boolean("json").pipe(Flag.withDescription("Print the summary as JSON on stdout"), Flag.withDefault(false)),
   report: Flag.String("report").pipe(
     Flag.withDescription("Also write an HTML report with charts (latency, hit ratio vs a perfect LRU, workers and churn, bytes) to this path"),
@@ -124,6 +133,11 @@ export const replay = Command.make("replay", flags, (f) =>
           chunkSizeTokens: f.chunkSize,
           blockSizeTokens: 16,
           heartbeatIntervalMs: 2_000,
+          curve: f.curve
+            ? "generate"
+            : Option.isSome(f.curveServerPublicKeyFile) && Option.isSome(f.curveSecretKeyFile)
+            ? { serverPublicKeyFile: f.curveServerPublicKeyFile.value, secretKeyFile: f.curveSecretKeyFile.value }
+            : undefined,
           progress: true
         },
         (line, final) => {
@@ -154,14 +168,28 @@ export const replay = Command.make("replay", flags, (f) =>
       return yield* new CommandFailed({ message, exitCode: 1 })
     }
   }).pipe(Effect.provide(loggerLayer("pretty")))).pipe(
-  Command.validate((f) =>
-    f.device === "cuda" && f.transferMode === "engine-driven"
-      ? Effect.fail(new CliError.ValidationError({ message: "--device cuda applies to --transfer-mode lmcache-driven (engine-driven workers copy through the server's host pool)" }))
-      : Option.isSome(f.l2LookupTimeoutMs) && Option.isNone(f.l2Url)
-      ? Effect.fail(new CliError.ValidationError({ message: "--l2-lookup-timeout-ms applies with --l2-url" }))
-      : Option.isSome(f.server) && (f.servers > 1 || Option.isSome(f.l2Url))
-      ? Effect.fail(new CliError.ValidationError({ message: "--servers and --l2-url apply to the servers the replay starts, not to --server (a running server has its own flags)" }))
-      : Effect.void
-  ),
+  Command.validate((f) => {
+    const invalid = (message: string) => Effect.fail(new CliError.ValidationError({ message }))
+    if (f.device === "cuda" && f.transferMode === "engine-driven") {
+      return invalid("--device cuda applies to --transfer-mode lmcache-driven (engine-driven workers copy through the server's host pool)")
+    }
+    const keyFlags = Option.isSome(f.curveServerPublicKeyFile) || Option.isSome(f.curveSecretKeyFile)
+    if (f.curve && Option.isSome(f.server)) {
+      return invalid("--curve makes keys for the replay's own server; to speak CURVE to --server give --curve-server-public-key-file and --curve-secret-key-file")
+    }
+    if (keyFlags && Option.isNone(f.server)) {
+      return invalid("--curve-server-public-key-file and --curve-secret-key-file apply to --server (a running CURVE server); for the replay's own server use --curve")
+    }
+    if (Option.isSome(f.curveServerPublicKeyFile) !== Option.isSome(f.curveSecretKeyFile)) {
+      return invalid(Option.isSome(f.curveSecretKeyFile)
+        ? "--curve-secret-key-file needs --curve-server-public-key-file too"
+        : "--curve-server-public-key-file needs --curve-secret-key-file too")
+    }
+    if (Option.isSome(f.l2LookupTimeoutMs) && Option.isNone(f.l2Url)) return invalid("--l2-lookup-timeout-ms applies with --l2-url")
+    if (Option.isSome(f.server) && (f.servers > 1 || Option.isSome(f.l2Url))) {
+      return invalid("--servers and --l2-url apply to the servers the replay starts, not to --server (a running server has its own flags)")
+    }
+    return Effect.void
+  }),
   Command.withDescription("Replay a production trace through real worker processes (see README: Run it on a real trace)")
 )

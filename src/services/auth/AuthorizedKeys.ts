@@ -54,6 +54,7 @@ const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/
 export const parseAuthorizedKeys = (path: string, text: string): AuthorizedKeys | AuthorizedKeysInvalid => {
   const keys = new Map<string, TenantGrant>()
   const firstLineOf = new Map<string, { readonly line: number; readonly grant: TenantGrant }>()
+  const keyLine = new Map<string, number>()
   const lines = text.split(/\r?\n/)
   for (let i = 0; i < lines.length; i++) {
     const line = i + 1
@@ -74,7 +75,8 @@ export const parseAuthorizedKeys = (path: string, text: string): AuthorizedKeys 
         saltGroup = group
       } else return bad(`unknown flag "${flag}" (flags: admin, salt-group=NAME)`)
     }
-    if (keys.has(key!)) return bad("this key is listed twice (a key speaks for one tenant)")
+    const again = keyLine.get(key!)
+    if (again !== undefined) return bad(`this key is listed twice (first on line ${again}; a key speaks for one tenant)`)
     const grant: TenantGrant = { tenant, admin, saltGroup }
     const first = firstLineOf.get(tenant)
     if (first === undefined) firstLineOf.set(tenant, { line, grant })
@@ -82,6 +84,7 @@ export const parseAuthorizedKeys = (path: string, text: string): AuthorizedKeys 
       return bad(`tenant "${tenant}" has other flags on line ${first.line}; every key of a tenant carries the same flags`)
     }
     keys.set(key!, grant)
+    keyLine.set(key!, line)
   }
   return { path, keys }
 }

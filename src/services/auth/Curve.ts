@@ -7,7 +7,7 @@
  *
  * Pure: Node's `crypto` and `fs`, no sockets; imported by client programs.
  */
-import { createHmac, createPrivateKey, createPublicKey, diffieHellman, type KeyObject, timingSafeEqual } from "node:crypto"
+import { createHmac, createPrivateKey, createPublicKey, diffieHellman, type KeyObject, randomBytes, timingSafeEqual } from "node:crypto"
 import { readFileSync } from "node:fs"
 import { Schema } from "effect"
 
@@ -65,6 +65,16 @@ const publicKeyObject = (publicZ85: string): KeyObject =>
 export const publicKeyOf = (secretZ85: string): string => {
   const spki = createPublicKey(secretKeyObject(secretZ85)).export({ format: "der", type: "spki" })
   return z85Encode(spki.subarray(spki.length - 32))
+}
+
+/**
+ * A fresh CURVE key pair, Z85: 32 random bytes as the secret key (any 32
+ * bytes are a Curve25519 secret, as libzmq's `zmq_curve_keypair` draws
+ * them) and its public key.
+ */
+export const newKeyPair = (): { readonly secretKey: string; readonly publicKey: string } => {
+  const secretKey = z85Encode(randomBytes(32))
+  return { secretKey, publicKey: publicKeyOf(secretKey) }
 }
 
 /** A key file could not be read or does not hold one Z85 key. */

@@ -128,7 +128,7 @@ export const pingFailureReason = (opName: string, e: RequestError): string => {
         : `the server answered ${opName} with bad_request (${e.message}); the client and server protocol versions ` +
           `differ — upgrade the server; staying in degraded mode`
     case "RequestTimeout":
-      return `no reply to ${opName} within ${e.timeoutMs} ms`
+      return `no reply to ${opName} within ${e.timeoutMs} ms${e.handshake === undefined ? "" : `: ${e.handshake}`}`
     default:
       return `${opName} failed: ${e._tag}: ${e.message}`
   }

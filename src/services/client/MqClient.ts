@@ -11,9 +11,13 @@
  * - connect timeout and reconnect interval are set, so a restarted server is
  *   reachable again within seconds, not the OS SYN timeout (#4670);
  * - close uses a bounded linger, so a process whose server is unreachable
- *   still exits.
+ *   still exits;
+ * - every request ends within its timeout, HELLO and send included: a
+ *   DEALER whose handshake was refused has no connection to queue on and
+ *   libzmq never retries it, so each send is bounded by what is left of the
+ *   request's time (issue 14), and the timeout says why the handshake failed.
  */
-import { Context, Deferred, Duration, Effect, Exit, Fiber, Layer, Schema, Scope, Semaphore } from "effect"
+import { Clock, Context, Deferred, Effect, Exit, Fiber, Layer, Schema, Scope, Semaphore } from "effect"
 import type * as zmq from "zeromq"
 import {
   decodeReplyHeader,
@@ -24,16 +28,24 @@ import {
 import { Hello, HelloChallenge, type Op, type PayloadOf, type ResponseOf } from "../../schema/Op.ts"
 import { BadRequest, Forbidden, type WireError } from "../../schema/WireError.ts"
 import { helloProof } from "../auth/Curve.ts"
-import { type DealerCurve, ZmqError, ZmqSockets } from "../zmq/Sockets.ts"
+import { type DealerCurve, type HandshakeFailure, ZmqError, ZmqSockets } from "../zmq/Sockets.ts"
+import { handshakeRefusal } from "./HandshakeRefusal.ts"
 
-/** No reply arrived within the request's timeout. */
+/**
+ * No reply arrived within the request's timeout: the server did not answer.
+ * `handshake`, when the socket's monitor saw the last handshake fail, says
+ * why in words (`handshakeRefusal`): a refused CURVE key, a CURVE/NULL
+ * mismatch, a wrong server key.
+ */
 export class RequestTimeout extends Schema.TaggedError<RequestTimeout>()("RequestTimeout", {
   op: Schema.String,
   endpoint: Schema.String,
-  timeoutMs: Schema.Number
+  timeoutMs: Schema.Number,
+  handshake: Schema.optional(Schema.String)
 }) {
   override get message(): string {
-    return `${this.op} to ${this.endpoint}: no reply within ${this.timeoutMs} ms (is the server running?)`
+    return `${this.op} to ${this.endpoint}: no reply within ${this.timeoutMs} ms: the server did not answer` +
+      (this.handshake === undefined ? " (is it running?)" : `; ${this.handshake}`)
   }
 }
 
@@ -87,10 +99,14 @@ export interface MqClientShape {
   /**
    * Sends `op` with `payload` and waits for its reply.
    *
+   * Ends within the request's timeout (`options.timeoutMs`, else the
+   * client's `requestTimeoutMs`), the CURVE HELLO and the send included.
+   *
    * Fails with: `BadRequest` before sending when the payload does not fit the
    * op table (a version mismatch), or when the server rejects it; the other
-   * wire errors as the server sends them; `RequestTimeout` naming the op and
-   * endpoint; `ClientClosed` when the client closes first; `ZmqError` when
+   * wire errors as the server sends them; `RequestTimeout` naming the op,
+   * endpoint and timeout, and why the handshake failed when the socket saw
+   * it fail; `ClientClosed` when the client closes first; `ZmqError` when
    * the socket refuses the send.
    */
   readonly request: <O extends Op>(
@@ -119,13 +135,20 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
   Effect.gen(function*() {
     const endpoint = options.endpoint
     const defaultTimeoutMs = options.requestTimeoutMs ?? 5_000
-    const dealer: zmq.Dealer = yield* (yield* ZmqSockets).connectDealer(endpoint, {
+    const curve = options.curve
+    const sockets = yield* ZmqSockets
+    /** The last handshake's failure as the socket's monitor saw it; undefined once one succeeds. */
+    let handshakeFailure: HandshakeFailure | undefined
+    const dealer: zmq.Dealer = yield* sockets.connectDealer(endpoint, {
       connectTimeoutMs: options.connectTimeoutMs ?? 1_000,
       reconnectIntervalMs: options.reconnectIntervalMs ?? 100,
       reconnectMaxIntervalMs: options.reconnectMaxIntervalMs ?? 1_000,
       lingerMs: options.lingerMs ?? 1_000,
-      // With CURVE, a refused handshake leaves no connection to queue on: bound the send like the reply.
-      ...(options.curve === undefined ? {} : { curve: options.curve, sendTimeoutMs: defaultTimeoutMs })
+      onHandshake: (failure) =>
+        Effect.sync(() => {
+          handshakeFailure = failure
+        }),
+      ...(curve === undefined ? {} : { curve })
     })
     const pending = new Map<number, Deferred.Deferred<ReplyHeader, ClientClosed>>()
     let nextUid = 0
@@ -149,8 +172,11 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
       Effect.catch((e) => Effect.logDebug("reply reader stopped", e.message)),
       Effect.forkScoped
     )
+    /** Set when the Scope closes: a send the closing socket refused is then `ClientClosed`, not a socket error. */
+    let closing = false
     yield* Effect.addFinalizer(() =>
       Effect.gen(function*() {
+        closing = true
         yield* Fiber.interrupt(reader)
         const waiting = [...pending.entries()]
         pending.clear()
@@ -158,41 +184,50 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
       })
     )
 
-    const send = (frames: Array<Buffer>) =>
-      sendLock.withPermits(1)(
-        Effect.uninterruptible(Effect.tryPromise({
-          try: () => dealer.send(frames),
-          catch: (cause) => new ZmqError({ op: "send", endpoint, cause })
-        }))
-      )
+    /** One request's time: when it ends (Clock ms) and the error it then fails with. */
+    interface Budget {
+      readonly deadline: number
+      readonly expired: () => RequestTimeout
+    }
+    const budgetOf = (op: Op, timeoutMs: number): Effect.Effect<Budget> =>
+      Effect.map(Clock.currentTimeMillis, (now) => ({
+        deadline: now + timeoutMs,
+        expired: () =>
+          new RequestTimeout({
+            op: op.name,
+            endpoint,
+            timeoutMs,
+            ...(handshakeFailure === undefined ? {} : { handshake: handshakeRefusal(handshakeFailure, curve !== undefined) })
+          })
+      }))
 
+    /** Sends within what is left of `budget`; fails with its RequestTimeout when no connection took the frames in time. */
+    const send = (frames: ReadonlyArray<Buffer>, budget: Budget): Effect.Effect<void, RequestTimeout | ZmqError> =>
+      sendLock.withPermits(1)(
+        Effect.flatMap(Clock.currentTimeMillis, (now) => {
+          const left = budget.deadline - now
+          return left <= 0 ? Effect.succeed(false) : sockets.sendWithin(dealer, frames, left)
+        })
+      ).pipe(Effect.flatMap((sent) => sent ? Effect.void : Effect.fail(budget.expired())))
+
+    /** One round trip; the caller bounds the wait for the reply by `budget` (see `request`). */
     const rawRequest = <O extends Op>(
       op: O,
       payload: PayloadOf<O>,
-      requestOptions?: RequestOptions
+      budget: Budget
     ): Effect.Effect<ResponseOf<O>, RequestError> =>
       Effect.suspend((): Effect.Effect<ResponseOf<O>, RequestError> => {
         const uid = nextUid
         nextUid = nextUid >= MAX_UID ? 0 : nextUid + 1
         const frames = encodeRequest(op, uid, payload)
         if (Exit.isFailure(frames)) return Effect.failCause(frames.cause)
-        const timeoutMs = requestOptions?.timeoutMs ?? defaultTimeoutMs
         return Effect.gen(function*() {
           const waiter = yield* Deferred.make<ReplyHeader, ClientClosed>()
           pending.set(uid, waiter)
-          yield* send(frames.value).pipe(
-            Effect.catchIf(
-              (e) => options.curve !== undefined && typeof e.cause === "object" && e.cause !== null && "code" in e.cause && e.cause.code === "EAGAIN",
-              () => Effect.fail(new RequestTimeout({ op: op.name, endpoint, timeoutMs: defaultTimeoutMs }))
-            )
+          yield* send(frames.value, budget).pipe(
+            Effect.mapError((e): RequestError => closing && e._tag === "ZmqError" ? new ClientClosed({ op: op.name, endpoint }) : e)
           )
-          const header = yield* Deferred.await(waiter).pipe(
-            Effect.mapError(() => new ClientClosed({ op: op.name, endpoint })),
-            Effect.timeoutOrElse({
-              duration: Duration.millis(timeoutMs),
-              orElse: () => Effect.fail(new RequestTimeout({ op: op.name, endpoint, timeoutMs }))
-            })
-          )
+          const header = yield* Deferred.await(waiter).pipe(Effect.mapError(() => new ClientClosed({ op: op.name, endpoint })))
           if (header.opId !== op.id) {
             return yield* new BadRequest({
               message: `${op.name}: the reply names op ${header.opId}, expected ${op.id}; the client and server versions differ`
@@ -205,16 +240,15 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
         }).pipe(Effect.ensuring(Effect.sync(() => pending.delete(uid))))
       })
 
-    const curve = options.curve
     let bound = false
     const helloLock = yield* Semaphore.make(1)
     /** HELLO_CHALLENGE, then HELLO with the proof over its nonce (Tenancy.ts); once per connection. */
-    const ensureHello = (requestOptions?: RequestOptions): Effect.Effect<void, RequestError> =>
+    const ensureHello = (budget: Budget): Effect.Effect<void, RequestError> =>
       Effect.suspend(() => curve === undefined || bound ? Effect.void : helloLock.withPermits(1)(
         Effect.suspend(() =>
           bound ? Effect.void : Effect.gen(function*() {
-            const nonce = yield* rawRequest(HelloChallenge, [], requestOptions)
-            yield* rawRequest(Hello, [curve.publicKey, new Uint8Array(helloProof(curve.secretKey, curve.serverPublicKey, nonce))], requestOptions)
+            const nonce = yield* rawRequest(HelloChallenge, [], budget)
+            yield* rawRequest(Hello, [curve.publicKey, new Uint8Array(helloProof(curve.secretKey, curve.serverPublicKey, nonce))], budget)
             bound = true
           })
         )
@@ -224,14 +258,26 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
       op: O,
       payload: PayloadOf<O>,
       requestOptions?: RequestOptions
-    ): Effect.Effect<ResponseOf<O>, RequestError> =>
-      curve === undefined ? rawRequest(op, payload, requestOptions) : ensureHello(requestOptions).pipe(
-        Effect.andThen(rawRequest(op, payload, requestOptions)),
-        Effect.catchIf(isUnbound, () =>
-          Effect.sync(() => {
-            bound = false
-          }).pipe(Effect.andThen(ensureHello(requestOptions)), Effect.andThen(rawRequest(op, payload, requestOptions))))
-      )
+    ): Effect.Effect<ResponseOf<O>, RequestError> => {
+      const timeoutMs = requestOptions?.timeoutMs ?? defaultTimeoutMs
+      return Effect.flatMap(budgetOf(op, timeoutMs), (budget) => {
+        const exchange: Effect.Effect<ResponseOf<O>, RequestError> = curve === undefined
+          ? rawRequest(op, payload, budget)
+          : ensureHello(budget).pipe(
+            Effect.andThen(rawRequest(op, payload, budget)),
+            Effect.catchIf(isUnbound, () =>
+              Effect.sync(() => {
+                bound = false
+              }).pipe(Effect.andThen(ensureHello(budget)), Effect.andThen(rawRequest(op, payload, budget))))
+          )
+        // One bound for the locks, HELLO, send and reply together; a send in flight ends by itself at the same deadline.
+        // A close during the HELLO names the request's own op, as its timeout does.
+        return exchange.pipe(
+          Effect.timeoutOrElse({ duration: timeoutMs, orElse: () => Effect.fail(budget.expired()) }),
+          Effect.mapError((e): RequestError => e._tag === "ClientClosed" && e.op !== op.name ? new ClientClosed({ op: op.name, endpoint }) : e)
+        )
+      })
+    }
 
     return { endpoint, request, pendingCount: () => pending.size }
   })

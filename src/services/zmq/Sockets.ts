@@ -6,6 +6,7 @@
  */
 import { statSync } from "node:fs"
 import { dirname } from "node:path"
+import { inspect } from "node:util"
 import { Context, Schema } from "effect"
 import type { Effect, Scope } from "effect"
 import type * as zmq from "zeromq"
@@ -18,7 +19,8 @@ export class ZmqError extends Schema.TaggedError<ZmqError>()("ZmqError", {
 }) {
   override get message(): string {
     const c = this.cause
-    return `zeromq ${this.op} on ${this.endpoint} failed: ${c instanceof Error ? c.message : String(c)}`
+    // A cause that is no Error (zeromq.js may reject with a plain object) is shown as inspect shows it.
+    return `zeromq ${this.op} on ${this.endpoint} failed: ${c instanceof Error ? c.message : inspect(c)}`
   }
 }
 
@@ -50,12 +52,17 @@ export const unsafeIpcDirectory = (endpoint: string): string | undefined => {
  */
 export type HandshakeFailureReason = "mechanism" | "auth" | "protocol"
 
-/** A failed handshake as the ROUTER's monitor reports it; `address` is the bound endpoint (libzmq names no peer there). */
+/**
+ * A failed handshake as a socket's monitor reports it; `address` is the
+ * endpoint (a ROUTER's bound one: libzmq names no peer there).
+ */
 export interface HandshakeFailure {
   readonly reason: HandshakeFailureReason
   readonly address: string
   /** libzmq's error code, e.g. ERR_ZMTP_MECHANISM_MISMATCH; "" when none. */
   readonly code: string
+  /** The ZAP status code a refused client was sent (RFC 27: 300, 400, 500); only with reason `auth`, on the client side. */
+  readonly status?: number
 }
 
 /** CURVE on a ROUTER: its secret key (Z85) and the ZAP domain its handshakes are checked in. */
@@ -132,11 +139,11 @@ export interface DealerOptions {
   /** CURVE client mode; absent: the NULL mechanism. */
   readonly curve?: DealerCurve
   /**
-   * Milliseconds a send may wait for a connection to queue on before it
-   * fails with EAGAIN; absent: forever. A CURVE client whose handshake is
-   * refused has no connection at all, so without it a send never returns.
+   * Told of every handshake's outcome (the DEALER's monitor events, watched
+   * from before the connect): a `HandshakeFailure`, or undefined when one
+   * succeeded. Lets a client say why the server does not answer.
    */
-  readonly sendTimeoutMs?: number
+  readonly onHandshake?: (failure: HandshakeFailure | undefined) => Effect.Effect<void>
 }
 
 /**
@@ -149,6 +156,14 @@ export interface DealerOptions {
  * - `connectDealer(endpoint, options)`: a DEALER whose routing id the ROUTER
  *   assigns. Fails with `ZmqError` (op "connect") on a malformed endpoint;
  *   an unreachable server is not an error (ZeroMQ reconnects by itself).
+ * - `sendWithin(dealer, frames, timeoutMs)`: one send that waits at most
+ *   `timeoutMs` (> 0) for a connection to queue on: true when sent, false
+ *   when none came in time. A DEALER whose handshake was refused has no
+ *   connection at all, and libzmq does not retry it, so an unbounded send
+ *   would never return (issue 14). The send itself cannot be interrupted
+ *   (zeromq.js: a pending send left behind makes the next one EBUSY), so
+ *   this bound is what ends it. Fails with `ZmqError` (op "send") on any
+ *   other refusal, e.g. a closed socket.
  *
  * - `serveZap(authenticate)`: binds the ZAP handler socket at
  *   `inproc://zeromq.zap.01` in the default context (do it before the
@@ -161,5 +176,6 @@ export interface DealerOptions {
 export class ZmqSockets extends Context.Service<ZmqSockets, {
   readonly bindRouter: (endpoint: string, options: RouterOptions) => Effect.Effect<zmq.Router, ZmqError, Scope.Scope>
   readonly connectDealer: (endpoint: string, options: DealerOptions) => Effect.Effect<zmq.Dealer, ZmqError, Scope.Scope>
+  readonly sendWithin: (dealer: zmq.Dealer, frames: ReadonlyArray<Buffer>, timeoutMs: number) => Effect.Effect<boolean, ZmqError>
   readonly serveZap: (authenticate: (request: ZapRequest) => Effect.Effect<ZapReply>) => Effect.Effect<void, ZmqError, Scope.Scope>
 }>()("mpcache/services/zmq/ZmqSockets") {}

@@ -447,7 +447,7 @@ describe("shutdown", () => {
       assert.isTrue(Exit.isSuccess(yield* Fiber.await(closing)))
       assert.strictEqual(client.sent.at(-1)?.timeoutMs, 5_000)
       assert.deepStrictEqual(logs.filter((l) => l.level === "Warn").map((l) => l.text), [
-        `unregister of instance_id=${ID.toString(10)} failed: unregister_kv_cache to fake://server: no reply within 5000 ms (is the server running?)`
+        `unregister of instance_id=${ID.toString(10)} failed: unregister_kv_cache to fake://server: no reply within 5000 ms: the server did not answer (is it running?)`
       ])
     }).pipe(Effect.provide(captureLogs(logs)))
   })
