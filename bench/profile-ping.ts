@@ -4,7 +4,10 @@
  * Profiles the mpcache server under PING load from `--clients` raw clients
  * (bench/lib/pingClient.ts), three ways, one server each:
  *
- * 1. `--cpu-prof`: the top self-time functions over `--duration` seconds;
+ * 1. `--cpu-prof`: the top self-time functions over `--duration` seconds
+ *    (after a 1 s warm-up; start-up excluded), and the JS thread's busy
+ *    time per round trip, for mpcache and for the bare echo
+ *    (bench/echo-router.ts), the stack's own cost;
  * 2. `--heap-prof`: the allocation sites of what is still live at exit;
  * 3. bench/alloc-probe.ts: bytes allocated per PING over `--pings` PINGs
  *    (heap statistics deltas and allocation sampling) and its top sites, and
@@ -20,8 +23,8 @@ import path from "node:path"
 import { parseArgs } from "node:util"
 import { startLineChild, stopChild } from "./lib/children.ts"
 import { ALLOC_PROBE_ARGV, measureAllocation } from "./lib/allocWindow.ts"
-import { pingLoop, type PingRun } from "./lib/pingClient.ts"
-import { cpuTop, formatTop, heapTop, type HeapProfile } from "./lib/profileTop.ts"
+import { pingLoop, type PingRun, type Responder } from "./lib/pingClient.ts"
+import { cpuTop, formatTop, heapTop, type HeapProfile, type WindowUs } from "./lib/profileTop.ts"
 import { makeResources, runBench } from "./lib/resources.ts"
 import { sleep } from "./lib/time.ts"
 
@@ -42,27 +45,50 @@ const out = values.out ?? mkdtempSync(path.join(os.tmpdir(), "mpcache-ping-prof-
 const READY = /MQ server listening on/
 const resources = makeResources(`mpcache-prof-${process.pid}-${Date.now()}`, { stopTimeoutMs: 10_000, onSignal: "stop" })
 
-const serve = (nodeFlags: ReadonlyArray<string>, endpoint: string) =>
-  startLineChild("mpcache", [
-    ...nodeFlags,
-    "src/cli/main.ts",
-    "serve",
-    "--endpoint",
-    endpoint,
-    "--http-port",
-    "0",
-    "--log-format",
-    "json",
-    "--no-l1-prefault"
-  ], resources.children)
+const serveArgv = (endpoint: string): Array<string> => [
+  "src/cli/main.ts",
+  "serve",
+  "--endpoint",
+  endpoint,
+  "--http-port",
+  "0",
+  "--log-format",
+  "json",
+  "--no-l1-prefault"
+]
 
-const load = async (endpoint: string, seconds: number): Promise<number> => {
-  const run: PingRun = { measuring: true, stopped: false, latenciesUs: [] }
-  const all = Promise.all(Array.from({ length: clients }, () => pingLoop(endpoint, run, "mpcache")))
+const serve = (nodeFlags: ReadonlyArray<string>, endpoint: string) =>
+  startLineChild("mpcache", [...nodeFlags, ...serveArgv(endpoint)], resources.children)
+
+const nowUs = (): number => Number(process.hrtime.bigint() / 1000n)
+
+/** `clients` clients for `seconds` after a 1 s warm-up: the PINGs answered in the measured window, and the window. */
+const load = async (endpoint: string, seconds: number, responder: Responder = "mpcache"): Promise<{ readonly pings: number; readonly window: WindowUs }> => {
+  const run: PingRun = { measuring: false, stopped: false, latenciesUs: [] }
+  const all = Promise.all(Array.from({ length: clients }, () => pingLoop(endpoint, run, responder)))
+  await sleep(1000)
+  run.measuring = true
+  const fromUs = nowUs()
   await sleep(seconds * 1000)
+  run.measuring = false
+  const toUs = nowUs()
   run.stopped = true
   await all
-  return run.latenciesUs.length
+  return { pings: run.latenciesUs.length, window: { fromUs, toUs } }
+}
+
+/** Runs a server with `--cpu-prof` under the load; prints its top self time inside the measured window. */
+const profileCpu = async (name: string, argv: ReadonlyArray<string>, ready: RegExp, endpoint: string, responder: Responder): Promise<void> => {
+  const dir = path.join(out, `cpu-${name}`)
+  const child = startLineChild(name, ["--cpu-prof", "--cpu-prof-dir", dir, ...argv], resources.children)
+  await child.waitFor(ready, 30_000)
+  const { pings, window } = await load(endpoint, durationS, responder)
+  await stopChild(child.process, 10_000)
+  const c = cpuTop(JSON.parse(readFileSync(newest(dir, ".cpuprofile"), "utf8")), 20, window)
+  process.stdout.write(
+    `\n== CPU of ${name}, ${clients} clients, ${pings} round trips in ${durationS} s: JS thread busy ${c.busyMs.toFixed(0)} ms of ` +
+      `${c.totalMs.toFixed(0)} ms = ${(c.busyMs * 1000 / pings).toFixed(1)} µs per round trip ==\n${formatTop(c.top, (ms) => `${ms.toFixed(0)} ms`)}\n`
+  )
 }
 
 const newest = (dir: string, ext: string): string => {
@@ -79,17 +105,10 @@ const main = async (): Promise<void> => {
 }
 
 const cpuPart = async (): Promise<void> => {
-  const cpuDir = path.join(out, "cpu")
-  const cpuEndpoint = resources.ipcEndpoint("cpu")
-  const cpu = serve(["--cpu-prof", "--cpu-prof-dir", cpuDir], cpuEndpoint)
-  await cpu.waitFor(READY, 30_000)
-  const n = await load(cpuEndpoint, durationS)
-  await stopChild(cpu.process, 10_000)
-  const c = cpuTop(JSON.parse(readFileSync(newest(cpuDir, ".cpuprofile"), "utf8")), 25)
-  process.stdout.write(
-    `\n== CPU, ${clients} clients, ${n} PINGs in ${durationS} s: server busy ${c.busyMs.toFixed(0)} ms of ${c.totalMs.toFixed(0)} ms ` +
-      `(${(c.busyMs * 1000 / n).toFixed(1)} µs JS per PING) ==\n${formatTop(c.top, (ms) => `${ms.toFixed(0)} ms`)}\n`
-  )
+  const endpoint = resources.ipcEndpoint("cpu")
+  await profileCpu("mpcache", serveArgv(endpoint), READY, endpoint, "mpcache")
+  const echoEndpoint = resources.ipcEndpoint("cpu-echo")
+  await profileCpu("echo", ["bench/echo-router.ts", echoEndpoint], /echo router listening on/, echoEndpoint, "echo")
 }
 
 const heapPart = async (): Promise<void> => {

@@ -65,21 +65,38 @@ const site = (f: CallFrame): string => {
 const top = (by: Map<string, number>, total: number, n: number): Array<TopEntry> =>
   [...by.entries()].sort((a, b) => b[1] - a[1]).slice(0, n).map(([s, amount]) => ({ site: s, amount, share: amount / total }))
 
-/** Self time per function of a `.cpuprofile`, top `n`; `busyMs`: the non-idle time, `totalMs`: the profile's span. */
-export const cpuTop = (profile: CpuProfile, n: number): { readonly busyMs: number; readonly totalMs: number; readonly top: Array<TopEntry> } => {
+/** A span of the monotonic clock, µs (`process.hrtime.bigint() / 1000n`: V8's profiles use the same clock on Linux). */
+export interface WindowUs {
+  readonly fromUs: number
+  readonly toUs: number
+}
+
+/**
+ * Self time per function of a `.cpuprofile`, top `n`; `busyMs`: the non-idle time, `totalMs`: the span
+ * looked at — the whole profile, or only its samples inside `window` (the load, not the start-up).
+ */
+export const cpuTop = (
+  profile: CpuProfile,
+  n: number,
+  window?: WindowUs
+): { readonly busyMs: number; readonly totalMs: number; readonly top: Array<TopEntry> } => {
   const byId = new Map(profile.nodes.map((node) => [node.id, node]))
   const selfUs = new Map<string, number>()
   let busyUs = 0
+  let at = profile.startTime
   for (let i = 0; i < profile.samples.length; i++) {
     const node = byId.get(profile.samples[i]!)!
     const dt = profile.timeDeltas[i] ?? 0
+    at += dt
+    if (window !== undefined && (at < window.fromUs || at > window.toUs)) continue
     if (node.callFrame.functionName === "(idle)") continue
     busyUs += dt
     const key = site(node.callFrame)
     selfUs.set(key, (selfUs.get(key) ?? 0) + dt)
   }
   const ms = new Map([...selfUs].map(([k, us]) => [k, us / 1000]))
-  return { busyMs: busyUs / 1000, totalMs: (profile.endTime - profile.startTime) / 1000, top: top(ms, busyUs / 1000, n) }
+  const spanUs = window === undefined ? profile.endTime - profile.startTime : window.toUs - window.fromUs
+  return { busyMs: busyUs / 1000, totalMs: spanUs / 1000, top: top(ms, busyUs / 1000, n) }
 }
 
 /** Bytes per allocation site of a sampled heap profile, top `n`, and their total. */
