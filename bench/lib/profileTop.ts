@@ -3,8 +3,9 @@
  * `--heap-prof` / `HeapProfiler.getSamplingProfile` → `.heapprofile`) and
  * returns their top entries: self time per function (ms and share of the
  * non-idle samples) and bytes allocated per call site (V8's sampled sizes,
- * which it scales to the expected total). For bench/profile-ping.ts and by
- * hand: `node bench/lib/profileTop.ts FILE [N]`.
+ * which it scales to the expected total), and the longest stretches the JS
+ * thread was busy without a break. For bench/profile-ping.ts and by hand:
+ * `node bench/lib/profileTop.ts FILE [N]`.
  */
 import { readFileSync } from "node:fs"
 import path from "node:path"
@@ -99,6 +100,44 @@ export const cpuTop = (
   return { busyMs: busyUs / 1000, totalMs: spanUs / 1000, top: top(ms, busyUs / 1000, n) }
 }
 
+/** One stretch of consecutive non-idle samples: when (ms after the profile's start), how long, and its top self time. */
+export interface BusyStretch {
+  readonly atMs: number
+  readonly ms: number
+  readonly top: Array<TopEntry>
+}
+
+/**
+ * The `n` longest stretches of consecutive non-idle samples of a `.cpuprofile` (what blocked the JS thread
+ * longest: a PING arriving then waits for the whole stretch), each with its top 4 self-time functions.
+ */
+export const busyStretches = (profile: CpuProfile, n: number): Array<BusyStretch> => {
+  const byId = new Map(profile.nodes.map((node) => [node.id, node]))
+  const stretches: Array<{ atUs: number; us: number; self: Map<string, number> }> = []
+  let current: { atUs: number; us: number; self: Map<string, number> } | undefined
+  let at = 0
+  for (let i = 0; i < profile.samples.length; i++) {
+    const node = byId.get(profile.samples[i]!)!
+    const dt = profile.timeDeltas[i] ?? 0
+    at += dt
+    if (node.callFrame.functionName === "(idle)") {
+      if (current !== undefined) stretches.push(current)
+      current = undefined
+      continue
+    }
+    current ??= { atUs: at, us: 0, self: new Map() }
+    current.us += dt
+    const key = site(node.callFrame)
+    current.self.set(key, (current.self.get(key) ?? 0) + dt / 1000)
+  }
+  if (current !== undefined) stretches.push(current)
+  return stretches.sort((a, b) => b.us - a.us).slice(0, n).map((s) => ({
+    atMs: s.atUs / 1000,
+    ms: s.us / 1000,
+    top: top(s.self, s.us / 1000, 4)
+  }))
+}
+
 /** Bytes per allocation site of a sampled heap profile, top `n`, and their total. */
 export const heapTop = (profile: HeapProfile, n: number): { readonly totalBytes: number; readonly top: Array<TopEntry> } => {
   const bytes = new Map<string, number>()
@@ -130,6 +169,10 @@ if (process.argv[1] === import.meta.filename) {
   if (file.endsWith(".cpuprofile")) {
     const r = cpuTop(json as CpuProfile, n)
     process.stdout.write(`busy ${r.busyMs.toFixed(0)} ms of ${r.totalMs.toFixed(0)} ms\n${formatTop(r.top, (ms) => `${ms.toFixed(1)} ms`)}\n`)
+    process.stdout.write("\nlongest busy stretches:\n")
+    for (const b of busyStretches(json as CpuProfile, 8)) {
+      process.stdout.write(`  at ${b.atMs.toFixed(0)} ms, ${b.ms.toFixed(1)} ms: ${b.top.map((t) => `${t.site} ${t.amount.toFixed(1)}`).join("; ")}\n`)
+    }
   } else {
     const r = heapTop(json as HeapProfile, n)
     process.stdout.write(`sampled ${(r.totalBytes / 1e6).toFixed(1)} MB\n${formatTop(r.top, (b) => `${(b / 1024).toFixed(0)} KB`)}\n`)
