@@ -1,8 +1,14 @@
 /**
  * The MQ server (DESIGN §3): a ROUTER bound to the configured endpoint, one
- * receive-loop fiber, dispatch by the handler table to the SYNC / NORMAL /
+ * receive loop, dispatch by the handler table to the SYNC / NORMAL /
  * AFFINITY pools, and one send path (zeromq.js allows one send in flight per
  * socket).
+ *
+ * The receive loop and the send path are plain promise loops (the PING hot
+ * path, issue 16): PING [nil], NOOP and GET_CHUNK_SIZE are answered on the
+ * loop itself when their pool would start them at once (see "the fast
+ * path" below); every other message goes, in arrival order, to the receive
+ * fiber, which runs `onMessage`.
  *
  * The receive loop never waits on a handler: it reads the uid and op frames,
  * answers what it can answer at once (unknown op, wrong payload count) and
@@ -481,7 +487,8 @@ const make = (options: MqServerOptions) =>
       Effect.forever
     )
     yield* Effect.forkScoped(receiveFiber)
-    const looping = receiveLoop()
+    // It never rejects: every await in it is caught or cannot fail.
+    void receiveLoop()
     // Stop receiving first (this finalizer runs before the pools drain and the socket closes); a receive still
     // pending ends when the socket closes.
     yield* Effect.addFinalizer(() =>
@@ -489,7 +496,6 @@ const make = (options: MqServerOptions) =>
         receiving = false
       })
     )
-    void looping
     yield* Effect.logInfo(`MQ server listening on ${endpoint}`)
 
     return {
