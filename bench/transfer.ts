@@ -766,16 +766,17 @@ const summaryRows = (r: Report): Array<SummaryRow> => {
       met: ratio >= 0.5
     })
   }
+  // Issue 16: against the bare echo probed in the same windows (the machine's own tail under that load).
   for (const [name, m] of phases) {
-    const ratio = m.ping.p99Us / r.idle.ping.p99Us
+    const ratio = m.ping.p99Us / m.echoPing.p99Us
     rows.push({
       bench: "transfer",
       figure: `PING p99 while ${name} runs flat out`,
       measured: `${int(m.ping.p99Us)} µs`,
-      reference: `idle ${int(r.idle.ping.p99Us)} µs (a bare echo in the same window: ${int(m.echoPing.p99Us)} µs)`,
+      reference: `bare echo in the same windows ${int(m.echoPing.p99Us)} µs (idle: mpcache ${int(r.idle.ping.p99Us)} µs)`,
       ratio,
-      target: "≤ 3 × idle and < 5 ms",
-      met: ratio <= 3 && m.ping.p99Us < 5_000
+      target: "≤ 2 × echo",
+      met: ratio <= 2
     })
   }
   for (const [name, d] of [["gather", r.guard.gather], ["scatter", r.guard.scatter]] as const) {

@@ -33,7 +33,7 @@ import { sleep } from "./time.ts"
 export type Responder = "mpcache" | "echo"
 
 /** The op and payload frames of a PING [`instanceId`], encoded once through the op table's Schemas. */
-const pingTail = (instanceId: InstanceId | null): ReadonlyArray<Buffer> => {
+export const pingTail = (instanceId: InstanceId | null): ReadonlyArray<Buffer> => {
   const frames = encodeRequest(Ping, 0, [instanceId])
   if (Exit.isFailure(frames)) throw new Error(`cannot encode PING [${instanceId}]`)
   return frames.value.slice(1)

@@ -8,6 +8,16 @@ import { Effect, Scope } from "effect"
 
 export const CLI = fileURLToPath(new URL("../../src/cli/main.ts", import.meta.url))
 
+/**
+ * The bundled entry of `mpcache serve` (scripts/bundle-serve.mjs, built by vitest's global setup): what
+ * `npm start` runs; `node SERVE_ENTRY [flags]` is `mpcache serve [flags]`.
+ */
+export const SERVE_ENTRY = fileURLToPath(new URL("../../build/cli/bin/serve.mjs", import.meta.url))
+
+/** The node argv of `mpcache ...args`: `serve` through its bundled entry, every other command from source. */
+export const cliArgv = (args: ReadonlyArray<string>): Array<string> =>
+  args[0] === "serve" ? [SERVE_ENTRY, ...args.slice(1)] : [CLI, ...args]
+
 export interface CliResult {
   readonly code: number | null
   readonly signal: NodeJS.Signals | null
@@ -22,7 +32,7 @@ export const runCli = (
   env: Record<string, string> = {}
 ): Effect.Effect<CliResult> =>
   Effect.callback<CliResult>((resume) => {
-    const child = spawn(process.execPath, [CLI, ...args], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env } })
+    const child = spawn(process.execPath, cliArgv(args), { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env } })
     let stdout = ""
     let stderr = ""
     child.stdout.on("data", (d: Buffer) => (stdout += d.toString()))
@@ -49,7 +59,10 @@ export interface CliProcess {
   readonly stop: (signal: NodeJS.Signals) => Effect.Effect<{ readonly code: number | null; readonly signal: NodeJS.Signals | null }>
 }
 
-export const startCli = (args: ReadonlyArray<string>): Effect.Effect<CliProcess, never, Scope.Scope> => startScript(CLI, args)
+export const startCli = (args: ReadonlyArray<string>): Effect.Effect<CliProcess, never, Scope.Scope> => {
+  const [script, ...rest] = cliArgv(args)
+  return startScript(script!, rest)
+}
 
 /** A Node 24 script as a child process, killed when the scope closes if still alive. */
 export const startScript = (script: string, args: ReadonlyArray<string>): Effect.Effect<CliProcess, never, Scope.Scope> =>

@@ -443,7 +443,8 @@ const make = Effect.gen(function*() {
         )
       })
     }
-    return { ...r, handle }
+    // No fast answer under tenancy (issue 16): every request passes the HELLO and owner checks above.
+    return { op: r.op, pool: r.pool, handle }
   }
 
   const guard = (table: HandlerTable, all: ReadonlyArray<LivenessTarget>): HandlerTable => {

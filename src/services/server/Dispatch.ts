@@ -9,6 +9,11 @@
  * - AFFINITY: `affinityLanes` queues with one fiber each; a peer is pinned to
  *   a lane on first sight (round robin) until it disconnects, so one
  *   worker's transfers run in order (upstream AffinityThreadPool).
+ *
+ * Each pool counts the jobs it holds (queued or running), so the MQ server's
+ * fast path (issue 16) answers a pure op inline only where the pooled path
+ * would start it at once: SYNC idle, NORMAL with a free worker. A PING
+ * therefore still waits behind a saturated NORMAL pool.
  */
 import { Cause, Duration, Effect, Fiber, Queue, Scope } from "effect"
 import type { Pool } from "./Handler.ts"
@@ -39,6 +44,12 @@ export interface Dispatcher {
   readonly submit: (pool: Pool, peer: string, job: Job) => boolean
   /** Forgets `peer`'s AFFINITY lane (its connection is gone). */
   readonly releasePeer: (peer: string) => void
+  /**
+   * Whether a job submitted to `pool` now would start at once: SYNC holds no
+   * job, NORMAL holds fewer than its workers; always false for AFFINITY
+   * (lanes are per peer) and once draining.
+   */
+  readonly hasFreeSlot: (pool: Pool) => boolean
   readonly stats: () => DispatchStats
   /**
    * Stops taking jobs, lets every queued and running job finish, and waits
@@ -50,12 +61,14 @@ export interface Dispatcher {
 /** Shutdown marker for the queues. */
 type JobQueue = Queue.Queue<Job, Cause.Done>
 
-const worker = (queue: JobQueue): Effect.Effect<void> =>
-  Queue.take(queue).pipe(
-    Effect.flatMap((job) => job),
+const worker = (queue: JobQueue, done: () => void): Effect.Effect<void> => {
+  const finished = Effect.sync(done)
+  return Queue.take(queue).pipe(
+    Effect.flatMap((job) => Effect.ensuring(job, finished)),
     Effect.forever,
     Effect.catch(() => Effect.void)
   )
+}
 
 /**
  * Starts the pools' fibers in the current Scope (closing it interrupts any
@@ -69,10 +82,20 @@ export const makeDispatcher = (options: DispatchOptions): Effect.Effect<Dispatch
     for (let i = 0; i < options.affinityLanes; i++) {
       lanes.push(yield* Queue.bounded<Job, Cause.Done>(options.queueCapacity))
     }
+    // Jobs held (queued or running) by SYNC and NORMAL, for `hasFreeSlot`.
+    let syncHeld = 0
+    let normalHeld = 0
+    let draining = false
+    const syncDone = () => {
+      syncHeld--
+    }
+    const normalDone = () => {
+      normalHeld--
+    }
     const fibers: Array<Fiber.Fiber<void>> = []
-    fibers.push(yield* Effect.forkScoped(worker(syncQueue)))
-    for (let i = 0; i < options.normalWorkers; i++) fibers.push(yield* Effect.forkScoped(worker(normalQueue)))
-    for (const lane of lanes) fibers.push(yield* Effect.forkScoped(worker(lane)))
+    fibers.push(yield* Effect.forkScoped(worker(syncQueue, syncDone)))
+    for (let i = 0; i < options.normalWorkers; i++) fibers.push(yield* Effect.forkScoped(worker(normalQueue, normalDone)))
+    for (const lane of lanes) fibers.push(yield* Effect.forkScoped(worker(lane, () => {})))
 
     const pinned = new Map<string, number>()
     let nextLane = 0
@@ -88,11 +111,18 @@ export const makeDispatcher = (options: DispatchOptions): Effect.Effect<Dispatch
 
     const submit = (pool: Pool, peer: string, job: Job): boolean => {
       const queue = pool === "SYNC" ? syncQueue : pool === "NORMAL" ? normalQueue : laneOf(peer)
-      return Queue.offerUnsafe(queue, job)
+      const accepted = Queue.offerUnsafe(queue, job)
+      if (accepted && pool === "SYNC") syncHeld++
+      else if (accepted && pool === "NORMAL") normalHeld++
+      return accepted
     }
+
+    const hasFreeSlot = (pool: Pool): boolean =>
+      !draining && (pool === "SYNC" ? syncHeld === 0 : pool === "NORMAL" && normalHeld < options.normalWorkers)
 
     const drain = (timeout: Duration.Input): Effect.Effect<void> =>
       Effect.gen(function*() {
+        draining = true
         for (const q of [syncQueue, normalQueue, ...lanes]) yield* Queue.end(q)
         const all = Fiber.joinAll(fibers)
         yield* all.pipe(
@@ -112,6 +142,7 @@ export const makeDispatcher = (options: DispatchOptions): Effect.Effect<Dispatch
       releasePeer: (peer) => {
         pinned.delete(peer)
       },
+      hasFreeSlot,
       stats: () => ({
         sync: { queued: Queue.sizeUnsafe(syncQueue) },
         normal: { workers: options.normalWorkers, queued: Queue.sizeUnsafe(normalQueue) },

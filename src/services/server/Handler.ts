@@ -32,26 +32,43 @@ export interface RequestContext {
   skipBinding: boolean
 }
 
+/**
+ * The synchronous answer of a pure handler (issue 16's fast path for PING,
+ * NOOP, GET_CHUNK_SIZE): reads the payload frames `frames[start …]` in place
+ * and returns the encoded response frame, or undefined when this request
+ * needs the pooled path (`handle`). For the requests it answers it must do
+ * exactly what `handle` does, with no Effect, no await and no allocation it
+ * can avoid; the MQ server runs it on its receive loop only when the row's
+ * pool has a free slot and nothing is waiting (DESIGN §3.1), and never under
+ * tenancy (its guarded rows carry no `fast`).
+ */
+export type FastHandler = (frames: ReadonlyArray<Uint8Array>, start: number) => Uint8Array | undefined
+
 /** A handler with its types erased, as the dispatcher stores it. */
 export interface HandlerRow {
   readonly op: Op
   readonly pool: Pool
   readonly handle: (payload: ReadonlyArray<unknown>, ctx: RequestContext) => Effect.Effect<unknown, WireError>
+  /** The fast path's answer, for the few pure, synchronous ops; absent: always pooled. */
+  readonly fast?: FastHandler
 }
 
 /**
  * Declares that `op` is served by `handle` on `pool`. The handler's argument
  * and result types come from the op's Schemas; it fails only with wire
- * errors (a defect becomes an `internal` error reply).
+ * errors (a defect becomes an `internal` error reply). `fast`: the
+ * synchronous answer of a pure handler (see {@link FastHandler}).
  */
 export const row = <O extends Op>(
   op: O,
   pool: Pool,
-  handle: (payload: PayloadOf<O>, ctx: RequestContext) => Effect.Effect<ResponseOf<O>, WireError>
+  handle: (payload: PayloadOf<O>, ctx: RequestContext) => Effect.Effect<ResponseOf<O>, WireError>,
+  fast?: FastHandler
 ): HandlerRow => ({
   op,
   pool,
-  handle: handle as unknown as HandlerRow["handle"]
+  handle: handle as unknown as HandlerRow["handle"],
+  ...(fast === undefined ? {} : { fast })
 })
 
 /**

@@ -12,14 +12,21 @@
  *
  * The reaper, and the liveness blocks of `/api/status`, are the liveness
  * room's (src/services/liveness/Reaper.ts): they drive the same targets.
+ *
+ * PING [nil], NOOP and GET_CHUNK_SIZE also have a fast answer (issue 16,
+ * `FastHandler`): a pre-encoded response frame and a batched counter, no
+ * Effect. A named PING touches the registry's transaction and binds the peer,
+ * so it keeps the pooled path.
  */
 import { Context, Effect, Layer, Metric } from "effect"
+import { encodeFrame } from "../../schema/Frame.ts"
 import { ServerConfig } from "./ServerConfig.ts"
 import type { InstanceId } from "../../schema/InstanceId.ts"
 import { Clear, GetChunkSize, Noop, Ping, PingRegistered } from "../../schema/Op.ts"
 import type { RegistrationKind } from "../../schema/Registration.ts"
 import { CacheControl } from "./CacheControl.ts"
 import { row, type ServerModule } from "./Handler.ts"
+import { makeMetricBatch } from "./internal/MetricBatch.ts"
 import { LivenessTargets } from "../liveness/LivenessTarget.ts"
 
 const pingsTotal = Metric.counter("mpcache_pings_total", {
@@ -29,6 +36,9 @@ const pingsTotal = Metric.counter("mpcache_pings_total", {
 const pingsNamed = Metric.withAttributes(pingsTotal, { form: "instance" })
 const pingsNil = Metric.withAttributes(pingsTotal, { form: "nil" })
 const pingsRegistered = Metric.withAttributes(pingsTotal, { form: "ping_registered" })
+
+/** MessagePack nil: the PING payload of a scheduler or an untracked prober. */
+const NIL = 0xc0
 
 /** The management module's operations and its handler rows. */
 export class Management extends Context.Service<Management, {
@@ -78,13 +88,25 @@ const make = Effect.gen(function*() {
       Effect.flatMap((dropped) => Effect.logInfo(`cache cleared: ${dropped} object(s) dropped`, { force }))
     )
 
+  // The fast answers: the frames their handlers' responses encode to, built once.
+  const pingsNilBatched = makeMetricBatch(yield* Effect.context<never>()).counter(pingsTotal, { form: "nil" })
+  const trueFrame = yield* Effect.orDie(encodeFrame(Ping.response, true, "ping: response"))
+  const okFrame = yield* Effect.orDie(encodeFrame(Noop.response, "OK", "noop: response"))
+  const chunkSizeFrame = yield* Effect.orDie(encodeFrame(GetChunkSize.response, config.chunkSizeTokens, "get_chunk_size: response"))
+  const fastPing = (frames: ReadonlyArray<Uint8Array>, start: number): Uint8Array | undefined => {
+    const id = frames[start]!
+    if (id.length !== 1 || id[0] !== NIL) return undefined
+    pingsNilBatched.add(1)
+    return trueFrame
+  }
+
   const module: ServerModule = {
     name: "management",
     rows: [
-      row(Ping, "NORMAL", ([id]) => ping(id)),
+      row(Ping, "NORMAL", ([id]) => ping(id), fastPing),
       row(PingRegistered, "NORMAL", ([id, expected]) => pingRegistered(id, expected)),
-      row(Noop, "SYNC", () => Effect.succeed("OK" as const)),
-      row(GetChunkSize, "SYNC", () => Effect.succeed(config.chunkSizeTokens)),
+      row(Noop, "SYNC", () => Effect.succeed("OK" as const), () => okFrame),
+      row(GetChunkSize, "SYNC", () => Effect.succeed(config.chunkSizeTokens), () => chunkSizeFrame),
       row(Clear, "NORMAL", ([force]) => clear(force))
     ]
   }

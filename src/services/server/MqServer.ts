@@ -1,8 +1,14 @@
 /**
  * The MQ server (DESIGN §3): a ROUTER bound to the configured endpoint, one
- * receive-loop fiber, dispatch by the handler table to the SYNC / NORMAL /
+ * receive loop, dispatch by the handler table to the SYNC / NORMAL /
  * AFFINITY pools, and one send path (zeromq.js allows one send in flight per
  * socket).
+ *
+ * The receive loop and the send path are plain promise loops (the PING hot
+ * path, issue 16): PING [nil], NOOP and GET_CHUNK_SIZE are answered on the
+ * loop itself when their pool would start them at once (see "the fast
+ * path" below); every other message goes, in arrival order, to the receive
+ * fiber, which runs `onMessage`.
  *
  * The receive loop never waits on a handler: it reads the uid and op frames,
  * answers what it can answer at once (unknown op, wrong payload count) and
@@ -15,7 +21,7 @@
  * Shutdown (closing the layer's scope): stop receiving, let queued and
  * running requests finish (bounded), flush the replies, close the socket.
  */
-import { Cause, Context, Duration, Effect, Exit, Layer, Metric } from "effect"
+import { Cause, Context, Duration, Effect, Exit, Layer, Metric, Queue } from "effect"
 import { decodeHeaderInt, decodePayload, encodeErrorReply, encodeReply, payloadCountMismatch } from "../../schema/Frame.ts"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import { opById, type Op } from "../../schema/Op.ts"
@@ -26,6 +32,7 @@ import type { HandlerRow, HandlerTable, RequestContext, TableRow } from "./Handl
 import { PeerEvents } from "../liveness/PeerEvents.ts"
 import { RequestBarrier } from "../liveness/RequestBarrier.ts"
 import * as M from "./ServerMetrics.ts"
+import { makeMetricBatch } from "./internal/MetricBatch.ts"
 import { makeUndeliveredReplies } from "./internal/UndeliveredReplies.ts"
 
 /** The merged handler table of every server module. */
@@ -398,19 +405,97 @@ const make = (options: MqServerOptions) =>
       )
     }
 
-    const receiveLoop = Effect.tryPromise({
-      try: () => router.receive(),
-      catch: (cause) => new ZmqError({ op: "receive", endpoint, cause })
-    }).pipe(
-      Effect.flatMap(onMessage),
-      Effect.catchCause((cause) =>
-        Cause.hasInterruptsOnly(cause)
-          ? Effect.failCause(cause)
-          : Effect.logError("receive loop: recovering from an error", cause).pipe(Effect.andThen(Effect.sleep("10 millis")))
+    // ------------------------------------------------------------------ the fast path (issue 16)
+    // The receive loop is a plain promise loop, as the send path is: a request whose row has a `fast` answer
+    // (PING [nil], NOOP, GET_CHUNK_SIZE) is answered right there — no fiber, no Effect, metrics batched per
+    // burst — when its pool would start it at once (DESIGN §3.1: a PING still waits behind a saturated NORMAL
+    // pool) and nothing received before it is still on its way to `onMessage` (so it never overtakes a
+    // connect notification, or a SYNC op on the SYNC lane). Everything else goes, in arrival order, through
+    // `inbox` to the receive fiber below, which runs `onMessage` as before.
+    const batch = makeMetricBatch(services)
+    const fastMetrics = new Map(
+      [...table.byId.values()].filter((r) => r.fast !== undefined).map((r) => [r.op.id, {
+        requests: batch.counter(M.requestsTotal, { op: r.op.name }),
+        latency: batch.histogram(M.requestDurationSeconds, { op: r.op.name })
+      }] as const)
+    )
+    const answerFast = (received: Array<Buffer>): boolean => {
+      if (received.length < 3) return false
+      const opId = decodeHeaderInt(received[2]!)
+      const row = opId === undefined ? undefined : table.byId.get(opId)
+      const fast = row?.fast
+      if (fast === undefined || received.length - 3 !== row!.op.payload.length || !dispatcher.hasFreeSlot(row!.pool)) return false
+      if (decodeHeaderInt(received[1]!) === undefined) return false
+      const startedMs = performance.now()
+      const response = fast(received, 3)
+      if (response === undefined) return false
+      // [routing id, uid, op, response]: the request's own frames, echoed, in the request's array.
+      const message: Array<Uint8Array> = received
+      if (message.length === 4) message[3] = response
+      else {
+        message.length = 3
+        message.push(response)
+      }
+      outbox.push(message)
+      pumping ??= pump()
+      const m = fastMetrics.get(opId!)!
+      m.requests.add(1)
+      m.latency.observe((performance.now() - startedMs) / 1000)
+      return true
+    }
+
+    type Inbound = { readonly _tag: "message"; readonly received: Array<Buffer> } | { readonly _tag: "error"; readonly cause: unknown }
+    const inbox = yield* Queue.unbounded<Inbound>()
+    // Messages handed to `inbox` whose `onMessage` has not finished yet.
+    let inboxed = 0
+    let receiving = true
+    const hand = (item: Inbound): void => {
+      inboxed++
+      Queue.offerUnsafe(inbox, item)
+    }
+    const receiveLoop = async (): Promise<void> => {
+      while (receiving) {
+        let received: Array<Buffer>
+        try {
+          received = await router.receive()
+        } catch (cause) {
+          if (!receiving || router.closed) return
+          hand({ _tag: "error", cause })
+          await new Promise((resolve) => setTimeout(resolve, 10))
+          continue
+        }
+        if (!receiving) return
+        let answered = false
+        try {
+          answered = inboxed === 0 && answerFast(received)
+        } catch {
+          // A fast answer that throws is a bug; the pooled path answers (and logs) instead.
+        }
+        if (!answered) hand({ _tag: "message", received })
+      }
+    }
+    const receiveFiber = Queue.take(inbox).pipe(
+      Effect.flatMap((item) =>
+        item._tag === "message"
+          ? onMessage(item.received)
+          : Effect.logError("receive loop: recovering from an error", new ZmqError({ op: "receive", endpoint, cause: item.cause }))
       ),
+      Effect.catchCause((cause) => Effect.logError("receive loop: recovering from an error", cause)),
+      Effect.ensuring(Effect.sync(() => {
+        inboxed--
+      })),
       Effect.forever
     )
-    yield* Effect.forkScoped(receiveLoop)
+    yield* Effect.forkScoped(receiveFiber)
+    // It never rejects: every await in it is caught or cannot fail.
+    void receiveLoop()
+    // Stop receiving first (this finalizer runs before the pools drain and the socket closes); a receive still
+    // pending ends when the socket closes.
+    yield* Effect.addFinalizer(() =>
+      Effect.sync(() => {
+        receiving = false
+      })
+    )
     yield* Effect.logInfo(`MQ server listening on ${endpoint}`)
 
     return {
