@@ -7,13 +7,12 @@
  * Bound to `--http-host`/`--http-port` (port 0 picks a free one; the bound
  * address is logged).
  */
-import { readFileSync } from "node:fs"
 import { createServer } from "node:http"
 import { NodeHttpServer } from "@effect/platform-node"
-import { Clock, Context, Effect, Layer, Schema } from "effect"
+import { Clock, Context, Effect, Layer } from "effect"
 import { HttpRouter, HttpServer, HttpServerRequest, HttpServerResponse } from "effect/http"
 import { PrometheusMetrics } from "effect/observability"
-import { bearerCheck } from "../services/auth/BearerToken.ts"
+import { bearerCheck, readTokenFile } from "../services/auth/BearerToken.ts"
 import { MqServer } from "../services/server/MqServer.ts"
 import { PROTOCOL_VERSION, VERSION } from "../version.ts"
 import { ServerConfig } from "../services/server/ServerConfig.ts"
@@ -80,15 +79,7 @@ const Routes = Layer.mergeAll(
   PrometheusMetrics.layerHttp({ path: "/metrics" })
 )
 
-/** The `--http-token-file` cannot be read or is empty. */
-export class HttpTokenInvalid extends Schema.TaggedError<HttpTokenInvalid>()("HttpTokenInvalid", {
-  path: Schema.String,
-  reason: Schema.String
-}) {
-  override get message(): string {
-    return `--http-token-file ${this.path}: ${this.reason}`
-  }
-}
+export { HttpTokenInvalid } from "../services/auth/BearerToken.ts"
 
 /**
  * The bearer-token guard (docs/security.md): with `--http-token-file`,
@@ -98,11 +89,7 @@ export class HttpTokenInvalid extends Schema.TaggedError<HttpTokenInvalid>()("Ht
 const bearerGuard = (path: string) =>
   Layer.unwrap(
     Effect.gen(function*() {
-      const token = yield* Effect.try({
-        try: () => readFileSync(path, "utf8").trim(),
-        catch: (e) => new HttpTokenInvalid({ path, reason: `cannot read: ${e instanceof Error ? e.message : String(e)}` })
-      })
-      if (token.length < 16) return yield* new HttpTokenInvalid({ path, reason: "the token must be at least 16 characters" })
+      const token = yield* readTokenFile(path)
       const authorized = bearerCheck(token)
       return HttpRouter.middleware(
         (httpEffect) =>

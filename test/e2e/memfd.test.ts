@@ -346,6 +346,6 @@ describe("cpu_memfd: memory handed over, not named", () => {
       )
       assert.deepStrictEqual(row?.memfd?.segments.map((x) => x.seals), [["seal", "shrink", "grow"], ["seal", "shrink", "grow"]])
       assert.strictEqual(memfdMaps(second.server.child.pid!, prefix).length, 2)
-      yield* daemon.waitForStdout(/"event":"store","n":\d+,"ok":true,"healthy":true,"reregistrations":1/, 20_000)
+      yield* daemon.waitForStdout(/"event":"store","n":\d+,"ok":true,"healthy":true,"reregistrations":1/, 45_000)
     }).pipe(Effect.provide(ZmqSocketsLive))), 120_000)
 })

@@ -15,6 +15,7 @@ import { makeInstanceId } from "../../schema/InstanceId.ts"
 import { decodeStatusDocument } from "../../schema/Status.ts"
 import { Clear, EndSession, GetChunkSize, Noop, Ping } from "../../schema/Op.ts"
 import { makeMqClient, type MqClientShape } from "../../services/client/MqClient.ts"
+import { readTokenFile } from "../../services/auth/BearerToken.ts"
 import { CommandFailed } from "../CommandFailed.ts"
 import { formatStatus } from "../StatusSummary.ts"
 import * as F from "./flags.ts"
@@ -103,6 +104,10 @@ export const status = Command.make(
     httpHost: F.httpHost,
     httpPort: F.httpPort,
     timeoutSeconds: F.timeoutSeconds,
+    httpTokenFile: Flag.String("http-token-file").pipe(
+      Flag.withDescription("File holding the bearer token of a frontend started with --http-token-file (docs/security.md)"),
+      Flag.optional
+    ),
     json: Flag.Boolean("json").pipe(Flag.withDescription("Print the raw /api/status JSON instead of the summary"), Flag.withDefault(false))
   },
   (f) =>
@@ -110,9 +115,12 @@ export const status = Command.make(
       const host = f.httpHost.includes(":") && !f.httpHost.startsWith("[") ? `[${f.httpHost}]` : f.httpHost
       const url = `http://${host}:${f.httpPort}/api/status`
       const client = yield* HttpClient.HttpClient
-      const response = yield* client.execute(HttpClientRequest.get(url)).pipe(
-        Effect.timeout(`${f.timeoutSeconds} seconds`)
-      )
+      const token = Option.isSome(f.httpTokenFile) ? yield* readTokenFile(f.httpTokenFile.value) : undefined
+      const request = token === undefined ? HttpClientRequest.get(url) : HttpClientRequest.get(url).pipe(HttpClientRequest.bearerToken(token))
+      const response = yield* client.execute(request).pipe(Effect.timeout(`${f.timeoutSeconds} seconds`))
+      if (response.status === 401) {
+        return yield* Effect.fail(new Error(`GET ${url} answered 401: ${token === undefined ? "this frontend needs a bearer token: give --http-token-file" : "the token in --http-token-file is not this frontend's"}`))
+      }
       const body = yield* response.json
       if (response.status !== 200) return yield* Effect.fail(new Error(`GET ${url} answered ${response.status}`))
       if (f.json) return JSON.stringify(body, null, 2)
