@@ -5,7 +5,7 @@
  * not installed.
  */
 import { randomUUID } from "node:crypto"
-import { assert, describe, it } from "@effect/vitest"
+import { assert, it } from "@effect/vitest"
 import { Effect, Layer, Schedule } from "effect"
 import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
 import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
@@ -20,7 +20,8 @@ import { HEADER_BYTES, l2KeyOf, layoutFingerprint } from "../../src/services/ser
 import { runCli } from "../support/Cli.ts"
 import { verifyTokens, writeTokens } from "../support/KvData.ts"
 import { eventually, getText, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
-import { redisServerPath, startRedis, startRedisCluster } from "../support/RedisProcess.ts"
+import { startRedis, startRedisCluster } from "../support/RedisFleet.ts"
+import { redisSuite } from "../support/RedisSuite.ts"
 
 const CHUNK = 64 // startServer's --chunk-size
 const BLOCK = 16
@@ -78,13 +79,7 @@ const metric = (text: string, name: string) => {
   return line === undefined ? undefined : Number(line.slice(line.lastIndexOf(" ") + 1))
 }
 
-if (redisServerPath === undefined) {
-  // Straight to the process's stderr too: the config silences console output of passing files.
-  process.stderr.write("\n*** SKIPPING the L2 suites (test/e2e/l2.test.ts): redis-server is not installed ***\n\n")
-  console.warn("SKIPPING the L2 suites (test/e2e/l2.test.ts): redis-server is not installed; install it (apt-get install -y redis-server) to run them")
-}
-
-describe.skipIf(redisServerPath === undefined)("L2 on a real redis-server", () => {
+redisSuite("L2 on a real redis-server", () => {
   it.live("two servers share L2: STORE through A, LOOKUP and RETRIEVE byte-exact through B; a corrupt value is a miss, deleted and counted", () =>
     Effect.gen(function*() {
       const redis = yield* startRedis()

@@ -11,14 +11,15 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { chromium, type BrowserContext, type Page } from "playwright-core"
 import { ipcEndpoint, startServer } from "../support/LiveFleet.ts"
-import { redisServerPath, startRedis } from "../support/RedisProcess.ts"
+import { startRedis } from "../support/RedisFleet.ts"
+import { redisSuite } from "../support/RedisSuite.ts"
 
 const CHROMIUM = process.env["MPCACHE_CHROMIUM"] ?? "/usr/bin/chromium"
-const missing = [existsSync(CHROMIUM) ? "" : `Chromium (${CHROMIUM})`, redisServerPath === undefined ? "redis-server" : ""]
-  .filter((m) => m !== "").join(" and ")
-if (missing !== "") {
-  process.stderr.write(`\n*** SKIPPING test/e2e/l2StatusPage.test.ts: ${missing} not installed ***\n\n`)
-  console.warn(`l2StatusPage.test.ts: SKIPPED, ${missing} not installed`)
+// redis-server's absence is reported by redisSuite; Chromium's here, as loudly.
+const hasChromium = existsSync(CHROMIUM)
+if (!hasChromium) {
+  process.stderr.write(`\n*** SKIPPING test/e2e/l2StatusPage.test.ts: Chromium (${CHROMIUM}) not installed ***\n\n`)
+  console.warn(`l2StatusPage.test.ts: SKIPPED, Chromium (${CHROMIUM}) not installed`)
 }
 
 const browserIn = (dir: string) =>
@@ -59,7 +60,8 @@ const until = <A>(read: Effect.Effect<A>, holds: (a: A) => boolean, timeoutMs: n
     return a
   })
 
-describe.skipIf(missing !== "")("status page with L2", () => {
+redisSuite("status page with L2", () => {
+  describe.skipIf(!hasChromium)("in Chromium", () => {
   it.live("shows the L2 state and store; a redis that goes away shows as not connected", () =>
     Effect.scoped(Effect.gen(function*() {
       const redis = yield* startRedis()
@@ -78,4 +80,5 @@ describe.skipIf(missing !== "")("status page with L2", () => {
       assert.strictEqual(gone.state, "ok")
       assert.match(gone.detail, new RegExp(`^${redis.url.replace(/\./g, "\\.")} \\(not connected\\); 0 B in flight \\(0 writes\\); .*; last error: .+$`))
     })), 60_000)
+  })
 })
