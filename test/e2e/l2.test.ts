@@ -57,6 +57,8 @@ const serverWithWorker = (url: string, id: bigint, flags: ReadonlyArray<string> 
     const client = yield* makeMqClient({ endpoint, requestTimeoutMs: 10_000 })
     const cache = yield* makePagedKvCache({ namePrefix: `mpcache-l2-${randomUUID()}`, ...geometry })
     yield* client.request(RegisterKvCache, [makeInstanceId(id), cache.descriptors, "tiny", 1, "vllm", {}, []])
+    // The breaker starts probing (writes dropped, LOOKUP L1 only) until its first PING: ok, or open when unreachable.
+    yield* eventually(statusOf(httpPort), (s) => s.l2 !== null && s.l2.state !== "probing", 10_000)
     return { server, httpPort, client, cache, id: makeInstanceId(id) }
   })
 
@@ -245,8 +247,10 @@ redisSuite("L2 on a real redis-server", () => {
       yield* redis.kill
       const a = yield* serverWithWorker(`redis://127.0.0.1:${port}`, 1n)
       yield* a.server.waitForStderr(/L2 redis:\/\/127\.0\.0\.1:\d+ is unreachable \(.+\); serving from L1 only, connecting in the background/, 10_000)
-      const down = (yield* statusOf(a.httpPort)).l2
-      assert.isTrue(down !== null && !down.connected && /ECONNREFUSED/.test(down.last_error ?? ""), JSON.stringify(down))
+      // Honest from the start: the breaker probes at once, and its failed first PING opens it (never "ok" while unreachable).
+      const down = (yield* eventually(statusOf(a.httpPort), (s) => s.l2?.state === "open", 10_000)).l2
+      assert.isTrue(down !== null && down.state === "open" && !down.connected && /ECONNREFUSED/.test(down.last_error ?? ""), JSON.stringify(down))
+      assert.deepInclude(down, { breaker_opened: 1, breaker_closed: 0 })
       const tokens = tokensOf(2 * CHUNK, 50)
       yield* writeTokens(a.cache, 50, range(0, 8))
       assert.deepStrictEqual(yield* a.client.request(Store, [keyOf(tokens), a.id, [range(0, 8)], EVENT]), [EVENT, true])
