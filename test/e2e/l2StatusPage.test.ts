@@ -62,23 +62,23 @@ const until = <A>(read: Effect.Effect<A>, holds: (a: A) => boolean, timeoutMs: n
 
 redisSuite("status page with L2", () => {
   describe.skipIf(!hasChromium)("in Chromium", () => {
-  it.live("shows the L2 state and store; a redis that goes away shows as not connected", () =>
-    Effect.scoped(Effect.gen(function*() {
-      const redis = yield* startRedis()
-      const { httpPort } = yield* startServer(ipcEndpoint(), ["--l2-url", redis.url, "--no-l1-prefault", "--l1-size-gb", "0.0625"])
-      const context = yield* browserIn(mkdtempSync(join(tmpdir(), "mpcache-l2-status-page-")))
-      const page = yield* Effect.promise(() => context.newPage())
-      yield* Effect.promise(() => page.goto(`http://127.0.0.1:${httpPort}/`))
-      const up = yield* until(l2Block(page), (b) => b.state === "ok", 10_000)
-      assert.deepStrictEqual(up, {
-        state: "ok",
-        cls: "",
-        detail: `${redis.url}; 0 B in flight (0 writes); 0 written, 0 dropped, 0 hit chunks, 0 corrupt`
-      })
-      yield* redis.kill
-      const gone = yield* until(l2Block(page), (b) => b.detail.includes("not connected"), 10_000)
-      assert.strictEqual(gone.state, "ok")
-      assert.match(gone.detail, new RegExp(`^${redis.url.replace(/\./g, "\\.")} \\(not connected\\); 0 B in flight \\(0 writes\\); .*; last error: .+$`))
-    })), 60_000)
+    it.live("shows the L2 state and store; a redis that goes away shows as not connected", () =>
+      Effect.scoped(Effect.gen(function*() {
+        const redis = yield* startRedis()
+        const { httpPort } = yield* startServer(ipcEndpoint(), ["--l2-url", redis.url, "--no-l1-prefault", "--l1-size-gb", "0.0625"])
+        const context = yield* browserIn(mkdtempSync(join(tmpdir(), "mpcache-l2-status-page-")))
+        const page = yield* Effect.promise(() => context.newPage())
+        yield* Effect.promise(() => page.goto(`http://127.0.0.1:${httpPort}/`))
+        const up = yield* until(l2Block(page), (b) => b.state === "ok", 10_000)
+        assert.deepStrictEqual(up, {
+          state: "ok",
+          cls: "",
+          detail: `${redis.url}; 0 B in flight (0 writes); 0 written, 0 dropped, 0 hit chunks, 0 corrupt`
+        })
+        yield* redis.kill
+        const gone = yield* until(l2Block(page), (b) => b.detail.includes("not connected"), 10_000)
+        assert.strictEqual(gone.state, "ok")
+        assert.match(gone.detail, new RegExp(`^${redis.url.replace(/\./g, "\\.")} \\(not connected\\); 0 B in flight \\(0 writes\\); .*; last error: .+$`))
+      })), 60_000)
   })
 })
