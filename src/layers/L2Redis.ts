@@ -12,7 +12,7 @@
  * turns into L1-only answers. Once connected, node-redis reconnects by
  * itself and, in Cluster mode, rediscovers slots and follows MOVED/ASK.
  */
-import { Duration, Effect, Layer } from "effect"
+import { Deferred, Duration, Effect, Layer } from "effect"
 import { createClient, createCluster, RESP_TYPES } from "redis"
 import type { L2Config } from "../services/server/l2/L2Config.ts"
 import { L2Error, L2Store, withTimeout } from "../services/server/l2/L2Store.ts"
@@ -93,6 +93,8 @@ export const layerL2Redis = (l2: L2Config): Layer.Layer<L2Store> =>
       const onError = (e: Error) => {
         lastError = messageOf(e)
       }
+      // Ends with the first connect attempt, whatever its outcome: the breaker's first PING waits for it.
+      const firstAttempt = yield* Deferred.make<void>()
       // Connect in the background until it works; the server serves meanwhile (L1 only).
       yield* Effect.gen(function*() {
         let delayMs = 100
@@ -105,6 +107,7 @@ export const layerL2Redis = (l2: L2Config): Layer.Layer<L2Store> =>
           )
           if (failed === undefined) {
             connection = c
+            yield* Deferred.succeed(firstAttempt, undefined)
             return yield* Effect.logInfo(`L2 ${l2.url.display}: connected`)
           }
           c.destroy()
@@ -114,6 +117,7 @@ export const layerL2Redis = (l2: L2Config): Layer.Layer<L2Store> =>
             warned = true
             yield* Effect.logWarning(`L2 ${l2.url.display} is unreachable (${failed}); serving from L1 only, connecting in the background`)
           }
+          yield* Deferred.succeed(firstAttempt, undefined)
           yield* Effect.sleep(Duration.millis(delayMs))
           delayMs = Math.min(delayMs * 2, 2000)
         }
@@ -138,7 +142,9 @@ export const layerL2Redis = (l2: L2Config): Layer.Layer<L2Store> =>
         setNx: (key, value, ttl, t) =>
           call("SET", t, (c) => c.set(key, Buffer.from(value.buffer, value.byteOffset, value.byteLength), ttl)).pipe(Effect.map((r) => r !== null)),
         del: (key, t) => call("DEL", t, (c) => c.del(key)).pipe(Effect.asVoid),
-        ping: (t) => call("PING", t, (c) => c.ping()).pipe(Effect.asVoid),
+        // The breaker's start probe comes before the first connect attempt has ended; it waits for it (under its timeout).
+        ping: (t) =>
+          withTimeout("PING", t, Deferred.await(firstAttempt).pipe(Effect.andThen(call("PING", t, (c) => c.ping())), Effect.asVoid)),
         connectionError: () => (connection !== undefined && connection.isReady() ? null : lastError)
       }
     })

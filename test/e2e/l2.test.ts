@@ -5,7 +5,7 @@
  * not installed.
  */
 import { randomUUID } from "node:crypto"
-import { assert, describe, it } from "@effect/vitest"
+import { assert, it } from "@effect/vitest"
 import { Effect, Layer, Schedule } from "effect"
 import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
 import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
@@ -20,7 +20,8 @@ import { HEADER_BYTES, l2KeyOf, layoutFingerprint } from "../../src/services/ser
 import { runCli } from "../support/Cli.ts"
 import { verifyTokens, writeTokens } from "../support/KvData.ts"
 import { eventually, getText, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
-import { redisServerPath, startRedis, startRedisCluster } from "../support/RedisProcess.ts"
+import { startRedis, startRedisCluster } from "../support/RedisFleet.ts"
+import { redisSuite } from "../support/RedisSuite.ts"
 
 const CHUNK = 64 // startServer's --chunk-size
 const BLOCK = 16
@@ -56,6 +57,8 @@ const serverWithWorker = (url: string, id: bigint, flags: ReadonlyArray<string> 
     const client = yield* makeMqClient({ endpoint, requestTimeoutMs: 10_000 })
     const cache = yield* makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-l2-${randomUUID()}`, ...geometry })
     yield* client.request(RegisterKvCache, [makeInstanceId(id), cache.descriptors, "tiny", 1, "vllm", {}, []])
+    // The breaker starts probing (writes dropped, LOOKUP L1 only) until its first PING: ok, or open when unreachable.
+    yield* eventually(statusOf(httpPort), (s) => s.l2 !== null && s.l2.state !== "probing", 10_000)
     return { server, httpPort, client, cache, id: makeInstanceId(id) }
   })
 
@@ -78,13 +81,7 @@ const metric = (text: string, name: string) => {
   return line === undefined ? undefined : Number(line.slice(line.lastIndexOf(" ") + 1))
 }
 
-if (redisServerPath === undefined) {
-  // Straight to the process's stderr too: the config silences console output of passing files.
-  process.stderr.write("\n*** SKIPPING the L2 suites (test/e2e/l2.test.ts): redis-server is not installed ***\n\n")
-  console.warn("SKIPPING the L2 suites (test/e2e/l2.test.ts): redis-server is not installed; install it (apt-get install -y redis-server) to run them")
-}
-
-describe.skipIf(redisServerPath === undefined)("L2 on a real redis-server", () => {
+redisSuite("L2 on a real redis-server", () => {
   it.live("two servers share L2: STORE through A, LOOKUP and RETRIEVE byte-exact through B; a corrupt value is a miss, deleted and counted", () =>
     Effect.gen(function*() {
       const redis = yield* startRedis()
@@ -250,8 +247,10 @@ describe.skipIf(redisServerPath === undefined)("L2 on a real redis-server", () =
       yield* redis.kill
       const a = yield* serverWithWorker(`redis://127.0.0.1:${port}`, 1n)
       yield* a.server.waitForStderr(/L2 redis:\/\/127\.0\.0\.1:\d+ is unreachable \(.+\); serving from L1 only, connecting in the background/, 10_000)
-      const down = (yield* statusOf(a.httpPort)).l2
-      assert.isTrue(down !== null && !down.connected && /ECONNREFUSED/.test(down.last_error ?? ""), JSON.stringify(down))
+      // Honest from the start: the breaker probes at once, and its failed first PING opens it (never "ok" while unreachable).
+      const down = (yield* eventually(statusOf(a.httpPort), (s) => s.l2?.state === "open", 10_000)).l2
+      assert.isTrue(down !== null && down.state === "open" && !down.connected && /ECONNREFUSED/.test(down.last_error ?? ""), JSON.stringify(down))
+      assert.deepInclude(down, { breaker_opened: 1, breaker_closed: 0 })
       const tokens = tokensOf(2 * CHUNK, 50)
       yield* writeTokens(a.cache, 50, range(0, 8))
       assert.deepStrictEqual(yield* a.client.request(Store, [keyOf(tokens), a.id, [range(0, 8)], EVENT]), [EVENT, true])

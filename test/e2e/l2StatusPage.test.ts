@@ -11,14 +11,15 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { chromium, type BrowserContext, type Page } from "playwright-core"
 import { ipcEndpoint, startServer } from "../support/LiveFleet.ts"
-import { redisServerPath, startRedis } from "../support/RedisProcess.ts"
+import { startRedis } from "../support/RedisFleet.ts"
+import { redisSuite } from "../support/RedisSuite.ts"
 
 const CHROMIUM = process.env["MPCACHE_CHROMIUM"] ?? "/usr/bin/chromium"
-const missing = [existsSync(CHROMIUM) ? "" : `Chromium (${CHROMIUM})`, redisServerPath === undefined ? "redis-server" : ""]
-  .filter((m) => m !== "").join(" and ")
-if (missing !== "") {
-  process.stderr.write(`\n*** SKIPPING test/e2e/l2StatusPage.test.ts: ${missing} not installed ***\n\n`)
-  console.warn(`l2StatusPage.test.ts: SKIPPED, ${missing} not installed`)
+// redis-server's absence is reported by redisSuite; Chromium's here, as loudly.
+const hasChromium = existsSync(CHROMIUM)
+if (!hasChromium) {
+  process.stderr.write(`\n*** SKIPPING test/e2e/l2StatusPage.test.ts: Chromium (${CHROMIUM}) not installed ***\n\n`)
+  console.warn(`l2StatusPage.test.ts: SKIPPED, Chromium (${CHROMIUM}) not installed`)
 }
 
 const browserIn = (dir: string) =>
@@ -59,23 +60,25 @@ const until = <A>(read: Effect.Effect<A>, holds: (a: A) => boolean, timeoutMs: n
     return a
   })
 
-describe.skipIf(missing !== "")("status page with L2", () => {
-  it.live("shows the L2 state and store; a redis that goes away shows as not connected", () =>
-    Effect.scoped(Effect.gen(function*() {
-      const redis = yield* startRedis()
-      const { httpPort } = yield* startServer(ipcEndpoint(), ["--l2-url", redis.url, "--no-l1-prefault", "--l1-size-gb", "0.0625"])
-      const context = yield* browserIn(mkdtempSync(join(tmpdir(), "mpcache-l2-status-page-")))
-      const page = yield* Effect.promise(() => context.newPage())
-      yield* Effect.promise(() => page.goto(`http://127.0.0.1:${httpPort}/`))
-      const up = yield* until(l2Block(page), (b) => b.state === "ok", 10_000)
-      assert.deepStrictEqual(up, {
-        state: "ok",
-        cls: "",
-        detail: `${redis.url}; 0 B in flight (0 writes); 0 written, 0 dropped, 0 hit chunks, 0 corrupt`
-      })
-      yield* redis.kill
-      const gone = yield* until(l2Block(page), (b) => b.detail.includes("not connected"), 10_000)
-      assert.strictEqual(gone.state, "ok")
-      assert.match(gone.detail, new RegExp(`^${redis.url.replace(/\./g, "\\.")} \\(not connected\\); 0 B in flight \\(0 writes\\); .*; last error: .+$`))
-    })), 60_000)
+redisSuite("status page with L2", () => {
+  describe.skipIf(!hasChromium)("in Chromium", () => {
+    it.live("shows the L2 state and store; a redis that goes away shows as not connected", () =>
+      Effect.scoped(Effect.gen(function*() {
+        const redis = yield* startRedis()
+        const { httpPort } = yield* startServer(ipcEndpoint(), ["--l2-url", redis.url, "--no-l1-prefault", "--l1-size-gb", "0.0625"])
+        const context = yield* browserIn(mkdtempSync(join(tmpdir(), "mpcache-l2-status-page-")))
+        const page = yield* Effect.promise(() => context.newPage())
+        yield* Effect.promise(() => page.goto(`http://127.0.0.1:${httpPort}/`))
+        const up = yield* until(l2Block(page), (b) => b.state === "ok", 10_000)
+        assert.deepStrictEqual(up, {
+          state: "ok",
+          cls: "",
+          detail: `${redis.url}; 0 B in flight (0 writes); 0 written, 0 dropped, 0 hit chunks, 0 corrupt`
+        })
+        yield* redis.kill
+        const gone = yield* until(l2Block(page), (b) => b.detail.includes("not connected"), 10_000)
+        assert.strictEqual(gone.state, "ok")
+        assert.match(gone.detail, new RegExp(`^${redis.url.replace(/\./g, "\\.")} \\(not connected\\); 0 B in flight \\(0 writes\\); .*; last error: .+$`))
+      })), 60_000)
+  })
 })

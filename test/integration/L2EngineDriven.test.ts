@@ -5,7 +5,7 @@
  * while the prefetch runs) and PREPARE_RETRIEVE hands out exactly those
  * bytes. Skipped, loudly, where redis-server is not installed.
  */
-import { assert, describe, it } from "@effect/vitest"
+import { assert, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { makeInstanceId } from "../../src/schema/InstanceId.ts"
 import { makeEngineDrivenWorkerAdapter } from "../../src/services/client/EngineDrivenWorkerAdapter.ts"
@@ -15,7 +15,8 @@ import { MqServer } from "../../src/services/server/MqServer.ts"
 import { l2Defaults } from "../../src/services/server/l2/L2Config.ts"
 import { L2Tier } from "../../src/services/server/l2/L2Tier.ts"
 import { eventually } from "../support/LiveFleet.ts"
-import { redisServerPath, startRedis } from "../support/RedisProcess.ts"
+import { startRedis } from "../support/RedisFleet.ts"
+import { redisSuite } from "../support/RedisSuite.ts"
 import { testServer } from "../support/TestServer.ts"
 
 const CHUNK = 32
@@ -43,13 +44,7 @@ const adapter = (n: number) =>
     })
   })
 
-if (redisServerPath === undefined) {
-  // Straight to the process's stderr too: the config silences console output of passing files.
-  process.stderr.write("\n*** SKIPPING the L2 suites (test/integration/L2EngineDriven.test.ts): redis-server is not installed ***\n\n")
-  console.warn("SKIPPING the L2 suites (test/integration/L2EngineDriven.test.ts): redis-server is not installed; install it (apt-get install -y redis-server) to run them")
-}
-
-describe.skipIf(redisServerPath === undefined)("engine-driven through L2", () => {
+redisSuite("engine-driven through L2", () => {
   for (const transport of ["shm", "inline"] as const) {
     it.live(`${transport}: COMMIT_STORE writes through; with L1 empty, LOOKUP and PREPARE_RETRIEVE read the chunks from L2`, () =>
       Effect.gen(function*() {

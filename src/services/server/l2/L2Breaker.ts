@@ -7,7 +7,13 @@
  * "equal jitter", so servers sharing one Redis do not probe in step), and
  * the first probe that answers closes it.
  *
- * States: `ok` (closed) → `open` → `probing` → `ok`, or back to `open`.
+ * It starts `probing`: nothing is known of the store until it answers, so
+ * the first PING is sent at once and L2 is used only once it answers (an
+ * unreachable store at start reads `open`, never `ok`). That first close is
+ * not counted as a transition (the breaker never opened).
+ *
+ * States: `probing` (start) → `ok` or `open`; `ok` (closed) → `open` →
+ * `probing` → `ok`, or back to `open`.
  * Time is Effect's Clock (TestClock in tests); jitter is Effect's Random.
  */
 import { Clock, Duration, Effect, Metric, Random, Scope } from "effect"
@@ -39,13 +45,14 @@ export interface L2Breaker {
 }
 
 /**
- * A closed breaker whose prober runs `ping` and lives in the current scope
- * (an open breaker's prober is interrupted when the scope closes).
+ * A breaker in state `probing`, whose prober (forked at once into the
+ * current scope, interrupted when it closes) runs `ping` now and closes it
+ * on the first answer, or opens it and goes on probing on the jittered delay.
  */
 export const makeBreaker = (settings: BreakerSettings, ping: Effect.Effect<void, L2Error>): Effect.Effect<L2Breaker, never, Scope.Scope> =>
   Effect.gen(function*() {
     const scope = yield* Effect.scope
-    let state: BreakerState = "ok"
+    let state: BreakerState = "probing"
     let lastError: string | null = null
     let failuresAtMs: Array<number> = []
     const counts = { opened: 0, closed: 0 }
@@ -58,21 +65,28 @@ export const makeBreaker = (settings: BreakerSettings, ping: Effect.Effect<void,
         return Metric.update(Metric.withAttributes(l2BreakerTransitionsTotal, { to }), 1)
       })
 
-    const probe = Effect.gen(function*() {
+    /** Probes until PING answers; `atStart`: the first PING at once, and its close not counted. */
+    const probe = (atStart: boolean) => Effect.gen(function*() {
       let delayMs = settings.breakerProbeMs
-      while (true) {
-        const jitter = yield* Random.nextBetween(0.5, 1)
-        yield* Effect.sleep(Duration.millis(Math.round(delayMs * jitter)))
-        yield* enter("probing")
+      for (let first = atStart;; first = false) {
+        if (!first) {
+          const jitter = yield* Random.nextBetween(0.5, 1)
+          yield* Effect.sleep(Duration.millis(Math.round(delayMs * jitter)))
+          yield* enter("probing")
+        }
         const failed = yield* ping.pipe(Effect.match({ onSuccess: () => undefined, onFailure: (e) => e }))
         if (failed === undefined) {
           failuresAtMs = []
+          if (first) {
+            state = "ok"
+            return yield* Effect.logInfo("L2 answers PING: breaker closed, L2 in use")
+          }
           yield* enter("ok")
           return yield* Effect.logInfo("L2 answers PING again: breaker closed, L2 in use")
         }
         lastError = failed.message
         yield* enter("open")
-        delayMs = Math.min(delayMs * 2, settings.breakerProbeMaxMs)
+        if (!first) delayMs = Math.min(delayMs * 2, settings.breakerProbeMaxMs)
       }
     })
 
@@ -88,8 +102,10 @@ export const makeBreaker = (settings: BreakerSettings, ping: Effect.Effect<void,
         yield* Effect.logWarning(
           `L2 breaker open after ${failuresAtMs.length} failures within ${settings.breakerWindowMs} ms (last: ${error.message}); LOOKUP answers from L1 only and writes are skipped until PING answers`
         )
-        yield* Effect.forkIn(probe, scope)
+        yield* Effect.forkIn(probe(false), scope)
       })
+
+    yield* Effect.forkIn(probe(true), scope)
 
     return {
       isClosed: () => state === "ok",

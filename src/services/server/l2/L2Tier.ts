@@ -44,7 +44,7 @@ export interface L2Status {
   /** `--l2-url` without its password. */
   readonly url: string
   readonly state: "ok" | "open" | "probing"
-  /** Whether the client is connected now (an unreachable store at start is `ok` but not connected until traffic opens the breaker). */
+  /** Whether the client is connected now (the state is `probing` until the first PING, so an unreachable store at start reads `open`). */
   readonly connected: boolean
   readonly inflight_bytes: number
   /** Writes in flight (each holds one L1 read lock). */

@@ -17,11 +17,53 @@ const setup = Effect.gen(function*() {
   const memory = makeMemoryL2()
   const store = yield* L2Store.pipe(Effect.provide(L2Store.layerMemory(memory)))
   const breaker = yield* makeBreaker(settings, store.ping(100))
-  const pings = () => memory.log.filter((l) => l === "PING").length
+  // It starts probing; its first PING (sent at once) closes it. The tests below count the PINGs after that one.
+  yield* Effect.yieldNow
+  assert.strictEqual(breaker.state(), "ok")
+  const pings = () => memory.log.filter((l) => l === "PING").length - 1
   return { memory, breaker, pings }
 })
 
 describe("L2Breaker", () => {
+  it.effect("starts probing: ok only once its first PING answers; a store down at start reads open, then ok when it answers", () =>
+    Effect.gen(function*() {
+      const memory = makeMemoryL2()
+      memory.down = true
+      memory.delayMs = 30
+      const store = yield* L2Store.pipe(Effect.provide(L2Store.layerMemory(memory)))
+      const breaker = yield* makeBreaker(settings, store.ping(100))
+      assert.strictEqual(breaker.state(), "probing")
+      assert.isFalse(breaker.isClosed())
+      yield* TestClock.adjust("29 millis")
+      assert.strictEqual(breaker.state(), "probing")
+      yield* TestClock.adjust("1 millis") // the first PING fails
+      assert.strictEqual(breaker.state(), "open")
+      assert.strictEqual(breaker.lastError(), "connection refused (in-memory store is down)")
+      assert.deepStrictEqual(breaker.transitions(), { opened: 1, closed: 0 })
+      memory.down = false
+      // The next probe comes within [200, 400] ms (+ its 30 ms answer) and closes it.
+      yield* TestClock.adjust("199 millis")
+      assert.strictEqual(breaker.state(), "open")
+      yield* TestClock.adjust("231 millis")
+      assert.strictEqual(breaker.state(), "ok")
+      assert.isTrue(breaker.isClosed())
+      assert.deepStrictEqual(breaker.transitions(), { opened: 1, closed: 1 })
+      assert.deepStrictEqual(memory.log, ["PING", "PING"])
+    }))
+
+  it.effect("a store that answers at start: probing until the PING answers, then ok; that first close is not a transition", () =>
+    Effect.gen(function*() {
+      const memory = makeMemoryL2()
+      memory.delayMs = 30
+      const store = yield* L2Store.pipe(Effect.provide(L2Store.layerMemory(memory)))
+      const breaker = yield* makeBreaker(settings, store.ping(100))
+      yield* TestClock.adjust("29 millis")
+      assert.strictEqual(breaker.state(), "probing")
+      yield* TestClock.adjust("1 millis")
+      assert.strictEqual(breaker.state(), "ok")
+      assert.deepStrictEqual(breaker.transitions(), { opened: 0, closed: 0 })
+    }))
+
   it.effect("failures spread wider than the window never open it; the 3rd within 1000 ms does", () =>
     Effect.gen(function*() {
       const { breaker } = yield* setup

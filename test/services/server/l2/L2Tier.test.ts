@@ -40,8 +40,18 @@ const cacheKey = (over: Partial<CacheKey> = {}): CacheKey => ({
 const keysOf = (rank: number) => objectKeysOf(cacheKey(), chunkHashes(tokens, CHUNK, 4), rank)
 const bytesOf = (chunk: number, rank: number) => Buffer.alloc(BYTES, 16 * chunk + rank + 1)
 
+/** The breaker starts probing (L2Breaker.ts): the clock walks until its first PING has closed it. */
+const breakerClosed = Layer.effectDiscard(Effect.gen(function*() {
+  const tier = yield* L2Tier
+  for (let ms = 0; tier.status()?.state !== "ok"; ms++) {
+    if (ms > 10_000) return assert.fail(`the breaker is still ${tier.status()?.state} after 10 s`)
+    yield* TestClock.adjust("1 millis")
+  }
+}))
+
 const envOf = (memory: MemoryL2, l2 = {}) =>
   Layer.mergeAll(Lookup.layer, layerL2Tier).pipe(
+    Layer.provideMerge(breakerClosed),
     Layer.provideMerge(layerL2Tier),
     Layer.provideMerge(L2Store.layerMemory(memory)),
     Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provide(NativeMemoryLive))),
@@ -115,7 +125,7 @@ describe("write-through", () => {
       yield* tier.writeThrough(b, layout)
       assert.deepInclude(tier.status(), { queue_depth: 1, dropped_writes: 1 })
       yield* TestClock.adjust("100 millis")
-      assert.deepStrictEqual(memory.log, [`SET ${l2KeyOf("mpc", fp, a)}`])
+      assert.deepStrictEqual(memory.log, ["PING", `SET ${l2KeyOf("mpc", fp, a)}`])
       // Room again: b goes now.
       yield* tier.writeThrough(b, layout)
       yield* TestClock.adjust("100 millis")
