@@ -31,6 +31,9 @@ interface Connection {
 
 const BINARY = { [RESP_TYPES.BLOB_STRING]: Buffer } as const
 /** Reconnect delays once connected: 50 ms doubling to 2 s, forever (node-redis's own loop). */
+/** Delay from a node's first reconnection attempt to a re-read of the cluster's slot map, ms. */
+const TOPOLOGY_REFRESH_MS = 1_000
+
 const reconnectStrategy = (retries: number) => Math.min(50 * 2 ** retries, 2000)
 const setOptions = (ttlSeconds: number) => ttlSeconds > 0 ? { condition: "NX" as const, expiration: { type: "EX" as const, value: ttlSeconds } } : { condition: "NX" as const }
 
@@ -71,7 +74,11 @@ const connectionOf = (l2: L2Config, onError: (e: Error) => void): Connection => 
   const c = createCluster({
     rootNodes: url.nodes.map((n) => ({ socket: { ...socket, host: n.host, port: n.port } })),
     defaults: { ...auth, disableOfflineQueue: true, socket },
-    commandOptions
+    commandOptions,
+    // A killed master's slots stay routed to it until the slot map is read again; node-redis does that once
+    // a node has been reconnecting this long (its default, 5 s, left writes failing well past a replica's
+    // promotion). Each refresh asks a live node only.
+    topologyRefreshOnReconnectionAttemptStrategy: TOPOLOGY_REFRESH_MS
   }).withTypeMapping(BINARY)
   c.on("error", onError)
   // PING has no key: any node answers it.

@@ -346,6 +346,7 @@ describe("cpu_memfd: memory handed over, not named", () => {
       )
       assert.deepStrictEqual(row?.memfd?.segments.map((x) => x.seals), [["seal", "shrink", "grow"], ["seal", "shrink", "grow"]])
       assert.strictEqual(memfdMaps(second.server.child.pid!, prefix).length, 2)
-      yield* daemon.waitForStdout(/"event":"store","n":\d+,"ok":true,"healthy":true,"reregistrations":1/, 45_000)
+      // At least one re-registration (a loaded machine may cost the worker a heartbeat and so one more).
+      yield* daemon.waitForStdout(/"event":"store","n":\d+,"ok":true,"healthy":true,"reregistrations":[1-9]\d*/, 45_000)
     }).pipe(Effect.provide(ZmqSocketsLive))), 120_000)
 })

@@ -85,7 +85,7 @@ export const startScript = (script: string, args: ReadonlyArray<string>): Effect
                 const m = stream().match(pattern)
                 if (m) return resolve(m)
                 if (child.exitCode !== null) return reject(new Error(`process exited (${child.exitCode}) before ${pattern}: ${stderr}${stdout.slice(-2000)}`))
-                if (Date.now() - started > timeoutMs) return reject(new Error(`timed out waiting for ${pattern}: ${stderr}`))
+                if (Date.now() - started > timeoutMs) return reject(new Error(`timed out waiting for ${pattern}: ${stderr}${stdout.slice(-2000)}`))
                 setTimeout(poll, 20)
               }
               poll()
