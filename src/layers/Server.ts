@@ -13,7 +13,7 @@
  * same graph for tests and benches (an ephemeral port, test doubles joined as
  * plugins, optionally without sockets), so nobody wires the graph by hand.
  */
-import { Context, Effect, Layer, Option } from "effect"
+import { Context, Duration, Effect, Layer, Option } from "effect"
 import type { InstanceId } from "../schema/InstanceId.ts"
 import { Blend } from "../services/server/Blend.ts"
 import { CacheControl } from "../services/server/CacheControl.ts"
@@ -214,6 +214,8 @@ const statusBlocksLive = (tag: typeof StatusBlocks) => Layer.effect(
   })
 )
 
+const HTTP_LOAD_DELAY = Duration.millis(20)
+
 /**
  * The HTTP frontend, loaded once the MQ side is up (issue 16: spawn → first
  * reply): its module pulls in node:http, zlib and the platform's HTTP server,
@@ -221,7 +223,10 @@ const statusBlocksLive = (tag: typeof StatusBlocks) => Layer.effect(
  * the launch (the platform's `ServeError`).
  */
 const HttpSideLive = Layer.unwrap(
-  Effect.promise(() => import("./Http.ts")).pipe(
+  // The load is synchronous work on the event loop: a short wait first lets the ROUTER take the
+  // connections and requests already queued at its endpoint.
+  Effect.sleep(HTTP_LOAD_DELAY).pipe(
+    Effect.andThen(Effect.promise(() => import("./Http.ts"))),
     Effect.map((http) => http.HttpLive.pipe(Layer.provide(Layer.mergeAll(statusBlocksLive(http.StatusBlocks), http.StartedAt.layer))))
   )
 )
