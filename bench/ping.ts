@@ -1,5 +1,5 @@
 /**
- * `npm run bench:ping [-- --quick | --full] [-- --duration S --rounds R] [-- --summary FILE] [-- --curve]`
+ * `npm run bench:ping [-- --quick | --full] [-- --duration S --rounds R] [-- --summary FILE] [-- --curve] [-- --only startup]`
  *
  * PING round trips per second and p50/p99 latency with 1, 4 and 16
  * concurrent clients, against (a) the real mpcache server and (b) a bare
@@ -27,6 +27,9 @@
  * (scripts/bundle-serve.mjs, rebuilt first when stale), as `npm start` runs
  * it; the allocation window against `src/cli/main.ts serve` (the same code,
  * with readable sites).
+ *
+ * `--only startup`: only the spawn → first reply part, printed (the doc and
+ * the summary are left as they are: they hold the whole run's figures).
  *
  * A benchmark, never a test: exits 0 on success, 1 on failure, and always
  * stops its child processes and removes its ipc socket files (and keys).
@@ -69,7 +72,8 @@ const SERVE_FLAGS = (endpoint: string): Array<string> => ["--endpoint", endpoint
 
 // ---------------------------------------------------------------- arguments
 
-const args = parseBenchArgs({ duration: { type: "string" }, rounds: { type: "string" }, curve: { type: "boolean" } })
+const args = parseBenchArgs({ duration: { type: "string" }, rounds: { type: "string" }, curve: { type: "boolean" }, only: { type: "string" } })
+if (args.only !== undefined && args.only !== "startup") usageError(`--only takes "startup", got ${args.only}`)
 /** Seconds measured per server and configuration, over all rounds. */
 const durationS = args.duration !== undefined ? positiveSeconds("--duration", args.duration) : args.full ? 12 : 4
 const rounds = args.rounds !== undefined ? Number(args.rounds) : args.full ? 6 : 4
@@ -440,6 +444,10 @@ const report = (heading: string, body: string, summary: Array<SummaryRow>): void
 
 const main = async (): Promise<void> => {
   process.stderr.write(`bundle-serve: ${await bundleServe()}\n`)
+  if (args.only === "startup") {
+    process.stdout.write(`\n${startupSection(await measureStartups())}\n`)
+    return
+  }
   const mpcacheEndpoint = resources.ipcEndpoint("mpcache")
   if (args.curve === true) {
     const keys = curveKeys()
