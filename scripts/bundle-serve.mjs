@@ -6,7 +6,9 @@
  * (build/cli/bin/main.mjs, by rolldown: no type stripping and no module
  * resolution at start), beside its launcher build/cli/bin/serve.mjs (this
  * script writes it), which turns on Node's compile cache and runs
- * `mpcache serve` with the launcher's own arguments.
+ * `mpcache serve` with the launcher's own arguments. What serve loads only
+ * after its ROUTER is bound (the HTTP frontend, the redis client) is split
+ * into chunks beside main.mjs, loaded by their dynamic imports.
  *
  * zeromq stays external (a native addon with its own loader), and so does
  * mpcache's addon, which Native.ts finds from the module's URL: the bundle
@@ -18,7 +20,7 @@
  * (prestart) and by the tests (vitest's global setup), so both run what
  * src/ says. Prints one line; exits 1 when rolldown is missing or fails.
  */
-import { existsSync, mkdirSync, readdirSync, statSync, writeFileSync } from "node:fs"
+import { existsSync, mkdirSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs"
 import path from "node:path"
 import { fileURLToPath } from "node:url"
 
@@ -61,6 +63,8 @@ export const isStale = () => {
 export const bundleServe = async (force = false) => {
   if (!force && !isStale()) return "up to date"
   const { build } = await import("rolldown")
+  // The chunks of an older build go first (their names carry a hash).
+  rmSync(OUT_DIR, { recursive: true, force: true })
   mkdirSync(OUT_DIR, { recursive: true })
   const started = Date.now()
   await build({
@@ -68,7 +72,9 @@ export const bundleServe = async (force = false) => {
     platform: "node",
     external: ["zeromq"],
     logLevel: "warn",
-    output: { file: BUNDLE, format: "esm", minify: true }
+    // Dynamic imports (the HTTP frontend, the redis client) become chunks of their own, so the first
+    // reply loads only the MQ side's code; the chunks sit beside main.mjs (the addon path holds).
+    output: { dir: OUT_DIR, entryFileNames: "main.mjs", chunkFileNames: "[name]-[hash].mjs", format: "esm", minify: true }
   })
   writeFileSync(LAUNCHER, LAUNCHER_TEXT)
   return `built in ${Date.now() - started} ms`

@@ -13,7 +13,7 @@
  * same graph for tests and benches (an ephemeral port, test doubles joined as
  * plugins, optionally without sockets), so nobody wires the graph by hand.
  */
-import { Context, Effect, Layer, Option } from "effect"
+import { Context, Duration, Effect, Layer, Option } from "effect"
 import type { InstanceId } from "../schema/InstanceId.ts"
 import { Blend } from "../services/server/Blend.ts"
 import { CacheControl } from "../services/server/CacheControl.ts"
@@ -31,14 +31,13 @@ import { Handlers, MqServer } from "../services/server/MqServer.ts"
 import { Connections } from "../services/liveness/Connections.ts"
 import { RequestBarrier } from "../services/liveness/RequestBarrier.ts"
 import { ServerConfig, type ServerConfigInput, type ServerConfigShape } from "../services/server/ServerConfig.ts"
-import { HttpLive, StartedAt, StatusBlocks } from "./Http.ts"
+import type { StatusBlocks } from "./Http.ts"
 import { NativeMemoryLive } from "./NativeMemory.ts"
 import { ZmqSocketsLive } from "./Zmq.ts"
 import { Tenancy } from "../services/auth/Tenancy.ts"
 import { PeerEvents } from "../services/liveness/PeerEvents.ts"
 import { ZmqSockets } from "../services/zmq/Sockets.ts"
 import { layerL2Tier, l2Module } from "../services/server/l2/L2Tier.ts"
-import { layerL2Redis } from "./L2Redis.ts"
 
 /**
  * Out-of-tree server modules (upstream: runtime plugins), joined after the
@@ -63,7 +62,10 @@ const StorageLive = Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Lay
 const L2Live = Layer.unwrap(
   Effect.gen(function*() {
     const { l2 } = yield* ServerConfig
-    return l2 === undefined ? Layer.empty : layerL2Tier.pipe(Layer.provide(layerL2Redis(l2)))
+    if (l2 === undefined) return Layer.empty
+    // Loaded only with --l2-url: the redis client pulls in net/tls, which a server without L2 never needs.
+    const { layerL2Redis } = yield* Effect.promise(() => import("./L2Redis.ts"))
+    return layerL2Tier.pipe(Layer.provide(layerL2Redis(l2)))
   })
 )
 
@@ -191,8 +193,8 @@ const mqSideOver = <A, E, R>(modules: Layer.Layer<A | ServerModules | CacheContr
 export const MqSideLive = mqSideOver(BuiltinModulesLive)
 
 /** `/api/status` blocks: the reaper's (liveness windows, instances), then every record's. */
-const StatusBlocksLive = Layer.effect(
-  StatusBlocks,
+const statusBlocksLive = (tag: typeof StatusBlocks) => Layer.effect(
+  tag,
   Effect.gen(function*() {
     const reaper = yield* Reaper
     const modules = yield* ServerModules
@@ -212,10 +214,26 @@ const StatusBlocksLive = Layer.effect(
   })
 )
 
+const HTTP_LOAD_DELAY = Duration.millis(20)
+
+/**
+ * The HTTP frontend, loaded once the MQ side is up (issue 16: spawn → first
+ * reply): its module pulls in node:http, zlib and the platform's HTTP server,
+ * which the ROUTER's first answer does not need. A failing bind still fails
+ * the launch (the platform's `ServeError`).
+ */
+const HttpSideLive = Layer.unwrap(
+  // The load is synchronous work on the event loop: a short wait first lets the ROUTER take the
+  // connections and requests already queued at its endpoint.
+  Effect.sleep(HTTP_LOAD_DELAY).pipe(
+    Effect.andThen(Effect.promise(() => import("./Http.ts"))),
+    Effect.map((http) => http.HttpLive.pipe(Layer.provide(Layer.mergeAll(statusBlocksLive(http.StatusBlocks), http.StartedAt.layer))))
+  )
+)
+
 /** The whole server for `config`: MQ side plus HTTP frontend. */
 export const ServerLive = (config: ServerConfigShape) =>
-  HttpLive.pipe(
-    Layer.provide(Layer.mergeAll(StatusBlocksLive, StartedAt.layer)),
+  HttpSideLive.pipe(
     Layer.provideMerge(MqSideLive),
     Layer.provideMerge(ServerConfig.layer(config))
   )
