@@ -19,7 +19,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { runJsonScript } from "../support/Cli.ts"
 import { CUDA_ERRORS, FAKE_DEVICES, readFakeState, removeFakeCudart, useFakeCudartInProcess } from "../support/FakeCudart.ts"
-import { ipcEndpoint, startServer, startWorker, statusOf } from "../support/LiveFleet.ts"
+import { assertRetrievesIntact, ipcEndpoint, startServer, startWorker, statusOf } from "../support/LiveFleet.ts"
 
 // Children (the server and the workers) inherit MPCACHE_CUDART.
 const fake = useFakeCudartInProcess()
@@ -155,20 +155,7 @@ describe("CUDA faults: a refused handle, a device lost mid-copy, a sticky error"
       // The server is alive and still serves the cpu_shm workers: A's chunks come back byte for byte.
       assert.strictEqual(server.child.exitCode, null)
       assert.strictEqual(server.child.signalCode, null)
-      const c = yield* runJsonScript(WORKER, {
-        endpoint,
-        mode: "retrieve",
-        namePrefix: `mpcache-cudafault-c-${randomUUID()}`,
-        seed: 42,
-        blockIds: Array.from({ length: 20 }, (_, i) => 63 - i),
-        tokenCount: 330,
-        requestId: "req-a"
-      })
-      assert.strictEqual(c.code, 0, c.stderr)
-      assert.deepStrictEqual(
-        { ok: c.result["ok"], hitTokens: c.result["hitTokens"], mismatches: c.result["mismatches"] },
-        { ok: true, hitTokens: 320, mismatches: [] }
-      )
+      yield* assertRetrievesIntact(endpoint, `mpcache-cudafault-c-${randomUUID()}`)
       const n = storesSoFar()
       yield* daemon.worker.waitForStdout(new RegExp(`"event":"store","n":${n + 2},"ok":true`))
       assert.notInclude(daemon.worker.stdout(), "store_error")

@@ -21,7 +21,7 @@ import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { runJsonScript, startScript } from "../support/Cli.ts"
-import { startServer as startLiveServer, statusOf } from "../support/LiveFleet.ts"
+import { assertRetrievesIntact, startServer as startLiveServer, statusOf } from "../support/LiveFleet.ts"
 
 const WORKER = fileURLToPath(new URL("../support/worker-main.ts", import.meta.url))
 const SHRINK = fileURLToPath(new URL("../support/shrink-worker.ts", import.meta.url))
@@ -140,20 +140,7 @@ describe("fault guard: a worker shrinks its registered segment", () => {
       // The server is alive and still serves the other worker: every byte of A's chunks retrieved intact.
       assert.strictEqual(server.child.exitCode, null)
       assert.strictEqual(server.child.signalCode, null)
-      const c = yield* runJsonScript(WORKER, {
-        endpoint,
-        mode: "retrieve",
-        namePrefix: `mpcache-fault-c-${randomUUID()}`,
-        seed: 42,
-        blockIds: Array.from({ length: 20 }, (_, i) => 63 - i),
-        tokenCount: 330,
-        requestId: "req-a"
-      })
-      assert.strictEqual(c.code, 0, c.stderr)
-      assert.deepStrictEqual(
-        { ok: c.result["ok"], hitTokens: c.result["hitTokens"], mismatches: c.result["mismatches"] },
-        { ok: true, hitTokens: 320, mismatches: [] }
-      )
+      yield* assertRetrievesIntact(endpoint, `mpcache-fault-c-${randomUUID()}`)
       // The daemon stored all along, never an error.
       const n = Number([...daemon.stdout().matchAll(/"event":"store","n":(\d+),"ok":true/g)].pop()?.[1] ?? 0)
       yield* daemon.waitForStdout(new RegExp(`"event":"store","n":${n + 2},"ok":true`))

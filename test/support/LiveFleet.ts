@@ -10,10 +10,11 @@ import { readdirSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
+import { assert } from "@effect/vitest"
 import { Effect, Schedule } from "effect"
 import { decodeStatusDocument } from "../../src/schema/Status.ts"
 import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
-import { startCli, startScript } from "./Cli.ts"
+import { runJsonScript, startCli, startScript } from "./Cli.ts"
 
 const DAEMON = fileURLToPath(new URL("./worker-daemon.ts", import.meta.url))
 
@@ -64,3 +65,28 @@ export const eventually = <A>(check: Effect.Effect<A>, holds: (a: A) => boolean,
     Effect.repeat({ schedule: Schedule.spaced("100 millis"), until: holds }),
     Effect.timeoutOrElse({ duration: `${timeoutMs} millis`, orElse: () => check })
   )
+
+const WORKER_MAIN = fileURLToPath(new URL("./worker-main.ts", import.meta.url))
+
+/**
+ * The fault tests' survivor check: a fresh worker process RETRIEVEs request "req-a" (330 tokens, seed 42,
+ * stored earlier by another worker) into 20 blocks of its own, and gets all 320 complete-chunk tokens back
+ * byte for byte: a fault of one instance left L1 and the other instances' data untouched (issue 13).
+ */
+export const assertRetrievesIntact = (endpoint: string, namePrefix: string) =>
+  Effect.gen(function*() {
+    const c = yield* runJsonScript(WORKER_MAIN, {
+      endpoint,
+      mode: "retrieve",
+      namePrefix,
+      seed: 42,
+      blockIds: Array.from({ length: 20 }, (_, i) => 63 - i),
+      tokenCount: 330,
+      requestId: "req-a"
+    })
+    assert.strictEqual(c.code, 0, c.stderr)
+    assert.deepStrictEqual(
+      { ok: c.result["ok"], hitTokens: c.result["hitTokens"], mismatches: c.result["mismatches"] },
+      { ok: true, hitTokens: 320, mismatches: [] }
+    )
+  })
