@@ -1,5 +1,5 @@
 /**
- * `npm run bench:l2 [-- --quick | --full] [-- --chunks N] [-- --requests N]`
+ * `npm run bench:l2 [-- --quick | --full] [-- --chunks N] [-- --requests N] [-- --only transfer]`
  *
  * The L2 tier on Redis (issue 15 "Benchmark"), against a real redis-server
  * started for the run (test/support/RedisFleet.ts: loopback port, temporary
@@ -25,6 +25,10 @@
  *    `--l2-lookup-timeout-ms 1000`): hit ratio of each, the L1/L2 split and
  *    the perfect LRU of the combined capacity.
  *
+ * `--only transfer`: parts 1–3 only (the figures a change to the write or
+ * read path moves; `MPCACHE_BENCH_SERVER_NODE_OPTIONS` is given to the
+ * servers' node, e.g. `--cpu-prof --cpu-prof-dir DIR` to profile them).
+ *
  * Parts 2–4 and the L2 half of 5 need `mpcache serve --l2-url` (issue 15's
  * L2 tier); a build without it runs the rest, says which parts it could not
  * run and why, and exits 1. A benchmark, never a test: ratios against a
@@ -47,7 +51,7 @@ import { parseBenchArgs, usageError } from "./lib/args.ts"
 import { BLOCK_BYTES, BLOCKS_PER_CHUNK, CHUNK_BYTES, CHUNK_TOKENS, makeFilledCache, NUM_LAYERS, segmentNamesOf, unlinkSegments } from "./lib/kvChunks.ts"
 import { ROOT, runNode, startLineChild } from "./lib/children.ts"
 import { makeResources, runBench } from "./lib/resources.ts"
-import { ascending, percentile } from "./lib/stats.ts"
+import { ascending, median, percentile } from "./lib/stats.ts"
 import { secondsSince, sleep } from "./lib/time.ts"
 
 // Geometry of bench:transfer (bench/lib/kvChunks.ts): one chunk of one rank = 32 MiB.
@@ -72,13 +76,17 @@ const REPLAY_L2_LOOKUP_TIMEOUT_MS = 1000
 /** The ratio issue 15 asks of STORE → L2 and L2 → RETRIEVE against the client's own SET and GET. */
 const TARGET_RATIO = 0.8
 
-const args = parseBenchArgs({ chunks: { type: "string" }, requests: { type: "string" } })
+const args = parseBenchArgs({ chunks: { type: "string" }, requests: { type: "string" }, rounds: { type: "string" }, only: { type: "string" } })
+if (args.only !== undefined && args.only !== "transfer") usageError(`--only takes "transfer", got ${args.only}`)
+const TRANSFER_ONLY = args.only === "transfer"
 const count = (flag: string, text: string | undefined, fallback: number, multipleOf = 1): number => {
   if (text === undefined) return fallback
   const n = Number(text)
   return Number.isInteger(n) && n > 0 && n % multipleOf === 0 ? n : usageError(`--${flag} must be a positive multiple of ${multipleOf}, got ${text}`)
 }
 const CHUNKS = count("chunks", args.chunks, args.quick ? 8 : args.full ? 32 : 16, CHUNKS_PER_REQUEST)
+/** Rounds of parts 1–3 (`--rounds`). */
+const ROUNDS = count("rounds", args.rounds, args.quick ? 3 : args.full ? 7 : 5)
 const REPLAY_REQUESTS = count("requests", args.requests, args.quick ? 200 : args.full ? 1000 : 300)
 const REQUESTS = CHUNKS / CHUNKS_PER_REQUEST
 
@@ -181,18 +189,38 @@ const l2Flags = (url: string): Array<string> => [
   "--l2-lookup-timeout-ms", "5000"
 ]
 
+/** Node options of the measured servers (whitespace-separated), from MPCACHE_BENCH_SERVER_NODE_OPTIONS. */
+const SERVER_NODE_OPTIONS = (process.env["MPCACHE_BENCH_SERVER_NODE_OPTIONS"] ?? "").split(/\s+/).filter((o) => o !== "")
+
 /** `mpcache serve` (chunk 256, L1 1 GiB, JSON logs) with `flags`, once its MQ and HTTP frontends listen. */
 const startServer = async (name: string, flags: ReadonlyArray<string>): Promise<Server> => {
   const endpoint = resources.ipcEndpoint(name)
   const child = startLineChild(`mpcache server ${name}`, [
-    "src/cli/main.ts", "serve", "--endpoint", endpoint, "--http-port", "0", "--l1-size-gb", String(L1_SIZE_GB),
+    ...SERVER_NODE_OPTIONS, "src/cli/main.ts", "serve", "--endpoint", endpoint, "--http-port", "0", "--l1-size-gb", String(L1_SIZE_GB),
     "--chunk-size", String(CHUNK_TOKENS), "--log-format", "json", ...flags
   ], resources.children)
   const [, http] = await Promise.all([
     child.waitFor(/MQ server listening on/, READY_TIMEOUT_MS),
     child.waitFor(/HTTP frontend listening on (http:\/\/[^\s"]+)/, READY_TIMEOUT_MS)
   ])
-  return { endpoint, httpUrl: http[1]! }
+  const server = { endpoint, httpUrl: http[1]! }
+  await waitForPrefault(server)
+  return server
+}
+
+/**
+ * Waits until the server's L1 pool is prefaulted (`/api/status` l1.prefaulted_bytes = capacity_bytes):
+ * the background prefault takes a core for about a second, and a measured phase must not share the
+ * machine with it.
+ */
+const waitForPrefault = async (s: Server): Promise<void> => {
+  const t0 = performance.now()
+  while (true) {
+    const { l1 } = (await (await fetch(`${s.httpUrl}/api/status`)).json()) as { readonly l1: { readonly capacity_bytes: number; readonly prefaulted_bytes: number } }
+    if (l1.prefaulted_bytes >= l1.capacity_bytes) return
+    if (performance.now() - t0 > READY_TIMEOUT_MS) throw new Error(`the L1 pool of ${s.endpoint} was not prefaulted within ${READY_TIMEOUT_MS} ms`)
+    await sleep(20)
+  }
 }
 
 // ------------------------------------------------------------------ worker
@@ -233,10 +261,12 @@ interface Reference {
   readonly getGbps: number
 }
 
-/** The client's own SET, then GET, of CHUNKS values of CHUNK_BYTES, each phase all in flight; after a warm-up. */
-const reference = async (client: ReferenceClient): Promise<Reference> => {
-  const values = Array.from({ length: CHUNKS }, () => Buffer.alloc(CHUNK_BYTES).fill(randomBytes(4099)))
-  const keys = values.map((_, i) => `bench:ref:${i}`)
+/** The reference's values: CHUNKS of CHUNK_BYTES, each a random pattern repeated, made once for every round. */
+const referenceValues = (): Array<Buffer> => Array.from({ length: CHUNKS }, () => Buffer.alloc(CHUNK_BYTES).fill(randomBytes(4099)))
+
+/** The client's own SET, then GET, of `values` under round `round`'s keys, each phase all in flight; after a warm-up. */
+const reference = async (client: ReferenceClient, values: ReadonlyArray<Buffer>, round: number): Promise<Reference> => {
+  const keys = values.map((_, i) => `bench:ref:${round}:${i}`)
   await client.set("bench:warm", values[0]!)
   await client.get("bench:warm")
   const t0 = process.hrtime.bigint()
@@ -278,6 +308,7 @@ const storeToL2 = async (a: Attached, client: ReferenceClient, set: number): Pro
     const ok = await run(a.adapter.store({ requestId: `store-${r}`, tokenIds: tokensFor(set, r), start: 0, end: REQUEST_TOKENS, blockIds: SOURCE }))
     if (!ok) throw new Error(`STORE of request ${r} answered ok = false`)
   }
+  log(`     (the STOREs answered after ${f2(secondsSince(t0))} s)`)
   await waitForKeys(client, a.server, CHUNKS)
   return secondsSince(t0)
 }
@@ -320,6 +351,60 @@ const replay2 = async (extra: ReadonlyArray<string>): Promise<ReplaySummary> => 
 }
 const serverRatios = (s: ReplaySummary) => s.per_server.map((p) => (p.looked_up === 0 ? 0 : p.hit / p.looked_up))
 
+interface Round {
+  readonly ref: Reference
+  readonly storeGbps: number
+  readonly retrieveGbps: number
+}
+
+/**
+ * ROUNDS rounds of the reference (part 1) and of STORE → L2 then L2 → RETRIEVE (parts 2–3) of the same
+ * bytes, on an emptied Redis each (FLUSHALL), the order alternating round by round: the machine's
+ * speed drifts over a run (fresh pages cost more as it goes on, on this VM several times more), so
+ * each ratio compares figures taken side by side.
+ */
+const transferRounds = async (
+  client: ReferenceClient,
+  values: ReadonlyArray<Buffer>,
+  cache: PagedKvCache,
+  a: Attached,
+  b: Attached
+): Promise<Array<Round>> => {
+  const rounds: Array<Round> = []
+  for (let round = 0; round < ROUNDS; round++) {
+    const refFirst = round % 2 === 0
+    const measureRef = async () => {
+      await client.flushAll()
+      const ref = await reference(client, values, round)
+      await client.flushAll()
+      return ref
+    }
+    const measureOurs = async () => {
+      await client.flushAll()
+      const storeGbps = gbps(CHUNKS * CHUNK_BYTES, await storeToL2(a, client, 10 + round))
+      const retrieveGbps = gbps(CHUNKS * CHUNK_BYTES, await retrieveFromL2(cache, b, 10 + round))
+      await client.flushAll()
+      return { storeGbps, retrieveGbps }
+    }
+    const ref = refFirst ? await measureRef() : undefined
+    const ours = await measureOurs()
+    const r = { ref: ref ?? await measureRef(), ...ours }
+    log(
+      `  round ${round + 1}: client SET ${f2(r.ref.setGbps)} GB/s · GET ${f2(r.ref.getGbps)} GB/s; ` +
+        `STORE → L2 ${f2(r.storeGbps)} GB/s = ${f2(r.storeGbps / r.ref.setGbps)}× SET; ` +
+        `L2 → RETRIEVE ${f2(r.retrieveGbps)} GB/s = ${f2(r.retrieveGbps / r.ref.getGbps)}× GET`
+    )
+    rounds.push(r)
+  }
+  return rounds
+}
+
+/** `GB/s = ratio× OP` from per-round [ours, reference] pairs: medians, with the rounds' range of ratios. */
+const ratioRow = (pairs: ReadonlyArray<readonly [number, number]>, op: string): string => {
+  const ratios = pairs.map(([x, ref]) => x / ref)
+  return `${f2(median(pairs.map(([x]) => x)))} GB/s = ${f2(median(ratios))}× ${op} (rounds ${f2(Math.min(...ratios))}–${f2(Math.max(...ratios))}; target ≥ ${TARGET_RATIO}×)`
+}
+
 // ------------------------------------------------------------------ main
 
 const main = async (): Promise<void> => {
@@ -330,10 +415,7 @@ const main = async (): Promise<void> => {
   const client = await connectReference(fleet.url)
   const rows: Array<[string, string]> = []
   try {
-    const ref = await reference(client)
-    log(`  1. client SET ${f2(ref.setGbps)} GB/s · GET ${f2(ref.getGbps)} GB/s`)
-    rows.push(["client SET / GET (reference)", `${f2(ref.setGbps)} / ${f2(ref.getGbps)} GB/s`])
-
+    const values = referenceValues()
     const l1Only = await startServer("l1only", [])
     const cache = await makeCache()
     const plain = await attach(cache, l1Only)
@@ -341,18 +423,19 @@ const main = async (): Promise<void> => {
     if (hasL2) {
       const a = await attach(cache, await startServer("a", l2Flags(fleet.url)))
       const b = await attach(cache, await startServer("b", l2Flags(fleet.url)))
-      const storeSeconds = await storeToL2(a, client, 2)
-      const storeGbps = gbps(CHUNKS * CHUNK_BYTES, storeSeconds)
-      const retrieveGbps = gbps(CHUNKS * CHUNK_BYTES, await retrieveFromL2(cache, b, 2))
-      log(`  2. STORE → L2 ${f2(storeGbps)} GB/s = ${f2(storeGbps / ref.setGbps)}× the client's SET`)
-      log(`  3. L2 → RETRIEVE ${f2(retrieveGbps)} GB/s = ${f2(retrieveGbps / ref.getGbps)}× the client's GET`)
-      rows.push(["STORE → L2", `${f2(storeGbps)} GB/s = ${f2(storeGbps / ref.setGbps)}× SET (target ≥ ${TARGET_RATIO}×)`])
-      rows.push(["L2 → RETRIEVE", `${f2(retrieveGbps)} GB/s = ${f2(retrieveGbps / ref.getGbps)}× GET (target ≥ ${TARGET_RATIO}×)`])
+      const r = await transferRounds(client, values, cache, a, b)
+      rows.push(["client SET / GET (reference)", `${f2(median(r.map((x) => x.ref.setGbps)))} / ${f2(median(r.map((x) => x.ref.getGbps)))} GB/s (median of ${ROUNDS} rounds)`])
+      rows.push(["STORE → L2", ratioRow(r.map((x) => [x.storeGbps, x.ref.setGbps]), "SET")])
+      rows.push(["L2 → RETRIEVE", ratioRow(r.map((x) => [x.retrieveGbps, x.ref.getGbps]), "GET")])
+      if (TRANSFER_ONLY) return printRows(rows)
       await client.flushAll()
-      const [p99L1, p99L2] = await missLookupP99s([plain.scheduler, a.scheduler], 3)
+      const [p99L1, p99L2] = await missLookupP99s([plain.scheduler, a.scheduler], 1000)
       log(`  4. LOOKUP p99 with the L2 step: ${f2(p99L2!)} ms; L1 only: ${f2(p99L1!)} ms`)
       rows.push(["LOOKUP p99, 16 chunks found nowhere", `${f2(p99L2!)} ms with the L2 step vs ${f2(p99L1!)} ms L1 only`])
     } else {
+      const ref = await reference(client, values, 0)
+      log(`  1. client SET ${f2(ref.setGbps)} GB/s · GET ${f2(ref.getGbps)} GB/s`)
+      rows.push(["client SET / GET (reference)", `${f2(ref.setGbps)} / ${f2(ref.getGbps)} GB/s`])
       notRun.push(`2. STORE → L2 GB/s: ${NO_L2}`, `3. L2 → RETRIEVE GB/s: ${NO_L2}`, `4. LOOKUP p99 with the L2 step: ${NO_L2}`)
       const [p99L1] = await missLookupP99s([plain.scheduler], 1)
       log(`  4. LOOKUP p99, L1 only: ${f2(p99L1!)} ms`)
@@ -377,12 +460,16 @@ const main = async (): Promise<void> => {
     await client.close().catch(() => undefined)
     if (fleetScope !== undefined) await Effect.runPromise(Scope.close(fleetScope, Exit.void))
   }
-  const width = Math.max(...rows.map(([k]) => k.length))
-  process.stdout.write(`\n${rows.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join("\n")}\n`)
+  printRows(rows)
   if (notRun.length > 0) {
     process.stdout.write(`\nNOT RUN (exit status 1):\n${notRun.map((n) => `  ${n}`).join("\n")}\n`)
     process.exitCode = 1
   }
+}
+
+const printRows = (rows: ReadonlyArray<readonly [string, string]>): void => {
+  const width = Math.max(...rows.map(([k]) => k.length))
+  process.stdout.write(`\n${rows.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join("\n")}\n`)
 }
 
 const closeWorker = async (): Promise<void> => {

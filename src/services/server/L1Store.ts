@@ -12,9 +12,18 @@
  *   until `commit`; `abort` drops them (a failed copy never publishes).
  * - Read locks (`lockRead`, taken by LOOKUP's prefetch or a RETRIEVE) pin an
  *   object until `unlockRead`.
+ * - Headroom (`headroomBytes`, 0 unless L2 is on): each object's extent
+ *   starts that many bytes before its `bytes`, so the L2 write-through can
+ *   put its value header there and send header + bytes as one view of the
+ *   pool, without copying the object (issue 15 item 3; src/services/server/l2/L2Value.ts).
  * - Eviction takes committed, unlocked objects in LRU order and never touches
  *   a locked or reserved one; when nothing more can be evicted the
  *   reservation is refused — capacity is never exceeded.
+ * - CLEAR force removes locked and reserved objects from the index at once,
+ *   but their extents return to the free list only when the last lock is
+ *   released or the reservation is committed (refused) or aborted: a copy
+ *   thread, a socket write or a worker may still be reading or writing those
+ *   bytes, and handing them to another object meanwhile would corrupt it.
  *
  * Every operation is synchronous on the JS thread, so each is atomic with
  * respect to the others without a transaction.
@@ -38,6 +47,8 @@ interface L1Object {
   /** Byte offset of the object in the pool. */
   readonly offset: number
   readonly bytes: Buffer
+  /** The object's whole extent: the headroom, then `bytes`. */
+  readonly extent: Buffer
   committed: boolean
   readLocks: number
 }
@@ -56,6 +67,11 @@ export interface ReadHandle {
   readonly keyString: string
   readonly offset: number
   readonly bytes: Buffer
+  /**
+   * The object's extent: `headroomBytes` bytes the object owns, then `bytes` (the same view as `bytes`
+   * without headroom). Only the L2 write-through writes the headroom (its value header); nothing reads it.
+   */
+  readonly extent: Buffer
 }
 
 /** Outcome of reserving one key: reserved, already cached (nothing to write), or no room. */
@@ -119,8 +135,9 @@ export class L1Store extends Context.Service<L1Store, {
   /** The shared pool, when L1 lives in one. */
   readonly pool: L1Pool | undefined
 }>()("mpcache/services/L1Store") {
-  /** An in-process L1 of `capacityBytes` over a plain Buffer (unit tests). */
-  static readonly make = (capacityBytes: number) => Effect.sync(() => makeL1(Buffer.allocUnsafeSlow(capacityBytes), undefined))
+  /** An in-process L1 of `capacityBytes` over a plain Buffer, with `headroomBytes` before each object (unit tests). */
+  static readonly make = (capacityBytes: number, headroomBytes = 0) =>
+    Effect.sync(() => makeL1(Buffer.allocUnsafeSlow(capacityBytes), undefined, headroomBytes))
   /**
    * The server's L1: a shared-memory pool of `--l1-size-gb` GiB, mapped for
    * the life of the layer. Fails with L1PoolError when /dev/shm cannot hold
@@ -213,14 +230,27 @@ const makePooled = Effect.gen(function*() {
     }).pipe(Effect.catch((e) => Effect.logWarning(`L1 prefault stopped: ${e.message}`)), Effect.forkScoped)
   }
   yield* Effect.logInfo(`L1 pool ${shmName}: ${capacityBytes} bytes in /dev/shm`)
-  return makeL1(Buffer.from(view, 0, capacityBytes), { shmName, sizeBytes: capacityBytes, prefaultedBytes: () => prefaultedBytes })
+  return makeL1(
+    Buffer.from(view, 0, capacityBytes),
+    { shmName, sizeBytes: capacityBytes, prefaultedBytes: () => prefaultedBytes },
+    config.l2 === undefined ? 0 : L2_HEADROOM_BYTES
+  )
 })
 
-const makeL1 = (memory: Buffer, pool: L1Pool | undefined): L1Store["Service"] => {
+/**
+ * Headroom before each object when L2 is on: the L2 value header (32 bytes) rounded up to 64, so every
+ * object's bytes stay on the 64-byte boundaries the copy threads get today.
+ */
+export const L2_HEADROOM_BYTES = 64
+
+const makeL1 = (memory: Buffer, pool: L1Pool | undefined, headroomBytes: number): L1Store["Service"] => {
   const capacityBytes = memory.length
   const extents = makeExtentAllocator(capacityBytes)
   // Map iteration order is insertion order: re-inserting on use keeps it LRU-first.
   const objects = new Map<string, L1Object>()
+  // Objects CLEAR force dropped while locked or reserved, by offset: their extents wait for the last
+  // unlock, or for the reservation's commit or abort.
+  const cleared = new Map<number, L1Object>()
   let usedBytes = 0
   let evictions = 0
 
@@ -229,10 +259,24 @@ const makeL1 = (memory: Buffer, pool: L1Pool | undefined): L1Store["Service"] =>
     objects.set(o.keyString, o)
   }
 
+  const releaseExtent = (o: L1Object) => {
+    extents.release(o.offset - headroomBytes, o.extent.length)
+    usedBytes -= o.extent.length
+  }
+
   const drop = (o: L1Object) => {
     objects.delete(o.keyString)
-    extents.release(o.offset, o.bytes.length)
-    usedBytes -= o.bytes.length
+    releaseExtent(o)
+  }
+
+  /** The force-cleared object `ref` names, when its extent still waits. */
+  const clearedOf = (ref: { readonly offset: number; readonly bytes: Buffer }): L1Object | undefined => {
+    const o = cleared.get(ref.offset)
+    return o !== undefined && o.bytes.length === ref.bytes.length ? o : undefined
+  }
+  const releaseCleared = (o: L1Object) => {
+    cleared.delete(o.offset)
+    releaseExtent(o)
   }
 
   /** An extent of `needed` bytes, evicting LRU committed unlocked objects as needed; undefined when impossible. */
@@ -240,7 +284,7 @@ const makeL1 = (memory: Buffer, pool: L1Pool | undefined): L1Store["Service"] =>
     const direct = extents.allocate(needed)
     if (direct !== undefined) return direct
     let evictable = 0
-    for (const o of objects.values()) if (o.committed && o.readLocks === 0) evictable += o.bytes.length
+    for (const o of objects.values()) if (o.committed && o.readLocks === 0) evictable += o.extent.length
     if (extents.freeBytes() + evictable < needed) return undefined
     for (const o of [...objects.values()]) {
       if (!o.committed || o.readLocks > 0) continue
@@ -257,11 +301,21 @@ const makeL1 = (memory: Buffer, pool: L1Pool | undefined): L1Store["Service"] =>
       const keyString = objectKeyString(key)
       if (objects.has(keyString)) return Effect.succeed<ReserveResult>({ _tag: "Exists" })
       const before = evictions
-      const offset = sizeBytes > capacityBytes ? undefined : place(sizeBytes)
-      if (offset === undefined) return Effect.succeed<ReserveResult>({ _tag: "Full" })
-      const o: L1Object = { key, keyString, offset, bytes: memory.subarray(offset, offset + sizeBytes), committed: false, readLocks: 0 }
+      const extentBytes = headroomBytes + sizeBytes
+      const start = extentBytes > capacityBytes ? undefined : place(extentBytes)
+      if (start === undefined) return Effect.succeed<ReserveResult>({ _tag: "Full" })
+      const offset = start + headroomBytes
+      const o: L1Object = {
+        key,
+        keyString,
+        offset,
+        bytes: memory.subarray(offset, offset + sizeBytes),
+        extent: memory.subarray(start, offset + sizeBytes),
+        committed: false,
+        readLocks: 0
+      }
       objects.set(keyString, o)
-      usedBytes += sizeBytes
+      usedBytes += extentBytes
       return Metric.update(usedBytesGauge, usedBytes).pipe(
         Effect.andThen(evictions > before ? Metric.update(evictionsTotal, evictions - before) : Effect.void),
         Effect.as<ReserveResult>({ _tag: "Reserved", reservation: { key, keyString, offset, bytes: o.bytes } })
@@ -272,18 +326,30 @@ const makeL1 = (memory: Buffer, pool: L1Pool | undefined): L1Store["Service"] =>
     o !== undefined && o.offset === ref.offset && o.bytes.length === ref.bytes.length
 
   const commit = (r: Reservation) =>
-    Effect.sync(() => {
+    Effect.suspend(() => {
       const o = objects.get(r.keyString)
-      if (!owns(o, r) || o.committed) return false
-      o.committed = true
-      markUsed(o)
-      return true
+      if (owns(o, r)) {
+        if (o.committed) return Effect.succeed(false)
+        o.committed = true
+        markUsed(o)
+        return Effect.succeed(true)
+      }
+      // Dropped by CLEAR force while being written: refused, and its extent is free from now on.
+      const c = clearedOf(r)
+      if (c === undefined || c.committed) return Effect.succeed(false)
+      releaseCleared(c)
+      return Metric.update(usedBytesGauge, usedBytes).pipe(Effect.as(false))
     })
 
   const abort = (r: Reservation) =>
     Effect.suspend(() => {
       const o = objects.get(r.keyString)
-      if (owns(o, r) && !o.committed) drop(o)
+      if (owns(o, r)) {
+        if (!o.committed) drop(o)
+      } else {
+        const c = clearedOf(r)
+        if (c !== undefined && !c.committed) releaseCleared(c)
+      }
       return Metric.update(usedBytesGauge, usedBytes)
     })
 
@@ -292,22 +358,32 @@ const makeL1 = (memory: Buffer, pool: L1Pool | undefined): L1Store["Service"] =>
     if (o === undefined || !o.committed) return undefined
     o.readLocks++
     markUsed(o)
-    return { keyString: o.keyString, offset: o.offset, bytes: o.bytes }
+    return { keyString: o.keyString, offset: o.offset, bytes: o.bytes, extent: o.extent }
   }
 
+  // Synchronous (its callers are): a released extent shows in the used-bytes gauge at the next update.
   const unlockRead = (h: ReadHandle) => {
     const o = objects.get(h.keyString)
-    if (owns(o, h) && o.readLocks > 0) o.readLocks--
+    if (owns(o, h)) {
+      if (o.readLocks > 0) o.readLocks--
+      return
+    }
+    const c = clearedOf(h)
+    if (c === undefined || !c.committed || c.readLocks === 0) return
+    c.readLocks--
+    if (c.readLocks === 0) releaseCleared(c)
   }
 
   const clear = (force: boolean) =>
     Effect.suspend(() => {
       let dropped = 0
       for (const o of [...objects.values()]) {
-        if (force || (o.committed && o.readLocks === 0)) {
-          drop(o)
-          dropped++
-        }
+        if (o.committed && o.readLocks === 0) drop(o)
+        else if (force) {
+          objects.delete(o.keyString)
+          cleared.set(o.offset, o)
+        } else continue
+        dropped++
       }
       return Metric.update(usedBytesGauge, usedBytes).pipe(Effect.as(dropped))
     })

@@ -115,4 +115,61 @@ describe("L1Store", () => {
       l1.unlockRead(h)
       assert.strictEqual(l1.stats().usedBytes, 0)
     }))
+
+  it.effect("CLEAR force keeps a locked object's extent from other objects until its last unlock", () =>
+    Effect.gen(function*() {
+      const l1 = yield* L1Store.make(20)
+      yield* put(l1, key(1), 10)
+      yield* put(l1, key(2), 10)
+      const first = l1.lockRead(key(2))!
+      const second = l1.lockRead(key(2))!
+      assert.strictEqual(yield* l1.clear(true), 2)
+      assert.deepStrictEqual([l1.stats().objects, l1.stats().usedBytes], [0, 10])
+      const r3 = yield* reserve(l1, key(3), 10)
+      assert.strictEqual(r3.offset, 0)
+      assert.deepStrictEqual(yield* l1.reserveWrite(key(4), 10), { _tag: "Full" })
+      l1.unlockRead(first)
+      assert.deepStrictEqual(yield* l1.reserveWrite(key(4), 10), { _tag: "Full" })
+      l1.unlockRead(second)
+      l1.unlockRead(second) // one unlock too many: no effect
+      assert.strictEqual(l1.stats().usedBytes, 10)
+      const r4 = yield* reserve(l1, key(4), 10)
+      assert.strictEqual(r4.offset, 10)
+    }))
+
+  it.effect("CLEAR force keeps a reservation's extent until it is committed (refused) or aborted", () =>
+    Effect.gen(function*() {
+      const l1 = yield* L1Store.make(20)
+      const a = yield* reserve(l1, key(1), 10)
+      const b = yield* reserve(l1, key(2), 10)
+      assert.strictEqual(yield* l1.clear(true), 2)
+      assert.isFalse(l1.isPending(a))
+      assert.deepStrictEqual(yield* l1.reserveWrite(key(3), 10), { _tag: "Full" })
+      assert.isFalse(yield* l1.commit(a))
+      assert.isFalse(yield* l1.commit(a))
+      assert.strictEqual(l1.stats().usedBytes, 10)
+      assert.strictEqual((yield* reserve(l1, key(3), 10)).offset, 0)
+      yield* l1.abort(b)
+      assert.strictEqual(l1.stats().usedBytes, 10)
+      assert.strictEqual((yield* reserve(l1, key(4), 10)).offset, 10)
+    }))
+
+  it.effect("headroom: each object's extent starts that many bytes before its bytes, and counts as used", () =>
+    Effect.gen(function*() {
+      const l1 = yield* L1Store.make(1000, 64)
+      yield* put(l1, key(1), 100)
+      yield* put(l1, key(2), 128)
+      const h1 = l1.lockRead(key(1))!
+      const h2 = l1.lockRead(key(2))!
+      assert.deepStrictEqual([h1.offset, h1.bytes.length, h1.extent.length], [64, 100, 164])
+      assert.deepStrictEqual([h2.offset % 64, h2.bytes.length, h2.extent.length], [0, 128, 192])
+      assert.strictEqual(h1.extent.byteOffset + 64, h1.bytes.byteOffset)
+      assert.strictEqual(l1.stats().usedBytes, 356)
+      assert.deepStrictEqual(yield* l1.reserveWrite(key(3), 1000 - 64 - 356 + 1), { _tag: "Full" })
+      l1.unlockRead(h1)
+      l1.unlockRead(h2)
+      assert.strictEqual(yield* l1.clear(false), 2)
+      assert.strictEqual(l1.stats().usedBytes, 0)
+      assert.strictEqual((yield* reserve(l1, key(3), 1000 - 64)).offset, 64)
+    }))
 })

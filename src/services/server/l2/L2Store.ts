@@ -21,7 +21,12 @@ export class L2Store extends Context.Service<L2Store, {
   readonly exists: (keys: ReadonlyArray<string>, timeoutMs: number) => Effect.Effect<ReadonlyArray<boolean>, L2Error>
   /** The value of `key`, undefined when absent. */
   readonly get: (key: string, timeoutMs: number) => Effect.Effect<Uint8Array | undefined, L2Error>
-  /** `SET key value NX [EX ttlSeconds]` (ttl 0: none); true when written, false when the key existed. */
+  /**
+   * `SET key value NX [EX ttlSeconds]` (ttl 0: none); true when written, false when the key existed.
+   * `value` may be a view of L1 (the tier sends objects without copying them): it is read while the
+   * effect runs, and a store that keeps it must copy it. Should the bytes change after a timeout while
+   * the socket still sends them, the value's checksum no longer matches and a read treats it as a miss.
+   */
   readonly setNx: (key: string, value: Uint8Array, ttlSeconds: number, timeoutMs: number) => Effect.Effect<boolean, L2Error>
   /** Deletes `key` (a corrupt value). */
   readonly del: (key: string, timeoutMs: number) => Effect.Effect<void, L2Error>

@@ -3,7 +3,8 @@
  * transfers ask of L2, behind the circuit breaker.
  *
  * - Write path: `writeThrough` after a STORE commits an object to L1. It
- *   never waits: the object is read-locked, its value (header + bytes) sent
+ *   never waits: the object is read-locked, its value (header + bytes, the
+ *   header in the object's L1 headroom, so no copy is made) sent
  *   with `SET … NX [EX ttl]` from a fiber of the tier's scope, and the lock
  *   released when that write ends. A write of a key already in flight is
  *   joined (nothing more is sent); past `--l2-max-inflight-bytes` new writes
@@ -26,7 +27,7 @@ import type { ServerModule } from "../Handler.ts"
 import type { L2Config } from "./L2Config.ts"
 import { type L2Breaker, makeBreaker } from "./L2Breaker.ts"
 import { type L2Error, L2Store } from "./L2Store.ts"
-import { decodeValue, encodeValue, HEADER_BYTES, l2KeyOf, layoutFingerprint } from "./L2Value.ts"
+import { decodeValue, encodeValue, frameValue, HEADER_BYTES, l2KeyOf, layoutFingerprint } from "./L2Value.ts"
 import {
   l2BytesInTotal,
   l2BytesOutTotal,
@@ -160,9 +161,11 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, l1: L1Store["Service"],
         if (handle === undefined) return Effect.void
         inflight.set(k, valueBytes)
         inflightBytes += valueBytes
-        // Encoded (copied) now, in the same synchronous step as the lock: a CLEAR force between here and the
-        // fiber's start could otherwise hand the extent to another object before its bytes are read.
-        const value = encodeValue(fingerprintOf(layout), handle.bytes)
+        // The header goes into the object's headroom and the value is a view of L1, sent without a copy;
+        // the read lock keeps the bytes until the write ends (even a CLEAR force leaves a locked extent
+        // alone until then). An L1 without headroom (unit tests) gets a copy.
+        const fp = fingerprintOf(layout)
+        const value = frameValue(fp, handle.extent, handle.bytes.length) ?? encodeValue(fp, handle.bytes)
         const write = timed("SET", store.setNx(k, value, l2.ttlSeconds, l2.transferTimeoutMs)).pipe(
           Effect.tap(() => {
             totals.writes++

@@ -52,17 +52,35 @@ export const layoutFingerprint = (layout: KvLayout, chunkSizeTokens: number): st
 export const l2KeyOf = (prefix: string, fingerprint: string, key: ObjectKey): string =>
   `${prefix}:v1:${key.modelName}~${fingerprint}@${key.kvRank}@${hashHex(key.hash)}${key.cacheSalt === "" ? "" : `@${key.cacheSalt}`}`
 
+/** Writes the header of `payload` into `header` (HEADER_BYTES bytes). */
+const writeHeader = (header: Buffer, fingerprint: string, payload: Uint8Array): void => {
+  header.writeUInt32LE(MAGIC, 0)
+  header.writeUInt16LE(VERSION, 4)
+  header.writeUInt16LE(0, 6)
+  header.write(fingerprint, 8, 8, "hex")
+  header.writeBigUInt64LE(BigInt(payload.length), 16)
+  xxh3(payload).copy(header, 24)
+}
+
 /** The value of `payload`: header then a copy of the bytes (one allocation). */
 export const encodeValue = (fingerprint: string, payload: Uint8Array): Buffer => {
   const out = Buffer.allocUnsafe(HEADER_BYTES + payload.length)
-  out.writeUInt32LE(MAGIC, 0)
-  out.writeUInt16LE(VERSION, 4)
-  out.writeUInt16LE(0, 6)
-  out.write(fingerprint, 8, 8, "hex")
-  out.writeBigUInt64LE(BigInt(payload.length), 16)
-  xxh3(payload).copy(out, 24)
+  writeHeader(out, fingerprint, payload)
   out.set(payload, HEADER_BYTES)
   return out
+}
+
+/**
+ * The value of the last `payloadBytes` bytes of `extent`, without a copy: the header is written into the
+ * HEADER_BYTES bytes before them and the value is a view of `extent` (an L1 object with headroom,
+ * L1Store). Undefined when `extent` has less room than that in front of the payload.
+ */
+export const frameValue = (fingerprint: string, extent: Buffer, payloadBytes: number): Buffer | undefined => {
+  const start = extent.length - payloadBytes - HEADER_BYTES
+  if (start < 0) return undefined
+  const value = extent.subarray(start)
+  writeHeader(value.subarray(0, HEADER_BYTES), fingerprint, value.subarray(HEADER_BYTES))
+  return value
 }
 
 /** Why a value was refused. */

@@ -3,7 +3,7 @@
  * corruption a read must refuse.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { decodeValue, encodeValue, HEADER_BYTES, l2KeyOf, layoutFingerprint } from "../../../../src/services/server/l2/L2Value.ts"
+import { decodeValue, encodeValue, frameValue, HEADER_BYTES, l2KeyOf, layoutFingerprint } from "../../../../src/services/server/l2/L2Value.ts"
 
 const layout = { numLayers: 2, hiddenDim: 8, elementBytes: 2, dtype: "float16", chunkBytes: 2 * 2 * 256 * 8 * 2 }
 const hash = Uint8Array.from({ length: 32 }, (_, i) => i)
@@ -32,6 +32,18 @@ describe("L2 values", () => {
   const fp = layoutFingerprint(layout, 256)
   const payload = Uint8Array.from({ length: 4096 }, (_, i) => (i * 7) & 255)
   const value = encodeValue(fp, payload)
+
+  it("framed in an object's headroom: the same value as a view of the extent, the payload untouched", () => {
+    const extent = Buffer.alloc(64 + 4096, 0xee)
+    extent.set(payload, 64)
+    const framed = frameValue(fp, extent, 4096)!
+    assert.isTrue(framed.equals(value))
+    assert.strictEqual(framed.byteOffset, extent.byteOffset + 32)
+    assert.strictEqual(framed.buffer, extent.buffer)
+    assert.isTrue(extent.subarray(0, 32).equals(Buffer.alloc(32, 0xee)))
+    assert.strictEqual(frameValue(fp, extent.subarray(33), 4096), undefined)
+    assert.strictEqual(frameValue(fp, extent.subarray(32), 4096)!.length, HEADER_BYTES + 4096)
+  })
 
   it("round-trips: header then the bytes", () => {
     assert.strictEqual(value.length, HEADER_BYTES + 4096)
