@@ -10,7 +10,8 @@
  * after its ROUTER is bound (the HTTP frontend, the redis client) is split
  * into chunks beside main.mjs, loaded by their dynamic imports.
  *
- * zeromq stays external (a native addon with its own loader), and so does
+ * zeromq and @node-rs/xxhash stay external (native addons with their own
+ * loaders: each picks its platform's binary at run time), and so does
  * mpcache's addon, which Native.ts finds from the module's URL: the bundle
  * sits three folders deep, as dist/src/native/Native.js does, so the same
  * `../../../src/native/addon/…` path reaches it.
@@ -70,7 +71,7 @@ export const bundleServe = async (force = false) => {
   await build({
     input: path.join(ROOT, "src", "cli", "main.ts"),
     platform: "node",
-    external: ["zeromq"],
+    external: ["zeromq", "@node-rs/xxhash"],
     logLevel: "warn",
     // Dynamic imports (the HTTP frontend, the redis client) become chunks of their own, so the first
     // reply loads only the MQ side's code; the chunks sit beside main.mjs (the addon path holds).

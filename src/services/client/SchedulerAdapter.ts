@@ -38,7 +38,12 @@ export interface SchedulerAdapterSettings {
   readonly cacheSalt?: string
   /** Per-request timeout in ms; also bounds a lookup's whole prefetch poll. Default 30,000. */
   readonly requestTimeoutMs?: number
-  /** Delay between QUERY_PREFETCH_STATUS polls while a prefetch is pending, ms. Default 1. */
+  /**
+   * Longest delay between QUERY_PREFETCH_STATUS polls while a prefetch is pending, ms: the polls
+   * start 1 ms apart and the delay doubles up to this. Default 8. An L2 prefetch takes tens to
+   * hundreds of ms; polling every 1 ms through all of it made each waiting lookup ~1,000 requests/s
+   * on the server that is receiving the prefetch.
+   */
   readonly pollIntervalMs?: number
   /** Time between heartbeat pings, ms (DESIGN §6). Default 10,000. Must be > 0. */
   readonly heartbeatIntervalMs?: number
@@ -84,6 +89,15 @@ export class SchedulerAdapter extends Context.Service<SchedulerAdapter, Schedule
   static readonly layer = (options: SchedulerAdapterOptions) => Layer.effect(this, makeSchedulerAdapter(options))
 }
 
+/** The default longest delay between QUERY_PREFETCH_STATUS polls, ms. */
+const DEFAULT_POLL_MAX_MS = 8
+
+/** QUERY_PREFETCH_STATUS polls: 1 ms, then each delay doubled, none longer than `maxMs`. */
+const pollSchedule = (maxMs: number) =>
+  Schedule.exponential(Duration.millis(1), 2).pipe(
+    Schedule.modifyDelay(({ duration }) => Effect.succeed(Duration.min(duration, Duration.millis(maxMs))))
+  )
+
 /**
  * Builds an adapter on `client` in the current Scope (asks the chunk size;
  * fails with InvalidArgument on a heartbeat interval or timeout that is not
@@ -128,7 +142,7 @@ export const makeSchedulerAdapterWith = (
         yield* client.request(Lookup, [keyOf(requestId, tokenIds, 0, end), options.worldSize], { timeoutMs })
         const chunks = yield* client.request(QueryPrefetchStatus, [requestId], { timeoutMs }).pipe(
           Effect.repeat({
-            schedule: Schedule.spaced(Duration.millis(options.pollIntervalMs ?? 1)),
+            schedule: pollSchedule(options.pollIntervalMs ?? DEFAULT_POLL_MAX_MS),
             while: (n) => n === null
           }),
           Effect.timeoutOrElse({

@@ -113,6 +113,13 @@ export class L1Store extends Context.Service<L1Store, {
   readonly reserveWrite: (key: ObjectKey, sizeBytes: number) => Effect.Effect<ReserveResult>
   /** Makes a reservation visible. False when it was dropped meanwhile (CLEAR force). */
   readonly commit: (reservation: Reservation) => Effect.Effect<boolean>
+  /**
+   * Copies `bytes` (exactly the reservation's size) into a pending reservation: on the libuv pool
+   * when L1 is the shared pool (the JS thread goes on reading sockets meanwhile), in place otherwise.
+   * A reservation dropped meanwhile by CLEAR force keeps its extent until committed or aborted
+   * (above), so the copy never lands in another object. Dies on a size mismatch (a caller's bug).
+   */
+  readonly fill: (reservation: Reservation, bytes: Uint8Array) => Effect.Effect<void>
   /** Drops a reservation (a failed or abandoned write). */
   readonly abort: (reservation: Reservation) => Effect.Effect<void>
   /**
@@ -137,7 +144,7 @@ export class L1Store extends Context.Service<L1Store, {
 }>()("mpcache/services/L1Store") {
   /** An in-process L1 of `capacityBytes` over a plain Buffer, with `headroomBytes` before each object (unit tests). */
   static readonly make = (capacityBytes: number, headroomBytes = 0) =>
-    Effect.sync(() => makeL1(Buffer.allocUnsafeSlow(capacityBytes), undefined, headroomBytes))
+    Effect.sync(() => makeL1(Buffer.allocUnsafeSlow(capacityBytes), undefined, headroomBytes, fillInPlace))
   /**
    * The server's L1: a shared-memory pool of `--l1-size-gb` GiB, mapped for
    * the life of the layer. Fails with L1PoolError when /dev/shm cannot hold
@@ -230,12 +237,18 @@ const makePooled = Effect.gen(function*() {
     }).pipe(Effect.catch((e) => Effect.logWarning(`L1 prefault stopped: ${e.message}`)), Effect.forkScoped)
   }
   yield* Effect.logInfo(`L1 pool ${shmName}: ${capacityBytes} bytes in /dev/shm`)
+  // A failed copy into the server's own mapping (closed: the server is stopping) is a defect here.
+  const fillOnPool = (r: Reservation, bytes: Uint8Array) =>
+    native.scatter(mapping, Float64Array.of(r.offset, 0, bytes.length), bytes).pipe(Effect.orDie)
   return makeL1(
     Buffer.from(view, 0, capacityBytes),
     { shmName, sizeBytes: capacityBytes, prefaultedBytes: () => prefaultedBytes },
-    config.l2 === undefined ? 0 : L2_HEADROOM_BYTES
+    config.l2 === undefined ? 0 : L2_HEADROOM_BYTES,
+    fillOnPool
   )
 })
+
+const fillInPlace = (r: Reservation, bytes: Uint8Array) => Effect.sync(() => r.bytes.set(bytes))
 
 /**
  * Headroom before each object when L2 is on: the L2 value header (32 bytes) rounded up to 64, so every
@@ -243,7 +256,12 @@ const makePooled = Effect.gen(function*() {
  */
 export const L2_HEADROOM_BYTES = 64
 
-const makeL1 = (memory: Buffer, pool: L1Pool | undefined, headroomBytes: number): L1Store["Service"] => {
+const makeL1 = (
+  memory: Buffer,
+  pool: L1Pool | undefined,
+  headroomBytes: number,
+  copyInto: (r: Reservation, bytes: Uint8Array) => Effect.Effect<void>
+): L1Store["Service"] => {
   const capacityBytes = memory.length
   const extents = makeExtentAllocator(capacityBytes)
   // Map iteration order is insertion order: re-inserting on use keeps it LRU-first.
@@ -388,9 +406,15 @@ const makeL1 = (memory: Buffer, pool: L1Pool | undefined, headroomBytes: number)
       return Metric.update(usedBytesGauge, usedBytes).pipe(Effect.as(dropped))
     })
 
+  const fill = (r: Reservation, bytes: Uint8Array) =>
+    bytes.length === r.bytes.length
+      ? copyInto(r, bytes)
+      : Effect.die(new RangeError(`L1 fill: ${bytes.length} bytes for a reservation of ${r.bytes.length}`))
+
   return {
     reserveWrite,
     commit,
+    fill,
     abort,
     isPending: (r) => {
       const o = objects.get(r.keyString)

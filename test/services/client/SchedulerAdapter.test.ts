@@ -106,19 +106,26 @@ describe("degraded mode", () => {
       assert.isFalse(yield* adapter.isHealthy)
     }))
 
-  it.effect("a pending prefetch is polled until it answers", () =>
+  it.effect("a pending prefetch is polled until it answers: 1 ms apart at first, the delay doubling up to pollIntervalMs", () =>
     Effect.gen(function*() {
       const client = makeFakeMqClient()
       const adapter = yield* adapterOn(client, { pollIntervalMs: 5 })
-      client.once("query_prefetch_status", reply.ok(null), reply.ok(null), reply.ok(2))
+      client.once("query_prefetch_status", ...Array.from({ length: 5 }, () => reply.ok(null)), reply.ok(2))
       const looking = yield* Effect.forkChild(adapter.lookup("r1", tokens))
-      yield* TestClock.adjust("10 millis")
+      yield* TestClock.adjust("17 millis")
       assert.strictEqual(yield* Fiber.join(looking), 512)
-      assert.deepStrictEqual(timeline(client, "query_prefetch_status"), [
-        "query_prefetch_status@0",
-        "query_prefetch_status@5",
-        "query_prefetch_status@10"
-      ])
+      assert.deepStrictEqual(timeline(client, "query_prefetch_status"), [0, 1, 3, 7, 12, 17].map((t) => `query_prefetch_status@${t}`))
+    }))
+
+  it.effect("by default the polls of a pending prefetch are at most 8 ms apart", () =>
+    Effect.gen(function*() {
+      const client = makeFakeMqClient()
+      const adapter = yield* adapterOn(client)
+      client.once("query_prefetch_status", ...Array.from({ length: 6 }, () => reply.ok(null)), reply.ok(1))
+      const looking = yield* Effect.forkChild(adapter.lookup("r1", tokens))
+      yield* TestClock.adjust("31 millis")
+      assert.strictEqual(yield* Fiber.join(looking), 256)
+      assert.deepStrictEqual(timeline(client, "query_prefetch_status"), [0, 1, 3, 7, 15, 23, 31].map((t) => `query_prefetch_status@${t}`))
     }))
 })
 

@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Exit } from "effect"
 import { L1Store, type Reservation } from "../../../src/services/server/L1Store.ts"
 import type { ObjectKey } from "../../../src/services/server/ObjectKey.ts"
 
@@ -171,5 +171,17 @@ describe("L1Store", () => {
       assert.strictEqual(yield* l1.clear(false), 2)
       assert.strictEqual(l1.stats().usedBytes, 0)
       assert.strictEqual((yield* reserve(l1, key(3), 1000 - 64)).offset, 64)
+    }))
+
+  it.effect("fill copies exactly a reservation's size into it; another size is a defect", () =>
+    Effect.gen(function*() {
+      const l1 = yield* L1Store.make(200, 64)
+      const r = yield* reserve(l1, key(1), 8)
+      yield* l1.fill(r, Uint8Array.of(1, 2, 3, 4, 5, 6, 7, 8))
+      assert.isTrue(yield* l1.commit(r))
+      assert.deepStrictEqual([...l1.lockRead(key(1))!.bytes], [1, 2, 3, 4, 5, 6, 7, 8])
+      const r2 = yield* reserve(l1, key(2), 8)
+      const exit = yield* Effect.exit(l1.fill(r2, new Uint8Array(7)))
+      assert.isTrue(Exit.hasDies(exit))
     }))
 })

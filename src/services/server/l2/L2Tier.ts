@@ -224,8 +224,12 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, l1: L1Store["Service"],
         const r = yield* l1.reserveWrite(key, layout.chunkBytes)
         if (r._tag === "Full") return undefined
         if (r._tag === "Reserved") {
-          r.reservation.bytes.set(decoded.payload)
-          yield* l1.commit(r.reservation)
+          const { reservation } = r
+          // A fetch interrupted (its prefetch's scope closing) must not leave the reservation behind.
+          yield* l1.fill(reservation, decoded.payload).pipe(
+            Effect.andThen(l1.commit(reservation)),
+            Effect.onInterrupt(() => l1.abort(reservation))
+          )
         }
         return l1.lockRead(key)
       })

@@ -23,7 +23,6 @@
  * checksum) makes the value corrupt: the caller treats it as a miss and
  * deletes the key.
  */
-import { createXXHash3 } from "hash-wasm"
 import { hashHex } from "../../kv/TokenHasher.ts"
 import type { KvLayout } from "../LayoutRegistry.ts"
 import type { ObjectKey } from "../ObjectKey.ts"
@@ -33,15 +32,33 @@ export const HEADER_BYTES = 32
 const MAGIC = 0x324c504d // "MPL2" read as little-endian uint32
 const VERSION = 1
 
-// One xxHash3 state (WebAssembly), reused synchronously, as TokenHasher does for BLAKE3.
-const hasher = await createXXHash3()
-
-/** xxHash3-64 of `bytes` as 8 bytes (big-endian, as hash-wasm prints it). */
-const xxh3 = (bytes: Uint8Array): Buffer => {
-  hasher.init()
-  hasher.update(bytes)
-  return Buffer.from(hasher.digest("binary"))
-}
+/**
+ * xxHash3-64 (seed 0) of `bytes` as 8 bytes, big-endian. From @node-rs/xxhash (native, ~10 GB/s
+ * here with its streaming state; its one-shot `xxh3.xxh64` runs at a sixth of that); where its
+ * binding is not built for the platform, hash-wasm's (WebAssembly, ~2.7 GB/s), which gives the
+ * same values. Every value is hashed on the JS thread, between the socket's writes, so its speed
+ * is L2's (issue 15, bench:l2).
+ */
+const xxh3: (bytes: Uint8Array) => Buffer = await import("@node-rs/xxhash").then(
+  ({ xxh3: native }) => {
+    const state = native.Xxh3.withSeed(0n)
+    return (bytes: Uint8Array) => {
+      state.reset()
+      const out = Buffer.allocUnsafe(8)
+      out.writeBigUInt64BE(state.update(bytes).digest())
+      return out
+    }
+  },
+  async () => {
+    const { createXXHash3 } = await import("hash-wasm")
+    const state = await createXXHash3()
+    return (bytes: Uint8Array) => {
+      state.init()
+      state.update(bytes)
+      return Buffer.from(state.digest("binary"))
+    }
+  }
+)
 
 /** The layout fingerprint of a model's objects (16 hex digits). */
 export const layoutFingerprint = (layout: KvLayout, chunkSizeTokens: number): string =>

@@ -3,6 +3,8 @@
  * corruption a read must refuse.
  */
 import { assert, describe, it } from "@effect/vitest"
+import { randomBytes } from "node:crypto"
+import { createXXHash3 } from "hash-wasm"
 import { decodeValue, encodeValue, frameValue, HEADER_BYTES, l2KeyOf, layoutFingerprint } from "../../../../src/services/server/l2/L2Value.ts"
 
 const layout = { numLayers: 2, hiddenDim: 8, elementBytes: 2, dtype: "float16", chunkBytes: 2 * 2 * 256 * 8 * 2 }
@@ -43,6 +45,16 @@ describe("L2 values", () => {
     assert.isTrue(extent.subarray(0, 32).equals(Buffer.alloc(32, 0xee)))
     assert.strictEqual(frameValue(fp, extent.subarray(33), 4096), undefined)
     assert.strictEqual(frameValue(fp, extent.subarray(32), 4096)!.length, HEADER_BYTES + 4096)
+  })
+
+  it("the checksum is xxHash3-64 (seed 0), the same from the native hasher as from hash-wasm's, its fallback", async () => {
+    const wasm = await createXXHash3()
+    for (const n of [0, 1, 16, 17, 128, 129, 240, 241, 4096, 100_003, 2 ** 20 + 7]) {
+      const bytes = randomBytes(n)
+      wasm.init()
+      wasm.update(bytes)
+      assert.strictEqual(encodeValue(fp, bytes).toString("hex", 24, 32), wasm.digest("hex"), `${n} bytes`)
+    }
   })
 
   it("round-trips: header then the bytes", () => {
