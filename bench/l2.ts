@@ -7,8 +7,8 @@
  *
  * 1. Reference: the Redis client's own SET and GET (node-redis, Buffer
  *    values) of `chunks` values of one 256-token chunk of a 32-layer
- *    8 × 128 float16 model (32 MiB), each both with every command in flight
- *    at once and 4 at a time; the faster is the reference.
+ *    8 × 128 float16 model (32 MiB), in parts 2–3's pattern: after a warm-up
+ *    of 4 values each way, 4 commands in flight at a time.
  * 2. STORE → L2: a worker in this process STOREs the same number of chunks
  *    (4 per request) into server A (`--l2-url`); timed from the first STORE
  *    to the moment Redis holds a key for every chunk (DBSIZE, polled every
@@ -268,10 +268,7 @@ interface Reference {
 /** The reference's values: CHUNKS of CHUNK_BYTES, each a random pattern repeated, made once for every round. */
 const referenceValues = (): Array<Buffer> => Array.from({ length: CHUNKS }, () => Buffer.alloc(CHUNK_BYTES).fill(randomBytes(4099)))
 
-/**
- * Runs `op` over `items`, either all in flight at once or CHUNKS_PER_REQUEST at a time (as the
- * measured path asks, request by request); seconds.
- */
+/** Runs `op` over `items`, `batch` of them in flight at a time (as the measured path asks, request by request); seconds. */
 const timedBatches = async <T>(items: ReadonlyArray<T>, batch: number, op: (item: T) => Promise<unknown>): Promise<number> => {
   const t0 = process.hrtime.bigint()
   for (let i = 0; i < items.length; i += batch) await Promise.all(items.slice(i, i + batch).map(op))
@@ -279,26 +276,27 @@ const timedBatches = async <T>(items: ReadonlyArray<T>, batch: number, op: (item
 }
 
 /**
- * The client's own SET, then GET, of `values` under round `round`'s keys, after a warm-up: each both
- * ways, every command in flight at once and CHUNKS_PER_REQUEST at a time, on an emptied Redis; the
- * faster of the two is the reference (the client's best, so no way of asking flatters the ratio).
+ * The client's own SET, then GET, of `values` under round `round`'s keys, in the measured path's
+ * pattern: on an emptied Redis, a warm-up of one request's worth each way (as parts 2–3 get), then
+ * CHUNKS_PER_REQUEST commands in flight at a time. Redis's own cost here is mostly first-touch
+ * page faults of its buffers (on this VM ~4 ms per MiB), and which buffers its allocator can reuse
+ * depends on what ran just before; the same pattern gives both sides the same.
  */
 const reference = async (client: ReferenceClient, values: ReadonlyArray<Buffer>, round: number): Promise<Reference> => {
-  await client.set("bench:warm", values[0]!)
-  await client.get("bench:warm")
-  const best = { set: Infinity, get: Infinity }
-  for (const batch of [values.length, CHUNKS_PER_REQUEST]) {
-    await client.flushAll()
-    const keys = values.map((_, i) => `bench:ref:${round}:${batch}:${i}`)
-    best.set = Math.min(best.set, await timedBatches(keys, batch, (k) => client.set(k, values[keys.indexOf(k)]!)))
-    const got: Array<Buffer | null> = []
-    best.get = Math.min(best.get, await timedBatches(keys, batch, async (k) => (got[keys.indexOf(k)] = await client.get(k))))
-    got.forEach((g, i) => {
-      if (g === null || !g.equals(values[i]!)) throw new Error(`the reference GET of ${keys[i]} returned other bytes`)
-    })
-  }
   await client.flushAll()
-  return { setGbps: gbps(CHUNKS * CHUNK_BYTES, best.set), getGbps: gbps(CHUNKS * CHUNK_BYTES, best.get) }
+  const warm = values.slice(0, CHUNKS_PER_REQUEST).map((_, i) => `bench:warm:${round}:${i}`)
+  await Promise.all(warm.map((k, i) => client.set(k, values[i]!)))
+  await Promise.all(warm.map((k) => client.get(k)))
+  await client.flushAll()
+  const keys = values.map((_, i) => `bench:ref:${round}:${i}`)
+  const setSeconds = await timedBatches(keys, CHUNKS_PER_REQUEST, (k) => client.set(k, values[keys.indexOf(k)]!))
+  const got: Array<Buffer | null> = []
+  const getSeconds = await timedBatches(keys, CHUNKS_PER_REQUEST, async (k) => (got[keys.indexOf(k)] = await client.get(k)))
+  got.forEach((g, i) => {
+    if (g === null || !g.equals(values[i]!)) throw new Error(`the reference GET of ${keys[i]} returned other bytes`)
+  })
+  await client.flushAll()
+  return { setGbps: gbps(CHUNKS * CHUNK_BYTES, setSeconds), getGbps: gbps(CHUNKS * CHUNK_BYTES, getSeconds) }
 }
 
 /**
@@ -321,24 +319,24 @@ const missLookupP99s = async (schedulers: ReadonlyArray<SchedulerAdapterShape>, 
 }
 
 /** STOREs every request into `a`; seconds until L2 holds a key for every chunk. */
-const storeToL2 = async (a: Attached, client: ReferenceClient, set: number): Promise<number> => {
+const storeToL2 = async (a: Attached, client: ReferenceClient, set: number, requests = REQUESTS): Promise<number> => {
   const t0 = process.hrtime.bigint()
-  for (let r = 0; r < REQUESTS; r++) {
+  for (let r = 0; r < requests; r++) {
     const ok = await run(a.adapter.store({ requestId: `store-${r}`, tokenIds: tokensFor(set, r), start: 0, end: REQUEST_TOKENS, blockIds: SOURCE }))
     if (!ok) throw new Error(`STORE of request ${r} answered ok = false`)
   }
   log(`     (the STOREs answered after ${f2(secondsSince(t0))} s)`)
-  await waitForKeys(client, a.server, CHUNKS)
+  await waitForKeys(client, a.server, requests * CHUNKS_PER_REQUEST)
   return secondsSince(t0)
 }
 
 /** LOOKUP (found in L2, prefetched) and RETRIEVE of every request through `b`; the last checked byte for byte. Seconds. */
-const retrieveFromL2 = async (cache: PagedKvCache, b: Attached, set: number): Promise<number> => {
+const retrieveFromL2 = async (cache: PagedKvCache, b: Attached, set: number, requests = REQUESTS): Promise<number> => {
   const zero = Buffer.alloc(BLOCK_BYTES)
   for (let l = 0; l < NUM_LAYERS; l++) for (const kv of [0, 1] as const) for (const blk of DEST) await run(cache.writeBlock(l, kv, blk, zero))
   const t0 = process.hrtime.bigint()
-  for (let r = 0; r < REQUESTS; r++) {
-    const requestId = `retrieve-${r}`
+  for (let r = 0; r < requests; r++) {
+    const requestId = `retrieve-${set}-${r}`
     const tokenIds = tokensFor(set, r)
     const hit = await run(b.scheduler.lookup(requestId, tokenIds))
     if (hit !== REQUEST_TOKENS) throw new Error(`LOOKUP of request ${r} on the second server found ${hit} of ${REQUEST_TOKENS} tokens in L2`)
@@ -399,6 +397,10 @@ const transferRounds = async (
       return ref
     }
     const measureOurs = async () => {
+      // The same warm-up as the reference's (one value each way): one request through both servers.
+      await client.flushAll()
+      await storeToL2(a, client, 500 + round, 1)
+      await retrieveFromL2(cache, b, 500 + round, 1)
       await client.flushAll()
       const storeGbps = gbps(CHUNKS * CHUNK_BYTES, await storeToL2(a, client, 10 + round))
       const retrieveGbps = gbps(CHUNKS * CHUNK_BYTES, await retrieveFromL2(cache, b, 10 + round))

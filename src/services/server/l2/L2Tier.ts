@@ -163,14 +163,17 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, l1: L1Store["Service"],
         inflightBytes += valueBytes
         // The header goes into the object's headroom and the value is a view of L1, sent without a copy;
         // the read lock keeps the bytes until the write ends (even a CLEAR force leaves a locked extent
-        // alone until then). An L1 without headroom (unit tests) gets a copy.
+        // alone until then), so the checksum can wait for the write's own fiber: each of a STORE's
+        // objects starts its SET as soon as its own checksum is done. An L1 without headroom (unit
+        // tests) gets a copy.
         const fp = fingerprintOf(layout)
-        const value = frameValue(fp, handle.extent, handle.bytes.length) ?? encodeValue(fp, handle.bytes)
-        const write = timed("SET", store.setNx(k, value, l2.ttlSeconds, l2.transferTimeoutMs)).pipe(
-          Effect.tap(() => {
-            totals.writes++
-            return Metric.update(l2BytesOutTotal, value.length)
-          }),
+        const write = Effect.suspend(() => {
+          const value = frameValue(fp, handle.extent, handle.bytes.length) ?? encodeValue(fp, handle.bytes)
+          return timed("SET", store.setNx(k, value, l2.ttlSeconds, l2.transferTimeoutMs)).pipe(
+            Effect.tap(() => Metric.update(l2BytesOutTotal, value.length))
+          )
+        }).pipe(
+          Effect.tap(() => Effect.sync(() => totals.writes++)),
           Effect.catch((e: L2Error) => {
             totals.failedWrites++
             return Metric.update(l2FailedWritesTotal, 1).pipe(Effect.andThen(failed(e)))
