@@ -19,9 +19,11 @@
  *    (the prefix is found in L2 and prefetched into L1) and RETRIEVE of every
  *    request into the worker's blocks; the last one is checked byte for byte
  *    against the source blocks. GB/s, and the ratio to the client's GET.
- *    Parts 1–3 run `--rounds` times (3 quick, 5 default, 7 full), each on
- *    an emptied Redis, the reference first in odd rounds and last in even
- *    ones; each ratio is the median of the rounds' ratios, with their range.
+ *    Parts 1–3 run `--rounds` times (3 quick, 5 default, 7 full), each
+ *    phase after an untimed ballast (`ballast`: the phase's bytes SET, GET
+ *    and flushed, so Redis's allocator is in the same state for both), the
+ *    reference first in odd rounds and last in even ones; each ratio is the
+ *    median of the rounds' ratios, with their range.
  * 4. LOOKUP p99 of prefixes found nowhere (every chunk asked of L2) on a
  *    server with `--l2-url`, against the same on a server without L2.
  * 5. `mpcache replay --servers 2 --max-rate` on the conversation trace,
@@ -276,6 +278,22 @@ const timedBatches = async <T>(items: ReadonlyArray<T>, batch: number, op: (item
 }
 
 /**
+ * Brings Redis's allocator to the state a phase of `values` leaves (SET and GET of all of them, 4 in
+ * flight at a time, then FLUSHALL), untimed, before each measured phase. Most of Redis's time in
+ * these phases is first-touch page faults of the memory it takes (on this VM ~4 ms per MiB), and
+ * which memory it can reuse depends on what ran before: measured from a cold allocator, whichever
+ * phase ran second in a round reused the first one's pages and looked up to 3× faster. A Redis in
+ * service has been through this many times; this gives both sides of every ratio that state.
+ */
+const ballast = async (client: ReferenceClient, values: ReadonlyArray<Buffer>): Promise<void> => {
+  await client.flushAll()
+  const keys = values.map((_, i) => `bench:ballast:${i}`)
+  await timedBatches(keys, CHUNKS_PER_REQUEST, (k) => client.set(k, values[keys.indexOf(k)]!))
+  await timedBatches(keys, CHUNKS_PER_REQUEST, (k) => client.get(k))
+  await client.flushAll()
+}
+
+/**
  * The client's own SET, then GET, of `values` under round `round`'s keys, in the measured path's
  * pattern: on an emptied Redis, a warm-up of one request's worth each way (as parts 2–3 get), then
  * CHUNKS_PER_REQUEST commands in flight at a time. Redis's own cost here is mostly first-touch
@@ -394,14 +412,15 @@ const transferRounds = async (
   for (let round = 0; round < ROUNDS; round++) {
     const refFirst = round % 2 === 0
     const measureRef = async () => {
-      await client.flushAll()
+      await ballast(client, values)
       const ref = await reference(client, values, round)
       await client.flushAll()
       return ref
     }
     const measureOurs = async () => {
-      // The same warm-up as the reference's (one value each way): one request through both servers.
-      await client.flushAll()
+      // The same warm-up as the reference's (one request each way, after the ballast): one request
+      // through both servers.
+      await ballast(client, values)
       await storeToL2(a, client, 500 + round, 1)
       await retrieveFromL2(cache, b, 500 + round, 1)
       await client.flushAll()
