@@ -393,20 +393,33 @@ interface Round {
   readonly ref: Reference
   readonly storeGbps: number
   readonly retrieveGbps: number
+  /** The same STOREs into the server without L2: what part 2 does besides the SETs, on the same cores. */
+  readonly storeL1Gbps: number
+}
+
+/** STOREs every request of `set` into `s` (no L2 behind it); seconds until the last one answered. */
+const storeOnly = async (s: Attached, set: number): Promise<number> => {
+  const t0 = process.hrtime.bigint()
+  for (let r = 0; r < REQUESTS; r++) {
+    const ok = await run(s.adapter.store({ requestId: `store-l1-${r}`, tokenIds: tokensFor(set, r), start: 0, end: REQUEST_TOKENS, blockIds: SOURCE }))
+    if (!ok) throw new Error(`STORE of request ${r} (L1 only) answered ok = false`)
+  }
+  return secondsSince(t0)
 }
 
 /**
  * ROUNDS rounds of the reference (part 1) and of STORE → L2 then L2 → RETRIEVE (parts 2–3) of the same
- * bytes, on an emptied Redis each (FLUSHALL), the order alternating round by round: the machine's
- * speed drifts over a run (fresh pages cost more as it goes on, on this VM several times more), so
- * each ratio compares figures taken side by side.
+ * bytes, each phase after a ballast (above), the order alternating round by round: the machine's
+ * speed drifts over a run, so each ratio compares figures taken side by side. Each round ends with
+ * the same STOREs into the server without L2, for the row that says what the STOREs alone cost.
  */
 const transferRounds = async (
   client: ReferenceClient,
   values: ReadonlyArray<Buffer>,
   cache: PagedKvCache,
   a: Attached,
-  b: Attached
+  b: Attached,
+  plain: Attached
 ): Promise<Array<Round>> => {
   const rounds: Array<Round> = []
   for (let round = 0; round < ROUNDS; round++) {
@@ -431,11 +444,12 @@ const transferRounds = async (
     }
     const ref = refFirst ? await measureRef() : undefined
     const ours = await measureOurs()
-    const r = { ref: ref ?? await measureRef(), ...ours }
+    const measured = { ref: ref ?? await measureRef(), ...ours }
+    const r = { ...measured, storeL1Gbps: gbps(CHUNKS * CHUNK_BYTES, await storeOnly(plain, 10 + round)) }
     log(
       `  round ${round + 1}: client SET ${f2(r.ref.setGbps)} GB/s · GET ${f2(r.ref.getGbps)} GB/s; ` +
         `STORE → L2 ${f2(r.storeGbps)} GB/s = ${f2(r.storeGbps / r.ref.setGbps)}× SET; ` +
-        `L2 → RETRIEVE ${f2(r.retrieveGbps)} GB/s = ${f2(r.retrieveGbps / r.ref.getGbps)}× GET`
+        `L2 → RETRIEVE ${f2(r.retrieveGbps)} GB/s = ${f2(r.retrieveGbps / r.ref.getGbps)}× GET; STORE alone ${f2(r.storeL1Gbps)} GB/s`
     )
     rounds.push(r)
   }
@@ -466,10 +480,11 @@ const main = async (): Promise<void> => {
     if (hasL2) {
       const a = await attach(cache, await startServer("a", l2Flags(fleet.url)))
       const b = await attach(cache, await startServer("b", l2Flags(fleet.url)))
-      const r = await transferRounds(client, values, cache, a, b)
+      const r = await transferRounds(client, values, cache, a, b, plain)
       rows.push(["client SET / GET (reference)", `${f2(median(r.map((x) => x.ref.setGbps)))} / ${f2(median(r.map((x) => x.ref.getGbps)))} GB/s (median of ${ROUNDS} rounds)`])
       rows.push(["STORE → L2", ratioRow(r.map((x) => [x.storeGbps, x.ref.setGbps]), "SET")])
       rows.push(["L2 → RETRIEVE", ratioRow(r.map((x) => [x.retrieveGbps, x.ref.getGbps]), "GET")])
+      rows.push(["STORE alone (server without L2)", `${f2(median(r.map((x) => x.storeL1Gbps)))} GB/s (the copy into L1 part 2 also makes, on the same cores)`])
       if (TRANSFER_ONLY) return printRows(rows)
       await client.flushAll()
       const [p99L1, p99L2] = await missLookupP99s([plain.scheduler, a.scheduler], 1000)
