@@ -59,16 +59,20 @@ export interface CliProcess {
   readonly stop: (signal: NodeJS.Signals) => Effect.Effect<{ readonly code: number | null; readonly signal: NodeJS.Signals | null }>
 }
 
-export const startCli = (args: ReadonlyArray<string>): Effect.Effect<CliProcess, never, Scope.Scope> => {
+export const startCli = (args: ReadonlyArray<string>, env: Readonly<Record<string, string>> = {}): Effect.Effect<CliProcess, never, Scope.Scope> => {
   const [script, ...rest] = cliArgv(args)
-  return startScript(script!, rest)
+  return startScript(script!, rest, env)
 }
 
-/** A Node 24 script as a child process, killed when the scope closes if still alive. */
-export const startScript = (script: string, args: ReadonlyArray<string>): Effect.Effect<CliProcess, never, Scope.Scope> =>
+/** A Node 24 script as a child process (this process's environment plus `env`), killed when the scope closes if still alive. */
+export const startScript = (
+  script: string,
+  args: ReadonlyArray<string>,
+  env: Readonly<Record<string, string>> = {}
+): Effect.Effect<CliProcess, never, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.sync(() => {
-      const child = spawn(process.execPath, [script, ...args], { stdio: ["ignore", "pipe", "pipe"] })
+      const child = spawn(process.execPath, [script, ...args], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env } })
       let stdout = ""
       let stderr = ""
       child.stdout!.on("data", (d: Buffer) => (stdout += d.toString()))

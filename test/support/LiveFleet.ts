@@ -25,9 +25,9 @@ export const ipcEndpoint = () => `ipc://${join(tmpdir(), `mpcache-fleet-${random
  * `mpcache serve` with `flags`, once both its HTTP frontend and MQ server listen (each within
  * `readyTimeoutMs`, default 15 s); stopped with the scope.
  */
-export const startServer = (endpoint: string, flags: ReadonlyArray<string>, readyTimeoutMs?: number) =>
+export const startServer = (endpoint: string, flags: ReadonlyArray<string>, readyTimeoutMs?: number, env: Readonly<Record<string, string>> = {}) =>
   Effect.gen(function*() {
-    const server = yield* startCli(["serve", "--endpoint", endpoint, "--http-port", "0", "--chunk-size", "64", ...flags])
+    const server = yield* startCli(["serve", "--endpoint", endpoint, "--http-port", "0", "--chunk-size", "64", ...flags], env)
     const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/, readyTimeoutMs)
     yield* server.waitForStderr(/MQ server listening on/, readyTimeoutMs)
     return { server, httpPort: Number(port) }

@@ -59,6 +59,8 @@ export interface RedisNode {
   readonly port: number
   /** `redis://127.0.0.1:PORT`. */
   readonly url: string
+  /** `rediss://127.0.0.1:TLS_PORT` when the fleet was started with `tls`, else undefined. */
+  readonly tlsUrl: string | undefined
   /** Runs `redis-cli -p PORT ...args` (5 s at most) and returns its stdout, trimmed; throws when redis-cli fails. */
   readonly cli: (...args: ReadonlyArray<string>) => string
   /** SIGKILL, and waits for the exit. */
@@ -138,6 +140,12 @@ export interface RedisFleetOptions {
   readonly extraArgs?: ReadonlyArray<string>
   /** How long each node may take to answer PING after its start, ms (default 20 s). */
   readonly startTimeoutMs?: number
+  /**
+   * One node only: also serve TLS (`--tls-port`, on the port P + 10000 that the free-port check
+   * reserves for a cluster bus, unused by a lone node) with these PEM files; clients are not asked
+   * for certificates. The plain port stays (the harness's redis-cli uses it). See `RedisNode.tlsUrl`.
+   */
+  readonly tls?: { readonly certFile: string; readonly keyFile: string; readonly caFile: string }
 }
 
 /** Whether both binaries exist (the L2 suites are skipped loudly without them: RedisSuite.ts). */
@@ -203,6 +211,9 @@ const freePort = async (): Promise<number> => {
   }
   throw new Error("RedisFleet: no free port pair (P, P + 10000) in 20000–29999 after 500 tries")
 }
+
+/** A lone node's TLS port is its port + this (free-port checked with it, as a cluster bus port is). */
+const TLS_PORT_OFFSET = 10000
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms))
 
@@ -338,6 +349,15 @@ const makeFleet = async (count: number, replicas: number, cluster: boolean, opti
       ...(cluster
         ? ["--cluster-enabled", "yes", "--cluster-config-file", join(nodeDir, "nodes.conf"), "--cluster-node-timeout", String(options.nodeTimeoutMs ?? 3000)]
         : []),
+      ...(options.tls === undefined || cluster
+        ? []
+        : [
+          "--tls-port", String(port + TLS_PORT_OFFSET),
+          "--tls-cert-file", options.tls.certFile,
+          "--tls-key-file", options.tls.keyFile,
+          "--tls-ca-cert-file", options.tls.caFile,
+          "--tls-auth-clients", "no"
+        ]),
       ...(options.extraArgs ?? [])
     ]
     const child = spawn(REDIS_SERVER, args, { stdio: "ignore" })
@@ -495,6 +515,7 @@ const makeFleet = async (count: number, replicas: number, cluster: boolean, opti
   const nodes: Array<RedisNode> = ports.map((port) => ({
     port,
     url: `redis://127.0.0.1:${port}`,
+    tlsUrl: options.tls === undefined || cluster ? undefined : `rediss://127.0.0.1:${port + TLS_PORT_OFFSET}`,
     cli: (...args) => cliSync(port, args),
     kill: Effect.promise(() => killP(port)),
     restart: lift(async () => {

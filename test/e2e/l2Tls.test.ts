@@ -1,0 +1,133 @@
+/**
+ * L2 over TLS (issue 15 item 1, `rediss://`): a real redis-server serving
+ * TLS with a certificate from a CA made for the test (openssl), real
+ * `mpcache serve` processes, a worker in this process.
+ *
+ * - A server that trusts the CA (NODE_EXTRA_CA_CERTS, Node's own way to add
+ *   a CA) writes through and reads back over TLS, byte for byte.
+ * - A server that does not trust it never talks to the store: the
+ *   certificate is refused (fail closed), status names why, and the server
+ *   serves from L1 as without L2.
+ *
+ * Skipped, loudly, where redis-server is not installed (RedisSuite); where
+ * openssl is missing the certificates cannot be made and the suite fails
+ * naming it (Debian's redis-server depends on libssl, and openssl is in
+ * every image CI uses).
+ */
+import { execFileSync } from "node:child_process"
+import { randomUUID } from "node:crypto"
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { assert, it } from "@effect/vitest"
+import { Effect, Layer } from "effect"
+import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
+import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
+import type { CacheKey } from "../../src/schema/CacheKey.ts"
+import { makeInstanceId } from "../../src/schema/InstanceId.ts"
+import { EndSession, Lookup, QueryPrefetchStatus, RegisterKvCache, Retrieve, Store } from "../../src/schema/Op.ts"
+import { makeMqClient, type MqClientShape } from "../../src/services/client/MqClient.ts"
+import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
+import { HEADER_BYTES } from "../../src/services/server/l2/L2Value.ts"
+import { verifyTokens, writeTokens } from "../support/KvData.ts"
+import { eventually, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
+import { startRedis } from "../support/RedisFleet.ts"
+import { redisSuite } from "../support/RedisSuite.ts"
+
+const CHUNK = 64 // startServer's --chunk-size
+const geometry = { numLayers: 3, numBlocks: 256, blockSizeTokens: 16, numHeads: 2, headSize: 8, dtype: "float16" as const }
+const CHUNK_BYTES = 2 * 3 * CHUNK * 16 * 2
+const EVENT = new Uint8Array([7])
+const range = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i)
+const tokensOf = (n: number, seed: number) => Array.from({ length: n }, (_, i) => (i * 17 + seed * 131) % 40000)
+const keyOf = (tokens: ReadonlyArray<number>): CacheKey => ({
+  model_name: "tiny",
+  world_size: 1,
+  worker_id: 0,
+  token_ids: tokens,
+  start: 0,
+  end: tokens.length,
+  request_id: `tls-${randomUUID()}`,
+  cache_salt: ""
+})
+
+const Env = Layer.mergeAll(NativeMemoryLive, ZmqSocketsLive)
+
+/** A CA, and a certificate it signed for 127.0.0.1 (EC P-256, 2 days), in a temporary folder removed with the scope. */
+const makeCertificates = Effect.acquireRelease(
+  Effect.sync(() => {
+    const dir = mkdtempSync(join(tmpdir(), "mpcache-l2-tls-"))
+    const f = (name: string) => join(dir, name)
+    const openssl = (...args: ReadonlyArray<string>) => execFileSync("openssl", args, { stdio: ["ignore", "ignore", "pipe"] })
+    const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", ...ec, "-keyout", f("ca.key"), "-out", f("ca.pem"), "-days", "2", "-subj", "/CN=mpcache test CA")
+    openssl("req", ...ec, "-keyout", f("server.key"), "-out", f("server.csr"), "-subj", "/CN=127.0.0.1")
+    writeFileSync(f("ext.cnf"), "subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", f("server.csr"), "-CA", f("ca.pem"), "-CAkey", f("ca.key"), "-CAcreateserial",
+      "-out", f("server.pem"), "-days", "2", "-extfile", f("ext.cnf"))
+    return { dir, certFile: f("server.pem"), keyFile: f("server.key"), caFile: f("ca.pem") }
+  }),
+  ({ dir }) => Effect.sync(() => rmSync(dir, { recursive: true, force: true }))
+)
+
+/** `mpcache serve --l2-url url` (with `env`) and a client with one KV cache registered as `id`. */
+const serverWithWorker = (url: string, id: bigint, env: Readonly<Record<string, string>>) =>
+  Effect.gen(function*() {
+    const endpoint = ipcEndpoint()
+    const { httpPort } = yield* startServer(endpoint, [
+      "--l2-url", url, "--l1-size-gb", "0.0625", "--no-l1-prefault", "--l2-breaker-probe-max-ms", "1000", "--l2-lookup-timeout-ms", "1000"
+    ], undefined, env)
+    const client = yield* makeMqClient({ endpoint, requestTimeoutMs: 10_000 })
+    const cache = yield* makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-l2tls-${randomUUID()}`, ...geometry })
+    yield* client.request(RegisterKvCache, [makeInstanceId(id), cache.descriptors, "tiny", 1, "vllm", {}, []])
+    return { httpPort, client, cache, id: makeInstanceId(id) }
+  })
+
+const lookupPrefix = (client: MqClientShape, key: CacheKey) =>
+  Effect.gen(function*() {
+    yield* client.request(Lookup, [{ ...key, worker_id: null }, 1])
+    return (yield* eventually(client.request(QueryPrefetchStatus, [key.request_id]).pipe(Effect.orDie), (n) => n !== null, 10_000)) ?? -1
+  })
+
+redisSuite("L2 over TLS (rediss://) on a real redis-server", () => {
+  it.live("a server that trusts the store's CA writes and reads over TLS, byte for byte; one that does not refuses the certificate and serves from L1", () =>
+    Effect.gen(function*() {
+      const certs = yield* makeCertificates
+      const redis = yield* startRedis({ tls: certs })
+      const url = redis.tlsUrl!
+      assert.match(url, /^rediss:\/\/127\.0\.0\.1:\d+$/)
+      const trusted = { NODE_EXTRA_CA_CERTS: certs.caFile }
+
+      const a = yield* serverWithWorker(url, 1n, trusted)
+      const b = yield* serverWithWorker(url, 2n, trusted)
+      for (const s of [a, b]) yield* eventually(statusOf(s.httpPort), (st) => st.l2?.state === "ok", 10_000)
+      const tokens = tokensOf(2 * CHUNK, 3)
+      const blocksA = range(0, 8)
+      yield* writeTokens(a.cache, 11, blocksA)
+      assert.deepStrictEqual(yield* a.client.request(Store, [keyOf(tokens), a.id, [blocksA], EVENT]), [EVENT, true])
+      yield* eventually(statusOf(a.httpPort), (st) => st.l2?.writes === 2, 10_000)
+      // Through the plain port (the harness's redis-cli): the values are there, header and bytes.
+      assert.strictEqual(redis.cli("DBSIZE"), "2")
+      for (const k of redis.cli("KEYS", "mpc:v1:*").split("\n")) assert.strictEqual(redis.cli("STRLEN", k), String(HEADER_BYTES + CHUNK_BYTES))
+
+      const key = keyOf(tokens)
+      assert.strictEqual(yield* lookupPrefix(b.client, key), 2)
+      const blocksB = range(100, 8)
+      assert.deepStrictEqual(yield* b.client.request(Retrieve, [key, b.id, [blocksB], EVENT, 0]), [EVENT, true])
+      assert.deepStrictEqual(yield* verifyTokens(b.cache, 11, blocksB), [])
+      yield* b.client.request(EndSession, [key.request_id])
+      assert.deepInclude((yield* statusOf(b.httpPort)).l2, { url, state: "ok", connected: true, hit_chunks: 2, corrupt_values: 0 })
+
+      // No trust in the CA (the environment without NODE_EXTRA_CA_CERTS): the TLS handshake fails, nothing is sent.
+      const c = yield* serverWithWorker(url, 3n, { NODE_EXTRA_CA_CERTS: "" })
+      const cStatus = yield* eventually(statusOf(c.httpPort), (st) => st.l2?.state === "open", 15_000)
+      assert.deepInclude(cStatus.l2, { connected: false, writes: 0, hit_chunks: 0 })
+      assert.match(cStatus.l2!.last_error ?? "", /self[- ]signed|unable to (get|verify)|certificate/i)
+      const other = tokensOf(2 * CHUNK, 4)
+      yield* writeTokens(c.cache, 12, blocksA)
+      assert.deepStrictEqual(yield* c.client.request(Store, [keyOf(other), c.id, [blocksA], EVENT]), [EVENT, true])
+      assert.strictEqual(yield* lookupPrefix(c.client, keyOf(tokens)), 0) // A's chunks are in L2, which C cannot reach
+      assert.strictEqual(yield* lookupPrefix(c.client, keyOf(other)), 2) // its own, from L1
+      assert.strictEqual(redis.cli("DBSIZE"), "2")
+    }).pipe(Effect.scoped, Effect.provide(Env)), 90_000)
+})
