@@ -750,7 +750,13 @@ const section = (r: Report): string => {
   ].join("\n")
 }
 
-/** The issue's transfer targets: GB/s ≥ 0.5 × memcpy; PING p99 under transfers ≤ 3 × idle and under 5 ms. */
+/**
+ * The transfer targets: GB/s ≥ 0.6 × memcpy (issue 16; the first round asked 0.5×), PING p99 under
+ * transfers ≤ 2 × the bare echo probed in the same windows (issue 16), the fault guard under 5 % (issue 13).
+ */
+/** STORE and RETRIEVE GB/s against memcpy of the same bytes (issue 16). */
+const MEMCPY_TARGET = 0.6
+
 const summaryRows = (r: Report): Array<SummaryRow> => {
   const rows: Array<SummaryRow> = []
   const phases = r.kinds.flatMap((k) => [[`STORE (${k.kind})`, k.store], [`RETRIEVE (${k.kind})`, k.retrieve]] as const)
@@ -762,8 +768,8 @@ const summaryRows = (r: Report): Array<SummaryRow> => {
       measured: `${f2(m.gbps)} GB/s`,
       reference: `memcpy ${f2(m.memcpyGbps)} GB/s`,
       ratio,
-      target: "≥ 0.5 × memcpy",
-      met: ratio >= 0.5
+      target: `≥ ${MEMCPY_TARGET} × memcpy`,
+      met: ratio >= MEMCPY_TARGET
     })
   }
   // Issue 16: against the bare echo probed in the same windows (the machine's own tail under that load).
