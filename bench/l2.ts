@@ -270,10 +270,10 @@ interface Reference {
 /** The reference's values: CHUNKS of CHUNK_BYTES, each a random pattern repeated, made once for every round. */
 const referenceValues = (): Array<Buffer> => Array.from({ length: CHUNKS }, () => Buffer.alloc(CHUNK_BYTES).fill(randomBytes(4099)))
 
-/** Runs `op` over `items`, `batch` of them in flight at a time (as the measured path asks, request by request); seconds. */
-const timedBatches = async <T>(items: ReadonlyArray<T>, batch: number, op: (item: T) => Promise<unknown>): Promise<number> => {
+/** Runs `op` on 0 … count − 1, `batch` of them in flight at a time (as the measured path asks, request by request); seconds. */
+const timedBatches = async (count: number, batch: number, op: (i: number) => Promise<unknown>): Promise<number> => {
   const t0 = process.hrtime.bigint()
-  for (let i = 0; i < items.length; i += batch) await Promise.all(items.slice(i, i + batch).map(op))
+  for (let i = 0; i < count; i += batch) await Promise.all(Array.from({ length: Math.min(batch, count - i) }, (_, k) => op(i + k)))
   return secondsSince(t0)
 }
 
@@ -288,8 +288,8 @@ const timedBatches = async <T>(items: ReadonlyArray<T>, batch: number, op: (item
 const ballast = async (client: ReferenceClient, values: ReadonlyArray<Buffer>): Promise<void> => {
   await client.flushAll()
   const keys = values.map((_, i) => `bench:ballast:${i}`)
-  await timedBatches(keys, CHUNKS_PER_REQUEST, (k) => client.set(k, values[keys.indexOf(k)]!))
-  await timedBatches(keys, CHUNKS_PER_REQUEST, (k) => client.get(k))
+  await timedBatches(keys.length, CHUNKS_PER_REQUEST, (i) => client.set(keys[i]!, values[i]!))
+  await timedBatches(keys.length, CHUNKS_PER_REQUEST, (i) => client.get(keys[i]!))
   await client.flushAll()
 }
 
@@ -307,13 +307,13 @@ const reference = async (client: ReferenceClient, values: ReadonlyArray<Buffer>,
   await Promise.all(warm.map((k) => client.get(k)))
   await client.flushAll()
   const keys = values.map((_, i) => `bench:ref:${round}:${i}`)
-  const setSeconds = await timedBatches(keys, CHUNKS_PER_REQUEST, (k) => client.set(k, values[keys.indexOf(k)]!))
+  const setSeconds = await timedBatches(keys.length, CHUNKS_PER_REQUEST, (i) => client.set(keys[i]!, values[i]!))
   // Each reply is checked as it comes and dropped (as the measured server drops its own once in L1):
   // keeping every reply until the end would grow this process by the whole phase's bytes.
   let wrong: string | undefined
-  const getSeconds = await timedBatches(keys, CHUNKS_PER_REQUEST, async (k) => {
-    const g = await client.get(k)
-    if (g === null || !g.equals(values[keys.indexOf(k)]!)) wrong ??= k
+  const getSeconds = await timedBatches(keys.length, CHUNKS_PER_REQUEST, async (i) => {
+    const g = await client.get(keys[i]!)
+    if (g === null || !g.equals(values[i]!)) wrong ??= keys[i]
   })
   if (wrong !== undefined) throw new Error(`the reference GET of ${wrong} returned other bytes`)
   await client.flushAll()
@@ -340,12 +340,17 @@ const missLookupP99s = async (schedulers: ReadonlyArray<SchedulerAdapterShape>, 
 }
 
 /** STOREs every request into `a`; seconds until L2 holds a key for every chunk. */
+/** STOREs `requests` requests of `set` into `s`, one after another, each asserted ok. */
+const storeRequests = async (s: Attached, set: number, requests: number): Promise<void> => {
+  for (let r = 0; r < requests; r++) {
+    const ok = await run(s.adapter.store({ requestId: `store-${set}-${r}`, tokenIds: tokensFor(set, r), start: 0, end: REQUEST_TOKENS, blockIds: SOURCE }))
+    if (!ok) throw new Error(`STORE of request ${r} of set ${set} through ${s.server.endpoint} answered ok = false`)
+  }
+}
+
 const storeToL2 = async (a: Attached, client: ReferenceClient, set: number, requests = REQUESTS): Promise<number> => {
   const t0 = process.hrtime.bigint()
-  for (let r = 0; r < requests; r++) {
-    const ok = await run(a.adapter.store({ requestId: `store-${r}`, tokenIds: tokensFor(set, r), start: 0, end: REQUEST_TOKENS, blockIds: SOURCE }))
-    if (!ok) throw new Error(`STORE of request ${r} answered ok = false`)
-  }
+  await storeRequests(a, set, requests)
   log(`     (the STOREs answered after ${f2(secondsSince(t0))} s)`)
   await waitForKeys(client, a.server, requests * CHUNKS_PER_REQUEST)
   return secondsSince(t0)
@@ -400,10 +405,7 @@ interface Round {
 /** STOREs every request of `set` into `s` (no L2 behind it); seconds until the last one answered. */
 const storeOnly = async (s: Attached, set: number): Promise<number> => {
   const t0 = process.hrtime.bigint()
-  for (let r = 0; r < REQUESTS; r++) {
-    const ok = await run(s.adapter.store({ requestId: `store-l1-${r}`, tokenIds: tokensFor(set, r), start: 0, end: REQUEST_TOKENS, blockIds: SOURCE }))
-    if (!ok) throw new Error(`STORE of request ${r} (L1 only) answered ok = false`)
-  }
+  await storeRequests(s, set, REQUESTS)
   return secondsSince(t0)
 }
 

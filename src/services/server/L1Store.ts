@@ -287,10 +287,13 @@ const makeL1 = (
     releaseExtent(o)
   }
 
+  const owns = (o: L1Object | undefined, ref: { readonly offset: number; readonly bytes: Buffer }): o is L1Object =>
+    o !== undefined && o.offset === ref.offset && o.bytes.length === ref.bytes.length
+
   /** The force-cleared object `ref` names, when its extent still waits. */
   const clearedOf = (ref: { readonly offset: number; readonly bytes: Buffer }): L1Object | undefined => {
     const o = cleared.get(ref.offset)
-    return o !== undefined && o.bytes.length === ref.bytes.length ? o : undefined
+    return owns(o, ref) ? o : undefined
   }
   const releaseCleared = (o: L1Object) => {
     cleared.delete(o.offset)
@@ -339,9 +342,6 @@ const makeL1 = (
         Effect.as<ReserveResult>({ _tag: "Reserved", reservation: { key, keyString, offset, bytes: o.bytes } })
       )
     })
-
-  const owns = (o: L1Object | undefined, ref: { readonly offset: number; readonly bytes: Buffer }): o is L1Object =>
-    o !== undefined && o.offset === ref.offset && o.bytes.length === ref.bytes.length
 
   const commit = (r: Reservation) =>
     Effect.suspend(() => {
