@@ -49,18 +49,9 @@ export interface L2Config {
   readonly breakerProbeMaxMs: number
 }
 
-/** The `--l2-*` values as parsed. */
-export interface L2ConfigInput {
+/** The `--l2-*` values as parsed: L2Config's fields, the url still text (absent: L2 off). */
+export interface L2ConfigInput extends Omit<L2Config, "url"> {
   readonly url: string | undefined
-  readonly keyPrefix: string
-  readonly ttlSeconds: number
-  readonly maxInflightBytes: number
-  readonly lookupTimeoutMs: number
-  readonly transferTimeoutMs: number
-  readonly breakerFailures: number
-  readonly breakerWindowMs: number
-  readonly breakerProbeMs: number
-  readonly breakerProbeMaxMs: number
 }
 
 /** Defaults of issue 15 item 1 (L2 off). */
