@@ -57,6 +57,7 @@ import { parseBenchArgs, usageError } from "./lib/args.ts"
 import { BLOCK_BYTES, BLOCKS_PER_CHUNK, CHUNK_BYTES, CHUNK_TOKENS, makeFilledCache, NUM_LAYERS, segmentNamesOf, unlinkSegments } from "./lib/kvChunks.ts"
 import { ROOT, runNode, startLineChild } from "./lib/children.ts"
 import { makeResources, runBench } from "./lib/resources.ts"
+import { SERVER_NODE_OPTIONS } from "./lib/serverNodeOptions.ts"
 import { ascending, median, percentile } from "./lib/stats.ts"
 import { secondsSince, sleep } from "./lib/time.ts"
 
@@ -194,9 +195,6 @@ const l2Flags = (url: string): Array<string> => [
   "--l2-transfer-timeout-ms", "60000",
   "--l2-lookup-timeout-ms", "5000"
 ]
-
-/** Node options of the measured servers (whitespace-separated), from MPCACHE_BENCH_SERVER_NODE_OPTIONS. */
-const SERVER_NODE_OPTIONS = (process.env["MPCACHE_BENCH_SERVER_NODE_OPTIONS"] ?? "").split(/\s+/).filter((o) => o !== "")
 
 /** `mpcache serve` (chunk 256, L1 1 GiB, JSON logs) with `flags`, once its MQ and HTTP frontends listen. */
 const startServer = async (name: string, flags: ReadonlyArray<string>): Promise<Server> => {

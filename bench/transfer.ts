@@ -1,5 +1,6 @@
 /**
  * `npm run bench:transfer [-- --quick | --full | --duration S] [-- --server-prof DIR] [-- --summary FILE]`
+ * (MPCACHE_BENCH_SERVER_NODE_OPTIONS: more node options for the server, bench/lib/serverNodeOptions.ts)
  *
  * STORE and RETRIEVE throughput of the LMCache-driven data path (DESIGN §4)
  * for 256-token chunks of a 32-layer, 8 heads × 128 head size, float16 model
@@ -59,7 +60,7 @@ import { ClientLive } from "../src/layers/Client.ts"
 import { type AddonMapping, loadNativeAddon, type NativeError, NativeMemory } from "../src/native/Native.ts"
 import type { InvalidArgument } from "../src/schema/WireError.ts"
 import { validateKvCaches } from "../src/services/kv/KvCacheLayout.ts"
-import { chunkRanges } from "../src/services/server/internal/CopyPlan.ts"
+import { chunkRanges, segmentPlan } from "../src/services/server/internal/CopyPlan.ts"
 import type { ZmqSockets } from "../src/services/zmq/Sockets.ts"
 import { Clear } from "../src/schema/Op.ts"
 import { makeMqClient, type RequestError } from "../src/services/client/MqClient.ts"
@@ -84,6 +85,7 @@ import {
   unlinkSegments
 } from "./lib/kvChunks.ts"
 import { spawnReady, startLineChild, stopChild } from "./lib/children.ts"
+import { SERVER_NODE_OPTIONS } from "./lib/serverNodeOptions.ts"
 import { int as intOf, orNa } from "./lib/format.ts"
 import { type GuardCost, measureGuardCost } from "./lib/guardCost.ts"
 import { freeGiB, machineJiffies, measuredDate, memAvailableGiB, nodeAndCpu, processMemoryGiB, threadCpu } from "./lib/machine.ts"
@@ -211,6 +213,7 @@ interface Server {
 /** Starts `mpcache serve`; resolves once both the MQ and the HTTP frontends listen. */
 const startServer = async (): Promise<Server> => {
   const argv = [
+    ...SERVER_NODE_OPTIONS,
     ...(serverProfDir === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${serverProfDir}`]),
     "--import",
     "./bench/loop-delay.ts",
@@ -585,12 +588,13 @@ const withMemcpy = (p: Phase): Measured => {
 const guardCost = async (cache: PagedKvCache): Promise<GuardCost> => {
   const validated = validateKvCaches(cache.descriptors, CHUNK_TOKENS)
   if ("error" in validated) throw new Error(`the bench's KV cache does not validate: ${validated.error}`)
-  const plan = chunkRanges(validated.geometry, validated.layers, CHUNK_TOKENS, sourceBlocks(0).slice(0, BLOCKS_PER_CHUNK))
+  const segments = segmentPlan(validated.layers)
+  const ranges = chunkRanges(validated.geometry, validated.layers, CHUNK_TOKENS, sourceBlocks(0).slice(0, BLOCKS_PER_CHUNK), 0, segments)
   const addon = loadNativeAddon()
   const mappings: Array<AddonMapping> = []
   try {
-    for (const name of plan.keys()) mappings.push(addon.openMapping(name, LAYER_BYTES))
-    const job = { mappings, ranges: [...plan.values()], buffer: Buffer.alloc(CHUNK_BYTES) }
+    for (const name of segments.names) mappings.push(addon.openMapping(name, LAYER_BYTES))
+    const job = { mappings, ranges, buffer: Buffer.alloc(CHUNK_BYTES) }
     return await measureGuardCost(addon, job, args.full ? GUARD_ROUNDS_FULL : GUARD_ROUNDS_QUICK)
   } finally {
     await Promise.all(mappings.map((m) => m.close()))

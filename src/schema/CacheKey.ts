@@ -8,7 +8,8 @@
  */
 import { Effect, Schema } from "effect"
 import { WireString } from "./Text.ts"
-import { TokenId, Uint } from "./Integer.ts"
+import { Uint } from "./Integer.ts"
+import { TokenIds } from "./IntArrays.ts"
 
 /** Upstream's salt rule: at most 128 characters, none of `@ / \ NUL`. */
 const CacheSalt = WireString.check(
@@ -22,7 +23,7 @@ export const CacheKeyFields = {
   world_size: Uint.check(Schema.isGreaterThanOrEqualTo(1)),
   /** The kv rank this worker owns; nil for scheduler lookups (expands to every rank). */
   worker_id: Schema.NullOr(Uint),
-  token_ids: Schema.Array(TokenId),
+  token_ids: TokenIds,
   start: Uint,
   end: Uint,
   request_id: WireString,

@@ -9,10 +9,17 @@
  */
 import { Schema, SchemaGetter } from "effect"
 
+/** Why -0 is refused: MessagePack can carry it as a float, which is no integer. */
+export const MINUS_ZERO_MESSAGE = "must be an integer, not the float -0"
+/** The largest token id (uint32). */
+export const MAX_TOKEN_ID = 0xffff_ffff
+
+const notMinusZero = Schema.makeFilter((n: number) => Object.is(n, -0) ? MINUS_ZERO_MESSAGE : undefined)
+
 const SafeUint = Schema.Int.check(
   Schema.isGreaterThanOrEqualTo(0),
   Schema.isLessThanOrEqualTo(Number.MAX_SAFE_INTEGER),
-  Schema.makeFilter((n: number) => Object.is(n, -0) ? "must be an integer, not the float -0" : undefined)
+  notMinusZero
 )
 
 const BigUint = Schema.BigInt.check(
@@ -32,6 +39,6 @@ export const Uint = Schema.Union([SafeUint, BigUint]).pipe(
 
 /** Token id: a uint32 (DESIGN §3.2 hashes tokens as big-endian uint32). */
 export const TokenId = Schema.Int.check(
-  Schema.isBetween({ minimum: 0, maximum: 0xffff_ffff }),
-  Schema.makeFilter((n: number) => Object.is(n, -0) ? "must be an integer, not the float -0" : undefined)
+  Schema.isBetween({ minimum: 0, maximum: MAX_TOKEN_ID }),
+  notMinusZero
 )

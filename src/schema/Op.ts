@@ -20,6 +20,7 @@ import {
 } from "./EngineDriven.ts"
 import { InstanceIdWire } from "./InstanceId.ts"
 import { Uint } from "./Integer.ts"
+import { UintArray } from "./IntArrays.ts"
 import { EngineGroupInfo, GroupRot, LayoutHints, RegistrationKind } from "./Registration.ts"
 import { TensorDescriptor } from "./TensorDescriptor.ts"
 
@@ -60,7 +61,7 @@ const op = <const Name extends string, const P extends ReadonlyArray<PayloadFiel
   row: Op<Name, P, R>
 ): Op<Name, P, R> => row
 
-const BlockIds = Schema.Array(Schema.Array(Uint))
+const BlockIds = Schema.Array(UintArray)
 /** `[event_handle, ok]` answer of STORE / RETRIEVE / CB_RETRIEVE_PRE_COMPUTED. */
 export const TransferResult = Schema.Tuple([Schema.Uint8Array, Schema.Boolean])
 

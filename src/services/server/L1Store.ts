@@ -305,9 +305,13 @@ const makeL1 = (
     const direct = extents.allocate(needed)
     if (direct !== undefined) return direct
     let evictable = 0
-    for (const o of objects.values()) if (o.committed && o.readLocks === 0) evictable += o.extent.length
+    // forEach, not for…of: this runs for every placement once L1 is full, and an iterator allocates per step.
+    objects.forEach((o) => {
+      if (o.committed && o.readLocks === 0) evictable += o.extent.length
+    })
     if (extents.freeBytes() + evictable < needed) return undefined
-    for (const o of [...objects.values()]) {
+    // Deleting the entry just visited does not disturb a Map's iteration, so no copy of the index is needed.
+    for (const o of objects.values()) {
       if (!o.committed || o.readLocks > 0) continue
       drop(o)
       evictions++

@@ -62,7 +62,7 @@ import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import { RegisterKvCache, Retrieve, Store, UnregisterKvCache } from "../../schema/Op.ts"
 import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
 import { InvalidArgument, type NotRegistered, type WireError } from "../../schema/WireError.ts"
-import { chunkRanges } from "./internal/CopyPlan.ts"
+import { chunkRanges, type SegmentPlan, segmentPlan } from "./internal/CopyPlan.ts"
 import { row, type ServerModule } from "./Handler.ts"
 import { cudaSegmentKey, sameDescriptors, validateKvCaches, type LayerPlacement, type PagedKvGeometry, type ValidatedKvCaches } from "../kv/KvCacheLayout.ts"
 import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
@@ -577,9 +577,26 @@ const make = Effect.gen(function*() {
       ? Effect.fail(new InvalidArgument({ message: `${op}: key.worker_id is nil; a ${op} names the kv rank it moves` }))
       : Effect.succeed({ first: key.start / chunk, count: Math.floor((key.end - key.start) / chunk), rank: key.worker_id })
 
-  /** A chunk's copy ranges per segment as the parts of one batched copy. */
-  const copyParts = (entry: ContextEntry, ranges: Map<string, Float64Array>): Array<CopyPart> =>
-    Array.from(ranges, ([name, r]) => ({ mapping: entry.mappings.get(name)!, ranges: r }))
+  // Per context: its segments in copy-plan order and their mappings, built at its first transfer.
+  const plans = new WeakMap<ContextEntry, { readonly segments: SegmentPlan; readonly mappings: ReadonlyArray<ShmMapping> }>()
+  const planOf = (entry: ContextEntry) => {
+    let plan = plans.get(entry)
+    if (plan === undefined) {
+      const segments = segmentPlan(entry.layers)
+      plan = { segments, mappings: segments.names.map((name) => entry.mappings.get(name)!) }
+      plans.set(entry, plan)
+    }
+    return plan
+  }
+
+  /** One chunk's copy (blocks `chunkBlocks`, the first `skipTokens` left out) as the parts of one batched copy. */
+  const copyParts = (entry: ContextEntry, chunkBlocks: ReadonlyArray<number>, skipTokens = 0): Array<CopyPart> => {
+    const { segments, mappings } = planOf(entry)
+    const ranges = chunkRanges(entry.geometry, entry.layers, chunk, chunkBlocks, skipTokens, segments)
+    const parts: Array<CopyPart> = new Array(ranges.length)
+    for (let i = 0; i < ranges.length; i++) parts[i] = { mapping: mappings[i]!, ranges: ranges[i]! }
+    return parts
+  }
 
   /** The chunk's block ids, or a reason to fail closed. */
   const blocksFor = (entry: ContextEntry, blockIds: ReadonlyArray<ReadonlyArray<number>>, count: number) => {
@@ -627,7 +644,7 @@ const make = Effect.gen(function*() {
       const copied = yield* Effect.exit(Effect.forEach(
         reserved,
         ({ reservation, chunkBlocks }) =>
-          native.gatherAll(copyParts(entry, chunkRanges(g, entry.layers, chunk, chunkBlocks)), reservation.bytes),
+          native.gatherAll(copyParts(entry, chunkBlocks), reservation.bytes),
         { concurrency: "unbounded", discard: true }
       ))
       if (Exit.isFailure(copied)) {
@@ -681,13 +698,8 @@ const make = Effect.gen(function*() {
           native.scatterAll(
             copyParts(
               entry,
-              chunkRanges(
-                entry.geometry,
-                entry.layers,
-                chunk,
-                blocks.list.slice(i * blocks.perChunk, (i + 1) * blocks.perChunk),
-                Math.max(0, Math.min(chunk, skipFirstNTokens - i * chunk))
-              )
+              blocks.list.slice(i * blocks.perChunk, (i + 1) * blocks.perChunk),
+              Math.max(0, Math.min(chunk, skipFirstNTokens - i * chunk))
             ),
             h.bytes
           ), { concurrency: "unbounded", discard: true }).pipe(

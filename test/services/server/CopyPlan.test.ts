@@ -1,7 +1,7 @@
 /** Copy plans (DESIGN §3.2): every byte of a chunk goes to the right place, whatever the merging does. */
 import { assert, describe, it } from "@effect/vitest"
 import fc from "fast-check"
-import { chunkRanges } from "../../../src/services/server/internal/CopyPlan.ts"
+import { chunkRanges, segmentPlan } from "../../../src/services/server/internal/CopyPlan.ts"
 import type { LayerPlacement, PagedKvGeometry } from "../../../src/services/kv/KvCacheLayout.ts"
 
 const geometry = (numLayers: number, numBlocks: number, blockSizeTokens: number): PagedKvGeometry => ({
@@ -16,10 +16,12 @@ const geometry = (numLayers: number, numBlocks: number, blockSizeTokens: number)
   blockBytes: blockSizeTokens * 4
 })
 
-/** segment name → (segment byte → object byte), from ranges. */
-const byteMap = (ranges: Map<string, Float64Array>): Map<string, Map<number, number>> => {
+/** segment name → (segment byte → object byte), from the ranges of each of `names`. */
+const byteMap = (names: ReadonlyArray<string>, ranges: ReadonlyArray<Float64Array>): Map<string, Map<number, number>> => {
+  assert.strictEqual(ranges.length, names.length)
   const out = new Map<string, Map<number, number>>()
-  for (const [name, r] of ranges) {
+  for (const [i, r] of ranges.entries()) {
+    const name = names[i]!
     const m = out.get(name) ?? new Map<number, number>()
     out.set(name, m)
     for (let i = 0; i < r.length; i += 3) {
@@ -62,12 +64,21 @@ const expected = (
   return out
 }
 
+describe("segmentPlan", () => {
+  it("lists each segment once, in first-use order, with each layer's index and each segment's layer count", () => {
+    const plan = segmentPlan(["b", "a", "b", "c", "a", "b"].map((shmName) => ({ shmName, segmentBytes: 0, baseOffsetBytes: 0 })))
+    assert.deepStrictEqual(plan.names, ["b", "a", "c"])
+    assert.deepStrictEqual([...plan.segmentOf], [0, 1, 0, 2, 1, 0])
+    assert.deepStrictEqual([...plan.layersIn], [3, 2, 1])
+  })
+})
+
 describe("chunkRanges", () => {
   it("merges consecutive blocks and leaves the rest as one range per block", () => {
     const g = geometry(1, 8, 2)
     const ranges = chunkRanges(g, [{ shmName: "a", segmentBytes: 0, baseOffsetBytes: 0 }], 6, [3, 4, 7])
     // K: blocks 3 and 4 are one run (16 bytes), block 7 another; then the same for V (numBlocks 8 further).
-    assert.deepStrictEqual([...ranges.get("a")!], [24, 0, 16, 56, 16, 8, 88, 24, 16, 120, 40, 8])
+    assert.deepStrictEqual(ranges.map((r) => [...r]), [[24, 0, 16, 56, 16, 8, 88, 24, 16, 120, 40, 8]])
   })
 
   it("every byte lands where DESIGN §3.2 says, for any layout, blocks and skip", () => {
@@ -88,7 +99,11 @@ describe("chunkRanges", () => {
             segmentBytes: 0,
             baseOffsetBytes: Math.floor(l / segments) * 2 * 10 * g.blockBytes + base
           }))
-          assert.deepStrictEqual(byteMap(chunkRanges(g, layers, chunk, blockIds, skip)), expected(g, layers, chunk, blockIds, skip))
+          const plan = segmentPlan(layers)
+          assert.deepStrictEqual(
+            byteMap(plan.names, chunkRanges(g, layers, chunk, blockIds, skip, plan)),
+            expected(g, layers, chunk, blockIds, skip)
+          )
         }
       ),
       { numRuns: 300, seed: 11 }
