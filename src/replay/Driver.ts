@@ -343,7 +343,10 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     yield* Effect.forEach(nodes.flatMap((n) => Array.from({ length: o.workers }, () => n)), start, { concurrency: "unbounded", discard: true }).pipe(
       Effect.mapError((e) => new ReplayError({ message: `a worker failed to start: ${e.message}` }))
     )
-    const alive = () => all.filter((w) => w.isAlive())
+    // SIGKILLed workers count as dead from the kill on: their exit event comes a moment later, and a sample
+    // taken in between (the kill's own) would otherwise show them alive.
+    const killedWorkers = new Set<WorkerHandle>()
+    const alive = () => all.filter((w) => w.isAlive() && !killedWorkers.has(w))
 
     // Counters.
     let done = 0
@@ -440,6 +443,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
           // Uninterruptible: a replacement that registered must be known, so it is shut down at the end.
           yield* Effect.uninterruptible(Effect.gen(function*() {
             victim.child.kill("SIGKILL")
+            killedWorkers.add(victim)
             killed++
             const killedAt = yield* Clock.currentTimeMillis
             timeline.event(killedAt, { kind: "kill", slot: victim.slot, instance_id: victim.instanceId })
