@@ -4,71 +4,21 @@
  * (real shared memory, real ZeroMQ). Skipped, loudly, where redis-server is
  * not installed.
  */
-import { randomUUID } from "node:crypto"
 import { assert, it } from "@effect/vitest"
-import { Effect, Layer, Schedule } from "effect"
-import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
-import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
-import type { CacheKey } from "../../src/schema/CacheKey.ts"
-import { makeInstanceId } from "../../src/schema/InstanceId.ts"
-import { EndSession, Lookup, QueryPrefetchStatus, RegisterKvCache, Retrieve, Store } from "../../src/schema/Op.ts"
-import { makeMqClient, type MqClientShape } from "../../src/services/client/MqClient.ts"
-import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
+import { Effect, Schedule } from "effect"
+import { EndSession, Lookup, QueryPrefetchStatus, Retrieve, Store } from "../../src/schema/Op.ts"
 import { chunkHashes } from "../../src/services/kv/TokenHasher.ts"
 import { objectKeysOf } from "../../src/services/server/Lookup.ts"
 import { HEADER_BYTES, l2KeyOf, layoutFingerprint } from "../../src/services/server/l2/L2Value.ts"
 import { runCli } from "../support/Cli.ts"
 import { verifyTokens, writeTokens } from "../support/KvData.ts"
-import { eventually, getText, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
+import { eventually, getText, statusOf } from "../support/LiveFleet.ts"
+import { CHUNK, keyOf, lookupPrefix, range, serverWithWorker, tokensOf, WorkerEnv } from "../support/L2Worker.ts"
 import { startRedis, startRedisCluster } from "../support/RedisFleet.ts"
 import { redisSuite } from "../support/RedisSuite.ts"
 
-const CHUNK = 64 // startServer's --chunk-size
-const BLOCK = 16
-const geometry = { numLayers: 3, numBlocks: 512, blockSizeTokens: BLOCK, numHeads: 2, headSize: 8, dtype: "float16" as const }
 const layout = { numLayers: 3, hiddenDim: 16, elementBytes: 2, dtype: "float16", chunkBytes: 2 * 3 * CHUNK * 16 * 2 }
 const EVENT = new Uint8Array([9])
-
-const tokensOf = (n: number, seed: number) => Array.from({ length: n }, (_, i) => (i * 31 + seed * 7919) % 50000)
-const keyOf = (tokens: ReadonlyArray<number>, over: Partial<CacheKey> = {}): CacheKey => ({
-  model_name: "tiny",
-  world_size: 1,
-  worker_id: 0,
-  token_ids: tokens,
-  start: 0,
-  end: tokens.length,
-  request_id: `r-${randomUUID()}`,
-  cache_salt: "",
-  ...over
-})
-const range = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i)
-
-/** Env of the worker side: native memory for its KV caches, ZeroMQ for its clients. */
-const Env = Layer.mergeAll(NativeMemoryLive, ZmqSocketsLive)
-
-/** A server with L2 at `url` and a client of it with one KV cache registered as `id`. */
-const serverWithWorker = (url: string, id: bigint, flags: ReadonlyArray<string> = []) =>
-  Effect.gen(function*() {
-    const endpoint = ipcEndpoint()
-    const { server, httpPort } = yield* startServer(endpoint, [
-      // Lookups get 1 s, not 50 ms: this machine is shared, and timeouts are L2Tier.test.ts's subject (TestClock).
-      "--l2-url", url, "--l1-size-gb", "0.0625", "--no-l1-prefault", "--l2-breaker-probe-max-ms", "1000", "--l2-lookup-timeout-ms", "1000", ...flags
-    ])
-    const client = yield* makeMqClient({ endpoint, requestTimeoutMs: 10_000 })
-    const cache = yield* makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-l2-${randomUUID()}`, ...geometry })
-    yield* client.request(RegisterKvCache, [makeInstanceId(id), cache.descriptors, "tiny", 1, "vllm", {}, []])
-    // The breaker starts probing (writes dropped, LOOKUP L1 only) until its first PING: ok, or open when unreachable.
-    yield* eventually(statusOf(httpPort), (s) => s.l2 !== null && s.l2.state !== "probing", 10_000)
-    return { server, httpPort, client, cache, id: makeInstanceId(id) }
-  })
-
-/** LOOKUP then QUERY_PREFETCH_STATUS until it is not nil (the L2 prefetch ended). */
-const lookupPrefix = (client: MqClientShape, key: CacheKey) =>
-  Effect.gen(function*() {
-    yield* client.request(Lookup, [{ ...key, worker_id: null }, 1])
-    const n = yield* eventually(client.request(QueryPrefetchStatus, [key.request_id]).pipe(Effect.orDie), (n) => n !== null, 10_000)
-    return n ?? -1
-  })
 
 /** The L2 key of chunk `i` of `tokens`. */
 const l2Key = (tokens: ReadonlyArray<number>, i: number) => {
@@ -128,12 +78,12 @@ redisSuite("L2 on a real redis-server", () => {
       const aMetrics = yield* getText(`http://127.0.0.1:${a.httpPort}/metrics`)
       assert.strictEqual(metric(aMetrics, "mpcache_l2_bytes_out_total"), 4 * (HEADER_BYTES + layout.chunkBytes))
       assert.include(aMetrics, `mpcache_l2_command_seconds_count{op="SET"} 4`)
-    }).pipe(Effect.scoped, Effect.provide(Env)), 60_000)
+    }).pipe(Effect.scoped, Effect.provide(WorkerEnv)), 60_000)
 
   it.live("redis killed: LOOKUP answers from L1 at once, the breaker opens, STORE still succeeds; it closes when redis is back", () =>
     Effect.gen(function*() {
       const redis = yield* startRedis()
-      const a = yield* serverWithWorker(redis.url, 1n, ["--l2-breaker-failures", "2", "--l2-breaker-probe-ms", "200"])
+      const a = yield* serverWithWorker(redis.url, 1n, { flags: ["--l2-breaker-failures", "2", "--l2-breaker-probe-ms", "200"] })
       const tokens = tokensOf(6 * CHUNK, 2)
       yield* writeTokens(a.cache, 6, range(0, 24))
       yield* a.client.request(Store, [keyOf(tokens, { end: 4 * CHUNK }), a.id, [range(0, 16)], EVENT])
@@ -161,7 +111,7 @@ redisSuite("L2 on a real redis-server", () => {
       yield* a.client.request(Store, [keyOf(again), a.id, [range(16, 8)], EVENT])
       yield* eventually(Effect.sync(() => redis.cli("DBSIZE")), (n) => n === "2", 10_000)
       assert.strictEqual(redis.cli("DBSIZE"), "2")
-    }).pipe(Effect.scoped, Effect.provide(Env)), 60_000)
+    }).pipe(Effect.scoped, Effect.provide(WorkerEnv)), 60_000)
 
   it.live("eviction under maxmemory with allkeys-lru: the evicted chunks are misses, never errors", () =>
     Effect.gen(function*() {
@@ -187,7 +137,7 @@ redisSuite("L2 on a real redis-server", () => {
       assert.isBelow(prefix, 16)
       const bStatus = yield* statusOf(b.httpPort)
       assert.deepInclude(bStatus.l2, { state: "ok", last_error: null, corrupt_values: 0 })
-    }).pipe(Effect.scoped, Effect.provide(Env)), 90_000)
+    }).pipe(Effect.scoped, Effect.provide(WorkerEnv)), 90_000)
 
   it.live("a Cluster of 3 masters + 3 replicas: keys land on every master; kill -9 of a master during transfers: replica promoted, nothing corrupt, writes resume", () =>
     Effect.gen(function*() {
@@ -239,7 +189,7 @@ redisSuite("L2 on a real redis-server", () => {
       assert.deepStrictEqual(yield* verifyTokens(b.cache, 40, range(200, 16)), [])
       assert.strictEqual((yield* statusOf(b.httpPort)).l2?.corrupt_values, 0)
       assert.strictEqual(cluster.masterPorts().length, 3)
-    }).pipe(Effect.scoped, Effect.provide(Env)), 120_000)
+    }).pipe(Effect.scoped, Effect.provide(WorkerEnv)), 120_000)
 
   it.live("an unreachable L2 at start: a WARNING, and the server serves from L1; an ACL user limited to the prefix works, its password never shown", () =>
     Effect.gen(function*() {
@@ -267,5 +217,5 @@ redisSuite("L2 on a real redis-server", () => {
       assert.deepInclude(s.l2, { url: `redis://mpcache:***@127.0.0.1:${acl.port}`, state: "ok", connected: true, writes: 2, failed_writes: 0, last_error: null })
       assert.strictEqual(acl.cli("DBSIZE"), "2")
       assert.notInclude(b.server.stderr(), "s3cret")
-    }).pipe(Effect.scoped, Effect.provide(Env)), 60_000)
+    }).pipe(Effect.scoped, Effect.provide(WorkerEnv)), 60_000)
 })

@@ -14,43 +14,21 @@
  * both.
  */
 import { execFileSync, spawnSync } from "node:child_process"
-import { randomUUID } from "node:crypto"
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer } from "effect"
-import { NativeMemoryLive } from "../../src/layers/NativeMemory.ts"
-import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
-import type { CacheKey } from "../../src/schema/CacheKey.ts"
-import { makeInstanceId } from "../../src/schema/InstanceId.ts"
-import { EndSession, Lookup, QueryPrefetchStatus, RegisterKvCache, Retrieve, Store } from "../../src/schema/Op.ts"
-import { makeMqClient, type MqClientShape } from "../../src/services/client/MqClient.ts"
-import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
+import { Effect } from "effect"
+import { EndSession, Retrieve, Store } from "../../src/schema/Op.ts"
 import { HEADER_BYTES } from "../../src/services/server/l2/L2Value.ts"
 import { verifyTokens, writeTokens } from "../support/KvData.ts"
-import { eventually, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
+import { eventually, statusOf } from "../support/LiveFleet.ts"
+import { CHUNK, keyOf, lookupPrefix, range, serverWithWorker, tokensOf, WorkerEnv } from "../support/L2Worker.ts"
 import { startRedis } from "../support/RedisFleet.ts"
 import { redisSuite } from "../support/RedisSuite.ts"
 
-const CHUNK = 64 // startServer's --chunk-size
-const geometry = { numLayers: 3, numBlocks: 256, blockSizeTokens: 16, numHeads: 2, headSize: 8, dtype: "float16" as const }
 const CHUNK_BYTES = 2 * 3 * CHUNK * 16 * 2
 const EVENT = new Uint8Array([7])
-const range = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i)
-const tokensOf = (n: number, seed: number) => Array.from({ length: n }, (_, i) => (i * 17 + seed * 131) % 40000)
-const keyOf = (tokens: ReadonlyArray<number>): CacheKey => ({
-  model_name: "tiny",
-  world_size: 1,
-  worker_id: 0,
-  token_ids: tokens,
-  start: 0,
-  end: tokens.length,
-  request_id: `tls-${randomUUID()}`,
-  cache_salt: ""
-})
-
-const Env = Layer.mergeAll(NativeMemoryLive, ZmqSocketsLive)
 
 /** A CA, and a certificate it signed for 127.0.0.1 (EC P-256, 2 days), in a temporary folder removed with the scope. */
 const makeCertificates = Effect.acquireRelease(
@@ -69,25 +47,6 @@ const makeCertificates = Effect.acquireRelease(
   ({ dir }) => Effect.sync(() => rmSync(dir, { recursive: true, force: true }))
 )
 
-/** `mpcache serve --l2-url url` (with `env`) and a client with one KV cache registered as `id`. */
-const serverWithWorker = (url: string, id: bigint, env: Readonly<Record<string, string>>) =>
-  Effect.gen(function*() {
-    const endpoint = ipcEndpoint()
-    const { httpPort } = yield* startServer(endpoint, [
-      "--l2-url", url, "--l1-size-gb", "0.0625", "--no-l1-prefault", "--l2-breaker-probe-max-ms", "1000", "--l2-lookup-timeout-ms", "1000"
-    ], undefined, env)
-    const client = yield* makeMqClient({ endpoint, requestTimeoutMs: 10_000 })
-    const cache = yield* makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-l2tls-${randomUUID()}`, ...geometry })
-    yield* client.request(RegisterKvCache, [makeInstanceId(id), cache.descriptors, "tiny", 1, "vllm", {}, []])
-    return { httpPort, client, cache, id: makeInstanceId(id) }
-  })
-
-const lookupPrefix = (client: MqClientShape, key: CacheKey) =>
-  Effect.gen(function*() {
-    yield* client.request(Lookup, [{ ...key, worker_id: null }, 1])
-    return (yield* eventually(client.request(QueryPrefetchStatus, [key.request_id]).pipe(Effect.orDie), (n) => n !== null, 10_000)) ?? -1
-  })
-
 const opensslAvailable = spawnSync("openssl", ["version"]).status === 0
 if (!opensslAvailable) process.stderr.write("\n*** L2 TLS suite SKIPPED: openssl not found (apt-get install -y openssl; .ci/run does) ***\n\n")
 
@@ -100,8 +59,8 @@ redisSuite("L2 over TLS (rediss://) on a real redis-server", () => describe.skip
       assert.match(url, /^rediss:\/\/127\.0\.0\.1:\d+$/)
       const trusted = { NODE_EXTRA_CA_CERTS: certs.caFile }
 
-      const a = yield* serverWithWorker(url, 1n, trusted)
-      const b = yield* serverWithWorker(url, 2n, trusted)
+      const a = yield* serverWithWorker(url, 1n, { env: trusted })
+      const b = yield* serverWithWorker(url, 2n, { env: trusted })
       for (const s of [a, b]) yield* eventually(statusOf(s.httpPort), (st) => st.l2?.state === "ok", 10_000)
       const tokens = tokensOf(2 * CHUNK, 3)
       const blocksA = range(0, 8)
@@ -121,7 +80,7 @@ redisSuite("L2 over TLS (rediss://) on a real redis-server", () => describe.skip
       assert.deepInclude((yield* statusOf(b.httpPort)).l2, { url, state: "ok", connected: true, hit_chunks: 2, corrupt_values: 0 })
 
       // No trust in the CA (the environment without NODE_EXTRA_CA_CERTS): the TLS handshake fails, nothing is sent.
-      const c = yield* serverWithWorker(url, 3n, { NODE_EXTRA_CA_CERTS: "" })
+      const c = yield* serverWithWorker(url, 3n, { env: { NODE_EXTRA_CA_CERTS: "" } })
       const cStatus = yield* eventually(statusOf(c.httpPort), (st) => st.l2?.state === "open", 15_000)
       assert.deepInclude(cStatus.l2, { connected: false, writes: 0, hit_chunks: 0 })
       assert.match(cStatus.l2!.last_error ?? "", /self[- ]signed|unable to (get|verify)|certificate/i)
@@ -131,5 +90,5 @@ redisSuite("L2 over TLS (rediss://) on a real redis-server", () => describe.skip
       assert.strictEqual(yield* lookupPrefix(c.client, keyOf(tokens)), 0) // A's chunks are in L2, which C cannot reach
       assert.strictEqual(yield* lookupPrefix(c.client, keyOf(other)), 2) // its own, from L1
       assert.strictEqual(redis.cli("DBSIZE"), "2")
-    }).pipe(Effect.scoped, Effect.provide(Env)), 90_000)
+    }).pipe(Effect.scoped, Effect.provide(WorkerEnv)), 90_000)
 }))
