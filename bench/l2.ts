@@ -57,6 +57,7 @@ import { parseBenchArgs, usageError } from "./lib/args.ts"
 import { BLOCK_BYTES, BLOCKS_PER_CHUNK, CHUNK_BYTES, CHUNK_TOKENS, makeFilledCache, NUM_LAYERS, segmentNamesOf, unlinkSegments } from "./lib/kvChunks.ts"
 import { ROOT, runNode, startLineChild } from "./lib/children.ts"
 import { makeResources, runBench } from "./lib/resources.ts"
+import { awaitL1Prefault } from "./lib/l1Prefault.ts"
 import { SERVER_NODE_OPTIONS } from "./lib/serverNodeOptions.ts"
 import { ascending, median, percentile } from "./lib/stats.ts"
 import { secondsSince, sleep } from "./lib/time.ts"
@@ -208,24 +209,11 @@ const startServer = async (name: string, flags: ReadonlyArray<string>): Promise<
     child.waitFor(/HTTP frontend listening on (http:\/\/[^\s"]+)/, READY_TIMEOUT_MS)
   ])
   const server = { endpoint, httpUrl: http[1]! }
-  await waitForPrefault(server)
+  // The background prefault takes a core for about a second: no measured phase shares the machine with it.
+  await awaitL1Prefault(server.httpUrl, READY_TIMEOUT_MS, 20)
   return server
 }
 
-/**
- * Waits until the server's L1 pool is prefaulted (`/api/status` l1.prefaulted_bytes = capacity_bytes):
- * the background prefault takes a core for about a second, and a measured phase must not share the
- * machine with it.
- */
-const waitForPrefault = async (s: Server): Promise<void> => {
-  const t0 = performance.now()
-  while (true) {
-    const { l1 } = (await (await fetch(`${s.httpUrl}/api/status`)).json()) as { readonly l1: { readonly capacity_bytes: number; readonly prefaulted_bytes: number } }
-    if (l1.prefaulted_bytes >= l1.capacity_bytes) return
-    if (performance.now() - t0 > READY_TIMEOUT_MS) throw new Error(`the L1 pool of ${s.endpoint} was not prefaulted within ${READY_TIMEOUT_MS} ms`)
-    await sleep(20)
-  }
-}
 
 // ------------------------------------------------------------------ worker
 
@@ -426,9 +414,7 @@ const transferRounds = async (
     const refFirst = round % 2 === 0
     const measureRef = async () => {
       await ballast(client, values)
-      const ref = await reference(client, values, round)
-      await client.flushAll()
-      return ref
+      return await reference(client, values, round)
     }
     const measureOurs = async () => {
       // The same warm-up as the reference's (one request each way, after the ballast): one request

@@ -85,6 +85,7 @@ import {
   unlinkSegments
 } from "./lib/kvChunks.ts"
 import { spawnReady, startLineChild, stopChild } from "./lib/children.ts"
+import { awaitL1Prefault } from "./lib/l1Prefault.ts"
 import { SERVER_NODE_OPTIONS } from "./lib/serverNodeOptions.ts"
 import { int as intOf, orNa } from "./lib/format.ts"
 import { type GuardCost, measureGuardCost } from "./lib/guardCost.ts"
@@ -279,26 +280,6 @@ const startEcho = async (): Promise<void> => {
 /** SIGTERM (graceful: the server unmaps and writes its CPU profile), SIGKILL if it hangs. */
 const stopServer = (): Promise<void> => serverChild === undefined ? Promise.resolve() : stopChild(serverChild, STOP_TIMEOUT_MS)
 
-/**
- * Waits until the server's background prefault has touched all of L1 (its
- * `/api/status` l1.prefaulted_bytes), so the STORE window measures copies
- * into warm memory as a long-running server does, not the first touch of
- * fresh pages (seconds per GiB under some hypervisors). Returns the seconds
- * it waited.
- */
-const awaitL1Prefault = async (s: Server): Promise<number> => {
-  const t0 = performance.now()
-  for (;;) {
-    const status = (await (await fetch(`${s.httpUrl}/api/status`)).json()) as {
-      readonly l1: { readonly capacity_bytes: number; readonly prefaulted_bytes: number }
-    }
-    if (status.l1.prefaulted_bytes >= status.l1.capacity_bytes) return (performance.now() - t0) / 1000
-    if (performance.now() - t0 > PREFAULT_TIMEOUT_MS) {
-      throw new Error(`L1 prefault not done after ${PREFAULT_TIMEOUT_MS / 1000} s (${status.l1.prefaulted_bytes} of ${status.l1.capacity_bytes} bytes)`)
-    }
-    await sleep(200)
-  }
-}
 
 /** Un-labelled Prometheus samples of the server; a counter never updated yet is absent and reads 0. */
 const metrics = async (s: Server, names: ReadonlyArray<string>): Promise<Record<string, number>> => {
@@ -871,7 +852,7 @@ const main = async (): Promise<void> => {
   await startEcho()
   const s = await startServer()
   log(`server up (${endpoint}, ${s.httpUrl}, pid ${s.pid}); ${durationS} s per phase`)
-  prefaultSeconds = await Promise.race([awaitL1Prefault(s), s.exited])
+  prefaultSeconds = await Promise.race([awaitL1Prefault(s.httpUrl, PREFAULT_TIMEOUT_MS, 200), s.exited])
   log(`L1 prefaulted (waited ${f1(prefaultSeconds)} s)`)
 
   let idleWindow: Window | undefined
