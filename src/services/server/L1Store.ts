@@ -399,7 +399,8 @@ const makeL1 = (
   const clear = (force: boolean) =>
     Effect.suspend(() => {
       let dropped = 0
-      for (const o of [...objects.values()]) {
+      // As in `place`: deleting the entry just visited leaves the iteration intact.
+      for (const o of objects.values()) {
         if (o.committed && o.readLocks === 0) drop(o)
         else if (force) {
           objects.delete(o.keyString)
