@@ -502,6 +502,13 @@ export interface NativeAddon {
   stats(): { readonly openMappings: number; readonly mappedBytes: number }
   /** Copies and prefaults ended by a guarded fault since the process started. */
   guardedFaults(): number
+  /**
+   * RLIMIT_NOFILE's soft limit raised to the hard one (an infinite hard limit: to /proc/sys/fs/nr_open); a
+   * refused raise keeps the soft limit. Descriptor counts (`before`: the soft limit before the call).
+   */
+  raiseDescriptorLimit(): { readonly soft: number; readonly hard: number; readonly before: number }
+  /** srand(3) from getrandom(2): libzmq's ROUTER takes its first generated routing id from rand() (src/native/addon/limits.cc). */
+  seedLibzmqRandom(): number
   /** copyBatch with the shm copies outside the fault guard: bench/transfer.ts only, to measure the guard's cost. */
   copyBatchUnguarded(
     direction: "gather" | "scatter",

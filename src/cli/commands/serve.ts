@@ -22,7 +22,9 @@ import {
 } from "../../services/server/ServerConfig.ts"
 import { VERSION } from "../../version.ts"
 import * as F from "./flags.ts"
+import { descriptorCapsOf, descriptorFlags } from "./descriptorFlags.ts"
 import { l2Flags, l2InputOf } from "./l2Flags.ts"
+import { raiseDescriptorLimit } from "../../native/ProcessLimits.ts"
 
 const int = (name: string, description: string, fallback: number, rule: (n: number) => string | undefined) =>
   Flag.Int(name).pipe(
@@ -162,7 +164,8 @@ const serveFlags = {
     defaults.tenantMaxMappedBytes,
     rules.positiveInt
   ),
-  ...l2Flags
+  ...l2Flags,
+  ...descriptorFlags
 }
 
 type FlagValue<T> = T extends Flag.Flag<infer A> ? A : never
@@ -200,7 +203,10 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   tenantMaxInstances: f.tenantMaxInstances,
   tenantMaxRegistersPerSecond: f.tenantMaxRegistersPerSecond,
   tenantMaxMappedBytes: f.tenantMaxMappedBytes,
-  l2: l2InputOf(f)
+  l2: l2InputOf(f),
+  // The budget is taken from the limit as raised (idempotent: validate runs twice, in Command.validate and the handler).
+  descriptorLimit: raiseDescriptorLimit().soft,
+  descriptorCaps: descriptorCapsOf(f)
 })
 
 /** A key file the server was given cannot be used: exit 2 naming the file (and line). */
@@ -232,7 +238,8 @@ export const serve = Command.make("serve", serveFlags, (flags) =>
       engine_driven_transport: config.engineDrivenTransport,
       prepare_ttl_seconds: config.prepareTtlSeconds,
       curve: config.curve !== undefined,
-      l2: config.l2?.url.display ?? "off"
+      l2: config.l2?.url.display ?? "off",
+      descriptors: `limit ${config.descriptors.limit}: ZeroMQ ${config.descriptors.zmqConnections}, HTTP ${config.descriptors.httpConnections}, descriptor socket ${config.descriptors.fdSocketConnections} (${config.descriptors.fdSocketConnectionsPerUid} per uid), passed ${config.descriptors.passedDescriptors} (${config.descriptors.passedDescriptorsPerPeer} per peer)`
     })
     if (config.curve === undefined && config.insecureAllowRemote) {
       yield* Effect.logWarning(

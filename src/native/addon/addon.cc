@@ -14,6 +14,7 @@
 //   copyBatchUnguarded(...) -> Promise<void>   (the same, shm copies outside the fault guard: bench only)
 //   stats() -> { openMappings, mappedBytes }   (every backend)
 //   guardedFaults() -> copies and prefaults ended by a guarded fault since the process started
+//   raiseDescriptorLimit(), seedLibzmqRandom()                              (process limits, limits.h)
 // Loading it installs the process-wide fault guard of copies (guard.h).
 // Names are POSIX shared-memory names without their leading slash. Errors are
 // JS Errors with string `code` and `call` properties (see common.h).
@@ -22,6 +23,7 @@
 #include "addon_data.h"
 #include "fdpass.h"
 #include "guard.h"
+#include "limits.h"
 #include "mapping.h"
 #include "shm.h"
 
@@ -54,6 +56,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("cudaMemGetInfo", Napi::Function::New<CudaMemGetInfo>(env, "cudaMemGetInfo"));
   exports.Set("stats", Napi::Function::New<Stats>(env, "stats"));
   exports.Set("guardedFaults", Napi::Function::New<GuardedFaults>(env, "guardedFaults"));
+  exports.Set("raiseDescriptorLimit", Napi::Function::New<RaiseDescriptorLimit>(env, "raiseDescriptorLimit"));
+  exports.Set("seedLibzmqRandom", Napi::Function::New<SeedLibzmqRandom>(env, "seedLibzmqRandom"));
   return exports;
 }
 

@@ -8,6 +8,13 @@ import { accessSync, constants, readFileSync } from "node:fs"
 import { tmpdir, totalmem } from "node:os"
 import { Context, Effect, Layer, Schema } from "effect"
 import { unsafeIpcDirectory } from "../zmq/Sockets.ts"
+import {
+  currentDescriptorLimit,
+  type DescriptorBudget,
+  descriptorBudget,
+  type DescriptorBudgetInput,
+  descriptorBudgetDefaults
+} from "./DescriptorBudget.ts"
 import { type L2Config, type L2ConfigInput, l2Defaults, validateL2 } from "./l2/L2Config.ts"
 
 /** Output format of the server's logs. */
@@ -101,6 +108,8 @@ export interface ServerConfigShape {
   readonly tenantLimits: TenantLimits
   /** The L2 tier (`--l2-*`, issue 15); undefined: off (no `--l2-url`). */
   readonly l2: L2Config | undefined
+  /** Caps on descriptors per listener and for passed descriptors (issue 24 item 11; DescriptorBudget.ts). */
+  readonly descriptors: DescriptorBudget
 }
 
 /** The CURVE key files of `serve`. */
@@ -155,6 +164,10 @@ export interface ServerConfigInput {
   readonly tenantMaxRegistersPerSecond: number
   readonly tenantMaxMappedBytes: number
   readonly l2: L2ConfigInput
+  /** RLIMIT_NOFILE's soft limit the descriptor caps are taken from (`mpcache serve` raises it to the hard limit first). */
+  readonly descriptorLimit: number
+  /** The explicit descriptor caps (`--max-zmq-connections` …); undefined: a share of the limit. */
+  readonly descriptorCaps: DescriptorBudgetInput
 }
 
 /** Defaults of DESIGN §5 and §7 (upstream: port 5555, chunk 256, reap 120 s, grace 3600 s). */
@@ -190,7 +203,9 @@ export const defaults: ServerConfigInput = {
   tenantMaxInstances: 64,
   tenantMaxRegistersPerSecond: 20,
   tenantMaxMappedBytes: totalmem(),
-  l2: l2Defaults
+  l2: l2Defaults,
+  descriptorLimit: currentDescriptorLimit(),
+  descriptorCaps: descriptorBudgetDefaults
 }
 
 /** Whether `host` (a name or address, IPv6 with or without brackets) is loopback only. */
@@ -341,7 +356,9 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
   }
   check("endpoint", unsafeIpcDirectory(endpoint))
   const l2 = validateL2(input.l2, issues)
-  if (issues.length > 0) return { issues }
+  const budget = descriptorBudget(input.descriptorLimit, input.descriptorCaps)
+  if ("issues" in budget) issues.push(...budget.issues)
+  if (issues.length > 0 || "issues" in budget) return { issues }
   return {
     config: {
       endpoint,
@@ -375,7 +392,8 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
         maxRegistersPerSecond: input.tenantMaxRegistersPerSecond,
         maxMappedBytes: input.tenantMaxMappedBytes
       },
-      l2
+      l2,
+      descriptors: budget.budget
     }
   }
 }
