@@ -43,6 +43,11 @@ export const statusDocument = Effect.gen(function*() {
     uptime_seconds: Math.max(0, (now - startedAtMs) / 1000),
     connected_peers: stats.connectedPeers,
     dropped_messages: stats.droppedMessages,
+    routing_ids: {
+      refused_chosen: stats.routingIds.refused.chosen,
+      refused_ahead: stats.routingIds.refused.ahead,
+      verifying: stats.routingIds.verifying
+    },
     undeliverable_replies: stats.undeliverableReplies,
     pools: {
       sync: stats.pools.sync,

@@ -3,10 +3,13 @@
  * acquireRelease inside Layers). Raw socket options live here and nowhere
  * else; see shared/zeromq-notes.md for the measured behaviour behind each.
  */
+import { randomBytes } from "node:crypto"
 import { chmodSync, chownSync, rmSync } from "node:fs"
 import { Effect, Layer, Scope } from "effect"
 import * as zmq from "zeromq"
+import { seedLibzmqRandom } from "../native/ProcessLimits.ts"
 import {
+  type BoundRouter,
   type DealerOptions,
   type HandshakeFailure,
   type RouterOptions,
@@ -37,6 +40,57 @@ export const ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 const setInt32 = (socket: zmq.Socket, option: number, value: number): void => {
   ;(socket as unknown as { setInt32Option(option: number, value: number): void }).setInt32Option(option, value)
 }
+
+/** libzmq's ZMQ_ROUTING_ID (5) and ZMQ_EVENTS (15). */
+const ZMQ_ROUTING_ID = 5
+const ZMQ_EVENTS = 15
+
+/**
+ * Makes the ROUTER process its pending commands now (attach a new pipe, identify its peer): libzmq does it in
+ * getsockopt(ZMQ_EVENTS), among others. zeromq.js keeps the getter protected: one narrow cast here.
+ */
+const processCommands = (socket: zmq.Socket): void => {
+  ;(socket as unknown as { getInt32Option(option: number): number }).getInt32Option(ZMQ_EVENTS)
+}
+
+let seeded = false
+/**
+ * Seeds libc's rand() once per process before the first ROUTER exists: libzmq takes each ROUTER's first generated
+ * routing id from it and never seeds it itself (src/native/addon/limits.cc; issue 24 item 1).
+ */
+const seedRoutingIdsOnce = (): void => {
+  if (seeded) return
+  seedLibzmqRandom()
+  seeded = true
+}
+
+/** A routing id the ROUTER generated: a zero byte and a 32-bit counter (libzmq router.cpp identify_peer). */
+const generatedCounterOf = (id: Buffer): number | undefined => id.length === 5 && id[0] === 0 ? id.readUInt32BE(1) : undefined
+
+/** The in-process probe and kick of a bound ROUTER (see BoundRouter). */
+const routerControls = (router: zmq.Router, inproc: string): Pick<BoundRouter, "openProbe" | "kick"> => ({
+  openProbe: (marker) => {
+    const dealer = new zmq.Dealer({ linger: 0 })
+    dealer.connect(inproc)
+    // An inproc DEALER connected to a bound ROUTER has its pipe at once: the send never waits.
+    void dealer.send(marker).catch(() => undefined)
+    return { close: () => dealer.close() }
+  },
+  kick: (routingId) => {
+    const dealer = new zmq.Dealer({ linger: 0 })
+    ;(dealer as unknown as { setStringOption(option: number, value: Buffer): void }).setStringOption(ZMQ_ROUTING_ID, routingId)
+    router.handover = true
+    try {
+      // The connect queues the pipe (with the id) to the ROUTER; processCommands identifies it while handover is
+      // on, terminating the holder's pipe. Nothing else runs between the two on this thread.
+      dealer.connect(inproc)
+      processCommands(router)
+    } finally {
+      router.handover = false
+      dealer.close()
+    }
+  }
+})
 
 /** The monitor event types of a failed handshake, by reason. */
 const HANDSHAKE_FAILURES: ReadonlyMap<string, HandshakeFailure["reason"]> = new Map([
@@ -94,12 +148,13 @@ const watchHandshakes = (
 export const bindRouter = (
   endpoint: string,
   options: RouterOptions
-): Effect.Effect<zmq.Router, ZmqError, Scope.Scope> =>
+): Effect.Effect<BoundRouter, ZmqError, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.tryPromise({
       try: async () => {
         const unsafe = unsafeIpcDirectory(endpoint)
         if (unsafe !== undefined) throw new Error(unsafe)
+        seedRoutingIdsOnce()
         const router = new zmq.Router({
           linger: options.lingerMs,
           mandatory: true,
@@ -115,7 +170,23 @@ export const bindRouter = (
         const ipcPath = endpoint.startsWith("ipc://") ? endpoint.slice("ipc://".length) : undefined
         // The socket file is created by libzmq under the process umask: make it 0600 from the start.
         const umask = ipcPath === undefined ? undefined : process.umask(0o177)
+        let firstGeneratedId: number | undefined
+        const inproc = `inproc://mpcache-router-${randomBytes(16).toString("hex")}`
+        let controls: Pick<BoundRouter, "openProbe" | "kick"> | undefined
         try {
+          // The probe endpoint first, and the first probe before the real endpoint is bound: no peer can connect
+          // before the ROUTER's counter is known.
+          await router.bind(inproc)
+          controls = routerControls(router, inproc)
+          const marker = randomBytes(16)
+          const probe = controls.openProbe(marker)
+          try {
+            const [id, frame] = await router.receive()
+            firstGeneratedId = id === undefined || frame === undefined || !frame.equals(marker) ? undefined : generatedCounterOf(id)
+          } finally {
+            probe.close()
+          }
+          if (firstGeneratedId === undefined) throw new Error("the ROUTER did not generate a zero-prefixed 5-byte routing id for its probe (libzmq changed how it assigns routing ids: the routing-id guard needs review)")
           await router.bind(endpoint)
           if (ipcPath !== undefined) {
             if (options.ipcGroupId !== undefined) chownSync(ipcPath, -1, options.ipcGroupId)
@@ -127,18 +198,18 @@ export const bindRouter = (
         } finally {
           if (umask !== undefined) process.umask(umask)
         }
-        return router
+        return { socket: router, firstGeneratedId, ...controls } satisfies BoundRouter
       },
       catch: (cause) => new ZmqError({ op: "bind", endpoint, cause })
     }),
-    (router) =>
+    ({ socket: router }) =>
       Effect.sync(() => {
         router.close()
         // libzmq may leave the socket file of an ipc endpoint behind when the process exits right after close.
         if (endpoint.startsWith("ipc://")) rmSync(endpoint.slice("ipc://".length), { force: true })
       })
   ).pipe(
-    Effect.tap((router) =>
+    Effect.tap(({ socket: router }) =>
       options.onHandshakeFailure === undefined ? Effect.void : Effect.forkScoped(
         watchHandshakes(router.events, (failure) => failure === undefined ? Effect.void : options.onHandshakeFailure!(failure))
       )
@@ -254,6 +325,7 @@ export const serveZap = (
           // libzmq frees an inproc address only when its closed socket is reaped, a moment after close: a
           // handler started right after another in the same process (a server restarted in-process) retries.
           // Unbinding before close instead trips a libzmq assertion while a CURVE session's ZAP pipe is open.
+          seedRoutingIdsOnce()
           for (let attempt = 1; ; attempt++) {
             const zap = new zmq.Router({ linger: 0 })
             try {

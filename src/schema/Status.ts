@@ -115,6 +115,8 @@ export const StatusDocument = Schema.Struct({
   uptime_seconds: Seconds,
   connected_peers: Count,
   dropped_messages: Count,
+  /** Peers refused for their routing id since start (issue 24 item 1): set by the peer, or claiming one ahead of the ROUTER's counter (kicked); peers being verified now. */
+  routing_ids: Schema.Struct({ refused_chosen: Count, refused_ahead: Count, verifying: Count }),
   undeliverable_replies: Count,
   pools: StatusPools,
   ops: Schema.Array(StatusOp),

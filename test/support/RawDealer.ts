@@ -20,7 +20,19 @@ export interface RawDealer {
 /** The uid of the HELLO exchange: far from the small uids the tests send. */
 const HELLO_UID = 1_000_000
 
-export const rawDealer = (endpoint: string, curve?: DealerCurve): Effect.Effect<RawDealer, never, Scope.Scope> =>
+/** libzmq's ZMQ_ROUTING_ID: zeromq.js types it as a string; an attacker's id is any bytes. */
+const ZMQ_ROUTING_ID = 5
+
+/** What a raw DEALER does beyond the defaults. */
+export interface RawDealerOptions {
+  /** The id it claims for itself (ZMQ_ROUTING_ID), as an attacker would (issue 24 item 1); absent: the ROUTER assigns one, as every real client lets it. */
+  readonly routingId?: Uint8Array
+  /** With `curve`: bind the connection with HELLO before returning (default true). */
+  readonly hello?: boolean
+}
+
+/** A raw DEALER connected to `endpoint`; with `curve` it speaks CURVE (and says HELLO unless `options.hello` is false). */
+export const rawDealer = (endpoint: string, curve?: DealerCurve, options: RawDealerOptions = {}): Effect.Effect<RawDealer, never, Scope.Scope> =>
   Effect.gen(function*() {
     const dealer = yield* Effect.acquireRelease(
       Effect.sync(() => {
@@ -31,6 +43,9 @@ export const rawDealer = (endpoint: string, curve?: DealerCurve): Effect.Effect<
             ? {}
             : { curveServerKey: curve.serverPublicKey, curveSecretKey: curve.secretKey, curvePublicKey: curve.publicKey })
         })
+        if (options.routingId !== undefined) {
+          ;(d as unknown as { setStringOption(option: number, value: Buffer): void }).setStringOption(ZMQ_ROUTING_ID, Buffer.from(options.routingId))
+        }
         d.connect(endpoint)
         return d
       }),
@@ -53,7 +68,7 @@ export const rawDealer = (endpoint: string, curve?: DealerCurve): Effect.Effect<
           ])
         })
     }
-    if (curve !== undefined) {
+    if (curve !== undefined && options.hello !== false) {
       const exchange = <O extends Op>(op: O, payload: PayloadOf<O>) =>
         Effect.gen(function*() {
           yield* raw.send(yield* Effect.orDie(encodeRequest(op, HELLO_UID, payload)))

@@ -33,6 +33,7 @@ import { PeerEvents } from "../liveness/PeerEvents.ts"
 import { RequestBarrier } from "../liveness/RequestBarrier.ts"
 import * as M from "./ServerMetrics.ts"
 import { makeMetricBatch } from "./internal/MetricBatch.ts"
+import { chosenRoutingIdError, makePeerAdmission, type RoutingIdRefusal } from "./internal/PeerAdmission.ts"
 import { makeUndeliveredReplies } from "./internal/UndeliveredReplies.ts"
 
 /** The merged handler table of every server module. */
@@ -61,6 +62,8 @@ export interface MqServerOptions {
 /** Counters and queue depths, for `/api/status`. */
 export interface MqServerStats {
   readonly connectedPeers: number
+  /** Peers refused for their routing id since start, by reason, and peers whose id is being verified (issue 24 item 1). */
+  readonly routingIds: { readonly refused: Readonly<Record<RoutingIdRefusal, number>>; readonly verifying: number }
   readonly droppedMessages: number
   readonly undeliverableReplies: number
   readonly pools: DispatchStats
@@ -128,13 +131,14 @@ const make = (options: MqServerOptions) =>
     const table = yield* Handlers
     const events = yield* PeerEvents
     const barrier = yield* RequestBarrier
-    const router = yield* (yield* ZmqSockets).bindRouter(options.endpoint, {
+    const bound = yield* (yield* ZmqSockets).bindRouter(options.endpoint, {
       sendHighWaterMark: SEND_HIGH_WATER_MARK,
       lingerMs: CLOSE_LINGER_MS,
       ...(options.curve === undefined ? {} : { curve: options.curve }),
       ...(options.ipcGroupId === undefined ? {} : { ipcGroupId: options.ipcGroupId, ipcMode: 0o660 }),
       ...(options.onHandshakeFailure === undefined ? {} : { onHandshakeFailure: options.onHandshakeFailure })
     })
+    const router = bound.socket
     const endpoint = router.lastEndpoint ?? options.endpoint
     let droppedMessages = 0
     let undeliverableReplies = 0
@@ -311,6 +315,7 @@ const make = (options: MqServerOptions) =>
     /** The peer's connection is gone (a confirmed ROUTER_NOTIFY disconnect): its lane and its bindings go. */
     const disconnected = (peer: string): Effect.Effect<void> => {
       if (!connected.delete(peer)) return Effect.void
+      admission.forget(Buffer.from(peer, "hex"), peer)
       dispatcher.releasePeer(peer)
       return Metric.update(M.connectedPeers, connected.size).pipe(
         Effect.andThen(Effect.logDebug("peer disconnected").pipe(Effect.annotateLogs({ peer }))),
@@ -327,11 +332,30 @@ const make = (options: MqServerOptions) =>
       )
     }
 
-    /** Handles one received multipart message; never fails, never waits on a handler. */
+    /**
+     * Handles one received multipart message; never fails, never waits on a handler. The door (PeerAdmission.ts)
+     * sees it first: only peers whose routing id the ROUTER generated get further.
+     */
     const onMessage = (received: Array<Buffer>): Effect.Effect<void> => {
       const routingId = received[0]
       if (routingId === undefined) return Effect.void
       const peer = routingId.toString("hex")
+      return admission.admit(received, peer).pipe(
+        Effect.flatMap((go) => go ? onAdmitted(received, routingId, peer) : Effect.void)
+      )
+    }
+
+    /** A request's uid and op frames, when both are headers: a refused peer is answered only then. */
+    const answerRefused = (routingId: Buffer, uidFrame: Buffer, opFrame: Buffer): Effect.Effect<void> => {
+      if (decodeHeaderInt(uidFrame) === undefined) return Effect.void
+      const opId = decodeHeaderInt(opFrame)
+      const name = opId === undefined ? undefined : opById.get(opId)?.name
+      return name === undefined ? Effect.void : replyError(routingId, uidFrame, opFrame, chosenRoutingIdError(name))
+    }
+    const admission = yield* makePeerAdmission(bound, onMessage, answerRefused)
+
+    /** One message of an admitted peer. */
+    const onAdmitted = (received: Array<Buffer>, routingId: Buffer, peer: string): Effect.Effect<void> => {
       const frames = received.slice(1)
       if (frames.length === 1 && frames[0]!.length === 0) {
         // ZMQ_ROUTER_NOTIFY's connect and disconnect notifications are both a lone empty frame, and a peer can
@@ -420,7 +444,7 @@ const make = (options: MqServerOptions) =>
       }] as const)
     )
     const answerFast = (received: Array<Buffer>): boolean => {
-      if (received.length < 3) return false
+      if (received.length < 3 || !admission.isServed(received[0]!)) return false
       const opId = decodeHeaderInt(received[2]!)
       const row = opId === undefined ? undefined : table.byId.get(opId)
       const fast = row?.fast
@@ -504,6 +528,7 @@ const make = (options: MqServerOptions) =>
       isConnected: (peer: string) => connected.has(peer),
       stats: () => ({
         connectedPeers: connected.size,
+        routingIds: admission.stats(),
         droppedMessages,
         undeliverableReplies,
         pools: dispatcher.stats()

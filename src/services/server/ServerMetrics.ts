@@ -34,6 +34,11 @@ export const undeliverableRepliesTotal = Metric.counter("mpcache_undeliverable_r
   incremental: true
 })
 
+export const routingIdRefusalsTotal = Metric.counter("mpcache_routing_id_refusals_total", {
+  description: "Peers refused for their routing id (issue 24 item 1), by reason: chosen (set by the peer itself) or ahead (claiming an id the ROUTER had not generated yet: kicked)",
+  incremental: true
+})
+
 export const connectedPeers = Metric.gauge("mpcache_connected_peers", {
   description: "Client connections (routing ids) currently connected to the ROUTER"
 })

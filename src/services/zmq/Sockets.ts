@@ -119,6 +119,30 @@ export interface ZapReply {
   readonly userId: string
 }
 
+/**
+ * The server's bound ROUTER with the controls its routing-id guard needs (issue 24 item 1;
+ * src/services/server/internal/RoutingIds.ts). libzmq 4.3 generates a peer's routing id as a zero byte and a
+ * 32-bit counter when the peer sets none, and aborts the process when the id it generates is already held — by a
+ * peer that chose it. The server therefore learns where the counter stands (a probe: an in-process DEALER whose
+ * id the ROUTER generates) and removes a peer that chose an id the counter has not reached yet (a kick).
+ */
+export interface BoundRouter {
+  readonly socket: zmq.Router
+  /** The first routing id this ROUTER generated (a probe's, before any peer could connect): its 32-bit counter, as a number. */
+  readonly firstGeneratedId: number
+  /**
+   * Connects an in-process DEALER (no routing id of its own: the ROUTER generates one) and sends `[marker]` on it;
+   * the ROUTER's receive then yields `[generated id, marker]`. Close the handle once that message has arrived.
+   */
+  readonly openProbe: (marker: Buffer) => { readonly close: () => void }
+  /**
+   * Takes `routingId` away from the peer that holds it: for one command-processing step the ROUTER hands routing
+   * ids over (ZMQ_ROUTER_HANDOVER), an in-process DEALER claims the id (the holder's pipe is terminated), then the
+   * handover is off again and that DEALER closes, freeing the id. The kicked peer's connection gets no more service.
+   */
+  readonly kick: (routingId: Buffer) => void
+}
+
 /** A client's CURVE keys, Z85: the server's public key and the client's own pair. */
 export interface DealerCurve {
   readonly serverPublicKey: string
@@ -151,7 +175,8 @@ export interface DealerOptions {
  *
  * - `bindRouter(endpoint, options)`: a ROUTER with connect/disconnect
  *   notifications on (ZMQ_ROUTER_NOTIFY, DESIGN §5), mandatory routing and a
- *   zero send timeout (an undeliverable reply fails at once). Fails with
+ *   zero send timeout (an undeliverable reply fails at once), its generated
+ *   routing ids unpredictable and probed ({@link BoundRouter}). Fails with
  *   `ZmqError` (op "bind") when the endpoint is taken or invalid.
  * - `connectDealer(endpoint, options)`: a DEALER whose routing id the ROUTER
  *   assigns. Fails with `ZmqError` (op "connect") on a malformed endpoint;
@@ -174,7 +199,7 @@ export interface DealerOptions {
  * Provided by `ZmqSocketsLive` in `src/layers/Zmq.ts`.
  */
 export class ZmqSockets extends Context.Service<ZmqSockets, {
-  readonly bindRouter: (endpoint: string, options: RouterOptions) => Effect.Effect<zmq.Router, ZmqError, Scope.Scope>
+  readonly bindRouter: (endpoint: string, options: RouterOptions) => Effect.Effect<BoundRouter, ZmqError, Scope.Scope>
   readonly connectDealer: (endpoint: string, options: DealerOptions) => Effect.Effect<zmq.Dealer, ZmqError, Scope.Scope>
   readonly sendWithin: (dealer: zmq.Dealer, frames: ReadonlyArray<Buffer>, timeoutMs: number) => Effect.Effect<boolean, ZmqError>
   readonly serveZap: (authenticate: (request: ZapRequest) => Effect.Effect<ZapReply>) => Effect.Effect<void, ZmqError, Scope.Scope>
