@@ -43,6 +43,9 @@ export const statusDocument = Effect.gen(function*() {
     uptime_seconds: Math.max(0, (now - startedAtMs) / 1000),
     connected_peers: stats.connectedPeers,
     dropped_messages: stats.droppedMessages,
+    ...(stats.connections === undefined ? {} : {
+      zmq_connections: { open: stats.connections.connections, max: stats.connections.max, refused: stats.connections.refused }
+    }),
     routing_ids: {
       refused_chosen: stats.routingIds.refused.chosen,
       refused_ahead: stats.routingIds.refused.ahead,

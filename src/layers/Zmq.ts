@@ -41,6 +41,9 @@ const setInt32 = (socket: zmq.Socket, option: number, value: number): void => {
   ;(socket as unknown as { setInt32Option(option: number, value: number): void }).setInt32Option(option, value)
 }
 
+/** ZMQ_HANDSHAKE_IVL of the server's ROUTER, ms (issue 24 item 11): a CURVE handshake on loopback takes milliseconds. */
+export const HANDSHAKE_INTERVAL_MS = 10_000
+
 /** libzmq's ZMQ_ROUTING_ID (5) and ZMQ_EVENTS (15). */
 const ZMQ_ROUTING_ID = 5
 const ZMQ_EVENTS = 15
@@ -114,6 +117,10 @@ const handshakeFailureOf = (event: zmq.Event): HandshakeFailure | undefined => {
   }
 }
 
+/** Reads a socket's monitor events until the socket closes, telling `onEvent` of each. */
+const watchEvents = (events: zmq.Observer, onEvent: (event: zmq.Event) => Effect.Effect<void>) =>
+  Effect.tryPromise(() => events.receive()).pipe(Effect.flatMap(onEvent), Effect.forever, Effect.ignore)
+
 /**
  * Reads a socket's monitor events until the socket closes, telling
  * `onEvent` of each handshake: its failure, or undefined when it succeeded.
@@ -122,14 +129,11 @@ const watchHandshakes = (
   events: zmq.Observer,
   onEvent: (failure: HandshakeFailure | undefined) => Effect.Effect<void>
 ) =>
-  Effect.tryPromise(() => events.receive()).pipe(
-    Effect.flatMap((event) => event.type === "handshake" ? onEvent(undefined) : (() => {
-      const failure = handshakeFailureOf(event)
-      return failure === undefined ? Effect.void : onEvent(failure)
-    })()),
-    Effect.forever,
-    Effect.ignore
-  )
+  watchEvents(events, (event) => {
+    if (event.type === "handshake") return onEvent(undefined)
+    const failure = handshakeFailureOf(event)
+    return failure === undefined ? Effect.void : onEvent(failure)
+  })
 
 /**
  * Binds a ROUTER to `endpoint` for the life of the current Scope. Replies are
@@ -157,6 +161,9 @@ export const bindRouter = (
         seedRoutingIdsOnce()
         const router = new zmq.Router({
           linger: options.lingerMs,
+          // A connection that has not finished its ZMTP handshake within this long is closed (libzmq's default is
+          // 30 s): idle connections that never speak hold a descriptor and a slot of the cap for at most this long.
+          handshakeInterval: HANDSHAKE_INTERVAL_MS,
           mandatory: true,
           sendTimeout: 0,
           sendHighWaterMark: options.sendHighWaterMark,
@@ -210,8 +217,14 @@ export const bindRouter = (
       })
   ).pipe(
     Effect.tap(({ socket: router }) =>
-      options.onHandshakeFailure === undefined ? Effect.void : Effect.forkScoped(
-        watchHandshakes(router.events, (failure) => failure === undefined ? Effect.void : options.onHandshakeFailure!(failure))
+      options.onHandshakeFailure === undefined && options.onConnectionEvent === undefined ? Effect.void : Effect.forkScoped(
+        watchEvents(router.events, (event) => {
+          if (options.onConnectionEvent !== undefined && (event.type === "accept" || event.type === "disconnect")) {
+            return options.onConnectionEvent(event.type === "accept" ? "accepted" : "ended")
+          }
+          const failure = options.onHandshakeFailure === undefined ? undefined : handshakeFailureOf(event)
+          return failure === undefined ? Effect.void : options.onHandshakeFailure!(failure)
+        })
       )
     )
   )

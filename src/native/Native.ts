@@ -509,6 +509,10 @@ export interface NativeAddon {
   raiseDescriptorLimit(): { readonly soft: number; readonly hard: number; readonly before: number }
   /** srand(3) from getrandom(2): libzmq's ROUTER takes its first generated routing id from rand() (src/native/addon/limits.cc). */
   seedLibzmqRandom(): number
+  /** The process's accepted (non-listening) sockets whose local address is TCP `port` or Unix `path`: [fd, inode] pairs (sockets.h). */
+  scanAcceptedSockets(address: { readonly port: number } | { readonly path: string }): Promise<ReadonlyArray<readonly [number, number]>>
+  /** shutdown(fd, SHUT_RDWR) if `fd` is still the socket of `inode`; whether it was. */
+  shutdownSocket(fd: number, inode: number): boolean
   /** copyBatch with the shm copies outside the fault guard: bench/transfer.ts only, to measure the guard's cost. */
   copyBatchUnguarded(
     direction: "gather" | "scatter",

@@ -117,6 +117,8 @@ export const StatusDocument = Schema.Struct({
   dropped_messages: Count,
   /** Peers refused for their routing id since start (issue 24 item 1): set by the peer, or claiming one ahead of the ROUTER's counter (kicked); peers being verified now. */
   routing_ids: Schema.Struct({ refused_chosen: Count, refused_ahead: Count, verifying: Count }),
+  /** ZeroMQ connections open now (the ROUTER's monitor), the cap (`--max-zmq-connections`), connections shut down for it since start (issue 24 item 11). */
+  zmq_connections: Schema.optionalKey(Schema.Struct({ open: Count, max: Count, refused: Count })),
   undeliverable_replies: Count,
   pools: StatusPools,
   ops: Schema.Array(StatusOp),

@@ -15,6 +15,7 @@
 //   stats() -> { openMappings, mappedBytes }   (every backend)
 //   guardedFaults() -> copies and prefaults ended by a guarded fault since the process started
 //   raiseDescriptorLimit(), seedLibzmqRandom()                              (process limits, limits.h)
+//   scanAcceptedSockets(address) -> Promise<[fd, inode][]>, shutdownSocket(fd, inode)   (sockets.h)
 // Loading it installs the process-wide fault guard of copies (guard.h).
 // Names are POSIX shared-memory names without their leading slash. Errors are
 // JS Errors with string `code` and `call` properties (see common.h).
@@ -26,6 +27,7 @@
 #include "limits.h"
 #include "mapping.h"
 #include "shm.h"
+#include "sockets.h"
 
 namespace mpcache {
 
@@ -58,6 +60,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("guardedFaults", Napi::Function::New<GuardedFaults>(env, "guardedFaults"));
   exports.Set("raiseDescriptorLimit", Napi::Function::New<RaiseDescriptorLimit>(env, "raiseDescriptorLimit"));
   exports.Set("seedLibzmqRandom", Napi::Function::New<SeedLibzmqRandom>(env, "seedLibzmqRandom"));
+  exports.Set("scanAcceptedSockets", Napi::Function::New<ScanAcceptedSockets>(env, "scanAcceptedSockets"));
+  exports.Set("shutdownSocket", Napi::Function::New<ShutdownSocket>(env, "shutdownSocket"));
   return exports;
 }
 

@@ -33,6 +33,8 @@ import { PeerEvents } from "../liveness/PeerEvents.ts"
 import { RequestBarrier } from "../liveness/RequestBarrier.ts"
 import * as M from "./ServerMetrics.ts"
 import { makeMetricBatch } from "./internal/MetricBatch.ts"
+import { listenAddressOf, type ListenAddress, scanAcceptedSockets, shutdownSocket } from "../../native/OwnSockets.ts"
+import { makeConnectionCap } from "./internal/ConnectionCap.ts"
 import { chosenRoutingIdError, makePeerAdmission, type RoutingIdRefusal } from "./internal/PeerAdmission.ts"
 import { makeUndeliveredReplies } from "./internal/UndeliveredReplies.ts"
 
@@ -57,6 +59,11 @@ export interface MqServerOptions {
   readonly ipcGroupId?: number
   /** Told of each failed client handshake. */
   readonly onHandshakeFailure?: (failure: HandshakeFailure) => Effect.Effect<void>
+  /**
+   * Concurrent connections past which new ones are shut down at once (`--max-zmq-connections`, issue 24 item 11;
+   * ConnectionCap.ts); absent: no cap (tcp and ipc endpoints only).
+   */
+  readonly maxConnections?: number
 }
 
 /** Counters and queue depths, for `/api/status`. */
@@ -64,6 +71,8 @@ export interface MqServerStats {
   readonly connectedPeers: number
   /** Peers refused for their routing id since start, by reason, and peers whose id is being verified (issue 24 item 1). */
   readonly routingIds: { readonly refused: Readonly<Record<RoutingIdRefusal, number>>; readonly verifying: number }
+  /** Connections open now by the ROUTER's monitor, the cap, and connections shut down for it since start; undefined without a cap. */
+  readonly connections: { readonly connections: number; readonly max: number; readonly refused: number } | undefined
   readonly droppedMessages: number
   readonly undeliverableReplies: number
   readonly pools: DispatchStats
@@ -131,15 +140,23 @@ const make = (options: MqServerOptions) =>
     const table = yield* Handlers
     const events = yield* PeerEvents
     const barrier = yield* RequestBarrier
+    // The cap exists before the bind, so it sees every accept; its address is known once the endpoint is bound.
+    let listenAddress: ListenAddress | undefined
+    const cap = options.maxConnections === undefined ? undefined : yield* makeConnectionCap("zmq", options.maxConnections, {
+      scan: Effect.suspend(() => listenAddress === undefined ? Effect.succeed([]) : scanAcceptedSockets(listenAddress)),
+      shutdown: shutdownSocket
+    })
     const bound = yield* (yield* ZmqSockets).bindRouter(options.endpoint, {
       sendHighWaterMark: SEND_HIGH_WATER_MARK,
       lingerMs: CLOSE_LINGER_MS,
+      ...(cap === undefined ? {} : { onConnectionEvent: (event: "accepted" | "ended") => event === "accepted" ? cap.accepted : cap.ended }),
       ...(options.curve === undefined ? {} : { curve: options.curve }),
       ...(options.ipcGroupId === undefined ? {} : { ipcGroupId: options.ipcGroupId, ipcMode: 0o660 }),
       ...(options.onHandshakeFailure === undefined ? {} : { onHandshakeFailure: options.onHandshakeFailure })
     })
     const router = bound.socket
     const endpoint = router.lastEndpoint ?? options.endpoint
+    listenAddress = listenAddressOf(endpoint)
     let droppedMessages = 0
     let undeliverableReplies = 0
 
@@ -529,6 +546,7 @@ const make = (options: MqServerOptions) =>
       stats: () => ({
         connectedPeers: connected.size,
         routingIds: admission.stats(),
+        connections: cap?.stats(),
         droppedMessages,
         undeliverableReplies,
         pools: dispatcher.stats()

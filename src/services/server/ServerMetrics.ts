@@ -39,6 +39,11 @@ export const routingIdRefusalsTotal = Metric.counter("mpcache_routing_id_refusal
   incremental: true
 })
 
+export const connectionsRefusedTotal = Metric.counter("mpcache_connections_refused_total", {
+  description: "Connections a listener closed at once instead of serving (issue 24 item 11), by listener (zmq, http, fd_socket) and reason",
+  incremental: true
+})
+
 export const connectedPeers = Metric.gauge("mpcache_connected_peers", {
   description: "Client connections (routing ids) currently connected to the ROUTER"
 })

@@ -91,6 +91,8 @@ export interface RouterOptions {
   readonly ipcGroupId?: number
   /** Told of every failed client handshake (the ROUTER's monitor events). */
   readonly onHandshakeFailure?: (failure: HandshakeFailure) => Effect.Effect<void>
+  /** Told of every connection the ROUTER's listener accepts and of every accepted connection's end (its monitor events). */
+  readonly onConnectionEvent?: (event: "accepted" | "ended") => Effect.Effect<void>
 }
 
 /**
