@@ -4,8 +4,9 @@
  * server's L1 pool when the server answers one), then either
  * - `store`: STOREs deterministic chunk objects for its tokens;
  * - `retrieve`: LOOKUPs (SchedulerAdapter), RETRIEVEs and checks every byte;
- * - `prepare-and-hang`: PREPARE_STOREs, copies its chunks into the slots,
- *   prints its line and waits without ever committing (to be SIGKILLed).
+ * - `prepare-and-hang`: PREPARE_STOREs, copies its chunks into the slots
+ *   (shm; inline has nothing to copy before the COMMIT), prints its line and
+ *   waits without ever committing (to be SIGKILLed).
  * Prints one JSON line.
  *
  *   node test/support/engine-driven-worker-main.ts '{"endpoint":…,"mode":…,…}'
@@ -75,10 +76,14 @@ const program = Effect.gen(function*() {
       cache_salt: ""
     }
     const prepared = yield* client.request(PrepareStore, [key, id])
-    const native = yield* NativeMemory
-    const view = yield* native.map(pool.shm_name, pool.pool_size)
-    yield* Effect.forEach(prepared.context.slots, (s, j) =>
-      native.scatter(view, Float64Array.of(s.offset, 0, s.length), chunkContent(args.seed, prepared.context.chunk_indices[j]!, s.length)))
+    // Through the shared pool the chunks are copied into their slots now; inline, they would travel in the
+    // COMMIT_STORE that never comes.
+    if (pool.pool_size > 0) {
+      const native = yield* NativeMemory
+      const view = yield* native.map(pool.shm_name, pool.pool_size)
+      yield* Effect.forEach(prepared.context.slots, (s, j) =>
+        native.scatter(view, Float64Array.of(s.offset, 0, s.length), chunkContent(args.seed, prepared.context.chunk_indices[j]!, s.length)))
+    }
     process.stdout.write(`${JSON.stringify({ instanceId: id.toString(), slots: prepared.context.slots.length, pid: process.pid })}\n`)
     setInterval(() => {}, 1 << 30) // stay alive until killed
     return yield* Effect.never
