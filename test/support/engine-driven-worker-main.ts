@@ -20,6 +20,7 @@ import { makeEngineDrivenWorkerAdapter } from "../../src/services/client/EngineD
 import { makeMqClient } from "../../src/services/client/MqClient.ts"
 import { makeSchedulerAdapter } from "../../src/services/client/SchedulerAdapter.ts"
 import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
+import { chunkContent } from "./KvData.ts"
 
 interface Args {
   readonly endpoint: string
@@ -35,18 +36,6 @@ const args = JSON.parse(process.argv[2] ?? "{}") as Args
 const layout = { numLayers: 4, hiddenDimSize: 32, dtype: "bfloat16" as const, blockSizeTokens: 16 }
 const tokenIds = Array.from({ length: args.tokenCount }, (_, i) => (i * 31 + 7) % 32000)
 
-/** Chunk c's L1 object `[2, 4, chunk, 32]` bfloat16 as worker `seed` computes it. */
-export const chunkContent = (seed: number, c: number, bytes: number): Uint8Array => {
-  const out = new Uint8Array(bytes)
-  let x = (seed * 2654435761 + (c + 1) * 40503) >>> 0 || 1
-  for (let i = 0; i < bytes; i++) {
-    x ^= x << 13
-    x ^= x >>> 17
-    x ^= x << 5
-    out[i] = x & 0xff
-  }
-  return out
-}
 
 const curve = args.curve === undefined ? {} : { curve: args.curve }
 const common = { endpoint: args.endpoint, modelName: "e2e-ed-model", worldSize: 1, kvRank: 0, ...layout, ...curve }
