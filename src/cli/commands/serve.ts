@@ -98,7 +98,9 @@ const serveFlags = {
     rules.reapTimeout
   ),
   workerRegistrationGraceSeconds: Flag.Finite("worker-registration-grace-seconds").pipe(
-    Flag.withDescription("Reap window of instances not yet proven alive; >= the reap timeout"),
+    Flag.withDescription(
+      "Reap window of instances not yet proven alive; >= the reap timeout. With CURVE also how long a released instance id stays bound to its tenant"
+    ),
     Flag.withDefault(defaults.workerRegistrationGraceSeconds)
   ),
   workerDisconnectGraceSeconds: seconds(

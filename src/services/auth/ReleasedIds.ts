@@ -52,7 +52,7 @@ export interface ReleasedIds {
   readonly dropped: () => number
 }
 
-/** Default bound on the bindings held: 65,536, a few MiB of heap (docs/security.md, item 13). */
+/** Default bound on the bindings held: 65,536, about 11 MiB of heap when full (docs/security.md, item 13). */
 export const RELEASED_IDS_MAX = 65_536
 
 /** An empty `ReleasedIds` with a grace of `graceMs` and at most `maxRecords` (≥ 1) bindings. */
