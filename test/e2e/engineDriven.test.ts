@@ -6,7 +6,9 @@
  * through inline bytes (`--engine-driven-transport inline`). And a worker
  * SIGKILLed between PREPARE_STORE and COMMIT_STORE is reaped on disconnect
  * with nothing of its pending store published. With CURVE off and on
- * (test/support/CurveMode.ts, issue 14).
+ * (test/support/CurveMode.ts, issue 14); with CURVE the shared pool is
+ * refused (issue 24 item 7: test/e2e/tenantPool.test.ts) and inline is the
+ * default.
  */
 import { decodeStatusDocument } from "../../src/schema/Status.ts"
 import { randomUUID } from "node:crypto"
@@ -83,7 +85,8 @@ const storeThenRetrieve = (fx: CurveFixture, transport: "shm" | "inline") =>
 describe.each(CURVE_MODES)("engine-driven workers in two processes (CURVE $curve)", ({ curve }) => {
   const fx = curveFixture(curve)
 
-    it.live("through the shared pool: A stores, B retrieves every byte", () => storeThenRetrieve(fx, "shm"), 60_000)
+    // With CURVE `serve --engine-driven-transport shm` exits 2 (test/e2e/tenantPool.test.ts).
+    it.live.skipIf(curve)("through the shared pool: A stores, B retrieves every byte", () => storeThenRetrieve(fx, "shm"), 60_000)
 
     it.live("through inline bytes: A stores, B retrieves every byte", () => storeThenRetrieve(fx, "inline"), 60_000)
 

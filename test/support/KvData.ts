@@ -1,7 +1,8 @@
 /**
  * Deterministic KV bytes for tests: the content of token `t` of K or V of
  * `layer` depends on (seed, layer, kv, t), so any retrieved byte can be
- * checked against what the writer computed.
+ * checked against what the writer computed; an engine-driven chunk object's
+ * on (seed, chunk index).
  */
 import { Effect } from "effect"
 import type { PagedKvCache } from "../../src/services/client/PagedKvCache.ts"
@@ -48,3 +49,19 @@ export const verifyTokens = (cache: PagedKvCache, seed: number, blockIds: Readon
     }
     return bad
   })
+
+/**
+ * Chunk c's L1 object (`bytes` long, any layout) as engine-driven worker `seed` computes it: the bytes an
+ * engine-driven store sends and a retrieve must get back.
+ */
+export const chunkContent = (seed: number, c: number, bytes: number): Uint8Array => {
+  const out = new Uint8Array(bytes)
+  let x = (seed * 2654435761 + (c + 1) * 40503) >>> 0 || 1
+  for (let i = 0; i < bytes; i++) {
+    x ^= x << 13
+    x ^= x >>> 17
+    x ^= x << 5
+    out[i] = x & 0xff
+  }
+  return out
+}

@@ -4,8 +4,9 @@
  * server's L1 pool when the server answers one), then either
  * - `store`: STOREs deterministic chunk objects for its tokens;
  * - `retrieve`: LOOKUPs (SchedulerAdapter), RETRIEVEs and checks every byte;
- * - `prepare-and-hang`: PREPARE_STOREs, copies its chunks into the slots,
- *   prints its line and waits without ever committing (to be SIGKILLed).
+ * - `prepare-and-hang`: PREPARE_STOREs, copies its chunks into the slots
+ *   (shm; inline has nothing to copy before the COMMIT), prints its line and
+ *   waits without ever committing (to be SIGKILLed).
  * Prints one JSON line.
  *
  *   node test/support/engine-driven-worker-main.ts '{"endpoint":…,"mode":…,…}'
@@ -19,6 +20,7 @@ import { makeEngineDrivenWorkerAdapter } from "../../src/services/client/EngineD
 import { makeMqClient } from "../../src/services/client/MqClient.ts"
 import { makeSchedulerAdapter } from "../../src/services/client/SchedulerAdapter.ts"
 import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
+import { chunkContent } from "./KvData.ts"
 
 interface Args {
   readonly endpoint: string
@@ -34,18 +36,6 @@ const args = JSON.parse(process.argv[2] ?? "{}") as Args
 const layout = { numLayers: 4, hiddenDimSize: 32, dtype: "bfloat16" as const, blockSizeTokens: 16 }
 const tokenIds = Array.from({ length: args.tokenCount }, (_, i) => (i * 31 + 7) % 32000)
 
-/** Chunk c's L1 object `[2, 4, chunk, 32]` bfloat16 as worker `seed` computes it. */
-export const chunkContent = (seed: number, c: number, bytes: number): Uint8Array => {
-  const out = new Uint8Array(bytes)
-  let x = (seed * 2654435761 + (c + 1) * 40503) >>> 0 || 1
-  for (let i = 0; i < bytes; i++) {
-    x ^= x << 13
-    x ^= x >>> 17
-    x ^= x << 5
-    out[i] = x & 0xff
-  }
-  return out
-}
 
 const curve = args.curve === undefined ? {} : { curve: args.curve }
 const common = { endpoint: args.endpoint, modelName: "e2e-ed-model", worldSize: 1, kvRank: 0, ...layout, ...curve }
@@ -75,10 +65,14 @@ const program = Effect.gen(function*() {
       cache_salt: ""
     }
     const prepared = yield* client.request(PrepareStore, [key, id])
-    const native = yield* NativeMemory
-    const view = yield* native.map(pool.shm_name, pool.pool_size)
-    yield* Effect.forEach(prepared.context.slots, (s, j) =>
-      native.scatter(view, Float64Array.of(s.offset, 0, s.length), chunkContent(args.seed, prepared.context.chunk_indices[j]!, s.length)))
+    // Through the shared pool the chunks are copied into their slots now; inline, they would travel in the
+    // COMMIT_STORE that never comes.
+    if (pool.pool_size > 0) {
+      const native = yield* NativeMemory
+      const view = yield* native.map(pool.shm_name, pool.pool_size)
+      yield* Effect.forEach(prepared.context.slots, (s, j) =>
+        native.scatter(view, Float64Array.of(s.offset, 0, s.length), chunkContent(args.seed, prepared.context.chunk_indices[j]!, s.length)))
+    }
     process.stdout.write(`${JSON.stringify({ instanceId: id.toString(), slots: prepared.context.slots.length, pid: process.pid })}\n`)
     setInterval(() => {}, 1 << 30) // stay alive until killed
     return yield* Effect.never

@@ -12,7 +12,6 @@ import { ServerLive } from "../../layers/Server.ts"
 import {
   defaults,
   ENGINE_DRIVEN_TRANSPORTS,
-  type EngineDrivenTransport,
   formatIssue,
   NAMED_SEGMENTS,
   type NamedSegments,
@@ -101,7 +100,9 @@ const serveFlags = {
     rules.reapTimeout
   ),
   workerRegistrationGraceSeconds: Flag.Finite("worker-registration-grace-seconds").pipe(
-    Flag.withDescription("Reap window of instances not yet proven alive; >= the reap timeout"),
+    Flag.withDescription(
+      "Reap window of instances not yet proven alive; >= the reap timeout. With CURVE also how long a released instance id stays bound to its tenant"
+    ),
     Flag.withDefault(defaults.workerRegistrationGraceSeconds)
   ),
   workerDisconnectGraceSeconds: seconds(
@@ -118,9 +119,9 @@ const serveFlags = {
   ),
   engineDrivenTransport: Flag.Literals("engine-driven-transport", ENGINE_DRIVEN_TRANSPORTS).pipe(
     Flag.withDescription(
-      "Engine-driven transfers: shm (workers map the L1 pool and copy through slots) or inline (KV bytes in the messages)"
+      "Engine-driven transfers: shm (workers map the L1 pool and copy through slots) or inline (KV bytes in the messages); default shm, inline with CURVE, where shm is refused (it shares the pool with every tenant)"
     ),
-    Flag.withDefault<EngineDrivenTransport>(defaults.engineDrivenTransport)
+    Flag.optional
   ),
   prepareTtlSeconds: seconds(
     "prepare-ttl-seconds",
@@ -193,7 +194,7 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   workerRegistrationGraceSeconds: f.workerRegistrationGraceSeconds,
   workerDisconnectGraceSeconds: f.workerDisconnectGraceSeconds,
   lookupLockTtlSeconds: f.lookupLockTtlSeconds,
-  engineDrivenTransport: f.engineDrivenTransport,
+  engineDrivenTransport: Option.getOrUndefined(f.engineDrivenTransport),
   prepareTtlSeconds: f.prepareTtlSeconds,
   curveSecretKeyFile: Option.getOrUndefined(f.curveSecretKeyFile),
   curveAuthorizedKeys: Option.getOrUndefined(f.curveAuthorizedKeys),

@@ -22,6 +22,11 @@
  *   CacheKey's `cache_salt` and every `request_id` is prefixed with the
  *   tenant's salt group, so tenants of different groups never share a chunk
  *   or a lookup session.
+ * - **Released ids** (issue 24 item 13, `ReleasedIds.ts`): once nothing
+ *   holds an instance any more (its last UNREGISTER, or a reap), its id
+ *   stays bound to that tenant for the registration grace: another tenant's
+ *   REGISTER of it is `forbidden`, saying when it frees; its own tenant gets
+ *   it back.
  * - **Limits** per tenant: registered instances, REGISTERs per second (a
  *   bucket refilled on the Clock), bytes of worker memory mapped; over one,
  *   `overloaded` naming its flag.
@@ -44,6 +49,7 @@ import { type HandlerRow, type HandlerTable, row, type RequestContext, type Serv
 import { ServerConfig, type TenantLimits } from "../server/ServerConfig.ts"
 import type { HandshakeFailure, ZapReply, ZapRequest } from "../zmq/Sockets.ts"
 import { type AuthorizedKeys, AuthorizedKeysInvalid, readAuthorizedKeys, type TenantGrant } from "./AuthorizedKeys.ts"
+import { makeReleasedIds, RELEASED_IDS_MAX, type ReleasedBinding, type ReleaseReason } from "./ReleasedIds.ts"
 import { helloProof, KeyFileInvalid, NONCE_BYTES, publicKeyOf, readKeyFile, sameBytes, z85Encode } from "./Curve.ts"
 
 /** Why a client got no service, the `reason` of `mpcache_auth_failures_total`. */
@@ -199,6 +205,9 @@ const make = Effect.gen(function*() {
   /** peer → the nonce its next HELLO proves over. */
   const nonces = new Map<string, Buffer>()
   const owners = new Map<InstanceId, Ownership>()
+  const graceSeconds = config.workerRegistrationGraceSeconds
+  /** Ids nothing holds any more, bound to their last tenant for the registration grace (issue 24 item 13). */
+  const released = makeReleasedIds({ graceMs: graceSeconds * 1000, maxRecords: RELEASED_IDS_MAX })
   /** tenant → register bucket: tokens left and when last refilled. */
   const buckets = new Map<string, { tokens: number; atMs: number }>()
   const lastWarned = new Map<string, { atMs: number; suppressed: number }>()
@@ -312,9 +321,18 @@ const make = Effect.gen(function*() {
   const anyHolds = (id: InstanceId) =>
     Effect.map(Effect.forEach(targets, (t) => t.holdsInstance(id)), (held) => held.some(Boolean))
 
-  /** Forgets the owner of `id` when no target holds it any more. */
-  const forgetIfGone = (id: InstanceId) =>
-    Effect.flatMap(anyHolds(id), (held) => Effect.sync(() => void (held ? undefined : owners.delete(id))))
+  /**
+   * Forgets the owner of `id` when no target holds it any more; with a `reason` (its last UNREGISTER, a
+   * reap) the id stays bound to that owner for the registration grace. Without one (a REGISTER that
+   * failed on a fresh claim) nothing is remembered: the tenant never held it.
+   */
+  const forgetIfGone = (id: InstanceId, reason?: ReleaseReason) =>
+    Effect.gen(function*() {
+      if (yield* anyHolds(id)) return
+      const owner = owners.get(id)
+      owners.delete(id)
+      if (owner !== undefined && reason !== undefined) released.remember(id, owner.tenant, reason, yield* Clock.currentTimeMillis)
+    })
 
   const instancesOf = (tenant: string) => [...owners.values()].filter((o) => o.tenant === tenant)
   const mappedBytesOfTenant = (tenant: string) =>
@@ -340,6 +358,21 @@ const make = Effect.gen(function*() {
       actual,
       message: `${op}: over the tenant limit --${flag} (${limit}; ${actual}); retry later or raise the limit`
     })
+
+  /** Another tenant released `id` within the grace: its REGISTER is refused, saying when the id frees. */
+  const boundElsewhere = (op: string, id: InstanceId, b: ReleasedBinding, nowMs: number) => {
+    const what = b.reason === "reap" ? "was reaped" : "was unregistered"
+    const ago = `${(nowMs - b.releasedAtMs) / 1000} s ago`
+    return new Forbidden({
+      op,
+      instance_id: formatInstanceId(id),
+      field: "instance_id",
+      expected: `an id no other tenant released within the registration grace (${graceSeconds} s)`,
+      actual: `another tenant's instance, ${what} ${ago}`,
+      message:
+        `${op}: instance ${formatInstanceId(id)} belongs to another tenant: it ${what} ${ago}, and an id stays bound to its last tenant for the registration grace (--worker-registration-grace-seconds ${graceSeconds}) after its UNREGISTER or reap; it frees in ${(b.untilMs - nowMs) / 1000} s. Nothing was changed; register under another id`
+    })
+  }
 
   const notYours = (op: string, id: InstanceId) =>
     new Forbidden({
@@ -398,10 +431,14 @@ const make = Effect.gen(function*() {
       }
       const run = r.handle(rewrite(op, payload, grant.saltGroup), ctx)
       if (id === undefined) return run
-      if (isUnregister) return Effect.tap(run, () => forgetIfGone(id))
+      if (isUnregister) return Effect.tap(run, () => forgetIfGone(id, "unregister"))
       if (!isRegister) return run
       return Effect.gen(function*() {
         const now = yield* Clock.currentTimeMillis
+        if (owner === undefined) {
+          const binding = released.bindingOf(id, now)
+          if (binding !== undefined && binding.tenant !== grant.tenant) return yield* boundElsewhere(op.name, id, binding, now)
+        }
         if (!takeRegisterToken(grant.tenant, now)) {
           return yield* overloaded(
             op.name,
@@ -433,6 +470,8 @@ const make = Effect.gen(function*() {
         owners.set(id, claim)
         claim.mappedBytes.set(op.id, bytes)
         return yield* run.pipe(
+          // Held again by its tenant: the binding's work is done (a failed REGISTER keeps it).
+          Effect.tap(() => Effect.sync(() => released.forget(id))),
           Effect.onError(() =>
             Effect.gen(function*() {
               if (before === undefined) claim.mappedBytes.delete(op.id)
@@ -459,7 +498,7 @@ const make = Effect.gen(function*() {
       row(Hello, "NORMAL", ([publicKey, proof], ctx) => hello(publicKey, proof, ctx))
     ],
     // Last among the targets: when a reap tells it to drop an instance, the others already dropped theirs.
-    target: { ...noopTarget("tenancy"), dropInstanceState: forgetIfGone }
+    target: { ...noopTarget("tenancy"), dropInstanceState: (id) => forgetIfGone(id, "reap") }
   }
 
   const status = () =>
@@ -481,7 +520,12 @@ const make = Effect.gen(function*() {
         rows.set(g.tenant, { ...r, connections: r.connections + 1 })
       }
       return {
-        auth: { curve: true, authorized_keys: keys.keys.size, server_public_key: serverPublicKey },
+        auth: {
+          curve: true,
+          authorized_keys: keys.keys.size,
+          server_public_key: serverPublicKey,
+          released_ids: { held: released.size(), dropped: released.dropped(), max: RELEASED_IDS_MAX, grace_seconds: graceSeconds }
+        },
         tenants: [...rows.values()].sort((a, b) => a.tenant.localeCompare(b.tenant))
       }
     })

@@ -51,7 +51,9 @@
  *   concatenated in `chunk_indices` order (DESIGN §3.2), each exactly
  *   `chunk_bytes` long; any other length fails closed (`false`, the pending
  *   reservations dropped, nothing published).
- * - An L1 without a shared pool (an in-process test store) forces `inline`.
+ * - An L1 without a shared pool (an in-process test store) forces `inline`,
+ *   and so does CURVE (issue 24 item 7: the pool holds every tenant's
+ *   chunks; `validate` refuses `shm` with CURVE, and makes `inline` its default).
  *
  * **Pending writes and reads** live in the instance's strategy, keyed by
  * (request_id, worker_id, start, end) of the key — the request and its
@@ -98,7 +100,7 @@
  *   (never prepared, already committed, expired).
  */
 import { Clock, Context, Duration, Effect, Layer, Metric, Scope } from "effect"
-import { type EngineDrivenTransport, ServerConfig } from "./ServerConfig.ts"
+import { type EngineDrivenTransport, ServerConfig, SHM_UNDER_TENANCY } from "./ServerConfig.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import { dtypeBytes } from "../../schema/Dtype.ts"
 import type {
@@ -594,8 +596,12 @@ const make = Effect.gen(function*() {
   const layouts = yield* LayoutRegistry
   const chunk = config.chunkSizeTokens
   const pool = l1.pool
-  const transport: EngineDrivenTransport = pool === undefined ? "inline" : config.engineDrivenTransport
-  if (pool === undefined && config.engineDrivenTransport === "shm") {
+  // With CURVE the pool is never handed out (issue 24 item 7): `validate` refuses shm there, and a
+  // configuration built without it (a program's own ServerConfigShape) gets inline all the same.
+  const shmRefused = config.curve !== undefined && config.engineDrivenTransport === "shm"
+  const transport: EngineDrivenTransport = pool === undefined || shmRefused ? "inline" : config.engineDrivenTransport
+  if (shmRefused) yield* Effect.logWarning(`engine-driven transport: ${SHM_UNDER_TENANCY}; contexts use inline bytes`)
+  else if (pool === undefined && config.engineDrivenTransport === "shm") {
     yield* Effect.logWarning("engine-driven transport: L1 has no shared pool; contexts use inline bytes")
   }
   const poolAnswer: EngineDrivenPool = transport === "shm" && pool !== undefined

@@ -33,6 +33,14 @@ export type EngineDrivenTransport = "shm" | "inline"
 export const ENGINE_DRIVEN_TRANSPORTS: ReadonlyArray<EngineDrivenTransport> = ["shm", "inline"]
 
 /**
+ * Why `--engine-driven-transport shm` is refused with CURVE on (issue 24
+ * item 7; docs/security.md): the `shm` REGISTER answers the one L1 pool's
+ * name, and a tenant that maps it reads and overwrites every tenant's chunks.
+ */
+export const SHM_UNDER_TENANCY =
+  "shm shares the L1 pool with every engine-driven worker: a tenant that maps it reads and overwrites every other tenant's chunks; with CURVE tenants use inline (the default when CURVE is on)"
+
+/**
  * Whether REGISTER may name POSIX shared-memory segments (`cpu_shm`
  * descriptors; `--named-segments`, issue 13 item 3): `allow` (default) or
  * `deny` (refused with invalid_argument). A named segment can be opened by
@@ -88,7 +96,7 @@ export interface ServerConfigShape {
   readonly workerDisconnectGraceSeconds: number
   /** Prefetch read locks older than this are released (`--lookup-lock-ttl-seconds`; upstream read_ttl_seconds 300). */
   readonly lookupLockTtlSeconds: number
-  /** Engine-driven transport (`--engine-driven-transport`, default shm). */
+  /** Engine-driven transport (`--engine-driven-transport`: default shm, inline with CURVE, which refuses shm). */
   readonly engineDrivenTransport: EngineDrivenTransport
   /**
    * A PREPARE_STORE / PREPARE_RETRIEVE not committed within this many seconds
@@ -153,7 +161,8 @@ export interface ServerConfigInput {
   readonly workerRegistrationGraceSeconds: number
   readonly workerDisconnectGraceSeconds: number
   readonly lookupLockTtlSeconds: number
-  readonly engineDrivenTransport: EngineDrivenTransport
+  /** undefined: the default, shm without CURVE and inline with it. */
+  readonly engineDrivenTransport: EngineDrivenTransport | undefined
   readonly prepareTtlSeconds: number
   readonly curveSecretKeyFile: string | undefined
   readonly curveAuthorizedKeys: string | undefined
@@ -193,7 +202,7 @@ export const defaults: ServerConfigInput = {
   workerRegistrationGraceSeconds: 3600,
   workerDisconnectGraceSeconds: 10,
   lookupLockTtlSeconds: 300,
-  engineDrivenTransport: "shm",
+  engineDrivenTransport: undefined,
   prepareTtlSeconds: 60,
   curveSecretKeyFile: undefined,
   curveAuthorizedKeys: undefined,
@@ -319,7 +328,7 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
   }
   check("worker-disconnect-grace-seconds", rules.disconnectGrace(input.workerDisconnectGraceSeconds))
   check("lookup-lock-ttl-seconds", rules.lockTtl(input.lookupLockTtlSeconds))
-  check("engine-driven-transport", rules.engineDrivenTransport(input.engineDrivenTransport))
+  if (input.engineDrivenTransport !== undefined) check("engine-driven-transport", rules.engineDrivenTransport(input.engineDrivenTransport))
   check("prepare-ttl-seconds", rules.prepareTtl(input.prepareTtlSeconds))
   check("tenant-max-instances", rules.positiveInt(input.tenantMaxInstances))
   check("tenant-max-registers-per-second", rules.positiveInt(input.tenantMaxRegistersPerSecond))
@@ -331,6 +340,9 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
   if (curveOn && input.curveAuthorizedKeys === undefined) {
     issues.push({ flag: "curve-authorized-keys", message: "--curve-secret-key-file needs the authorized-keys file too" })
   }
+  // Fail closed (issue 24 item 7): under tenancy no client may map the pool that holds every tenant's chunks.
+  if (curveOn && input.engineDrivenTransport === "shm") issues.push({ flag: "engine-driven-transport", message: SHM_UNDER_TENANCY })
+  const engineDrivenTransport: EngineDrivenTransport = input.engineDrivenTransport ?? (curveOn ? "inline" : "shm")
   const host = input.host.includes(":") && !input.host.startsWith("[") ? `[${input.host}]` : input.host
   const endpoint = input.endpoint ?? `tcp://${host}:${input.port}`
   const tcpHost = tcpHostOf(endpoint)
@@ -379,7 +391,7 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
       workerRegistrationGraceSeconds: grace,
       workerDisconnectGraceSeconds: input.workerDisconnectGraceSeconds,
       lookupLockTtlSeconds: input.lookupLockTtlSeconds,
-      engineDrivenTransport: input.engineDrivenTransport,
+      engineDrivenTransport,
       prepareTtlSeconds: input.prepareTtlSeconds,
       curve: input.curveSecretKeyFile !== undefined && input.curveAuthorizedKeys !== undefined
         ? { secretKeyFile: input.curveSecretKeyFile, authorizedKeysFile: input.curveAuthorizedKeys }

@@ -9,23 +9,38 @@
  *   second the next is accepted.
  * - `--tenant-max-mapped-bytes`: a REGISTER that would map more is
  *   `overloaded` naming the limit, and nothing is mapped or registered.
+ *
+ * And the binding of a released id (issue 24 item 13): after tenant A's
+ * UNREGISTER or reap of X, tenant B's REGISTER of X is `forbidden` for the
+ * registration grace (saying when X frees), A gets X back, and 1 ms past the
+ * grace B may take it.
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { TestClock } from "effect/testing"
 import { NativeMemory } from "../../../src/native/Native.ts"
 import { makeInstanceId } from "../../../src/schema/InstanceId.ts"
-import { Hello, HelloChallenge, type Op, type PayloadOf, RegisterKvCache, RegisterKvCacheEngineDrivenContext, type ResponseOf } from "../../../src/schema/Op.ts"
-import { Overloaded, type WireError } from "../../../src/schema/WireError.ts"
+import {
+  Hello,
+  HelloChallenge,
+  type Op,
+  type PayloadOf,
+  RegisterKvCache,
+  RegisterKvCacheEngineDrivenContext,
+  type ResponseOf,
+  UnregisterKvCacheEngineDrivenContext
+} from "../../../src/schema/Op.ts"
+import { Forbidden, Overloaded, type WireError } from "../../../src/schema/WireError.ts"
 import { layerModulesTest } from "../../../src/layers/Server.ts"
 import { helloProof } from "../../../src/services/auth/Curve.ts"
 import { mappedBytesOf, Tenancy } from "../../../src/services/auth/Tenancy.ts"
+import { Reaper } from "../../../src/services/liveness/Reaper.ts"
 import { LmcacheDrivenTransfer } from "../../../src/services/server/LmcacheDrivenTransfer.ts"
 import { Handlers } from "../../../src/services/server/MqServer.ts"
 import { makeTestKeys } from "../../support/CurveKeys.ts"
 import { workerCache } from "../../support/LivenessEnv.ts"
 
-const keys = makeTestKeys({ a: "tenantA" })
+const keys = makeTestKeys({ a: "tenantA", b: "tenantB" })
 const env = (config: Record<string, number> = {}) =>
   layerModulesTest({
     config: {
@@ -46,13 +61,20 @@ const call = <O extends Op>(op: O, payload: PayloadOf<O>, peer = "0a0b0c0d") =>
       Handlers
     >
 
-/** HELLO_CHALLENGE and HELLO with tenant A's key: binds `peer` to tenant A. */
-const bindTenantA = Effect.gen(function*() {
-  const a = keys.clients["a"]!
-  const nonce = yield* call(HelloChallenge, [])
-  const grant = yield* call(Hello, [a.publicKey, new Uint8Array(helloProof(a.secretKey, a.serverPublicKey, nonce))])
-  assert.deepStrictEqual(grant, { tenant: "tenantA", salt_group: "tenantA", admin: false })
-})
+/** Tenant B's connection in the released-id tests (A's is `call`'s default peer). */
+const PEER_B = "0b0b0b0b"
+
+/** HELLO_CHALLENGE and HELLO with client `name`'s key: binds `peer` to its tenant. */
+const bindTenant = (name: "a" | "b", tenant: string, peer?: string) =>
+  Effect.gen(function*() {
+    const k = keys.clients[name]!
+    const nonce = yield* call(HelloChallenge, [], peer)
+    const grant = yield* call(Hello, [k.publicKey, new Uint8Array(helloProof(k.secretKey, k.serverPublicKey, nonce))], peer)
+    assert.deepStrictEqual(grant, { tenant, salt_group: tenant, admin: false })
+  })
+
+/** Binds `call`'s default peer to tenant A. */
+const bindTenantA = bindTenant("a", "tenantA")
 
 const context = (id: number) => ({
   instance_id: makeInstanceId(BigInt(id)),
@@ -119,4 +141,73 @@ describe("tenant REGISTER limits (TestClock)", () => {
       assert.isFalse(yield* (yield* LmcacheDrivenTransfer).isRegistered(makeInstanceId(7n)))
       assert.strictEqual((yield* Tenancy).tenantOf(makeInstanceId(7n)), undefined)
     }).pipe(Effect.provide(env({ tenantMaxMappedBytes: LIMIT }))))
+})
+
+describe("a released instance id stays its tenant's for the registration grace (TestClock)", () => {
+  const X = makeInstanceId(4242n)
+  /** What B is told while X is bound to A: when and how A released it, and when it frees. */
+  const squat = (what: "was unregistered" | "was reaped", agoSeconds: number, freesInSeconds: number) =>
+    new Forbidden({
+      op: "register_kv_cache_engine_driven_context",
+      instance_id: "4242",
+      field: "instance_id",
+      expected: "an id no other tenant released within the registration grace (3600 s)",
+      actual: `another tenant's instance, ${what} ${agoSeconds} s ago`,
+      message:
+        `register_kv_cache_engine_driven_context: instance 4242 belongs to another tenant: it ${what} ${agoSeconds} s ago, and an id stays bound to its last tenant for the registration grace (--worker-registration-grace-seconds 3600) after its UNREGISTER or reap; it frees in ${freesInSeconds} s. Nothing was changed; register under another id`
+    })
+
+  it.effect("after A's UNREGISTER of X, B's REGISTER of X is forbidden until the grace ends; A re-registers X; 1 ms past the grace B may", () =>
+    Effect.gen(function*() {
+      yield* bindTenantA
+      yield* bindTenant("b", "tenantB", PEER_B)
+      const tenancy = yield* Tenancy
+      yield* call(RegisterKvCacheEngineDrivenContext, [context(4242)])
+      yield* call(UnregisterKvCacheEngineDrivenContext, [X])
+      assert.strictEqual(tenancy.tenantOf(X), undefined, "nothing holds X")
+      yield* TestClock.adjust("1000 seconds")
+      assert.deepStrictEqual(yield* Effect.flip(call(RegisterKvCacheEngineDrivenContext, [context(4242)], PEER_B)), squat("was unregistered", 1000, 2600))
+      assert.strictEqual(tenancy.tenantOf(X), undefined, "the refused REGISTER claimed nothing")
+      // A gets its id back, and releases it again: the grace starts over from this UNREGISTER.
+      assert.deepStrictEqual(yield* call(RegisterKvCacheEngineDrivenContext, [context(4242)]), { shm_name: "", pool_size: 0 })
+      assert.strictEqual(tenancy.tenantOf(X), "tenantA")
+      yield* call(UnregisterKvCacheEngineDrivenContext, [X])
+      yield* TestClock.adjust("3600 seconds")
+      assert.deepStrictEqual(yield* Effect.flip(call(RegisterKvCacheEngineDrivenContext, [context(4242)], PEER_B)), squat("was unregistered", 3600, 0))
+      yield* TestClock.adjust("1 millis")
+      yield* call(RegisterKvCacheEngineDrivenContext, [context(4242)], PEER_B)
+      assert.strictEqual(tenancy.tenantOf(X), "tenantB")
+      // Now X is B's: A's REGISTER of it is the plain "belongs to another tenant".
+      const a = yield* Effect.flip(call(RegisterKvCacheEngineDrivenContext, [context(4242)]))
+      assert.strictEqual(a.message, "register_kv_cache_engine_driven_context: instance 4242 belongs to another tenant; nothing was changed")
+    }).pipe(Effect.provide(env())))
+
+  it.effect("after a reap of A's X, B's REGISTER of X is forbidden saying it was reaped; A, back from its pause, gets X again", () =>
+    Effect.gen(function*() {
+      yield* bindTenantA
+      yield* bindTenant("b", "tenantB", PEER_B)
+      const tenancy = yield* Tenancy
+      yield* call(RegisterKvCacheEngineDrivenContext, [context(4242)])
+      // Never pinged: the registration grace (3600 s) is its window; 1 ms past it the scan reaps it.
+      yield* TestClock.adjust("3600001 millis")
+      const reaped = yield* (yield* Reaper).scan(3_600_001)
+      assert.deepStrictEqual(reaped.map((r) => r.id), [X])
+      assert.strictEqual(tenancy.tenantOf(X), undefined)
+      yield* TestClock.adjust("30 seconds")
+      assert.deepStrictEqual(yield* Effect.flip(call(RegisterKvCacheEngineDrivenContext, [context(4242)], PEER_B)), squat("was reaped", 30, 3570))
+      yield* call(RegisterKvCacheEngineDrivenContext, [context(4242)])
+      assert.strictEqual(tenancy.tenantOf(X), "tenantA")
+    }).pipe(Effect.provide(env())))
+
+  it.effect("a REGISTER of X by A that fails keeps X bound to A", () =>
+    Effect.gen(function*() {
+      yield* bindTenantA
+      yield* bindTenant("b", "tenantB", PEER_B)
+      yield* call(RegisterKvCacheEngineDrivenContext, [context(4242)])
+      yield* call(UnregisterKvCacheEngineDrivenContext, [X])
+      // 48 does not divide the chunk size (32): invalid_argument, nothing registered.
+      const bad = yield* Effect.flip(call(RegisterKvCacheEngineDrivenContext, [{ ...context(4242), block_size: 48 }]))
+      assert.strictEqual(bad._tag, "InvalidArgument")
+      assert.deepStrictEqual(yield* Effect.flip(call(RegisterKvCacheEngineDrivenContext, [context(4242)], PEER_B)), squat("was unregistered", 0, 3600))
+    }).pipe(Effect.provide(env())))
 })

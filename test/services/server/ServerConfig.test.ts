@@ -46,11 +46,27 @@ describe("ServerConfig rules (DESIGN §5, upstream MPServerConfig)", () => {
   })
 
   it("--engine-driven-transport defaults to shm and takes shm or inline only", () => {
-    const r = validate(defaults)
-    assert.isTrue("config" in r && r.config.engineDrivenTransport === "shm")
-    assert.deepStrictEqual(issues({ engineDrivenTransport: "inline" }), [])
+    const transportOf = (over: Partial<typeof defaults>) => {
+      const r = validate({ ...defaults, ...over })
+      return "config" in r ? r.config.engineDrivenTransport : undefined
+    }
+    assert.deepStrictEqual([transportOf({}), transportOf({ engineDrivenTransport: "shm" }), transportOf({ engineDrivenTransport: "inline" })], [
+      "shm",
+      "shm",
+      "inline"
+    ])
     assert.deepStrictEqual(issues({ engineDrivenTransport: "pickle" as never }), [
       "--engine-driven-transport: must be shm or inline (got \"pickle\")"
+    ])
+  })
+
+  it("with CURVE --engine-driven-transport defaults to inline and refuses shm, which shares the L1 pool with every tenant (issue 24 item 7)", () => {
+    const curve = { curveSecretKeyFile: "/k/server.key", curveAuthorizedKeys: "/k/authorized_keys" }
+    const r = validate({ ...defaults, ...curve })
+    assert.isTrue("config" in r && r.config.engineDrivenTransport === "inline")
+    assert.deepStrictEqual(issues({ ...curve, engineDrivenTransport: "inline" }), [])
+    assert.deepStrictEqual(issues({ ...curve, engineDrivenTransport: "shm" }), [
+      "--engine-driven-transport: shm shares the L1 pool with every engine-driven worker: a tenant that maps it reads and overwrites every other tenant's chunks; with CURVE tenants use inline (the default when CURVE is on)"
     ])
   })
 
