@@ -83,6 +83,14 @@ export const rankCountOf = (key: CacheKey): number => key.worker_id === null ? k
 /** The `j`-th rank a key names (`j` < {@link rankCountOf}). */
 export const rankAt = (key: CacheKey, j: number): number => key.worker_id ?? j
 
+/** The ObjectKey of chunk `i` (hash `hashes[i]`) for the `j`-th rank `key` names, built only when asked about. */
+const chunkKey = (key: CacheKey, hashes: ReadonlyArray<Uint8Array>, i: number, j: number): ObjectKey => ({
+  hash: hashes[i]!,
+  modelName: key.model_name,
+  kvRank: rankAt(key, j),
+  cacheSalt: key.cache_salt
+})
+
 type Pending = PendingLookup<ObjectKey, ReadHandle>
 
 export class Lookup extends Context.Service<Lookup, {
@@ -188,7 +196,7 @@ export class Lookup extends Context.Service<Lookup, {
       const prefetch = (entry: Pending, job: LookupJob, key: CacheKey, hashes: ReadonlyArray<Uint8Array>, from: number, count: number, layout: KvLayout) =>
         Effect.gen(function*() {
           const ranks = rankCountOf(key)
-          const keyAt = (i: number, j: number): ObjectKey => ({ hash: hashes[i]!, modelName: key.model_name, kvRank: rankAt(key, j), cacheSalt: key.cache_salt })
+          const keyAt = (i: number, j: number) => chunkKey(key, hashes, i, j)
           const fetched = yield* Effect.forEach(
             Array.from({ length: count }, (_, n) => from + n),
             (i) => Effect.forEach(Array.from({ length: ranks }, (_, j) => keyAt(i, j)), (k) => l2.fetch(k, layout), { concurrency: "unbounded" }),
@@ -220,8 +228,7 @@ export class Lookup extends Context.Service<Lookup, {
           const ranks = rankCountOf(key)
           const count = Math.min(hashes.length - from, Math.floor(L2_EXISTS_MAX_KEYS / ranks))
           if (!l2.enabled || count <= 0) return Effect.succeed(0)
-          const rest = Array.from({ length: count }, (_, n) =>
-            Array.from({ length: ranks }, (_, j): ObjectKey => ({ hash: hashes[from + n]!, modelName: key.model_name, kvRank: rankAt(key, j), cacheSalt: key.cache_salt })))
+          const rest = Array.from({ length: count }, (_, n) => Array.from({ length: ranks }, (_, j) => chunkKey(key, hashes, from + n, j)))
           return l2.existsPrefix(rest, layout)
         })
 
@@ -242,7 +249,7 @@ export class Lookup extends Context.Service<Lookup, {
           }
           const hashes = chunkHashes(key.token_ids, chunk, Math.floor(key.end / chunk))
           const ranks = rankCountOf(key)
-          const keyAt = (i: number, j: number): ObjectKey => ({ hash: hashes[i]!, modelName: key.model_name, kvRank: rankAt(key, j), cacheSalt: key.cache_salt })
+          const keyAt = (i: number, j: number) => chunkKey(key, hashes, i, j)
           // Chunk by chunk, every rank, stopping at the first object L1 lacks: each step but the last finds
           // a stored object, so the work is bounded by what is stored, never by world_size (issue 24 item 5).
           let hits = 0
@@ -275,7 +282,7 @@ export class Lookup extends Context.Service<Lookup, {
             yield* warnThrottled("capped", `lookup: --max-lookup-locks ${limits.maxLookupLocks} reached; request ${key.request_id} locked ${locked} of ${hits} hit chunk(s)`)
           }
           const inL2 = locked < hits ? 0 : hits === 0 ? inL2First : yield* inL2From(key, hashes, hits, layout)
-          // Ended, released or looked up again while L2 answered: its locks went with it.
+          // Ended or released while L2 answered: its locks went with it.
           if (pending.get(key.request_id) !== entry) return
           if (inL2 === 0 && locked === 0) {
             // --max-lookup-locks left no room at all: nothing locked, nothing to report.
