@@ -8,17 +8,23 @@ import { WireString } from "./Text.ts"
 import { Dtype } from "./Dtype.ts"
 import { InstanceIdWire } from "./InstanceId.ts"
 import { Uint } from "./Integer.ts"
+import { ModelName, WorldSize } from "./CacheKey.ts"
+import { atMost, MAX_CHUNK_SIZE_TOKENS, MAX_HIDDEN_DIM, MAX_LAYERS } from "./Limits.ts"
 
-/** upstream RegisterEngineDrivenContextPayload (single KV group). */
+/**
+ * upstream RegisterEngineDrivenContextPayload (single KV group). Its counts
+ * are bounded (issue 24 item 5, src/schema/Limits.ts).
+ */
 export const RegisterEngineDrivenContext = Schema.Struct({
   instance_id: InstanceIdWire,
-  model_name: WireString,
-  world_size: Uint.check(Schema.isGreaterThanOrEqualTo(1)),
-  /** Tokens per engine block. */
-  block_size: Uint.check(Schema.isGreaterThanOrEqualTo(1)),
-  num_layers: Uint.check(Schema.isGreaterThanOrEqualTo(1)),
-  /** num_heads × head_size. */
-  hidden_dim_size: Uint.check(Schema.isGreaterThanOrEqualTo(1)),
+  model_name: ModelName,
+  world_size: WorldSize,
+  /** Tokens per engine block: 1 … `MAX_CHUNK_SIZE_TOKENS`. */
+  block_size: Uint.check(Schema.isGreaterThanOrEqualTo(1), atMost(MAX_CHUNK_SIZE_TOKENS, "tokens, MAX_CHUNK_SIZE_TOKENS")),
+  /** 1 … `MAX_LAYERS`. */
+  num_layers: Uint.check(Schema.isGreaterThanOrEqualTo(1), atMost(MAX_LAYERS, "layers, MAX_LAYERS")),
+  /** num_heads × head_size: 1 … `MAX_HIDDEN_DIM`. */
+  hidden_dim_size: Uint.check(Schema.isGreaterThanOrEqualTo(1), atMost(MAX_HIDDEN_DIM, "elements, MAX_HIDDEN_DIM")),
   dtype_str: Dtype,
   use_mla: Schema.Boolean
 })

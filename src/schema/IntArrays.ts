@@ -13,6 +13,7 @@
  */
 import { Effect, Schema, SchemaIssue, SchemaTransformation } from "effect"
 import { MAX_TOKEN_ID, MINUS_ZERO_MESSAGE, TokenId, Uint } from "./Integer.ts"
+import { MAX_BLOCK_IDS, MAX_TOKEN_IDS } from "./Limits.ts"
 
 const MAX_SAFE_BIG = BigInt(Number.MAX_SAFE_INTEGER)
 
@@ -43,17 +44,33 @@ const uintProblem: ElementCheck = (v) =>
     ? MINUS_ZERO_MESSAGE
     : undefined
 
+/** At most `max` elements, named `unit` in the failure (issue 24 item 5: src/schema/Limits.ts). */
+interface LengthBound {
+  readonly max: number
+  readonly unit: string
+}
+
 /**
  * An array schema whose elements `problem` checks in one loop; `element` is
  * the element-wise equivalent that arbitraries derive from (the declaration's
  * codec). Bigints (msgpackr's uint64) become numbers, as `Uint` decodes them;
- * the input array is copied only then.
+ * the input array is copied only then. With `bound`, a longer array fails
+ * before any element is looked at.
  */
-const intArray = (problem: ElementCheck, element: Schema.Codec<number, number | bigint> | Schema.Codec<number, number>) =>
+const intArray = (
+  problem: ElementCheck,
+  element: Schema.Codec<number, number | bigint> | Schema.Codec<number, number>,
+  bound?: LengthBound
+) =>
   Schema.declareConstructor<ReadonlyArray<number>, ReadonlyArray<number | bigint>>()(
     [],
     () => (u, ast, options) => {
       if (!Array.isArray(u)) return Effect.fail(new SchemaIssue.InvalidType(ast, u, options))
+      if (bound !== undefined && u.length > bound.max) {
+        return Effect.fail(
+          new SchemaIssue.InvalidValue({ message: `must have at most ${bound.max} ${bound.unit}, got ${u.length}` }, undefined, options)
+        )
+      }
       let out: Array<unknown> = u
       for (let i = 0; i < u.length; i++) {
         const v: unknown = u[i]
@@ -72,8 +89,14 @@ const intArray = (problem: ElementCheck, element: Schema.Codec<number, number | 
     }
   )
 
-/** `token_ids`: uint32s (DESIGN §3.2 hashes them as big-endian uint32), as `Schema.Array(TokenId)`. */
-export const TokenIds = intArray(tokenIdProblem, TokenId)
+/**
+ * `token_ids`: uint32s (DESIGN §3.2 hashes them as big-endian uint32), as `Schema.Array(TokenId)`, at most
+ * `MAX_TOKEN_IDS` of them.
+ */
+export const TokenIds = intArray(tokenIdProblem, TokenId, { max: MAX_TOKEN_IDS, unit: "token ids (MAX_TOKEN_IDS)" })
 
 /** Non-negative safe integers, uint64 bigints made numbers, as `Schema.Array(Uint)`. */
 export const UintArray = intArray(uintProblem, Uint)
+
+/** One KV group's block ids (`block_ids[g]`): a `UintArray` of at most `MAX_BLOCK_IDS`. */
+export const BlockIdList = intArray(uintProblem, Uint, { max: MAX_BLOCK_IDS, unit: "block ids in one KV group (MAX_BLOCK_IDS)" })

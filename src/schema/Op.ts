@@ -10,7 +10,7 @@
  */
 import { Schema } from "effect"
 import { WireString } from "./Text.ts"
-import { CacheKey } from "./CacheKey.ts"
+import { CacheKey, ModelName, RequestId, WorldSize } from "./CacheKey.ts"
 import { CbMatch } from "./CbMatch.ts"
 import {
   EngineDrivenPool,
@@ -20,7 +20,19 @@ import {
 } from "./EngineDriven.ts"
 import { InstanceIdWire } from "./InstanceId.ts"
 import { Uint } from "./Integer.ts"
-import { UintArray } from "./IntArrays.ts"
+import { BlockIdList } from "./IntArrays.ts"
+import {
+  atMost,
+  atMostLength,
+  MAX_CB_MATCHES,
+  MAX_ENGINE_TYPE_LENGTH,
+  MAX_EXPECTED_KINDS,
+  MAX_HIDDEN_DIM,
+  MAX_KV_GROUPS,
+  MAX_LAYERS,
+  MAX_TOKEN_IDS,
+  MAX_WORLD_SIZE
+} from "./Limits.ts"
 import { EngineGroupInfo, GroupRot, LayoutHints, RegistrationKind } from "./Registration.ts"
 import { TensorDescriptor } from "./TensorDescriptor.ts"
 
@@ -61,7 +73,12 @@ const op = <const Name extends string, const P extends ReadonlyArray<PayloadFiel
   row: Op<Name, P, R>
 ): Op<Name, P, R> => row
 
-const BlockIds = Schema.Array(UintArray)
+/** `block_ids`: one list per KV group (issue 24 item 5: at most `MAX_KV_GROUPS` lists of `MAX_BLOCK_IDS`). */
+const BlockIds = Schema.Array(BlockIdList).check(atMostLength(MAX_KV_GROUPS, "KV groups (MAX_KV_GROUPS)"))
+/** One descriptor per layer: at most `MAX_LAYERS`. */
+const KvCaches = Schema.Array(TensorDescriptor).check(atMostLength(MAX_LAYERS, "descriptors, one per layer (MAX_LAYERS)"))
+/** `tp_size` of LOOKUP / FREE_LOOKUP_LOCKS (upstream passes it; the server uses the key's world size): 0 … `MAX_WORLD_SIZE`. */
+const TpSize = Uint.check(atMost(MAX_WORLD_SIZE, "kv ranks, MAX_WORLD_SIZE"))
 /** `[event_handle, ok]` answer of STORE / RETRIEVE / CB_RETRIEVE_PRE_COMPUTED. */
 export const TransferResult = Schema.Tuple([Schema.Uint8Array, Schema.Boolean])
 
@@ -70,12 +87,12 @@ export const RegisterKvCache = op({
   name: "register_kv_cache",
   payload: [
     ["instance_id", InstanceIdWire],
-    ["kv_caches", Schema.Array(TensorDescriptor)],
-    ["model_name", WireString],
-    ["world_size", Uint],
-    ["engine_type", WireString],
+    ["kv_caches", KvCaches],
+    ["model_name", ModelName],
+    ["world_size", WorldSize],
+    ["engine_type", WireString.check(atMostLength(MAX_ENGINE_TYPE_LENGTH, "characters (MAX_ENGINE_TYPE_LENGTH)"))],
     ["layout_hints", LayoutHints],
-    ["engine_group_infos", Schema.Array(EngineGroupInfo)]
+    ["engine_group_infos", Schema.Array(EngineGroupInfo).check(atMostLength(MAX_KV_GROUPS, "KV groups (MAX_KV_GROUPS)"))]
   ],
   response: undefined
 })
@@ -107,7 +124,7 @@ export const Retrieve = op({
     ["instance_id", InstanceIdWire],
     ["block_ids", BlockIds],
     ["event_handle", Schema.Uint8Array],
-    ["skip_first_n_tokens", Uint]
+    ["skip_first_n_tokens", Uint.check(atMost(MAX_TOKEN_IDS, "tokens, MAX_TOKEN_IDS"))]
   ],
   response: TransferResult
 })
@@ -115,28 +132,28 @@ export const Retrieve = op({
 export const Lookup = op({
   id: 8,
   name: "lookup",
-  payload: [["key", CacheKey], ["tp_size", Uint]],
+  payload: [["key", CacheKey], ["tp_size", TpSize]],
   response: undefined
 })
 
 export const QueryPrefetchStatus = op({
   id: 9,
   name: "query_prefetch_status",
-  payload: [["request_id", WireString]],
+  payload: [["request_id", RequestId]],
   response: Schema.NullOr(Uint)
 })
 
 export const FreeLookupLocks = op({
   id: 12,
   name: "free_lookup_locks",
-  payload: [["key", CacheKey], ["tp_size", Uint]],
+  payload: [["key", CacheKey], ["tp_size", TpSize]],
   response: undefined
 })
 
 export const EndSession = op({
   id: 13,
   name: "end_session",
-  payload: [["request_id", WireString]],
+  payload: [["request_id", RequestId]],
   response: undefined
 })
 
@@ -227,11 +244,11 @@ export const CbRegisterRope = op({
   name: "cb_register_rope",
   payload: [
     ["instance_id", InstanceIdWire],
-    ["cos_sin_caches", Schema.Array(TensorDescriptor)],
-    ["head_size", Uint],
+    ["cos_sin_caches", Schema.Array(TensorDescriptor).check(atMostLength(MAX_KV_GROUPS, "tables, one per KV group at most (MAX_KV_GROUPS)"))],
+    ["head_size", Uint.check(atMost(MAX_HIDDEN_DIM, "elements, MAX_HIDDEN_DIM"))],
     ["is_neox_style", Schema.Boolean],
-    ["group_to_cache", Schema.Array(Uint)],
-    ["group_rot", Schema.Array(GroupRot)]
+    ["group_to_cache", Schema.Array(Uint).check(atMostLength(MAX_KV_GROUPS, "KV groups (MAX_KV_GROUPS)"))],
+    ["group_rot", Schema.Array(GroupRot).check(atMostLength(MAX_KV_GROUPS, "KV groups (MAX_KV_GROUPS)"))]
   ],
   response: undefined
 })
@@ -248,7 +265,7 @@ export const CbRetrievePreComputed = op({
   name: "cb_retrieve_pre_computed",
   payload: [
     ["key", CacheKey],
-    ["matches", Schema.Array(CbMatch)],
+    ["matches", Schema.Array(CbMatch).check(atMostLength(MAX_CB_MATCHES, "matches (MAX_CB_MATCHES)"))],
     ["block_ids", BlockIds],
     ["instance_id", InstanceIdWire],
     ["event_handle", Schema.Uint8Array]
@@ -259,7 +276,10 @@ export const CbRetrievePreComputed = op({
 export const PingRegistered = op({
   id: 64,
   name: "ping_registered",
-  payload: [["instance_id", InstanceIdWire], ["expected", Schema.Array(RegistrationKind)]],
+  payload: [
+    ["instance_id", InstanceIdWire],
+    ["expected", Schema.Array(RegistrationKind).check(atMostLength(MAX_EXPECTED_KINDS, "kinds (MAX_EXPECTED_KINDS)"))]
+  ],
   response: Schema.Array(RegistrationKind)
 })
 

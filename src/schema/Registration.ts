@@ -5,11 +5,12 @@
 import { Schema } from "effect"
 import { WireString } from "./Text.ts"
 import { Uint } from "./Integer.ts"
+import { atMostLength, MAX_LAYERS, MAX_LAYOUT_HINTS } from "./Limits.ts"
 
 /** One engine KV group (hybrid / sliding-window models); one group today. */
 export const EngineGroupInfo = Schema.Struct({
   engine_group_id: Uint,
-  layer_indices: Schema.Array(Uint),
+  layer_indices: Schema.Array(Uint).check(atMostLength(MAX_LAYERS, "layers (MAX_LAYERS)")),
   tokens_per_block: Uint
 })
 export type EngineGroupInfo = typeof EngineGroupInfo.Type
@@ -20,12 +21,17 @@ const HintScalar = Schema.Union([Schema.Null, Schema.Boolean, HintNumber, WireSt
 
 /**
  * Layout hints (upstream `LayoutHints` TypedDict, e.g. `{kv_layout: "NHD"}`):
- * a string-keyed map of scalars or lists of scalars.
+ * a string-keyed map of scalars or lists of scalars, at most
+ * `MAX_LAYOUT_HINTS` entries and list elements (issue 24 item 5).
  */
 export const LayoutHints = Schema.Record(
   // msgpackr renames a "__proto__" key (prototype-pollution guard), so it cannot round-trip.
   WireString.check(Schema.makeFilter((k: string) => k === "__proto__" ? "must not be __proto__" : undefined)),
-  Schema.Union([HintScalar, Schema.Array(HintScalar)])
+  Schema.Union([HintScalar, Schema.Array(HintScalar).check(atMostLength(MAX_LAYOUT_HINTS, "elements (MAX_LAYOUT_HINTS)"))])
+).check(
+  Schema.makeFilter((hints: object) =>
+    Object.keys(hints).length > MAX_LAYOUT_HINTS ? `must have at most ${MAX_LAYOUT_HINTS} entries (MAX_LAYOUT_HINTS)` : undefined
+  )
 )
 export type LayoutHints = typeof LayoutHints.Type
 

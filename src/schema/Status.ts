@@ -145,14 +145,29 @@ export const StatusDocument = Schema.Struct({
     evictions: Count
   }),
   /**
-   * Lookup sessions, plus totals since start (issue 17): LOOKUP requests, and
-   * chunks looked up and found in L1, per rank; the L1 hit ratio is
-   * `hit_chunks / looked_up_chunks`.
+   * Lookup sessions (pending lookups: request ids whose read locks or
+   * unreported count the server keeps), the read locks they hold, the
+   * unreported counts, the peers they count against; the bounds on them and
+   * releases before their end by reason (issue 24 item 6); LOOKUPs whose
+   * locked prefix `--max-lookup-locks` cut short; plus totals since start
+   * (issue 17): LOOKUP requests, and chunks looked up and found in L1, per
+   * rank; the L1 hit ratio is `hit_chunks / looked_up_chunks`.
    */
   lookup: Schema.Struct({
     sessions: Count,
     held_locks: Count,
     pending_jobs: Count,
+    peers: Count,
+    max_pending_lookups: Count,
+    max_pending_lookups_per_peer: Count,
+    max_lookup_locks: Count,
+    released: Schema.Struct({
+      ttl: Count,
+      max_pending_lookups_per_peer: Count,
+      max_pending_lookups: Count,
+      max_lookup_locks: Count
+    }),
+    capped_lookups: Count,
     lookups: Count,
     looked_up_chunks: Count,
     hit_chunks: Count

@@ -9,6 +9,10 @@ import { Schema } from "effect"
 import { WireString } from "./Text.ts"
 import { Dtype } from "./Dtype.ts"
 import { Uint } from "./Integer.ts"
+import { atMostLength, MAX_DEVICE_UUID_LENGTH, MAX_SHM_NAME_LENGTH, MAX_TENSOR_DIMS } from "./Limits.ts"
+
+/** `shape` / `stride`: at most `MAX_TENSOR_DIMS` dimensions (issue 24 item 5). */
+const Dims = Schema.Array(Uint).check(atMostLength(MAX_TENSOR_DIMS, "dimensions (MAX_TENSOR_DIMS)"))
 
 /**
  * Where the memory lives: POSIX shared memory named in /dev/shm (`cpu_shm`),
@@ -21,7 +25,7 @@ export type TensorKind = typeof TensorKind.Type
 export const TensorDescriptor = Schema.Struct({
   kind: TensorKind,
   /** cpu_shm: the POSIX name without its leading slash (as listed in /dev/shm). */
-  shm_name: Schema.optionalKey(WireString),
+  shm_name: Schema.optionalKey(WireString.check(atMostLength(MAX_SHM_NAME_LENGTH, "characters (NAME_MAX)"))),
   /** cpu_memfd: the 16-byte one-time token the descriptor socket answered for the passed descriptors. */
   fd_token: Schema.optionalKey(Schema.Uint8Array),
   /** cpu_memfd: which of that request's descriptors holds this tensor (0-based, in the order passed). */
@@ -29,13 +33,13 @@ export const TensorDescriptor = Schema.Struct({
   /** cuda_ipc: the 64-byte cudaIpcMemHandle_t. */
   ipc_handle: Schema.optionalKey(Schema.Uint8Array),
   /** "cpu" for cpu_shm and cpu_memfd; the GPU's UUID for cuda_ipc. */
-  device_uuid: WireString,
+  device_uuid: WireString.check(atMostLength(MAX_DEVICE_UUID_LENGTH, "characters (MAX_DEVICE_UUID_LENGTH)")),
   /** Size of the whole segment in bytes. */
   nbytes: Uint,
   dtype: Dtype,
-  shape: Schema.Array(Uint),
+  shape: Dims,
   /** Strides in elements. */
-  stride: Schema.Array(Uint),
+  stride: Dims,
   /** Offset of element [0, …, 0] in elements from the segment start. */
   storage_offset: Uint
 })

@@ -168,7 +168,20 @@ describe.skipIf(!pythonReady)("examples/memfd_worker.py", () => {
       assert.deepStrictEqual(after.native, { open_mappings: 0, mapped_bytes: 0 })
       // The server's own count of what the example did: 2 chunks stored, looked up, hit and retrieved (2 layers × K+V × 4 blocks × 1 KiB each).
       assert.strictEqual(after.l1.objects, 2)
-      assert.deepStrictEqual(after.lookup, { sessions: 0, held_locks: 0, pending_jobs: 0, lookups: 1, looked_up_chunks: 2, hit_chunks: 2 })
+      assert.deepStrictEqual(after.lookup, {
+        sessions: 0,
+        held_locks: 0,
+        pending_jobs: 0,
+        peers: 0,
+        max_pending_lookups: 16384,
+        max_pending_lookups_per_peer: 4096,
+        max_lookup_locks: 1048576,
+        released: { ttl: 0, max_pending_lookups_per_peer: 0, max_pending_lookups: 0, max_lookup_locks: 0 },
+        capped_lookups: 0,
+        lookups: 1,
+        looked_up_chunks: 2,
+        hit_chunks: 2
+      })
       const metrics = yield* getText(`http://127.0.0.1:${httpPort}/metrics`)
       const sample = (name: string) => metrics.match(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, "m"))?.[1]
       assert.deepStrictEqual(

@@ -20,13 +20,16 @@ import { BadRequest, detailOf, errorBodyOf, NotRegistered } from "../../src/sche
 
 const Uid = Schema.Int.check(Schema.isBetween({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER }))
 
-/** CacheKeys whose range lies inside their tokens (the Schema's rule, which random generation rarely meets). */
+/**
+ * CacheKeys whose range lies inside their tokens and whose worker_id is below their world size (the
+ * Schema's rules, which random generation rarely meets).
+ */
 const cacheKeyArbitrary = Arbitrary.schema(Schema.Struct(CacheKeyFields)).pipe(
   Arbitrary.map((k) => {
     const n = k.token_ids.length
     const a = Math.min(k.start, n)
     const b = Math.min(k.end, n)
-    return { ...k, start: Math.min(a, b), end: Math.max(a, b) }
+    return { ...k, start: Math.min(a, b), end: Math.max(a, b), worker_id: k.worker_id === null ? null : k.worker_id % k.world_size }
   })
 )
 

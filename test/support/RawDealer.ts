@@ -6,7 +6,7 @@
  */
 import { Effect, Scope } from "effect"
 import * as zmq from "zeromq"
-import { decodeReplyHeader, decodeResponse, encodeRequest } from "../../src/schema/Frame.ts"
+import { decodeReplyHeader, decodeResponse, encodeRequest, pack, type ReplyHeader } from "../../src/schema/Frame.ts"
 import { Hello, HelloChallenge, type Op, type PayloadOf } from "../../src/schema/Op.ts"
 import { helloProof } from "../../src/services/auth/Curve.ts"
 import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
@@ -81,4 +81,19 @@ export const rawDealer = (endpoint: string, curve?: DealerCurve, options: RawDea
       yield* exchange(Hello, [curve.publicKey, new Uint8Array(helloProof(curve.secretKey, curve.serverPublicKey, nonce))])
     }
     return raw
+  })
+
+/**
+ * Sends `[uid, op, ...values]` with every value packed as given — not checked against the op's Schemas, so
+ * an attacker's payload goes out as written — and returns the next reply's header. Dies when none arrives
+ * within `timeoutMs` (a bound on a hang, not a speed test) or it is not a reply.
+ */
+export const rawCall = (raw: RawDealer, uid: number, op: Op, values: ReadonlyArray<unknown>, timeoutMs = 30_000): Effect.Effect<ReplyHeader> =>
+  Effect.gen(function*() {
+    yield* raw.send([pack(uid), pack(op.id), ...values.map((v) => pack(v))])
+    const reply = yield* raw.receive(timeoutMs)
+    const header = reply === undefined ? undefined : decodeReplyHeader(reply)
+    if (header === undefined) return yield* Effect.die(new Error(`rawCall: ${op.name} (uid ${uid}): ${reply === undefined ? `no reply within ${timeoutMs} ms` : "not a reply"}`))
+    if (header.uid !== uid || header.opId !== op.id) return yield* Effect.die(new Error(`rawCall: ${op.name} (uid ${uid}): the reply is for uid ${header.uid}, op ${header.opId}`))
+    return header
   })

@@ -117,6 +117,24 @@ const serveFlags = {
     defaults.lookupLockTtlSeconds,
     rules.lockTtl
   ),
+  maxPendingLookups: int(
+    "max-pending-lookups",
+    "Pending lookups (request ids holding read locks or an unreported count) the server keeps; over it the oldest is released; >= 1",
+    defaults.maxPendingLookups,
+    rules.positiveInt
+  ),
+  maxPendingLookupsPerPeer: int(
+    "max-pending-lookups-per-peer",
+    "Pending lookups one peer (connection) may have; over it its oldest is released; >= 1, <= --max-pending-lookups",
+    defaults.maxPendingLookupsPerPeer,
+    rules.positiveInt
+  ),
+  maxLookupLocks: int(
+    "max-lookup-locks",
+    "Read locks all pending lookups may hold (one per L1 object each); over it the oldest lookups are released; >= 1",
+    defaults.maxLookupLocks,
+    rules.positiveInt
+  ),
   engineDrivenTransport: Flag.Literals("engine-driven-transport", ENGINE_DRIVEN_TRANSPORTS).pipe(
     Flag.withDescription(
       "Engine-driven transfers: shm (workers map the L1 pool and copy through slots) or inline (KV bytes in the messages); default shm, inline with CURVE, where shm is refused (it shares the pool with every tenant)"
@@ -194,6 +212,9 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   workerRegistrationGraceSeconds: f.workerRegistrationGraceSeconds,
   workerDisconnectGraceSeconds: f.workerDisconnectGraceSeconds,
   lookupLockTtlSeconds: f.lookupLockTtlSeconds,
+  maxPendingLookups: f.maxPendingLookups,
+  maxPendingLookupsPerPeer: f.maxPendingLookupsPerPeer,
+  maxLookupLocks: f.maxLookupLocks,
   engineDrivenTransport: Option.getOrUndefined(f.engineDrivenTransport),
   prepareTtlSeconds: f.prepareTtlSeconds,
   curveSecretKeyFile: Option.getOrUndefined(f.curveSecretKeyFile),

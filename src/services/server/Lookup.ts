@@ -14,6 +14,14 @@
  *   scheduler cannot pin memory forever; a prefetch job nobody queries is
  *   dropped after the same TTL (with its session, or on its own when it has
  *   none), so `lookup.pending_jobs` always returns to 0.
+ * - Bounded (issue 24 items 5 and 6): a LOOKUP with `worker_id` nil visits
+ *   the ranks chunk by chunk and stops at the first object L1 lacks, so its
+ *   work is bounded by what is stored, not by `world_size`; a LOOKUP that
+ *   finds nothing (no registered layout, no hit) keeps nothing; what a
+ *   pending lookup keeps is bounded per peer, per server and in read locks
+ *   (`--max-pending-lookups-per-peer`, `--max-pending-lookups`,
+ *   `--max-lookup-locks`), the oldest released first and counted
+ *   (src/services/server/internal/PendingLookups.ts).
  * - With an L2 (issue 15 item 5), LOOKUP continues past the L1 prefix: the
  *   chunks present in L2 for every rank (EXISTS under the lookup timeout)
  *   extend the prefix, and a prefetch fiber GETs them into fresh L1 objects
@@ -32,39 +40,67 @@ import { type KvLayout, LayoutRegistry } from "./LayoutRegistry.ts"
 import { objectKeyString, type ObjectKey } from "./ObjectKey.ts"
 import { chunkHashes } from "../kv/TokenHasher.ts"
 import { L2Tier } from "./l2/L2Tier.ts"
-
-interface HeldLock {
-  readonly key: ObjectKey
-  readonly chunkIndex: number
-  readonly handles: Array<ReadHandle>
-}
-
-/** A FREE_LOOKUP_LOCKS range: chunks [first, last) of `ranks`. */
-interface Freed {
-  readonly first: number
-  readonly last: number
-  readonly ranks: ReadonlySet<number>
-}
-
-interface Session {
-  readonly locks: Map<string, HeldLock>
-  lastActivityMs: number
-}
+import {
+  type LookupJob,
+  makePendingLookups,
+  type PendingLookup,
+  RELEASE_REASONS,
+  type ReleaseReason
+} from "./internal/PendingLookups.ts"
 
 const lookupsTotal = Metric.counter("mpcache_lookups_total", { description: "LOOKUP requests", incremental: true })
 const lookupChunksTotal = Metric.counter("mpcache_lookup_chunks_total", { description: "Chunks looked up (per rank)", incremental: true })
 const lookupHitChunksTotal = Metric.counter("mpcache_lookup_hit_chunks_total", { description: "Chunks found in L1 by LOOKUP (per rank)", incremental: true })
+const releasedTotal = Metric.counter("mpcache_lookup_sessions_released_total", {
+  description:
+    "Pending lookups released before their end, by reason: ttl (idle past --lookup-lock-ttl-seconds), or the bound they were the oldest over (max_pending_lookups_per_peer, max_pending_lookups, max_lookup_locks)",
+  incremental: true
+})
+const releasedMetric: Readonly<Record<ReleaseReason, Metric.Metric<number, unknown>>> = {
+  ttl: Metric.withAttributes(releasedTotal, { reason: "ttl" }),
+  max_pending_lookups_per_peer: Metric.withAttributes(releasedTotal, { reason: "max_pending_lookups_per_peer" }),
+  max_pending_lookups: Metric.withAttributes(releasedTotal, { reason: "max_pending_lookups" }),
+  max_lookup_locks: Metric.withAttributes(releasedTotal, { reason: "max_lookup_locks" })
+}
+
+/**
+ * L2 keys one LOOKUP asks EXISTS about: 65,536 (chunks × ranks; 8 ranks of a
+ * 2M-token prompt at 256-token chunks). Past it the prefix is not looked for
+ * in L2 (a shorter prefix is always a correct answer).
+ */
+export const L2_EXISTS_MAX_KEYS = 1 << 16
+
+/** One WARNING per this many ms for each kind of event a peer can repeat at will (a log line is not free). */
+const WARN_WINDOW_MS = 10_000
 
 /** The ObjectKeys of chunks [first, last) of `key` for `rank`, given their hashes. */
 export const objectKeysOf = (key: CacheKey, hashes: ReadonlyArray<Uint8Array>, rank: number): Array<ObjectKey> =>
   hashes.map((hash) => ({ hash, modelName: key.model_name, kvRank: rank, cacheSalt: key.cache_salt }))
 
-/** The ranks a key names: its worker_id, or every rank of its world size when nil. */
-export const ranksOf = (key: CacheKey): ReadonlyArray<number> =>
-  key.worker_id === null ? Array.from({ length: key.world_size }, (_, r) => r) : [key.worker_id]
+/** How many ranks a key names: 1 for its worker_id, or its world size when nil. */
+export const rankCountOf = (key: CacheKey): number => key.worker_id === null ? key.world_size : 1
+
+/** The `j`-th rank a key names (`j` < {@link rankCountOf}). */
+export const rankAt = (key: CacheKey, j: number): number => key.worker_id ?? j
+
+/** The ObjectKey of chunk `i` (hash `hashes[i]`) for the `j`-th rank `key` names, built only when asked about. */
+const chunkKey = (key: CacheKey, hashes: ReadonlyArray<Uint8Array>, i: number, j: number): ObjectKey => ({
+  hash: hashes[i]!,
+  modelName: key.model_name,
+  kvRank: rankAt(key, j),
+  cacheSalt: key.cache_salt
+})
+
+type Pending = PendingLookup<ObjectKey, ReadHandle>
 
 export class Lookup extends Context.Service<Lookup, {
-  readonly lookup: (key: CacheKey) => Effect.Effect<void>
+  /**
+   * LOOKUP: counts the prefix of `key`'s complete chunks every rank it names
+   * holds (L1, then L2), read-locks it for the request and records the
+   * count. `peer` (routing id hex; "" in-process) is whom the pending lookup
+   * counts against. Keeps nothing when nothing was found.
+   */
+  readonly lookup: (key: CacheKey, peer?: string) => Effect.Effect<void>
   readonly queryPrefetchStatus: (requestId: string) => Effect.Effect<number | null>
   readonly freeLookupLocks: (key: CacheKey) => Effect.Effect<void>
   readonly endSession: (requestId: string) => Effect.Effect<void>
@@ -76,8 +112,18 @@ export class Lookup extends Context.Service<Lookup, {
    */
   readonly acquireForRetrieve: (requestId: string, key: ObjectKey) => Effect.Effect<ReadHandle | undefined>
   readonly release: (handle: ReadHandle) => void
-  /** Open sessions and read locks they hold, for status. */
-  readonly stats: () => { readonly sessions: number; readonly heldLocks: number; readonly pendingJobs: number }
+  /**
+   * Pending lookups (`sessions`: request ids the server keeps state for), the
+   * read locks they hold, the unreported counts among them, the peers they
+   * count against, and releases before their end by reason, for status.
+   */
+  readonly stats: () => {
+    readonly sessions: number
+    readonly heldLocks: number
+    readonly pendingJobs: number
+    readonly peers: number
+    readonly released: Readonly<Record<ReleaseReason, number>>
+  }
   /** Releases the locks of sessions idle longer than the TTL; returns how many sessions. */
   readonly sweepExpired: () => Effect.Effect<number>
   /** Rows: LOOKUP, QUERY_PREFETCH_STATUS, FREE_LOOKUP_LOCKS, END_SESSION — all NORMAL. */
@@ -94,153 +140,215 @@ export class Lookup extends Context.Service<Lookup, {
       const scope = yield* Effect.scope
       const chunk = config.chunkSizeTokens
       const ttlMs = config.lookupLockTtlSeconds * 1000
-      const sessions = new Map<string, Session>()
-      // request id → hit chunks and when the LOOKUP recorded it (Clock ms). A job is bounded by the lock
-      // TTL like a session: one the scheduler never queries (a model nobody registered has no session)
-      // must not stay for the life of the server (issue 18).
-      // hits null: an L2 prefetch is still running (QUERY_PREFETCH_STATUS answers nil).
-      // `freed`: FREE_LOOKUP_LOCKS ranges received while it ran, whose chunks it must not lock.
-      const jobs = new Map<string, { hits: number | null; readonly atMs: number; readonly freed: Array<Freed> }>()
+      const limits = config.lookupLimits
+      // Request id → its locks and unreported count, oldest LOOKUP first, bounded (issue 24 item 6). A
+      // count nobody queries is bounded by the lock TTL like the locks (issue 18).
+      const pending = makePendingLookups<ObjectKey, ReadHandle>(limits, (h) => l1.unlockRead(h))
       // Since start, for the status page's L1 hit ratio (issue 17): LOOKUPs, and chunks looked up and
-      // found, counted per rank like mpcache_lookup_chunks_total / mpcache_lookup_hit_chunks_total.
-      const totals = { lookups: 0, lookedUpChunks: 0, hitChunks: 0 }
+      // found, counted per rank like mpcache_lookup_chunks_total / mpcache_lookup_hit_chunks_total;
+      // and LOOKUPs whose locked prefix --max-lookup-locks cut short.
+      const totals = { lookups: 0, lookedUpChunks: 0, hitChunks: 0, cappedLookups: 0 }
+      // Last WARNING per kind (Clock ms) and how many were not logged since.
+      const warned = new Map<string, { atMs: number; suppressed: number }>()
 
-      const sessionOf = (requestId: string, nowMs: number): Session => {
-        let s = sessions.get(requestId)
-        if (s === undefined) {
-          s = { locks: new Map(), lastActivityMs: nowMs }
-          sessions.set(requestId, s)
+      /** Logs `message` at WARNING unless `kind` was logged within the window (then counts it). */
+      const warnThrottled = (kind: string, message: string) =>
+        Effect.gen(function*() {
+          const now = yield* Clock.currentTimeMillis
+          const last = warned.get(kind)
+          if (last !== undefined && now - last.atMs < WARN_WINDOW_MS) {
+            last.suppressed++
+            return
+          }
+          warned.set(kind, { atMs: now, suppressed: 0 })
+          const more = last !== undefined && last.suppressed > 0 ? ` (${last.suppressed} more like it since the last warning)` : ""
+          yield* Effect.logWarning(`${message}${more}`)
+        })
+
+      /** Counts the releases the table made since the last call, and warns about them (throttled). */
+      const reportReleases = Effect.gen(function*() {
+        const { counts, peers } = pending.drainReleases()
+        for (const reason of RELEASE_REASONS) {
+          const n = counts[reason]
+          if (n === 0) continue
+          yield* Metric.update(releasedMetric[reason], n)
+          if (reason === "ttl") {
+            yield* Effect.logInfo(`released the lookup locks of ${n} session(s) idle for over ${config.lookupLockTtlSeconds} s`)
+          } else {
+            const flag = reason.replaceAll("_", "-")
+            const limit = reason === "max_pending_lookups_per_peer"
+              ? limits.maxPendingLookupsPerPeer
+              : reason === "max_pending_lookups"
+              ? limits.maxPendingLookups
+              : limits.maxLookupLocks
+            const who = peers.length > 0 ? ` (peer ${peers.slice(0, 4).join(", ")}${peers.length > 4 ? ", …" : ""})` : ""
+            yield* warnThrottled(reason, `lookup: released the ${n} oldest pending lookup(s) over --${flag} ${limit}${who}`)
+          }
         }
-        s.lastActivityMs = nowMs
-        return s
-      }
-
-      const holdLock = (session: Session, key: ObjectKey, chunkIndex: number, handle: ReadHandle) => {
-        const held = session.locks.get(handle.keyString)
-        if (held === undefined) session.locks.set(handle.keyString, { key, chunkIndex, handles: [handle] })
-        else held.handles.push(handle)
-      }
+      })
 
       /**
-       * The L2 prefetch of chunks [from, from + count) for every rank: GETs into L1 objects, then the
-       * handles of the contiguous run that arrived go to the session and the job's count is set; the
-       * rest are released (their objects stay in L1, unlocked). A session or job gone meanwhile
-       * (END_SESSION, the TTL) gets nothing: every handle is released.
+       * The L2 prefetch of chunks [from, from + count) for every rank of `key`: GETs into L1 objects,
+       * then the handles of the contiguous run that arrived go to the pending lookup and the job's count
+       * is set; the rest are released (their objects stay in L1, unlocked). A lookup ended, released or
+       * looked up again meanwhile gets nothing: every handle is released.
        */
-      const prefetch = (requestId: string, perRank: ReadonlyArray<ReadonlyArray<ObjectKey>>, from: number, count: number, layout: KvLayout) =>
+      const prefetch = (entry: Pending, job: LookupJob, key: CacheKey, hashes: ReadonlyArray<Uint8Array>, from: number, count: number, layout: KvLayout) =>
         Effect.gen(function*() {
+          const ranks = rankCountOf(key)
+          const keyAt = (i: number, j: number) => chunkKey(key, hashes, i, j)
           const fetched = yield* Effect.forEach(
-            Array.from({ length: count }, (_, i) => from + i),
-            (i) => Effect.forEach(perRank, (keys) => l2.fetch(keys[i]!, layout), { concurrency: "unbounded" }),
+            Array.from({ length: count }, (_, n) => from + n),
+            (i) => Effect.forEach(Array.from({ length: ranks }, (_, j) => keyAt(i, j)), (k) => l2.fetch(k, layout), { concurrency: "unbounded" }),
             { concurrency: 8 }
           )
           let got = 0
           while (got < count && fetched[got]!.every((h) => h !== undefined)) got++
-          const session = sessions.get(requestId)
-          const job = jobs.get(requestId)
-          const keep = session !== undefined && job !== undefined && job.hits === null
+          const keep = pending.get(entry.requestId) === entry && entry.job === job && job.hits === null
+          // The locks of the run must fit under --max-lookup-locks; a run cut short is a shorter prefix.
+          const fits = keep ? Math.min(got, Math.floor(pending.lockRoom() / ranks)) : 0
+          if (keep && fits < got) totals.cappedLookups++
           fetched.forEach((handles, n) =>
-            handles.forEach((h, r) => {
+            handles.forEach((h, j) => {
               if (h === undefined) return
-              const k = perRank[r]![from + n]!
-              const freed = job?.freed.some((f) => from + n >= f.first && from + n < f.last && f.ranks.has(k.kvRank)) ?? false
-              if (keep && n < got && !freed) holdLock(session, k, from + n, h)
+              const i = from + n
+              const rank = rankAt(key, j)
+              const freed = job.freed.some((f) => i >= f.first && i < f.last && (f.rank === null ? rank < f.ranksBelow : f.rank === rank))
+              if (keep && n < fits && !freed) pending.hold(entry, keyAt(i, j), i, rank, h)
               else l1.unlockRead(h)
             })
           )
-          if (keep) job.hits = from + got
-          if (got < count) yield* Effect.logInfo(`lookup ${requestId}: L2 prefetch got ${got} of ${count} chunk(s); prefix ${from + got}`)
+          if (keep) job.hits = from + fits
+          if (fits < count) yield* Effect.logInfo(`lookup ${entry.requestId}: L2 prefetch got ${fits} of ${count} chunk(s); prefix ${from + fits}`)
         })
 
-      const releaseAll = (s: Session) => {
-        for (const held of s.locks.values()) for (const h of held.handles) l1.unlockRead(h)
-        s.locks.clear()
-      }
+      /** How many of chunks [from, …) every rank of `key` has in L2 (at most L2_EXISTS_MAX_KEYS keys asked). */
+      const inL2From = (key: CacheKey, hashes: ReadonlyArray<Uint8Array>, from: number, layout: KvLayout) =>
+        Effect.suspend(() => {
+          const ranks = rankCountOf(key)
+          const count = Math.min(hashes.length - from, Math.floor(L2_EXISTS_MAX_KEYS / ranks))
+          if (!l2.enabled || count <= 0) return Effect.succeed(0)
+          const rest = Array.from({ length: count }, (_, n) => Array.from({ length: ranks }, (_, j) => chunkKey(key, hashes, from + n, j)))
+          return l2.existsPrefix(rest, layout)
+        })
 
-      const lookup = (key: CacheKey) =>
+      const lookup = (key: CacheKey, peer = "") =>
         Effect.gen(function*() {
           const now = yield* Clock.currentTimeMillis
           const layout = yield* layouts.get(key.model_name, key.world_size)
           yield* Metric.update(lookupsTotal, 1)
           totals.lookups++
           if (layout === undefined) {
-            jobs.set(key.request_id, { hits: 0, atMs: now, freed: [] })
-            return yield* Effect.logWarning(
+            // Keeps nothing (issue 24 item 6): an earlier count for this id no longer stands (0 is the answer
+            // now, as for an unknown id), and locks of an earlier LOOKUP stay theirs.
+            forgetJob(key.request_id, now)
+            return yield* warnThrottled(
+              "no-layout",
               `lookup: no registered layout for model ${key.model_name} (world size ${key.world_size}); 0 hits`
             )
           }
           const hashes = chunkHashes(key.token_ids, chunk, Math.floor(key.end / chunk))
-          const ranks = ranksOf(key)
-          const perRank = ranks.map((r) => objectKeysOf(key, hashes, r))
+          const ranks = rankCountOf(key)
+          const keyAt = (i: number, j: number) => chunkKey(key, hashes, i, j)
+          // Chunk by chunk, every rank, stopping at the first object L1 lacks: each step but the last finds
+          // a stored object, so the work is bounded by what is stored, never by world_size (issue 24 item 5).
           let hits = 0
-          while (hits < hashes.length && perRank.every((keys) => l1.contains(keys[hits]!))) hits++
-          const session = sessionOf(key.request_id, now)
-          for (const keys of perRank) {
-            for (let i = 0; i < hits; i++) {
-              const handle = l1.lockRead(keys[i]!)
-              if (handle !== undefined) holdLock(session, keys[i]!, i, handle)
+          scan: while (hits < hashes.length) {
+            for (let j = 0; j < ranks; j++) if (!l1.contains(keyAt(hits, j))) break scan
+            hits++
+          }
+          yield* Metric.update(lookupChunksTotal, hashes.length * ranks)
+          yield* Metric.update(lookupHitChunksTotal, hits * ranks)
+          totals.lookedUpChunks += hashes.length * ranks
+          totals.hitChunks += hits * ranks
+          const inL2First = hits === 0 ? yield* inL2From(key, hashes, 0, layout) : 0
+          if (hits === 0 && inL2First === 0) {
+            forgetJob(key.request_id, now)
+            return
+          }
+          const entry = pending.admit(key.request_id, peer, now)
+          const room = pending.makeRoomForLocks(hits * ranks, entry)
+          const locked = Math.min(hits, Math.floor(room / ranks))
+          if (locked < hits) totals.cappedLookups++
+          for (let i = 0; i < locked; i++) {
+            for (let j = 0; j < ranks; j++) {
+              const k = keyAt(i, j)
+              const handle = l1.lockRead(k)
+              if (handle !== undefined) pending.hold(entry, k, i, k.kvRank, handle)
             }
           }
-          const rest = Array.from({ length: hashes.length - hits }, (_, n) => perRank.map((keys) => keys[hits + n]!))
-          const inL2 = l2.enabled && rest.length > 0 ? yield* l2.existsPrefix(rest, layout) : 0
-          jobs.set(key.request_id, { hits: inL2 > 0 ? null : hits, atMs: now, freed: [] })
-          if (inL2 > 0) yield* Effect.forkIn(prefetch(key.request_id, perRank, hits, inL2, layout), scope)
-          yield* Metric.update(lookupChunksTotal, hashes.length * ranks.length)
-          yield* Metric.update(lookupHitChunksTotal, hits * ranks.length)
-          totals.lookedUpChunks += hashes.length * ranks.length
-          totals.hitChunks += hits * ranks.length
+          yield* reportReleases
+          if (locked < hits) {
+            yield* warnThrottled("capped", `lookup: --max-lookup-locks ${limits.maxLookupLocks} reached; request ${key.request_id} locked ${locked} of ${hits} hit chunk(s)`)
+          }
+          const inL2 = locked < hits ? 0 : hits === 0 ? inL2First : yield* inL2From(key, hashes, hits, layout)
+          // Ended or released while L2 answered: its locks went with it.
+          if (pending.get(key.request_id) !== entry) return
+          if (inL2 === 0 && locked === 0) {
+            // --max-lookup-locks left no room at all: nothing locked, nothing to report.
+            entry.job = undefined
+            pending.dropIfIdle(entry)
+            return
+          }
+          const job: LookupJob = { hits: inL2 > 0 ? null : locked, freed: [] }
+          entry.job = job
+          if (inL2 > 0) yield* Effect.forkIn(prefetch(entry, job, key, hashes, locked, inL2, layout), scope)
         })
+
+      /** A LOOKUP that found nothing: an earlier unreported count for the id goes (0 is the answer now). */
+      const forgetJob = (requestId: string, now: number) => {
+        const p = pending.get(requestId)
+        if (p === undefined) return
+        p.job = undefined
+        p.lastActivityMs = now
+        pending.dropIfIdle(p)
+      }
 
       const queryPrefetchStatus = (requestId: string) =>
         Effect.gen(function*() {
           const now = yield* Clock.currentTimeMillis
-          const s = sessions.get(requestId)
-          if (s !== undefined) s.lastActivityMs = now
-          const job = jobs.get(requestId)
-          if (job === undefined) return 0
-          if (job.hits === null) return null
-          jobs.delete(requestId)
-          return job.hits
+          const p = pending.get(requestId)
+          if (p === undefined) return 0
+          p.lastActivityMs = now
+          if (p.job === undefined) return 0
+          if (p.job.hits === null) return null
+          const hits = p.job.hits
+          p.job = undefined
+          pending.dropIfIdle(p)
+          return hits
         })
 
       const freeLookupLocks = (key: CacheKey) =>
         Effect.sync(() => {
-          const s = sessions.get(key.request_id)
-          if (s === undefined) return
+          const p = pending.get(key.request_id)
+          if (p === undefined) return
           const first = Math.floor(key.start / chunk)
           const last = Math.ceil(key.end / chunk)
-          const ranks = new Set(ranksOf(key))
-          const job = jobs.get(key.request_id)
-          if (job !== undefined && job.hits === null) job.freed.push({ first, last, ranks })
-          for (const [ks, held] of s.locks) {
-            if (held.chunkIndex >= first && held.chunkIndex < last && ranks.has(held.key.kvRank)) {
-              for (const h of held.handles) l1.unlockRead(h)
-              s.locks.delete(ks)
-            }
-          }
+          const rank = key.worker_id
+          const ranksBelow = key.world_size
+          if (p.job !== undefined && p.job.hits === null) pending.rememberFreed(p.job, { first, last, rank, ranksBelow })
+          pending.unlockWhere(
+            p,
+            (held) => held.chunkIndex >= first && held.chunkIndex < last && (rank === null ? held.kvRank < ranksBelow : held.kvRank === rank)
+          )
         })
 
       const endSession = (requestId: string) =>
         Effect.sync(() => {
-          jobs.delete(requestId)
-          const s = sessions.get(requestId)
-          if (s === undefined) return
-          const keys = [...s.locks.values()].map((h) => h.key)
-          releaseAll(s)
-          sessions.delete(requestId)
+          const p = pending.get(requestId)
+          if (p === undefined) return
+          const keys = [...p.locks.values()].map((h) => h.key)
+          pending.end(p)
           l1.touch(keys)
         })
 
       const acquireForRetrieve = (requestId: string, key: ObjectKey) =>
         Effect.gen(function*() {
           const now = yield* Clock.currentTimeMillis
-          const s = sessions.get(requestId)
-          if (s !== undefined) {
-            s.lastActivityMs = now
-            const ks = objectKeyString(key)
-            const held = s.locks.get(ks)
-            const handle = held?.handles.pop()
-            if (held !== undefined && held.handles.length === 0) s.locks.delete(ks)
+          const p = pending.get(requestId)
+          if (p !== undefined) {
+            p.lastActivityMs = now
+            const handle = pending.take(p, objectKeyString(key))
             if (handle !== undefined) return handle
           }
           return l1.lockRead(key)
@@ -249,19 +357,8 @@ export class Lookup extends Context.Service<Lookup, {
       const sweepExpired = () =>
         Effect.gen(function*() {
           const now = yield* Clock.currentTimeMillis
-          let expired = 0
-          for (const [id, s] of sessions) {
-            if (now - s.lastActivityMs > ttlMs) {
-              releaseAll(s)
-              sessions.delete(id)
-              jobs.delete(id)
-              expired++
-            }
-          }
-          for (const [id, job] of jobs) if (!sessions.has(id) && now - job.atMs > ttlMs) jobs.delete(id)
-          if (expired > 0) {
-            yield* Effect.logInfo(`released the lookup locks of ${expired} session(s) idle for over ${config.lookupLockTtlSeconds} s`)
-          }
+          const expired = pending.sweep(now, ttlMs)
+          yield* reportReleases
           return expired
         })
 
@@ -269,18 +366,11 @@ export class Lookup extends Context.Service<Lookup, {
         Effect.repeat(Schedule.spaced(Duration.millis(Math.min(ttlMs / 4, 30_000)))),
         Effect.forkScoped
       )
-      yield* Effect.addFinalizer(() =>
-        Effect.sync(() => {
-          for (const s of sessions.values()) releaseAll(s)
-          sessions.clear()
-          jobs.clear()
-        })
-      )
+      yield* Effect.addFinalizer(() => Effect.sync(() => pending.clear()))
 
       const stats = () => {
-        let heldLocks = 0
-        for (const s of sessions.values()) for (const h of s.locks.values()) heldLocks += h.handles.length
-        return { sessions: sessions.size, heldLocks, pendingJobs: jobs.size }
+        const s = pending.stats()
+        return { sessions: s.pending, heldLocks: s.heldLocks, pendingJobs: s.pendingJobs, peers: s.peers, released: s.released }
       }
       const module: ServerModule = {
         name: "lookup",
@@ -292,6 +382,12 @@ export class Lookup extends Context.Service<Lookup, {
                 sessions: k.sessions,
                 held_locks: k.heldLocks,
                 pending_jobs: k.pendingJobs,
+                peers: k.peers,
+                max_pending_lookups: limits.maxPendingLookups,
+                max_pending_lookups_per_peer: limits.maxPendingLookupsPerPeer,
+                max_lookup_locks: limits.maxLookupLocks,
+                released: k.released,
+                capped_lookups: totals.cappedLookups,
                 lookups: totals.lookups,
                 looked_up_chunks: totals.lookedUpChunks,
                 hit_chunks: totals.hitChunks
@@ -299,7 +395,7 @@ export class Lookup extends Context.Service<Lookup, {
             }
           }),
         rows: [
-          row(LookupOp, "NORMAL", ([key]) => lookup(key)),
+          row(LookupOp, "NORMAL", ([key], ctx) => lookup(key, ctx.peer)),
           row(QueryPrefetchStatus, "NORMAL", ([requestId]) => queryPrefetchStatus(requestId)),
           row(FreeLookupLocks, "NORMAL", ([key]) => freeLookupLocks(key)),
           row(EndSession, "NORMAL", ([requestId]) => endSession(requestId))

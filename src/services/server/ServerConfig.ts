@@ -7,6 +7,7 @@
 import { accessSync, constants, readFileSync } from "node:fs"
 import { tmpdir, totalmem } from "node:os"
 import { Context, Effect, Layer, Schema } from "effect"
+import { MAX_CHUNK_SIZE_TOKENS } from "../../schema/Limits.ts"
 import { unsafeIpcDirectory } from "../zmq/Sockets.ts"
 import {
   currentDescriptorLimit,
@@ -96,6 +97,8 @@ export interface ServerConfigShape {
   readonly workerDisconnectGraceSeconds: number
   /** Prefetch read locks older than this are released (`--lookup-lock-ttl-seconds`; upstream read_ttl_seconds 300). */
   readonly lookupLockTtlSeconds: number
+  /** What pending lookups may keep (issue 24 item 6); over a bound the oldest is released. */
+  readonly lookupLimits: LookupLimits
   /** Engine-driven transport (`--engine-driven-transport`: default shm, inline with CURVE, which refuses shm). */
   readonly engineDrivenTransport: EngineDrivenTransport
   /**
@@ -126,6 +129,22 @@ export interface CurveFiles {
   readonly secretKeyFile: string
   /** The authorized-keys file (src/services/auth/AuthorizedKeys.ts). */
   readonly authorizedKeysFile: string
+}
+
+/**
+ * Bounds on pending lookups — request ids whose read locks or hit count the
+ * server keeps between LOOKUP and END_SESSION / RETRIEVE / the TTL (issue 24
+ * item 6). Over one, the oldest pending lookup is released (locks freed,
+ * counted in `mpcache_lookup_sessions_released_total{reason}`); the new
+ * LOOKUP is served.
+ */
+export interface LookupLimits {
+  /** Pending lookups in the whole server (`--max-pending-lookups`, default 16384). */
+  readonly maxPendingLookups: number
+  /** Pending lookups whose last LOOKUP came from one peer (routing id) (`--max-pending-lookups-per-peer`, default 4096). */
+  readonly maxPendingLookupsPerPeer: number
+  /** Read locks all pending lookups hold together, one per L1 object each (`--max-lookup-locks`, default 1048576). */
+  readonly maxLookupLocks: number
 }
 
 /** Per-tenant limits; over one a request is answered `overloaded` naming it. */
@@ -161,6 +180,9 @@ export interface ServerConfigInput {
   readonly workerRegistrationGraceSeconds: number
   readonly workerDisconnectGraceSeconds: number
   readonly lookupLockTtlSeconds: number
+  readonly maxPendingLookups: number
+  readonly maxPendingLookupsPerPeer: number
+  readonly maxLookupLocks: number
   /** undefined: the default, shm without CURVE and inline with it. */
   readonly engineDrivenTransport: EngineDrivenTransport | undefined
   readonly prepareTtlSeconds: number
@@ -202,6 +224,12 @@ export const defaults: ServerConfigInput = {
   workerRegistrationGraceSeconds: 3600,
   workerDisconnectGraceSeconds: 10,
   lookupLockTtlSeconds: 300,
+  // A scheduler keeps one pending lookup per request it has looked up and not yet ended: its running
+  // and waiting requests (vLLM runs up to 1024 at once). 4 schedulers' worth per server.
+  maxPendingLookupsPerPeer: 4096,
+  maxPendingLookups: 16384,
+  // 1024 requests × 8 ranks × 128 chunks (32K-token prompts at 256); ~200 bytes of heap each (docs/security.md).
+  maxLookupLocks: 1 << 20,
   engineDrivenTransport: undefined,
   prepareTtlSeconds: 60,
   curveSecretKeyFile: undefined,
@@ -267,7 +295,8 @@ export const rules = {
   endpoint: (s: string) =>
     /^(tcp:\/\/[^\s]+:(\d+|\*)|ipc:\/\/[^\s]+)$/.test(s) ? undefined : `must be a ZeroMQ endpoint tcp://HOST:PORT or ipc://PATH (got "${s}")`,
   host: (s: string) => s.length > 0 && !/\s/.test(s) ? undefined : `must be a host name or address (got "${s}")`,
-  chunkSize: (n: number) => Number.isInteger(n) && n >= 1 && n <= 1 << 20 ? undefined : `must be an integer from 1 to 1048576 tokens (got ${n})`,
+  chunkSize: (n: number) =>
+    Number.isInteger(n) && n >= 1 && n <= MAX_CHUNK_SIZE_TOKENS ? undefined : `must be an integer from 1 to ${MAX_CHUNK_SIZE_TOKENS} tokens (got ${n})`,
   l1SizeGb: (n: number) => Number.isFinite(n) && n > 0 && n <= 65536 ? undefined : `must be a number of GiB above 0 (got ${n})`,
   workers: (n: number) => Number.isInteger(n) && n >= 1 && n <= 1024 ? undefined : `must be an integer from 1 to 1024 (got ${n})`,
   reapTimeout: (n: number) =>
@@ -328,6 +357,18 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
   }
   check("worker-disconnect-grace-seconds", rules.disconnectGrace(input.workerDisconnectGraceSeconds))
   check("lookup-lock-ttl-seconds", rules.lockTtl(input.lookupLockTtlSeconds))
+  check("max-pending-lookups", rules.positiveInt(input.maxPendingLookups))
+  check("max-pending-lookups-per-peer", rules.positiveInt(input.maxPendingLookupsPerPeer))
+  check("max-lookup-locks", rules.positiveInt(input.maxLookupLocks))
+  if (
+    rules.positiveInt(input.maxPendingLookups) === undefined && rules.positiveInt(input.maxPendingLookupsPerPeer) === undefined &&
+    input.maxPendingLookupsPerPeer > input.maxPendingLookups
+  ) {
+    issues.push({
+      flag: "max-pending-lookups-per-peer",
+      message: `must not exceed --max-pending-lookups (${input.maxPendingLookups}; got ${input.maxPendingLookupsPerPeer})`
+    })
+  }
   if (input.engineDrivenTransport !== undefined) check("engine-driven-transport", rules.engineDrivenTransport(input.engineDrivenTransport))
   check("prepare-ttl-seconds", rules.prepareTtl(input.prepareTtlSeconds))
   check("tenant-max-instances", rules.positiveInt(input.tenantMaxInstances))
@@ -391,6 +432,11 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
       workerRegistrationGraceSeconds: grace,
       workerDisconnectGraceSeconds: input.workerDisconnectGraceSeconds,
       lookupLockTtlSeconds: input.lookupLockTtlSeconds,
+      lookupLimits: {
+        maxPendingLookups: input.maxPendingLookups,
+        maxPendingLookupsPerPeer: input.maxPendingLookupsPerPeer,
+        maxLookupLocks: input.maxLookupLocks
+      },
       engineDrivenTransport,
       prepareTtlSeconds: input.prepareTtlSeconds,
       curve: input.curveSecretKeyFile !== undefined && input.curveAuthorizedKeys !== undefined
