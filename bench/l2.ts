@@ -1,5 +1,5 @@
 /**
- * `npm run bench:l2 [-- --quick | --full] [-- --chunks N] [-- --rounds N] [-- --requests N] [-- --only transfer]`
+ * `npm run bench:l2 [-- --quick | --full] [-- --chunks N] [-- --rounds N] [-- --requests N] [-- --only transfer] [-- --mac]`
  *
  * The L2 tier on Redis (issue 15 "Benchmark"), against a real redis-server
  * started for the run (test/support/RedisFleet.ts: loopback port, temporary
@@ -35,6 +35,12 @@
  * read path moves; `MPCACHE_BENCH_SERVER_NODE_OPTIONS` is given to the
  * servers' node, e.g. `--cpu-prof --cpu-prof-dir DIR` to profile them).
  *
+ * `--mac`: servers A and B of parts 2–4 share a `--l2-secret-file` (a fresh
+ * random secret, mode 0600, removed at the end), so every value is
+ * authenticated with HMAC-SHA256 instead of checksummed (issue 24 item 14):
+ * what the MAC costs the write-through and the fetch. The replay of part 5
+ * runs without it.
+ *
  * Parts 2–4 and the L2 half of 5 need `mpcache serve --l2-url` (issue 15's
  * L2 tier); a build without it runs the rest, says which parts it could not
  * run and why, and exits 1. A benchmark, never a test: ratios against a
@@ -42,6 +48,9 @@
  */
 import { spawnSync } from "node:child_process"
 import { randomBytes } from "node:crypto"
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import { Effect, Exit, Layer, ManagedRuntime, References, Scope } from "effect"
 import { loggerLayer } from "../src/layers/Logging.ts"
 import { ClientLive } from "../src/layers/Client.ts"
@@ -84,7 +93,13 @@ const REPLAY_L2_LOOKUP_TIMEOUT_MS = 1000
 /** The ratio issue 15 asks of STORE → L2 and L2 → RETRIEVE against the client's own SET and GET. */
 const TARGET_RATIO = 0.8
 
-const args = parseBenchArgs({ chunks: { type: "string" }, requests: { type: "string" }, rounds: { type: "string" }, only: { type: "string" } })
+const args = parseBenchArgs({
+  chunks: { type: "string" },
+  requests: { type: "string" },
+  rounds: { type: "string" },
+  only: { type: "string" },
+  mac: { type: "boolean", default: false }
+})
 if (args.only !== undefined && args.only !== "transfer") usageError(`--only takes "transfer", got ${args.only}`)
 const TRANSFER_ONLY = args.only === "transfer"
 const count = (flag: string, text: string | undefined, fallback: number, multipleOf = 1): number => {
@@ -106,6 +121,17 @@ const pct = (x: number) => `${(100 * x).toFixed(2)}%`
 const resources = makeResources(`mpcache-bench-l2-${process.pid}-${Date.now().toString(36)}`, { stopTimeoutMs: 10_000, onSignal: "kill" })
 const segmentNames = segmentNamesOf(resources.tag)
 resources.onCleanup(() => unlinkSegments(segmentNames))
+
+/** With `--mac`: the `--l2-secret-file` flags of servers A and B (one fresh secret, mode 0600, removed at the end). */
+const macFlags: ReadonlyArray<string> = args.mac === true
+  ? (() => {
+    const dir = mkdtempSync(join(tmpdir(), `${resources.tag}-secret-`))
+    resources.onCleanup(() => rmSync(dir, { recursive: true, force: true }))
+    const file = join(dir, "l2.secret")
+    writeFileSync(file, `${randomBytes(32).toString("hex")}\n`, { mode: 0o600 })
+    return ["--l2-secret-file", file]
+  })()
+  : []
 
 /** What could not be measured, and why: printed at the end; the exit status is then 1. */
 const notRun: Array<string> = []
@@ -194,7 +220,8 @@ const l2Flags = (url: string): Array<string> => [
   "--l2-url", url,
   "--l2-max-inflight-bytes", String(2 * CHUNKS * CHUNK_BYTES + 2 ** 20),
   "--l2-transfer-timeout-ms", "60000",
-  "--l2-lookup-timeout-ms", "5000"
+  "--l2-lookup-timeout-ms", "5000",
+  ...macFlags
 ]
 
 /** `mpcache serve` (chunk 256, L1 1 GiB, JSON logs) with `flags`, once its MQ and HTTP frontends listen. */
@@ -454,6 +481,7 @@ const main = async (): Promise<void> => {
   const hasL2 = serveHasL2()
   log(`bench:l2 — ${CHUNKS} chunks of ${CHUNK_BYTES / 2 ** 20} MiB (256 tokens, ${MODEL}); replay ${REPLAY_REQUESTS} requests over 2 servers`)
   if (!hasL2) log(`  note: ${NO_L2}; parts 2–4 and the L2 replay are not run`)
+  if (macFlags.length > 0) log("  --mac: servers A and B authenticate every value with HMAC-SHA256 (--l2-secret-file)")
   const fleet = await startFleet()
   const client = await connectReference(fleet.url)
   const rows: Array<[string, string]> = []

@@ -8,7 +8,7 @@
  *   liveness  reaper on · reap timeout 120 s · registration grace 3600 s · disconnect grace 2 s · 2 tracked
  *   L1        8.0 KiB of 1.0 GiB (0.0%) · 1 objects · 0 evictions · hit ratio 50.0% (1 of 2 chunks) · L2 off
  *   (with --l2-url: "· L2 ok", then
- *   L2        redis://127.0.0.1:6379 · ok · 0 B in flight (0 writes) · 4 written · 0 dropped · 4 hit chunks · 0 corrupt)
+ *   L2        redis://127.0.0.1:6379 · ok · 0 B in flight (0 writes) · 4 written · 0 dropped · 4 hit chunks · 0 corrupt · authenticated (0 refused))
  *   reaps     1 recent · last: 2352963943 disconnect after 2.0 s silent (window 2 s)
  *
  *   INSTANCE ID          KIND      TENANT  MODEL  STATE    LAST SEEN  FLAGS
@@ -44,10 +44,11 @@ const table = (rows: ReadonlyArray<ReadonlyArray<string>>): Array<string> => {
   return rows.map((r) => r.map((cell, c) => (c === r.length - 1 ? cell : cell.padEnd(widths[c]!))).join("  ").trimEnd())
 }
 
-/** The L2 line (issue 15): store, state, writes in flight, counts, the last error. */
+/** The L2 line (issue 15): store, state, writes in flight, counts, whether values are authenticated (issue 24 item 14), the last error. */
 const l2Line = (l2: NonNullable<StatusDocument["l2"]>): string =>
   `L2        ${l2.url}${l2.connected ? "" : " (not connected)"} · ${l2.state} · ${formatBytes(l2.inflight_bytes)} in flight (${l2.queue_depth} writes) · ${l2.writes} written · ` +
-  `${l2.dropped_writes} dropped · ${l2.hit_chunks} hit chunks · ${l2.corrupt_values} corrupt` +
+  `${l2.dropped_writes} dropped · ${l2.hit_chunks} hit chunks · ${l2.corrupt_values} corrupt · ` +
+  (l2.authenticated ? `authenticated (${l2.unauthenticated_values} refused)` : "not authenticated") +
   (l2.last_error === null ? "" : ` · last error: ${l2.last_error}`)
 
 /** The summary, one string of lines (no trailing newline). */

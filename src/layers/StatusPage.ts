@@ -190,7 +190,8 @@ export const STATUS_PAGE_HTML = `<!doctype html>
       var b = doc.l2;
       l2.textContent = b.state || "on"; l2.className = b.state === "ok" ? "" : b.state;
       set("l2-detail", b.url + (b.connected ? "" : " (not connected)") + "; " + bytes(b.inflight_bytes) + " in flight (" + b.queue_depth + " writes); " +
-        b.writes + " written, " + b.dropped_writes + " dropped, " + b.hit_chunks + " hit chunks, " + b.corrupt_values + " corrupt" +
+        b.writes + " written, " + b.dropped_writes + " dropped, " + b.hit_chunks + " hit chunks, " + b.corrupt_values + " corrupt; " +
+        (b.authenticated ? "authenticated (" + b.unauthenticated_values + " refused)" : "not authenticated") +
         (b.last_error ? "; last error: " + b.last_error : ""));
     } else {
       l2.textContent = "off"; l2.className = "off";

@@ -99,6 +99,10 @@ export const StatusL2 = Schema.Struct({
   /** Chunks LOOKUP found in L2 past the L1 prefix, per rank. */
   hit_chunks: Count,
   corrupt_values: Count,
+  /** Whether values are authenticated with HMAC-SHA256 (`--l2-secret-file`, issue 24 item 14). */
+  authenticated: Schema.Boolean,
+  /** Values refused for want of a valid MAC (none, or one that does not verify) and deleted; 0 without a secret. */
+  unauthenticated_values: Count,
   breaker_opened: Count,
   breaker_closed: Count
 })

@@ -7,24 +7,15 @@
 import { assert, it } from "@effect/vitest"
 import { Effect, Schedule } from "effect"
 import { EndSession, Lookup, QueryPrefetchStatus, Retrieve, Store } from "../../src/schema/Op.ts"
-import { chunkHashes } from "../../src/services/kv/TokenHasher.ts"
-import { objectKeysOf } from "../../src/services/server/Lookup.ts"
-import { HEADER_BYTES, l2KeyOf, layoutFingerprint } from "../../src/services/server/l2/L2Value.ts"
+import { HEADER_BYTES } from "../../src/services/server/l2/L2Value.ts"
 import { runCli } from "../support/Cli.ts"
 import { verifyTokens, writeTokens } from "../support/KvData.ts"
 import { eventually, getText, statusOf } from "../support/LiveFleet.ts"
-import { CHUNK, keyOf, lookupPrefix, range, serverWithWorker, tokensOf, WorkerEnv } from "../support/L2Worker.ts"
+import { CHUNK, keyOf, l2KeyOfChunk, lookupPrefix, objectLayout, range, serverWithWorker, tokensOf, WorkerEnv } from "../support/L2Worker.ts"
 import { startRedis, startRedisCluster } from "../support/RedisFleet.ts"
 import { redisSuite } from "../support/RedisSuite.ts"
 
-const layout = { numLayers: 3, hiddenDim: 16, elementBytes: 2, dtype: "float16", chunkBytes: 2 * 3 * CHUNK * 16 * 2 }
 const EVENT = new Uint8Array([9])
-
-/** The L2 key of chunk `i` of `tokens`. */
-const l2Key = (tokens: ReadonlyArray<number>, i: number) => {
-  const k = keyOf(tokens)
-  return l2KeyOf("mpc", layoutFingerprint(layout, CHUNK), objectKeysOf(k, chunkHashes(tokens, CHUNK, i + 1), 0)[i]!)
-}
 
 const metric = (text: string, name: string) => {
   const line = text.split("\n").find((l) => l.startsWith(`${name} `) || l.startsWith(`${name}{`))
@@ -44,7 +35,7 @@ redisSuite("L2 on a real redis-server", () => {
       const aStatus = yield* eventually(statusOf(a.httpPort), (s) => s.l2?.writes === 4, 10_000)
       assert.deepInclude(aStatus.l2, { url: redis.url, state: "ok", writes: 4, queue_depth: 0, inflight_bytes: 0 })
       assert.strictEqual(redis.cli("DBSIZE"), "4")
-      assert.strictEqual(redis.cli("STRLEN", l2Key(tokens, 0)), String(HEADER_BYTES + layout.chunkBytes))
+      assert.strictEqual(redis.cli("STRLEN", l2KeyOfChunk(tokens, 0)), String(HEADER_BYTES + objectLayout.chunkBytes))
 
       // B never saw these chunks: all four come from L2.
       const key = keyOf(tokens)
@@ -59,24 +50,24 @@ redisSuite("L2 on a real redis-server", () => {
       assert.strictEqual(bStatus.lookup.hit_chunks, 0) // none of them was in B's L1
       const summary = yield* runCli(["status", "--http-port", String(b.httpPort)])
       assert.include(summary.stdout, "hit ratio 0.0% (0 of 4 chunks) · L2 ok\n")
-      assert.include(summary.stdout, `\nL2        ${redis.url} · ok · 0 B in flight (0 writes) · 0 written · 0 dropped · 4 hit chunks · 0 corrupt\n`)
+      assert.include(summary.stdout, `\nL2        ${redis.url} · ok · 0 B in flight (0 writes) · 0 written · 0 dropped · 4 hit chunks · 0 corrupt · not authenticated\n`)
 
       // A longer prompt through a third server: chunk 2 of its value is corrupted in Redis.
       const c = yield* serverWithWorker(redis.url, 3n)
-      redis.cli("SETRANGE", l2Key(tokens, 2), String(HEADER_BYTES + 100), "X")
+      redis.cli("SETRANGE", l2KeyOfChunk(tokens, 2), String(HEADER_BYTES + 100), "X")
       assert.strictEqual(yield* lookupPrefix(c.client, keyOf(tokens)), 2)
-      assert.strictEqual(redis.cli("EXISTS", l2Key(tokens, 2)), "0")
+      assert.strictEqual(redis.cli("EXISTS", l2KeyOfChunk(tokens, 2)), "0")
       assert.deepInclude((yield* statusOf(c.httpPort)).l2, { corrupt_values: 1, state: "ok" })
       const metrics = yield* getText(`http://127.0.0.1:${c.httpPort}/metrics`)
       assert.include(metrics, `mpcache_l2_corrupt_values_total{reason="checksum"} 1`)
       assert.strictEqual(metric(metrics, "mpcache_l2_hits_total"), 4)
       // C's prefetch GETs all four at once (the corrupt one is found when it arrives): bytes in, a latency sample
       // per GET and one per EXISTS batch.
-      assert.strictEqual(metric(metrics, "mpcache_l2_bytes_in_total"), 4 * (HEADER_BYTES + layout.chunkBytes))
+      assert.strictEqual(metric(metrics, "mpcache_l2_bytes_in_total"), 4 * (HEADER_BYTES + objectLayout.chunkBytes))
       assert.include(metrics, `mpcache_l2_command_seconds_count{op="GET"} 4`)
       assert.include(metrics, `mpcache_l2_command_seconds_count{op="EXISTS"} 1`)
       const aMetrics = yield* getText(`http://127.0.0.1:${a.httpPort}/metrics`)
-      assert.strictEqual(metric(aMetrics, "mpcache_l2_bytes_out_total"), 4 * (HEADER_BYTES + layout.chunkBytes))
+      assert.strictEqual(metric(aMetrics, "mpcache_l2_bytes_out_total"), 4 * (HEADER_BYTES + objectLayout.chunkBytes))
       assert.include(aMetrics, `mpcache_l2_command_seconds_count{op="SET"} 4`)
     }).pipe(Effect.scoped, Effect.provide(WorkerEnv)), 60_000)
 
@@ -120,7 +111,7 @@ redisSuite("L2 on a real redis-server", () => {
       const b = yield* serverWithWorker(redis.url, 2n)
       // Room for about 64 values of 12 KiB beside what redis uses already; 8 prompts of 16 chunks are 128 values.
       const used = Number(/used_memory:(\d+)/.exec(redis.cli("INFO", "memory"))?.[1])
-      redis.cli("CONFIG", "SET", "maxmemory", String(used + 64 * (HEADER_BYTES + layout.chunkBytes)))
+      redis.cli("CONFIG", "SET", "maxmemory", String(used + 64 * (HEADER_BYTES + objectLayout.chunkBytes)))
       const prompts = range(0, 8).map((p) => tokensOf(16 * CHUNK, 10 + p))
       for (const [p, tokens] of prompts.entries()) {
         yield* writeTokens(a.cache, p, range(0, 64))

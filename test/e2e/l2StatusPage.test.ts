@@ -73,7 +73,7 @@ redisSuite("status page with L2", () => {
         assert.deepStrictEqual(up, {
           state: "ok",
           cls: "",
-          detail: `${redis.url}; 0 B in flight (0 writes); 0 written, 0 dropped, 0 hit chunks, 0 corrupt`
+          detail: `${redis.url}; 0 B in flight (0 writes); 0 written, 0 dropped, 0 hit chunks, 0 corrupt; not authenticated`
         })
         yield* redis.kill
         const gone = yield* until(l2Block(page), (b) => b.detail.includes("not connected"), 10_000)

@@ -3,7 +3,8 @@
  * serve --l2-url` as a child process with a client in this process that
  * registered one KV cache of the "tiny" model (real shared memory, real
  * ZeroMQ), and the requests they send: token prefixes, their CacheKeys,
- * runs of block ids, and a LOOKUP that waits for the L2 prefetch.
+ * runs of block ids, and a LOOKUP that waits for the L2 prefetch; and the
+ * L2 key the server gives each chunk, for tests that look into Redis.
  */
 import { randomUUID } from "node:crypto"
 import { Effect, Layer } from "effect"
@@ -12,6 +13,10 @@ import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
 import type { CacheKey } from "../../src/schema/CacheKey.ts"
 import { makeInstanceId } from "../../src/schema/InstanceId.ts"
 import { Lookup, QueryPrefetchStatus, RegisterKvCache } from "../../src/schema/Op.ts"
+import { chunkHashes } from "../../src/services/kv/TokenHasher.ts"
+import type { KvLayout } from "../../src/services/server/LayoutRegistry.ts"
+import { objectKeysOf } from "../../src/services/server/Lookup.ts"
+import { l2KeyOf, layoutFingerprint } from "../../src/services/server/l2/L2Value.ts"
 import { makeMqClient, type MqClientShape } from "../../src/services/client/MqClient.ts"
 import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
 import { eventually, ipcEndpoint, startServer, statusOf } from "./LiveFleet.ts"
@@ -20,6 +25,9 @@ import { eventually, ipcEndpoint, startServer, statusOf } from "./LiveFleet.ts"
 export const CHUNK = 64
 /** The worker's KV cache: 3 layers of [2, 512, 16, 2 × 8] float16. */
 export const geometry = { numLayers: 3, numBlocks: 512, blockSizeTokens: 16, numHeads: 2, headSize: 8, dtype: "float16" as const }
+
+/** The layout of one L1 object (one chunk of one rank) of the worker's cache, as the server fingerprints it. */
+export const objectLayout: KvLayout = { numLayers: 3, hiddenDim: 16, elementBytes: 2, dtype: "float16", chunkBytes: 2 * 3 * CHUNK * 16 * 2 }
 
 /** Env of the worker side: native memory for its KV caches, ZeroMQ for its clients. */
 export const WorkerEnv = Layer.mergeAll(NativeMemoryLive, ZmqSocketsLive)
@@ -39,6 +47,10 @@ export const keyOf = (tokens: ReadonlyArray<number>, over: Partial<CacheKey> = {
   cache_salt: "",
   ...over
 })
+
+/** The L2 key of chunk `i` of `tokens` (rank 0, no salt) under `prefix`: the key the server reads and writes. */
+export const l2KeyOfChunk = (tokens: ReadonlyArray<number>, i: number, prefix = "mpc"): string =>
+  l2KeyOf(prefix, layoutFingerprint(objectLayout, CHUNK), objectKeysOf(keyOf(tokens), chunkHashes(tokens, CHUNK, i + 1), 0)[i]!)
 
 /** Block ids `from`, `from + 1`, … (`n` of them). */
 export const range = (from: number, n: number): Array<number> => Array.from({ length: n }, (_, i) => from + i)

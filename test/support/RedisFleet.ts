@@ -63,6 +63,10 @@ export interface RedisNode {
   readonly tlsUrl: string | undefined
   /** Runs `redis-cli -p PORT ...args` (5 s at most) and returns its stdout, trimmed; throws when redis-cli fails. */
   readonly cli: (...args: ReadonlyArray<string>) => string
+  /** `SET key value` with binary `value` (`redis-cli -x`, the value on stdin), as any client of the node can; throws unless OK. */
+  readonly setBytes: (key: string, value: Uint8Array) => void
+  /** `GET key` as bytes (undefined when absent; redis-cli prints a bulk string raw, then a newline). */
+  readonly getBytes: (key: string) => Buffer | undefined
   /** SIGKILL, and waits for the exit. */
   readonly kill: Effect.Effect<void>
   /** Starts it again on its port, with its cluster config file (no data: nothing is saved), once it answers PING. */
@@ -517,6 +521,15 @@ const makeFleet = async (count: number, replicas: number, cluster: boolean, opti
     url: `redis://127.0.0.1:${port}`,
     tlsUrl: options.tls === undefined || cluster ? undefined : `rediss://127.0.0.1:${port + TLS_PORT_OFFSET}`,
     cli: (...args) => cliSync(port, args),
+    setBytes: (key, value) => {
+      const reply = execFileSync(REDIS_CLI, ["-h", "127.0.0.1", "-p", String(port), "-x", "SET", key], { input: value, encoding: "utf8", timeout: 5_000 }).trim()
+      if (reply !== "OK") throw new Error(`SET ${key} on ${port} answered ${reply}`)
+    },
+    getBytes: (key) => {
+      if (cliSync(port, ["EXISTS", key]) !== "1") return undefined
+      const out = execFileSync(REDIS_CLI, ["-h", "127.0.0.1", "-p", String(port), "GET", key], { timeout: 5_000, maxBuffer: 256 * 2 ** 20 })
+      return out.subarray(0, out.length - 1)
+    },
     kill: Effect.promise(() => killP(port)),
     restart: lift(async () => {
       if (!procs.has(port)) await spawnNode(port)

@@ -31,7 +31,13 @@ export const l2Flags = {
   l2BreakerFailures: int("l2-breaker-failures", "L2 failures or timeouts within the window that open the breaker", l2Defaults.breakerFailures),
   l2BreakerWindowMs: int("l2-breaker-window-ms", "Window of the breaker's failure count, ms", l2Defaults.breakerWindowMs),
   l2BreakerProbeMs: int("l2-breaker-probe-ms", "First PING probe delay of an open breaker (doubled per failed probe, jittered), ms", l2Defaults.breakerProbeMs),
-  l2BreakerProbeMaxMs: int("l2-breaker-probe-max-ms", "Cap of the breaker's probe delay, ms", l2Defaults.breakerProbeMaxMs)
+  l2BreakerProbeMaxMs: int("l2-breaker-probe-max-ms", "Cap of the breaker's probe delay, ms", l2Defaults.breakerProbeMaxMs),
+  l2SecretFile: Flag.String("l2-secret-file").pipe(
+    Flag.withDescription(
+      "Authenticate every L2 value with HMAC-SHA256 under this fleet secret (same file on every server sharing the L2): a file of mode 0600/0400 holding at least 32 bytes, surrounding whitespace ignored (openssl rand -hex 32 > FILE); a value without a valid MAC is a miss, deleted and counted"
+    ),
+    Flag.optional
+  )
 }
 
 type FlagValue<T> = T extends Flag.Flag<infer A> ? A : never
@@ -47,5 +53,6 @@ export const l2InputOf = (f: { readonly [K in keyof typeof l2Flags]: FlagValue<(
   breakerFailures: f.l2BreakerFailures,
   breakerWindowMs: f.l2BreakerWindowMs,
   breakerProbeMs: f.l2BreakerProbeMs,
-  breakerProbeMaxMs: f.l2BreakerProbeMaxMs
+  breakerProbeMaxMs: f.l2BreakerProbeMaxMs,
+  secretFile: Option.getOrUndefined(f.l2SecretFile)
 })

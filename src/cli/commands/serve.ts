@@ -278,7 +278,8 @@ export const serve = Command.make("serve", serveFlags, (flags) =>
         NativeError: (e) => cannotStart(e.message),
         KeyFileInvalid: (e) => badKeyFile(e.message),
         AuthorizedKeysInvalid: (e) => badKeyFile(e.message),
-        HttpTokenInvalid: (e) => badKeyFile(e.message)
+        HttpTokenInvalid: (e) => badKeyFile(e.message),
+        L2SecretInvalid: (e) => badKeyFile(e.message)
       })
     )
   }).pipe(Effect.provide(loggerLayer(flags.logFormat)))).pipe(

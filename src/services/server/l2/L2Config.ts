@@ -47,6 +47,12 @@ export interface L2Config {
   readonly breakerProbeMs: number
   /** Cap of the probe delay (`--l2-breaker-probe-max-ms`, 30000). */
   readonly breakerProbeMaxMs: number
+  /**
+   * The fleet's secret (`--l2-secret-file`, issue 24 item 14): every value is then authenticated with
+   * HMAC-SHA256 and a value without a valid MAC is never served (L2Mac.ts). Undefined: values carry
+   * a checksum only, and the server warns at start that L2 must be as trusted as the servers.
+   */
+  readonly secretFile: string | undefined
 }
 
 /** The `--l2-*` values as parsed: L2Config's fields, the url still text (absent: L2 off). */
@@ -65,7 +71,8 @@ export const l2Defaults: L2ConfigInput = {
   breakerFailures: 5,
   breakerWindowMs: 10_000,
   breakerProbeMs: 500,
-  breakerProbeMaxMs: 30_000
+  breakerProbeMaxMs: 30_000,
+  secretFile: undefined
 }
 
 const URL_FORM = "redis://[user:pass@]host:port, rediss://…, or redis+cluster://host:port[,host:port…]"
@@ -131,7 +138,11 @@ export const validateL2 = (
   if (input.breakerProbeMaxMs < input.breakerProbeMs) {
     issues.push({ flag: "l2-breaker-probe-max-ms", message: `must be at least --l2-breaker-probe-ms (${input.breakerProbeMs}; got ${input.breakerProbeMaxMs})` })
   }
-  if (input.url === undefined) return undefined
+  if (input.secretFile === "") issues.push({ flag: "l2-secret-file", message: "must be the path of a file holding the secret" })
+  if (input.url === undefined) {
+    if (input.secretFile !== undefined) issues.push({ flag: "l2-secret-file", message: "applies with --l2-url only (there is no L2 to authenticate)" })
+    return undefined
+  }
   const url = parseL2Url(input.url)
   if (typeof url === "string") issues.push({ flag: "l2-url", message: url })
   if (typeof url === "string" || issues.length > before) return undefined

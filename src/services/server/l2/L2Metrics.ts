@@ -1,6 +1,6 @@
 /**
  * Metrics of the L2 tier (issue 15 item 7), on /metrics with the rest:
- * hits, misses, corrupt values, dropped writes, bytes in and out, command
+ * hits, misses, corrupt and unauthenticated values, dropped writes, bytes in and out, command
  * latencies and breaker transitions.
  */
 import { Metric } from "effect"
@@ -13,6 +13,14 @@ export const l2HitsTotal = counter("mpcache_l2_hits_total", "Chunks LOOKUP found
 export const l2MissesTotal = counter("mpcache_l2_misses_total", "Chunks LOOKUP asked L2 for and did not find, or could not get (per rank)")
 /** Values refused on read (bad header, length or checksum) and deleted; `reason` says which check. */
 export const l2CorruptTotal = counter("mpcache_l2_corrupt_values_total", "L2 values refused on read and deleted")
+/**
+ * Values a server with `--l2-secret-file` refused and deleted for want of a valid MAC (issue 24 item 14);
+ * `reason`: no_mac (written without a secret, or planted), bad_mac (forged, or another secret's).
+ */
+export const l2UnauthenticatedTotal = counter(
+  "mpcache_l2_unauthenticated_values_total",
+  "L2 values refused on read and deleted because they carry no valid MAC (--l2-secret-file)"
+)
 /** Writes not sent; `reason`: inflight (past --l2-max-inflight-bytes), open (breaker open). */
 export const l2DroppedWritesTotal = counter("mpcache_l2_dropped_writes_total", "L1 objects not written through to L2")
 /** Writes that failed or timed out. */

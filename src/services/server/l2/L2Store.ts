@@ -25,7 +25,7 @@ export class L2Store extends Context.Service<L2Store, {
    * `SET key value NX [EX ttlSeconds]` (ttl 0: none); true when written, false when the key existed.
    * `value` may be a view of L1 (the tier sends objects without copying them): it is read while the
    * effect runs, and a store that keeps it must copy it. Should the bytes change after a timeout while
-   * the socket still sends them, the value's checksum no longer matches and a read treats it as a miss.
+   * the socket still sends them, the value's checksum (or MAC) no longer matches and a read treats it as a miss.
    */
   readonly setNx: (key: string, value: Uint8Array, ttlSeconds: number, timeoutMs: number) => Effect.Effect<boolean, L2Error>
   /** Deletes `key` (a corrupt value). */

@@ -12,7 +12,10 @@
  * - Read path: `existsPrefix` (LOOKUP's EXISTS step under
  *   `--l2-lookup-timeout-ms`) and `fetch` (a GET into a fresh L1 object,
  *   read-locked like an L1 hit). A value whose header or checksum does not
- *   match is a miss: the key is deleted and counted.
+ *   match is a miss: the key is deleted and counted. With `--l2-secret-file`
+ *   values are authenticated (L2Mac.ts, issue 24 item 14): one without a
+ *   valid MAC is never served — a miss, deleted and counted apart
+ *   (`unauthenticated_values`). Without it the layer warns at start.
  * - Failure is a miss, never a hang: every command has a timeout, a failure
  *   feeds the breaker, and an open breaker answers "nothing in L2" at once.
  *
@@ -26,8 +29,9 @@ import type { ObjectKey } from "../ObjectKey.ts"
 import type { ServerModule } from "../Handler.ts"
 import type { L2Config } from "./L2Config.ts"
 import { type L2Breaker, makeBreaker } from "./L2Breaker.ts"
+import { type L2SecretInvalid, readL2Secret } from "./L2Mac.ts"
 import { type L2Error, L2Store } from "./L2Store.ts"
-import { decodeValue, encodeValue, frameValue, HEADER_BYTES, l2KeyOf, layoutFingerprint } from "./L2Value.ts"
+import { authenticated, checksummed, isUnauthenticated, l2KeyOf, layoutFingerprint, type ValueFormat } from "./L2Value.ts"
 import {
   l2BytesInTotal,
   l2BytesOutTotal,
@@ -37,7 +41,8 @@ import {
   l2FailedWritesTotal,
   l2HitsTotal,
   l2InflightBytes,
-  l2MissesTotal
+  l2MissesTotal,
+  l2UnauthenticatedTotal
 } from "./L2Metrics.ts"
 
 /** The `l2` block of `/api/status` (null when L2 is off). */
@@ -56,6 +61,10 @@ export interface L2Status {
   readonly failed_writes: number
   readonly hit_chunks: number
   readonly corrupt_values: number
+  /** Whether values are authenticated with HMAC-SHA256 (`--l2-secret-file`, issue 24 item 14). */
+  readonly authenticated: boolean
+  /** Values refused for want of a valid MAC (no MAC, or one that does not verify), deleted. */
+  readonly unauthenticated_values: number
   readonly breaker_opened: number
   readonly breaker_closed: number
 }
@@ -79,7 +88,7 @@ export interface L2TierShape {
   /**
    * `key` as a read-locked L1 object: the L1 one when it is already there,
    * else GET from L2 into a fresh L1 object (committed, then locked).
-   * Undefined when absent, corrupt (deleted, counted), failed, past
+   * Undefined when absent, corrupt or (with a secret) without a valid MAC (deleted, counted), failed, past
    * `--l2-transfer-timeout-ms`, or L1 has no room.
    */
   readonly fetch: (key: ObjectKey, layout: KvLayout) => Effect.Effect<ReadHandle | undefined>
@@ -101,17 +110,34 @@ const off: L2TierShape = {
  */
 export const L2Tier = Context.Reference<L2TierShape>("mpcache/services/server/l2/L2Tier", { defaultValue: () => off })
 
-/** The tier over L2Store for `config.l2` (off when absent); its writes and prober live in the layer's scope. */
-export const layerL2Tier: Layer.Layer<never, never, ServerConfig | L1Store | L2Store> = Layer.effect(
+/**
+ * The tier over L2Store for `config.l2` (off when absent); its writes and prober live in the layer's
+ * scope. With `--l2-secret-file` it reads the secret first and fails with L2SecretInvalid when it
+ * cannot be used (`mpcache serve` exits 2); without it, it logs a WARNING that anyone who can write
+ * to the store can feed these engines (issue 24 item 14).
+ */
+export const layerL2Tier: Layer.Layer<never, L2SecretInvalid, ServerConfig | L1Store | L2Store> = Layer.effect(
   L2Tier,
   Effect.gen(function*() {
     const config = yield* ServerConfig
     if (config.l2 === undefined) return off
+    const format = yield* valueFormatOf(config.l2)
     const l1 = yield* L1Store
     const store = yield* L2Store
-    return yield* makeTier(config.l2, config.chunkSizeTokens, l1, store)
+    return yield* makeTier(config.l2, config.chunkSizeTokens, format, l1, store)
   })
 )
+
+/** The value format of `l2`: authenticated under `--l2-secret-file`'s key, else checksummed (and a WARNING). */
+const valueFormatOf = (l2: L2Config): Effect.Effect<ValueFormat, L2SecretInvalid> =>
+  l2.secretFile === undefined
+    ? Effect.logWarning(
+      `L2 values are not authenticated: anyone who can write to ${l2.url.display} can serve KV to these engines; set --l2-secret-file`
+    ).pipe(Effect.as(checksummed))
+    : readL2Secret(l2.secretFile).pipe(
+      Effect.tap(() => Effect.logInfo(`L2 values are authenticated with HMAC-SHA256 under the secret in ${l2.secretFile}`)),
+      Effect.map(authenticated)
+    )
 
 /** The `l2` block of `/api/status` as a module record without ops (null when L2 is off). */
 export const l2Module: Effect.Effect<ServerModule> = Effect.gen(function*() {
@@ -126,7 +152,7 @@ const timed = <A, E>(op: string, effect: Effect.Effect<A, E>): Effect.Effect<A, 
     Effect.map(([, a]) => a)
   )
 
-const makeTier = (l2: L2Config, chunkSizeTokens: number, l1: L1Store["Service"], store: L2Store["Service"]) =>
+const makeTier = (l2: L2Config, chunkSizeTokens: number, format: ValueFormat, l1: L1Store["Service"], store: L2Store["Service"]) =>
   Effect.gen(function*() {
     const scope = yield* Effect.scope
     const breaker: L2Breaker = yield* makeBreaker(l2, store.ping(l2.transferTimeoutMs))
@@ -143,7 +169,7 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, l1: L1Store["Service"],
     const keyOf = (key: ObjectKey, layout: KvLayout) => l2KeyOf(l2.keyPrefix, fingerprintOf(layout), key)
     const inflight = new Map<string, number>() // L2 key → value bytes
     let inflightBytes = 0
-    const totals = { writes: 0, droppedWrites: 0, failedWrites: 0, hitChunks: 0, corruptValues: 0 }
+    const totals = { writes: 0, droppedWrites: 0, failedWrites: 0, hitChunks: 0, corruptValues: 0, unauthenticatedValues: 0 }
     const failed = (e: L2Error) => breaker.onFailure(e)
     const dropped = (reason: string) => {
       totals.droppedWrites++
@@ -155,7 +181,7 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, l1: L1Store["Service"],
         if (!breaker.isClosed()) return dropped("open")
         const k = keyOf(key, layout)
         if (inflight.has(k)) return Effect.void // joined: the same bytes are on their way
-        const valueBytes = HEADER_BYTES + layout.chunkBytes
+        const valueBytes = format.headerBytes + layout.chunkBytes
         if (inflightBytes + valueBytes > l2.maxInflightBytes) return dropped("inflight")
         const handle = l1.lockRead(key)
         if (handle === undefined) return Effect.void
@@ -165,10 +191,10 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, l1: L1Store["Service"],
         // the read lock keeps the bytes until the write ends (even a CLEAR force leaves a locked extent
         // alone until then), so the checksum can wait for the write's own fiber: each of a STORE's
         // objects starts its SET as soon as its own checksum is done. An L1 without headroom (unit
-        // tests) gets a copy.
+        // tests) gets a copy. With a secret the MAC takes the checksum's place: still one pass over the bytes.
         const fp = fingerprintOf(layout)
         const write = Effect.suspend(() => {
-          const value = frameValue(fp, handle.extent, handle.bytes.length) ?? encodeValue(fp, handle.bytes)
+          const value = format.frame(k, fp, handle.extent, handle.bytes.length) ?? format.encode(k, fp, handle.bytes)
           return timed("SET", store.setNx(k, value, l2.ttlSeconds, l2.transferTimeoutMs)).pipe(
             Effect.tap(() => Metric.update(l2BytesOutTotal, value.length))
           )
@@ -216,11 +242,20 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, l1: L1Store["Service"],
         )
         if (value === undefined) return undefined // absent (evicted, expired) or failed: a miss
         yield* Metric.update(l2BytesInTotal, value.length)
-        const decoded = decodeValue(value, fingerprintOf(layout), layout.chunkBytes)
-        if ("corrupt" in decoded) {
-          totals.corruptValues++
-          yield* Metric.update(Metric.withAttributes(l2CorruptTotal, { reason: decoded.corrupt }), 1)
-          yield* Effect.logWarning(`L2 value ${k} is corrupt (${decoded.corrupt}); deleted, treated as a miss`)
+        const decoded = format.decode(k, value, fingerprintOf(layout), layout.chunkBytes)
+        if ("refused" in decoded) {
+          const reason = decoded.refused
+          if (isUnauthenticated(reason)) {
+            totals.unauthenticatedValues++
+            yield* Metric.update(Metric.withAttributes(l2UnauthenticatedTotal, { reason }), 1)
+            yield* Effect.logWarning(
+              `L2 value ${k} is not authenticated (${reason === "no_mac" ? "no MAC" : "its MAC does not verify under --l2-secret-file"}); deleted, treated as a miss`
+            )
+          } else {
+            totals.corruptValues++
+            yield* Metric.update(Metric.withAttributes(l2CorruptTotal, { reason }), 1)
+            yield* Effect.logWarning(`L2 value ${k} is corrupt (${reason}); deleted, treated as a miss`)
+          }
           yield* store.del(k, l2.transferTimeoutMs).pipe(Effect.catch(failed))
           return undefined
         }
@@ -252,6 +287,8 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, l1: L1Store["Service"],
         failed_writes: totals.failedWrites,
         hit_chunks: totals.hitChunks,
         corrupt_values: totals.corruptValues,
+        authenticated: format.authenticated,
+        unauthenticated_values: totals.unauthenticatedValues,
         breaker_opened: t.opened,
         breaker_closed: t.closed
       }

@@ -1,12 +1,17 @@
 /**
- * The `--l2-*` flags (issue 15 item 1): url forms, defaults, and every rule
- * naming its flag; the CLI exits 2 on a bad value.
+ * The `--l2-*` flags (issue 15 item 1, `--l2-secret-file` of issue 24 item
+ * 14): url forms, defaults, and every rule naming its flag; the CLI exits 2
+ * on a bad value.
  */
 import { assert, describe, it } from "@effect/vitest"
+import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import { Effect } from "effect"
 import { defaults, validate } from "../../../../src/services/server/ServerConfig.ts"
 import { l2Defaults, parseL2Url } from "../../../../src/services/server/l2/L2Config.ts"
 import { runCli } from "../../../support/Cli.ts"
+import { ipcEndpoint } from "../../../support/LiveFleet.ts"
 
 describe("--l2-url", () => {
   it("one node with user and password: the password never shows", () => {
@@ -61,7 +66,8 @@ describe("validate", () => {
       breakerFailures: 5,
       breakerWindowMs: 10000,
       breakerProbeMs: 500,
-      breakerProbeMaxMs: 30000
+      breakerProbeMaxMs: 30000,
+      secretFile: undefined
     })
   })
   it("every broken rule names its flag", () => {
@@ -76,6 +82,20 @@ describe("validate", () => {
       "l2-breaker-probe-max-ms",
       "l2-url"
     ])
+  })
+  it("--l2-secret-file needs --l2-url and a path (issue 24 item 14); with both it is kept", () => {
+    const issues = (l2: Partial<typeof l2Defaults>) => {
+      const r = validate({ ...defaults, l2: { ...l2Defaults, ...l2 } })
+      return "issues" in r ? r.issues : []
+    }
+    assert.deepStrictEqual(issues({ secretFile: "/etc/mpcache/l2.secret" }), [
+      { flag: "l2-secret-file", message: "applies with --l2-url only (there is no L2 to authenticate)" }
+    ])
+    assert.deepStrictEqual(issues({ url: "redis://127.0.0.1:6379", secretFile: "" }), [
+      { flag: "l2-secret-file", message: "must be the path of a file holding the secret" }
+    ])
+    const r = validate({ ...defaults, l2: { ...l2Defaults, url: "redis://127.0.0.1:6379", secretFile: "/etc/mpcache/l2.secret" } })
+    assert.strictEqual("config" in r ? r.config.l2?.secretFile : undefined, "/etc/mpcache/l2.secret")
   })
 })
 
@@ -92,4 +112,36 @@ describe("mpcache serve --l2-*", () => {
       assert.strictEqual(probe.code, 2)
       assert.include(probe.stderr, "--l2-breaker-probe-max-ms: must be at least --l2-breaker-probe-ms (100; got 50)")
     }))
+
+  it.live("a --l2-secret-file that group may read, one too short, or one without --l2-url exits 2 naming the flag, the file and the rule", () =>
+    Effect.acquireUseRelease(
+      Effect.sync(() => mkdtempSync(join(tmpdir(), "mpcache-l2-secret-cli-"))),
+      (dir) =>
+        Effect.gen(function*() {
+          const file = (name: string, text: string, mode: number) => {
+            const path = join(dir, name)
+            writeFileSync(path, text)
+            chmodSync(path, mode)
+            return path
+          }
+          // Nothing listens on port 1: the store is unreachable, which never stops a start; the secret does.
+          const serve = (secret: string) =>
+            runCli(["serve", "--endpoint", ipcEndpoint(), "--http-port", "0", "--l1-size-gb", "0.0625", "--no-l1-prefault", "--l2-url", "redis://127.0.0.1:1", "--l2-secret-file", secret])
+          const shared = file("shared", `${"ab".repeat(32)}\n`, 0o640)
+          const open = yield* serve(shared)
+          assert.strictEqual(open.code, 2)
+          assert.include(
+            open.stderr,
+            `mpcache cannot start: --l2-secret-file ${shared}: group or others may read or write it (mode 0640); the secret must be readable by the server's user only: chmod 600 it`
+          )
+          const short = file("short", "too-short\n", 0o600)
+          const tooShort = yield* serve(short)
+          assert.strictEqual(tooShort.code, 2)
+          assert.include(tooShort.stderr, `mpcache cannot start: --l2-secret-file ${short}: the secret must be at least 32 bytes without surrounding whitespace (got 9)`)
+          const alone = yield* runCli(["serve", "--l2-secret-file", short])
+          assert.strictEqual(alone.code, 2)
+          assert.include(alone.stderr, "--l2-secret-file: applies with --l2-url only (there is no L2 to authenticate)")
+        }),
+      (dir) => Effect.sync(() => rmSync(dir, { recursive: true, force: true }))
+    ), 60_000)
 })

@@ -4,9 +4,13 @@
  * one key, drops past the in-flight bytes; LOOKUP continues into L2 and its
  * prefetch answers nil while pending, then the count it really got; a
  * corrupt value is a miss and is deleted; timeouts open the breaker, after
- * which L2 is not asked.
+ * which L2 is not asked. With `--l2-secret-file` (issue 24 item 14) values
+ * are written authenticated, and planted or forged ones are never served.
  */
-import { assert, describe, it } from "@effect/vitest"
+import { afterAll, assert, describe, it } from "@effect/vitest"
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import { Effect, Fiber, Layer } from "effect"
 import { TestClock } from "effect/testing"
 import { NativeMemoryLive } from "../../../../src/layers/NativeMemory.ts"
@@ -19,7 +23,8 @@ import { ServerConfig } from "../../../../src/services/server/ServerConfig.ts"
 import { l2Defaults } from "../../../../src/services/server/l2/L2Config.ts"
 import { L2Store, makeMemoryL2, type MemoryL2 } from "../../../../src/services/server/l2/L2Store.ts"
 import { L2Tier, layerL2Tier } from "../../../../src/services/server/l2/L2Tier.ts"
-import { encodeValue, HEADER_BYTES, l2KeyOf, layoutFingerprint } from "../../../../src/services/server/l2/L2Value.ts"
+import { macKeyOf } from "../../../../src/services/server/l2/L2Mac.ts"
+import { authenticated, checksummed, HEADER_BYTES, l2KeyOf, layoutFingerprint, MAC_HEADER_BYTES } from "../../../../src/services/server/l2/L2Value.ts"
 
 const CHUNK = 4
 const BYTES = 64
@@ -77,8 +82,10 @@ const putL1 = (chunk: number, rank: number) =>
   })
 
 /** Plants chunk `chunk` of `rank` in the in-memory L2. */
-const putL2 = (memory: MemoryL2, chunk: number, rank: number) =>
-  memory.values.set(l2KeyOf("mpc", fp, keysOf(rank)[chunk]!), encodeValue(fp, bytesOf(chunk, rank)))
+const putL2 = (memory: MemoryL2, chunk: number, rank: number, format = checksummed) => {
+  const k = l2KeyOf("mpc", fp, keysOf(rank)[chunk]!)
+  memory.values.set(k, format.encode(k, fp, bytesOf(chunk, rank)))
+}
 
 /** QUERY_PREFETCH_STATUS once the prefetch fiber has run (it is nil until then), yielding to it meanwhile. */
 const prefetched = (requestId: string) =>
@@ -108,8 +115,10 @@ describe("write-through", () => {
       yield* TestClock.adjust("1 millis")
       assert.strictEqual(l1.stats().lockedObjects, 0)
       assert.deepInclude(tier.status(), { queue_depth: 0, inflight_bytes: 0, writes: 1 })
-      const stored = memory.values.get(l2KeyOf("mpc", fp, k))
-      assert.isTrue(stored !== undefined && Buffer.from(stored).equals(encodeValue(fp, bytesOf(0, 0))))
+      const l2Key = l2KeyOf("mpc", fp, k)
+      const stored = memory.values.get(l2Key)
+      assert.isTrue(stored !== undefined && Buffer.from(stored).equals(checksummed.encode(l2Key, fp, bytesOf(0, 0))))
+      assert.deepInclude(tier.status(), { authenticated: false, unauthenticated_values: 0 })
     }).pipe(Effect.provide(envOf(memory)))
   })
 
@@ -235,5 +244,56 @@ describe("LOOKUP with L2", () => {
       yield* tier.writeThrough(keysOf(0)[0]!, layout)
       assert.strictEqual(tier.status()?.dropped_writes, 1)
     }).pipe(Effect.provide(envOf(memory)))
+  })
+})
+
+describe("with --l2-secret-file (issue 24 item 14)", () => {
+  const SECRET = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+  const dir = mkdtempSync(join(tmpdir(), "mpcache-l2-tier-secret-"))
+  afterAll(() => rmSync(dir, { recursive: true, force: true }))
+  const secretFile = join(dir, "l2.secret")
+  writeFileSync(secretFile, `${SECRET}\n`, { mode: 0o600 })
+  const fleet = authenticated(macKeyOf(Buffer.from(SECRET)))
+
+  it.effect("the write-through sends an authenticated value (version 2, the MAC under the fleet's key), framed in L1's headroom", () => {
+    const memory = makeMemoryL2()
+    return Effect.gen(function*() {
+      const tier = yield* L2Tier
+      const k = yield* putL1(0, 0)
+      yield* tier.writeThrough(k, layout)
+      assert.deepInclude(tier.status(), { inflight_bytes: MAC_HEADER_BYTES + BYTES, authenticated: true })
+      yield* TestClock.adjust("1 millis")
+      const l2Key = l2KeyOf("mpc", fp, k)
+      const stored = memory.values.get(l2Key)
+      assert.isTrue(stored !== undefined && Buffer.from(stored).equals(fleet.encode(l2Key, fp, bytesOf(0, 0))))
+      assert.deepInclude(tier.status(), { writes: 1, inflight_bytes: 0 })
+    }).pipe(Effect.provide(envOf(memory, { secretFile })))
+  })
+
+  it.effect("a planted checksummed value and a forged one are never served: the prefix stops before them, each deleted and counted by reason", () => {
+    const memory = makeMemoryL2()
+    return Effect.gen(function*() {
+      yield* (yield* LayoutRegistry).register("m", 2, layout)
+      const lookup = yield* Lookup
+      const tier = yield* L2Tier
+      const l1 = yield* L1Store
+      for (const c of [0, 1, 2]) for (const r of [0, 1]) putL2(memory, c, r, fleet)
+      // Chunk 1 of rank 1: a well-formed checksummed value, what any Redis client can write. Chunk 2 of rank 0: the
+      // authenticated format under a key the attacker guessed.
+      const planted = l2KeyOf("mpc", fp, keysOf(1)[1]!)
+      memory.values.set(planted, checksummed.encode(planted, fp, Buffer.alloc(BYTES, 0x66)))
+      const forged = l2KeyOf("mpc", fp, keysOf(0)[2]!)
+      memory.values.set(forged, authenticated(macKeyOf(Buffer.alloc(32, 1))).encode(forged, fp, Buffer.alloc(BYTES, 0x66)))
+      yield* lookup.lookup(cacheKey())
+      assert.strictEqual(yield* prefetched("req-1"), 1)
+      assert.isFalse(memory.values.has(planted))
+      assert.isFalse(memory.values.has(forged))
+      assert.deepInclude(tier.status(), { authenticated: true, unauthenticated_values: 2, corrupt_values: 0 })
+      // Chunk 0 of both ranks locked for the session, from L2 byte for byte; nothing of the planted bytes is in L1.
+      const h = yield* lookup.acquireForRetrieve("req-1", keysOf(1)[0]!)
+      assert.isTrue(h !== undefined && h.bytes.equals(bytesOf(0, 1)))
+      assert.isUndefined(l1.lockRead(keysOf(1)[1]!))
+      assert.isUndefined(l1.lockRead(keysOf(0)[2]!))
+    }).pipe(Effect.provide(envOf(memory, { secretFile })))
   })
 })

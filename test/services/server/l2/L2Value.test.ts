@@ -1,11 +1,21 @@
 /**
- * L2 keys and values (issue 15 item 3): the key form, the header, and every
- * corruption a read must refuse.
+ * L2 keys and values (issue 15 item 3, issue 24 item 14): the key form, both
+ * headers (checksummed, authenticated), and every corruption or missing
+ * authentication a read must refuse.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { randomBytes } from "node:crypto"
+import { createHmac, hkdfSync, randomBytes } from "node:crypto"
 import { createXXHash3 } from "hash-wasm"
-import { decodeValue, encodeValue, frameValue, HEADER_BYTES, l2KeyOf, layoutFingerprint } from "../../../../src/services/server/l2/L2Value.ts"
+import { L2_HEADROOM_BYTES } from "../../../../src/services/server/L1Store.ts"
+import { macKeyOf } from "../../../../src/services/server/l2/L2Mac.ts"
+import {
+  authenticated,
+  checksummed,
+  HEADER_BYTES,
+  l2KeyOf,
+  layoutFingerprint,
+  MAC_HEADER_BYTES
+} from "../../../../src/services/server/l2/L2Value.ts"
 
 const layout = { numLayers: 2, hiddenDim: 8, elementBytes: 2, dtype: "float16", chunkBytes: 2 * 2 * 256 * 8 * 2 }
 const hash = Uint8Array.from({ length: 32 }, (_, i) => i)
@@ -30,21 +40,23 @@ describe("L2 keys", () => {
   })
 })
 
-describe("L2 values", () => {
+const KEY = "mpc:v1:m~0011223344556677@0@aa"
+
+describe("L2 values, checksummed (no --l2-secret-file)", () => {
   const fp = layoutFingerprint(layout, 256)
   const payload = Uint8Array.from({ length: 4096 }, (_, i) => (i * 7) & 255)
-  const value = encodeValue(fp, payload)
+  const value = checksummed.encode(KEY, fp, payload)
 
   it("framed in an object's headroom: the same value as a view of the extent, the payload untouched", () => {
     const extent = Buffer.alloc(64 + 4096, 0xee)
     extent.set(payload, 64)
-    const framed = frameValue(fp, extent, 4096)!
+    const framed = checksummed.frame(KEY, fp, extent, 4096)!
     assert.isTrue(framed.equals(value))
     assert.strictEqual(framed.byteOffset, extent.byteOffset + 32)
     assert.strictEqual(framed.buffer, extent.buffer)
     assert.isTrue(extent.subarray(0, 32).equals(Buffer.alloc(32, 0xee)))
-    assert.strictEqual(frameValue(fp, extent.subarray(33), 4096), undefined)
-    assert.strictEqual(frameValue(fp, extent.subarray(32), 4096)!.length, HEADER_BYTES + 4096)
+    assert.strictEqual(checksummed.frame(KEY, fp, extent.subarray(33), 4096), undefined)
+    assert.strictEqual(checksummed.frame(KEY, fp, extent.subarray(32), 4096)!.length, HEADER_BYTES + 4096)
   })
 
   it("the checksum is xxHash3-64 (seed 0), the same from the native hasher as from hash-wasm's, its fallback", async () => {
@@ -53,28 +65,98 @@ describe("L2 values", () => {
       const bytes = randomBytes(n)
       wasm.init()
       wasm.update(bytes)
-      assert.strictEqual(encodeValue(fp, bytes).toString("hex", 24, 32), wasm.digest("hex"), `${n} bytes`)
+      assert.strictEqual(checksummed.encode(KEY, fp, bytes).toString("hex", 24, 32), wasm.digest("hex"), `${n} bytes`)
     }
   })
 
   it("round-trips: header then the bytes", () => {
     assert.strictEqual(value.length, HEADER_BYTES + 4096)
     assert.strictEqual(value.toString("latin1", 0, 4), "MPL2")
-    const r = decodeValue(value, fp, 4096)
+    assert.strictEqual(value.readUInt16LE(4), 1)
+    const r = checksummed.decode(KEY, value, fp, 4096)
     assert.isTrue("payload" in r && Buffer.from(r.payload).equals(Buffer.from(payload)))
   })
-  it("each mismatch names its reason", () => {
+  it("each mismatch names its reason; an authenticated value, which it cannot check, is refused as keyed", () => {
     const flip = (at: number) => {
       const v = Buffer.from(value)
       v[at] = v[at]! ^ 1
       return v
     }
-    assert.deepStrictEqual(decodeValue(value.subarray(0, 31), fp, 4096), { corrupt: "short" })
-    assert.deepStrictEqual(decodeValue(flip(0), fp, 4096), { corrupt: "magic" })
-    assert.deepStrictEqual(decodeValue(flip(4), fp, 4096), { corrupt: "version" })
-    assert.deepStrictEqual(decodeValue(value, layoutFingerprint({ ...layout, dtype: "bfloat16" }, 256), 4096), { corrupt: "fingerprint" })
-    assert.deepStrictEqual(decodeValue(value, fp, 4095), { corrupt: "length" })
-    assert.deepStrictEqual(decodeValue(value.subarray(0, value.length - 1), fp, 4096), { corrupt: "length" })
-    assert.deepStrictEqual(decodeValue(flip(HEADER_BYTES + 100), fp, 4096), { corrupt: "checksum" })
+    const decode = (v: Uint8Array, f = fp, n = 4096) => checksummed.decode(KEY, v, f, n)
+    assert.deepStrictEqual(decode(value.subarray(0, 31)), { refused: "short" })
+    assert.deepStrictEqual(decode(flip(0)), { refused: "magic" })
+    assert.deepStrictEqual(decode(flip(4)), { refused: "version" })
+    assert.deepStrictEqual(decode(value, layoutFingerprint({ ...layout, dtype: "bfloat16" }, 256)), { refused: "fingerprint" })
+    assert.deepStrictEqual(decode(value, fp, 4095), { refused: "length" })
+    assert.deepStrictEqual(decode(value.subarray(0, value.length - 1)), { refused: "length" })
+    assert.deepStrictEqual(decode(flip(HEADER_BYTES + 100)), { refused: "checksum" })
+    assert.deepStrictEqual(decode(authenticated(macKeyOf(randomBytes(32))).encode(KEY, fp, payload)), { refused: "keyed" })
+  })
+})
+
+describe("L2 values, authenticated (--l2-secret-file, issue 24 item 14)", () => {
+  const fp = layoutFingerprint(layout, 256)
+  const secret = Buffer.from("an-example-fleet-secret-of-more-than-32-bytes")
+  const format = authenticated(macKeyOf(secret))
+  const payload = Uint8Array.from({ length: 4096 }, (_, i) => (i * 13) & 255)
+  const value = format.encode(KEY, fp, payload)
+
+  it("the header: magic, version 2, fingerprint, length, 8 reserved bytes, then HMAC-SHA256 of label, key, header and payload", () => {
+    assert.strictEqual(value.length, MAC_HEADER_BYTES + 4096)
+    assert.strictEqual(value.toString("latin1", 0, 4), "MPL2")
+    assert.strictEqual(value.readUInt16LE(4), 2)
+    assert.strictEqual(value.readUInt16LE(6), 0)
+    assert.strictEqual(value.toString("hex", 8, 16), fp)
+    assert.strictEqual(value.readBigUInt64LE(16), 4096n)
+    assert.isTrue(value.subarray(24, 32).equals(Buffer.alloc(8)))
+    // The documented construction (docs/l2.md), computed here from its parts with node:crypto.
+    const macKey = Buffer.from(hkdfSync("sha256", secret, Buffer.alloc(0), "mpcache l2 value mac v2", 32))
+    const keyBytes = Buffer.from(KEY, "utf8")
+    const keyLength = Buffer.alloc(4)
+    keyLength.writeUInt32BE(keyBytes.length)
+    const expected = createHmac("sha256", macKey)
+      .update(Buffer.from("mpcache l2 v2\0", "latin1")).update(keyLength).update(keyBytes).update(value.subarray(0, 32)).update(payload)
+      .digest()
+    assert.isTrue(value.subarray(32, 64).equals(expected))
+    assert.isTrue(Buffer.from(payload).equals(value.subarray(MAC_HEADER_BYTES)))
+  })
+
+  it("framed in an object's 64 bytes of L1 headroom without a copy; L1 keeps at least that much", () => {
+    assert.isAtLeast(L2_HEADROOM_BYTES, MAC_HEADER_BYTES)
+    const extent = Buffer.alloc(L2_HEADROOM_BYTES + 4096, 0xee)
+    extent.set(payload, L2_HEADROOM_BYTES)
+    const framed = format.frame(KEY, fp, extent, 4096)!
+    assert.isTrue(framed.equals(value))
+    assert.strictEqual(framed.buffer, extent.buffer)
+    assert.strictEqual(framed.byteOffset, extent.byteOffset + L2_HEADROOM_BYTES - MAC_HEADER_BYTES)
+    assert.strictEqual(format.frame(KEY, fp, extent.subarray(1), 4096), undefined)
+  })
+
+  it("round-trips under the same secret, read from another copy of it", () => {
+    const r = authenticated(macKeyOf(Buffer.from(secret))).decode(KEY, value, fp, 4096)
+    assert.isTrue("payload" in r && Buffer.from(r.payload).equals(Buffer.from(payload)))
+  })
+
+  it("never accepts a value without a valid MAC: checksummed (a correct checksum), forged, moved to another key, another secret, any byte changed", () => {
+    const decode = (v: Uint8Array, key = KEY) => format.decode(key, v, fp, 4096)
+    // What anyone who can write to Redis can build: a well-formed checksummed value.
+    assert.deepStrictEqual(decode(checksummed.encode(KEY, fp, payload)), { refused: "no_mac" })
+    // The right format with a MAC under a guessed key, or another fleet's.
+    assert.deepStrictEqual(decode(authenticated(macKeyOf(randomBytes(32))).encode(KEY, fp, payload)), { refused: "bad_mac" })
+    // A genuine value copied to another chunk's key.
+    assert.deepStrictEqual(decode(value, "mpc:v1:m~0011223344556677@0@ab"), { refused: "bad_mac" })
+    assert.deepStrictEqual(decode(value, "other:v1:m~0011223344556677@0@aa"), { refused: "bad_mac" })
+    // One bit anywhere: the header checks name header bytes 0-23, the MAC everything else (reserved, MAC, payload).
+    for (const at of [6, 24, 31, 32, 63, MAC_HEADER_BYTES, MAC_HEADER_BYTES + 2048, value.length - 1]) {
+      const v = Buffer.from(value)
+      v[at] = v[at]! ^ 1
+      assert.deepStrictEqual(decode(v), { refused: "bad_mac" }, `bit 0 of byte ${at}`)
+    }
+    const v = Buffer.from(value)
+    v[4] = 3
+    assert.deepStrictEqual(decode(v), { refused: "version" })
+    assert.deepStrictEqual(decode(value.subarray(0, 40)), { refused: "short" })
+    assert.deepStrictEqual(decode(value.subarray(0, value.length - 1)), { refused: "length" })
+    assert.deepStrictEqual(format.decode(KEY, value, layoutFingerprint({ ...layout, dtype: "bfloat16" }, 256), 4096), { refused: "fingerprint" })
   })
 })
