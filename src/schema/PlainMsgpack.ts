@@ -117,6 +117,26 @@ export const scanPlain = (frame: Uint8Array): FrameProblem | undefined => {
       }
       depth--
     }
+    if (isMap[depth] === 0) {
+      // The bulk of real frames: runs of unsigned ints in an array (token_ids, block_ids), skipped in a tight
+      // loop. Anything else, a value that would not fit, and the value past the bound go the general way below.
+      let left = remaining[depth]!
+      const until = Math.min(left, MAX_VALUES - values)
+      let run = 0
+      while (run < until && pos < n) {
+        const t = frame[pos]!
+        const size = t <= 0x7f ? 1 : t === 0xcd ? 3 : t === 0xce ? 5 : t === 0xcc ? 2 : 0
+        if (size === 0 || pos + size > n) break
+        pos += size
+        run++
+      }
+      if (run > 0) {
+        values += run
+        left -= run
+        remaining[depth] = left
+        if (left === 0) continue
+      }
+    }
     if (pos >= n) {
       return { expected: "a value that fits the frame", actual: `the frame ends at byte ${n} where a value was expected`, offset: n }
     }
@@ -244,12 +264,24 @@ export const scanPlain = (frame: Uint8Array): FrameProblem | undefined => {
 
 const u32 = (b: Uint8Array, i: number): number => ((b[i]! << 24) >>> 0) + ((b[i + 1]! << 16) | (b[i + 2]! << 8) | b[i + 3]!)
 
-/** The MessagePack name of a scalar's format, with its size, for a truncation message. */
+/** The MessagePack names of the fixed-size scalar formats, for a truncation message. */
+const FIXED_NAMES: Readonly<Record<number, string>> = {
+  0xca: "a float 32",
+  0xcb: "a float 64",
+  0xcc: "a uint 8",
+  0xcd: "a uint 16",
+  0xce: "a uint 32",
+  0xcf: "a uint 64",
+  0xd0: "an int 8",
+  0xd1: "an int 16",
+  0xd2: "an int 32",
+  0xd3: "an int 64"
+}
+
+/** A scalar's format and, for a string or bin, its declared size: what a truncation message names. */
 const scalarName = (t: number, size: number): string =>
   t >= 0xa0 && t <= 0xbf || t === 0xd9 || t === 0xda || t === 0xdb
     ? `a string of ${count(size - (t <= 0xbf ? 1 : t === 0xd9 ? 2 : t === 0xda ? 3 : 5))} bytes`
     : t === 0xc4 || t === 0xc5 || t === 0xc6
     ? `a bin of ${count(size - (t === 0xc4 ? 2 : t === 0xc5 ? 3 : 5))} bytes`
-    : t === 0xca || t === 0xcb
-    ? `a float ${t === 0xca ? 32 : 64}`
-    : `an int of ${size - 1} bytes`
+    : FIXED_NAMES[t] ?? `the type byte ${hex(t)}`

@@ -196,7 +196,10 @@ describe("the other rules", () => {
       actual: "a bin of 16,777,216 bytes at byte 0 needs 16,777,221 byte(s), 5 left",
       offset: 0
     })
-    assert.deepStrictEqual(problemOf([0xcd, 0x01]), { expected: FITS, actual: "an int of 2 bytes at byte 0 needs 3 byte(s), 2 left", offset: 0 })
+    assert.deepStrictEqual(problemOf([0xcd, 0x01]), { expected: FITS, actual: "a uint 16 at byte 0 needs 3 byte(s), 2 left", offset: 0 })
+    assert.deepStrictEqual(problemOf([0xcb, 0x01]), { expected: FITS, actual: "a float 64 at byte 0 needs 9 byte(s), 2 left", offset: 0 })
+    // A run of ints in an array cut short: [1, <uint 16 missing a byte>].
+    assert.deepStrictEqual(problemOf([0x92, 0x01, 0xcd, 0x01]), { expected: FITS, actual: "a uint 16 at byte 2 needs 3 byte(s), 2 left", offset: 2 })
     assert.deepStrictEqual(problemOf([0xdc, 0x00]), { expected: FITS, actual: "an array 16 header at byte 0 needs 3 byte(s), 2 left", offset: 0 })
     assert.deepStrictEqual(problemOf([0x92, 0x01]), { expected: FITS, actual: "an array of 2 elements at byte 0 needs at least 3 byte(s), 2 left", offset: 0 })
     // Each count fits what is left, the values together do not: [[1], <missing>].
