@@ -2,7 +2,9 @@
  * A bare DEALER for sending frames the real client would never send
  * (malformed messages, wrong payload counts), and reading raw replies.
  * With `curve` it speaks CURVE and binds its connection with HELLO first
- * (docs/security.md), so the server judges its frames as a tenant's.
+ * (docs/security.md), so the server judges its frames as a tenant's;
+ * `{ hello: false }` skips HELLO: an authorized key whose connection never
+ * bound itself (issue 24 item 3).
  */
 import { Effect, Scope } from "effect"
 import * as zmq from "zeromq"
@@ -20,7 +22,11 @@ export interface RawDealer {
 /** The uid of the HELLO exchange: far from the small uids the tests send. */
 const HELLO_UID = 1_000_000
 
-export const rawDealer = (endpoint: string, curve?: DealerCurve): Effect.Effect<RawDealer, never, Scope.Scope> =>
+export const rawDealer = (
+  endpoint: string,
+  curve?: DealerCurve,
+  options: { readonly hello?: boolean } = {}
+): Effect.Effect<RawDealer, never, Scope.Scope> =>
   Effect.gen(function*() {
     const dealer = yield* Effect.acquireRelease(
       Effect.sync(() => {
@@ -53,7 +59,7 @@ export const rawDealer = (endpoint: string, curve?: DealerCurve): Effect.Effect<
           ])
         })
     }
-    if (curve !== undefined) {
+    if (curve !== undefined && options.hello !== false) {
       const exchange = <O extends Op>(op: O, payload: PayloadOf<O>) =>
         Effect.gen(function*() {
           yield* raw.send(yield* Effect.orDie(encodeRequest(op, HELLO_UID, payload)))
