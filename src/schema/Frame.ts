@@ -6,33 +6,59 @@
  *   error reply                  [uid, op, "MPCACHE_ERR" (raw ASCII), {code, message}]
  *
  * Every frame is its own MessagePack value (msgpackr, maps as plain objects,
- * int64 as bigint). Decoding is strict: a frame must hold exactly one value.
- * The server echoes the uid and op frames of a request byte for byte.
+ * int64 as bigint). Decoding is strict: a frame must hold exactly one plain
+ * MessagePack value, which the pre-scan (`PlainMsgpack.ts`, issue 24 item 3)
+ * checks before msgpackr builds anything: no extension types, string map
+ * keys, bounded nesting and value count, lengths within the frame. An error
+ * names a bad value by type and size (`ValueDescription.ts`), never by
+ * serialising it. The server echoes the uid and op frames of a request byte
+ * for byte.
  */
 import { Cause, Exit, Option, Schema } from "effect"
 import { Packr } from "msgpackr"
 import type { Op, PayloadOf, ResponseOf, WireSchema } from "./Op.ts"
+import { type FrameProblem, scanPlain } from "./PlainMsgpack.ts"
+import { describeValue } from "./ValueDescription.ts"
 import { BadRequest, ErrorBody, errorBodyOf, fromErrorBody, mismatch, undecodable, type WireError } from "./WireError.ts"
 
 /** The marker frame of an error reply: raw ASCII, deliberately not MessagePack. */
 export const ERROR_MARKER: Buffer = Buffer.from("MPCACHE_ERR", "ascii")
 
+// What these options still decide once the pre-scan has passed a frame (docs/security.md §3): `useRecords:
+// false` packs no record extension (our own frames must pass our own scan), `int64AsType` and `mapsAsObjects`
+// shape the decoded value. No `structures`/`getStructures`: shared structures make msgpackr read the fixints
+// 0x40–0x7f as records, which no scan of the frame alone can see.
 const packr = new Packr({ useRecords: false, int64AsType: "bigint", mapsAsObjects: true })
 
 /** Packs one value into one frame. */
 export const pack = (value: unknown): Buffer => packr.pack(value)
 
-/** Unpacks one frame holding exactly one MessagePack value; undefined when it does not. */
-export const unpack = (frame: Uint8Array): { readonly value: unknown } | undefined => {
-  if (frame.length === 0) return undefined
+/** A frame's one value, or why it is not one plain MessagePack value. */
+export type Unpacked =
+  | { readonly _tag: "Value"; readonly value: unknown }
+  | { readonly _tag: "Problem"; readonly problem: FrameProblem }
+
+/**
+ * Unpacks one frame holding exactly one plain MessagePack value, checked by
+ * `scanPlain` before msgpackr decodes it (issue 24 item 3); the problem
+ * otherwise (by type, size and offset: never the frame's content).
+ */
+export const unpackFrame = (frame: Uint8Array): Unpacked => {
+  const problem = scanPlain(frame)
+  if (problem !== undefined) return { _tag: "Problem", problem }
   try {
-    const value: unknown = packr.unpack(frame)
-    // msgpackr returns a placeholder object (not an exception) for the reserved byte 0xC1.
-    if (value !== null && typeof value === "object" && value.constructor?.name === "C1Type") return undefined
-    return { value }
-  } catch {
-    return undefined
+    return { _tag: "Value", value: packr.unpack(frame) as unknown }
+  } catch (e) {
+    // Not reached for a frame the scan passed (kept so that a decoder upgrade fails closed, not open).
+    const name = e instanceof Error ? e.name : typeof e
+    return { _tag: "Problem", problem: { expected: "a value msgpackr decodes", actual: `a frame of ${frame.length} bytes it refused (${name})`, offset: 0 } }
   }
+}
+
+/** Unpacks one frame holding exactly one plain MessagePack value; undefined when it does not (see {@link unpackFrame}). */
+export const unpack = (frame: Uint8Array): { readonly value: unknown } | undefined => {
+  const u = unpackFrame(frame)
+  return u._tag === "Value" ? { value: u.value } : undefined
 }
 
 /** Reads a non-negative MessagePack int (uid or op); undefined when the frame is anything else. */
@@ -53,18 +79,23 @@ export const decodeHeaderInt = (frame: Uint8Array): number | undefined => {
   return undefined
 }
 
-const describe = (value: unknown): string => {
-  if (typeof value === "bigint") return `${value}n`
-  if (value instanceof Uint8Array) return `<${value.length} bytes>`
-  try {
-    const s = JSON.stringify(value, (_k, v: unknown) => typeof v === "bigint" ? `${v}n` : v)
-    return s === undefined ? String(value) : s.length > 120 ? `${s.slice(0, 117)}...` : s
-  } catch {
-    return String(value)
-  }
+/** The most characters of a Schema failure's text kept in an error (its path may quote a map key of any length). */
+const SCHEMA_TEXT_MAX = 300
+
+const oneLine = (s: string): string => {
+  const line = s.replace(/\s*\n\s*/g, " ")
+  return line.length > SCHEMA_TEXT_MAX ? `${line.slice(0, SCHEMA_TEXT_MAX - 3)}...` : line
 }
 
-const oneLine = (s: string): string => s.replace(/\s*\n\s*/g, " ")
+/** The `BadRequest` for a frame at `field` of `op` that is not one plain MessagePack value. */
+const notPlain = (op: string, field: string, problem: FrameProblem): BadRequest =>
+  new BadRequest({
+    op,
+    field,
+    expected: problem.expected,
+    actual: problem.actual,
+    message: `${op}: ${field} is not a single plain MessagePack value: ${problem.actual}; expected ${problem.expected}`
+  })
 
 /** A request for `op` with `count` payload frames where the op table has another count (server and decoder). */
 export const payloadCountMismatch = (op: Op, count: number): BadRequest =>
@@ -79,8 +110,11 @@ export const payloadCountMismatch = (op: Op, count: number): BadRequest =>
  * Decodes the payload frames of a request for `op`.
  *
  * Fails with `BadRequest` when the frame count differs from the op table
- * ("<op>: expected N payload frames, got M") or a frame does not decode
- * ("<op>: payload 1 (instance_id): Expected …, actual: -1").
+ * ("<op>: expected N payload frames, got M"), a frame is not one plain
+ * MessagePack value ("<op>: payload 0 (key) is not a single plain MessagePack
+ * value: an ext value of type 0x69 … at byte 0; expected …", `expected` and
+ * `actual` as fields), or its value does not fit the Schema ("<op>: payload 1
+ * (instance_id): Expected …; actual: -1", the actual by type and size).
  */
 export const decodePayload = <O extends Op>(
   op: O,
@@ -92,27 +126,15 @@ export const decodePayload = <O extends Op>(
   const out: Array<unknown> = new Array(frames.length)
   for (let i = 0; i < frames.length; i++) {
     const [name, schema] = op.payload[i]!
-    const u = unpack(frames[i]!)
-    if (u === undefined) {
-      const field = `payload ${i} (${name})`
-      const actual = `${frames[i]!.length} bytes`
-      return Exit.fail(
-        new BadRequest({
-          op: op.name,
-          field,
-          expected: "a single MessagePack value",
-          actual,
-          message: `${op.name}: ${field} is not a single MessagePack value (${actual})`
-        })
-      )
-    }
+    const u = unpackFrame(frames[i]!)
+    if (u._tag === "Problem") return Exit.fail(notPlain(op.name, `payload ${i} (${name})`, u.problem))
     const decoded = Schema.decodeUnknownExit(schema)(u.value)
     if (Exit.isFailure(decoded)) {
       return Exit.fail(undecodable({
         op: op.name,
         field: `payload ${i} (${name})`,
         expected: oneLine(errorMessage(decoded.cause)),
-        actual: describe(u.value)
+        actual: describeValue(u.value)
       }))
     }
     out[i] = decoded.value
@@ -246,24 +268,15 @@ export const decodeResponse = <O extends Op>(
   if (body.length !== 1) {
     return Exit.fail(mismatch({ op: op.name, field: "response", expected: "1 response frame", actual: String(body.length) }))
   }
-  const u = unpack(body[0]!)
-  if (u === undefined) {
-    return Exit.fail(
-      new BadRequest({
-        op: op.name,
-        field: "response",
-        expected: "a single MessagePack value",
-        message: `${op.name}: the response frame is not a single MessagePack value`
-      })
-    )
-  }
+  const u = unpackFrame(body[0]!)
+  if (u._tag === "Problem") return Exit.fail(notPlain(op.name, "response", u.problem))
   const decoded = Schema.decodeUnknownExit(op.response)(u.value)
   if (Exit.isFailure(decoded)) {
     return Exit.fail(undecodable({
       op: op.name,
       field: "response",
       expected: oneLine(errorMessage(decoded.cause)),
-      actual: describe(u.value)
+      actual: describeValue(u.value)
     }))
   }
   return Exit.succeed(decoded.value as ResponseOf<O>)

@@ -15,8 +15,10 @@ import {
   unpack
 } from "../../src/schema/Frame.ts"
 import { makeInstanceId, MAX_INSTANCE_ID } from "../../src/schema/InstanceId.ts"
-import { OPS, Ping, Store, type Op } from "../../src/schema/Op.ts"
+import { OPS, Ping, RegisterKvCache, Store, type Op } from "../../src/schema/Op.ts"
+import { describeValue } from "../../src/schema/ValueDescription.ts"
 import { BadRequest, detailOf, errorBodyOf, NotRegistered } from "../../src/schema/WireError.ts"
+import { referenceBomb } from "../support/MsgpackBomb.ts"
 
 const Uid = Schema.Int.check(Schema.isBetween({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER }))
 
@@ -216,5 +218,91 @@ describe("reply frames", () => {
     // A body from a server that sends no detail still decodes.
     const bare = decodeReplyHeader([pack(3), pack(Store.id), ERROR_MARKER, pack({ code: "not_registered", message: "m" })])
     assert.deepStrictEqual(bare?._tag === "Error" ? errorBodyOf(bare.error) : undefined, { code: "not_registered", message: "m" })
+  })
+})
+
+/** The BadRequest a failed decode carries. */
+const badRequestOf = (exit: Exit.Exit<unknown, BadRequest>): BadRequest => {
+  if (Exit.isSuccess(exit)) return assert.fail("decoded")
+  return Cause.squash(exit.cause) as BadRequest
+}
+
+const NOT_PLAIN_BOMB = {
+  expected: "plain MessagePack (the protocol defines no extension types)",
+  actual: "an ext value of type 0x69 (msgpackr's structured-clone id) at byte 0"
+}
+
+describe("frames that are not plain MessagePack (issue 24 item 3)", () => {
+  for (const op of OPS.filter((o) => o.payload.length > 0)) {
+    const [name] = op.payload[0]!
+    it(`${op.name}: a reference bomb in payload 0 (${name}) is a bad_request naming the frame, the ext by type and offset`, () => {
+      const frames = [referenceBomb(26, true), ...op.payload.slice(1).map(() => pack(0))]
+      const error = badRequestOf(decodePayload(op, frames))
+      const field = `payload 0 (${name})`
+      assert.deepStrictEqual(detailOf(error), { op: op.name, field, ...NOT_PLAIN_BOMB })
+      assert.strictEqual(
+        error.message,
+        `${op.name}: ${field} is not a single plain MessagePack value: ${NOT_PLAIN_BOMB.actual}; expected ${NOT_PLAIN_BOMB.expected}`
+      )
+    })
+  }
+
+  for (const op of OPS.filter((o) => o.response !== undefined)) {
+    it(`${op.name}: a response frame holding a reference bomb is refused by the client the same way`, () => {
+      const error = badRequestOf(decodeResponse(op, [referenceBomb(26, false)]) as Exit.Exit<unknown, BadRequest>)
+      assert.deepStrictEqual(detailOf(error), { op: op.name, field: "response", ...NOT_PLAIN_BOMB })
+    })
+  }
+
+  it("a uid or op frame holding an ext is not a header int, and an error body holding one is not an error reply", () => {
+    assert.strictEqual(decodeHeaderInt(Buffer.from([0xd4, 0x00, 0x00])), undefined)
+    assert.strictEqual(decodeReplyHeader([pack(1), pack(22), ERROR_MARKER, referenceBomb(20, false)]), undefined)
+  })
+})
+
+describe("a bad value is described by type and size, never serialised (issue 24 item 3)", () => {
+  it("describeValue: scalars as themselves, everything else by type and size", () => {
+    const cases: ReadonlyArray<readonly [unknown, string]> = [
+      [-1, "-1"],
+      [-0, "-0"],
+      [1.5, "1.5"],
+      [Number.NaN, "NaN"],
+      [5n, "5n"],
+      [true, "true"],
+      [null, "nil"],
+      [undefined, "undefined"],
+      ["NHD", "\"NHD\""],
+      ["a\nb", "\"a\\nb\""],
+      ["x".repeat(32), JSON.stringify("x".repeat(32))],
+      ["x".repeat(33), "a string of 33 characters"],
+      ["x".repeat(1_048_576), "a string of 1,048,576 characters"],
+      [new Uint8Array(1), "a bin of 1 byte"],
+      [Buffer.alloc(4096), "a bin of 4,096 bytes"],
+      [[], "an array of 0 elements"],
+      [[[1]], "an array of 1 element"],
+      [new Array<number>(4096).fill(7), "an array of 4,096 elements"],
+      [{ a: 1, b: [2], c: { d: 3 } }, "a map of 3 keys"],
+      [{ k: 1 }, "a map of 1 key"],
+      [new Date(0), "an object (Date)"]
+    ]
+    for (const [value, expected] of cases) assert.strictEqual(describeValue(value), expected)
+  })
+
+  it("a Schema failure on a 100,000-element array names it by size; Effect's message names only the expectation", () => {
+    const error = badRequestOf(decodePayload(Ping, [pack(new Array<number>(100_000).fill(1))]))
+    assert.strictEqual(error.actual, "an array of 100,000 elements")
+    assert.notInclude(error.expected!, "1,1")
+    assert.strictEqual(error.message, `ping: payload 0 (instance_id): ${error.expected}; actual: an array of 100,000 elements`)
+  })
+
+  it("a Schema path quoting a 100,000-character map key is clipped to 300 characters", () => {
+    const key = "k".repeat(100_000)
+    const frames = [pack(1), pack([]), pack("m"), pack(1), pack("vllm"), pack({ [key]: { nested: true } }), pack([])]
+    const error = badRequestOf(decodePayload(RegisterKvCache, frames))
+    assert.strictEqual(error.field, "payload 5 (layout_hints)")
+    assert.strictEqual(error.actual, "a map of 1 key")
+    assert.strictEqual(error.expected!.length, 300)
+    assert.isTrue(error.expected!.endsWith("..."))
+    assert.isBelow(error.message.length, 400)
   })
 })

@@ -2,7 +2,9 @@
  * A bare DEALER for sending frames the real client would never send
  * (malformed messages, wrong payload counts), and reading raw replies.
  * With `curve` it speaks CURVE and binds its connection with HELLO first
- * (docs/security.md), so the server judges its frames as a tenant's.
+ * (docs/security.md), so the server judges its frames as a tenant's;
+ * `{ hello: false }` skips HELLO: an authorized key whose connection never
+ * bound itself (issue 24 item 3).
  */
 import { Effect, Scope } from "effect"
 import * as zmq from "zeromq"

@@ -402,17 +402,17 @@ const make = Effect.gen(function*() {
     const isRegister = REGISTER_OPS.has(op.id)
     const isUnregister = UNREGISTER_OPS.has(op.id)
     const mappedAt = mappedFields.get(op.id)
+    const unbound = () =>
+      new Forbidden({
+        op: op.name,
+        field: "hello",
+        message: `${op.name}: this connection has not said HELLO with an authorized key (hello_challenge, then hello)`
+      })
+    // Before the payload is decoded (issue 24 item 3): a peer without a tenant gets nothing decoded for it.
+    const admit = (ctx: RequestContext): WireError | undefined => grantOf(ctx.peer) === undefined ? unbound() : undefined
     const handle = (payload: ReadonlyArray<unknown>, ctx: RequestContext): Effect.Effect<unknown, WireError> => {
       const grant = grantOf(ctx.peer)
-      if (grant === undefined) {
-        return Effect.fail(
-          new Forbidden({
-            op: op.name,
-            field: "hello",
-            message: `${op.name}: this connection has not said HELLO with an authorized key (hello_challenge, then hello)`
-          })
-        )
-      }
+      if (grant === undefined) return Effect.fail(unbound())
       if (op.id === Clear.id && !grant.admin) {
         return Effect.fail(
           new Forbidden({ op: op.name, field: "tenant", expected: "admin", actual: grant.tenant, message: `clear: tenant ${grant.tenant} is not admin` })
@@ -483,7 +483,7 @@ const make = Effect.gen(function*() {
       })
     }
     // No fast answer under tenancy (issue 16): every request passes the HELLO and owner checks above.
-    return { op: r.op, pool: r.pool, handle }
+    return { op: r.op, pool: r.pool, handle, admit }
   }
 
   const guard = (table: HandlerTable, all: ReadonlyArray<LivenessTarget>): HandlerTable => {

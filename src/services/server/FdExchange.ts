@@ -29,6 +29,7 @@ import type { Scope } from "effect"
 import { randomBytes } from "node:crypto"
 import { closeFd, F_SEAL, type FdRequest, listenFds, sealNames } from "../../native/FdPassing.ts"
 import { pack, unpack } from "../../schema/Frame.ts"
+import { describeValue } from "../../schema/ValueDescription.ts"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import { GetServerInfo } from "../../schema/Op.ts"
 import { InvalidArgument } from "../../schema/WireError.ts"
@@ -133,7 +134,7 @@ const make = Effect.gen(function*() {
     }
     const { version, nonce, instance_id, fds } = decoded
     if (version !== FD_REQUEST_VERSION) {
-      return refusal("invalid_argument", `descriptor request: version must be ${FD_REQUEST_VERSION}, got ${String(version)}`)
+      return refusal("invalid_argument", `descriptor request: version must be ${FD_REQUEST_VERSION}, got ${describeValue(version)}`)
     }
     if (!(nonce instanceof Uint8Array) || nonce.length !== TOKEN_BYTES) {
       return refusal("invalid_argument", `descriptor request: nonce must be the ${TOKEN_BYTES}-byte fd_nonce of GET_SERVER_INFO (bin)`)
@@ -147,12 +148,12 @@ const make = Effect.gen(function*() {
     }
     const id = typeof instance_id === "bigint" ? instance_id : typeof instance_id === "number" && Number.isSafeInteger(instance_id) ? BigInt(instance_id) : undefined
     if (id === undefined || id < 0n || id >= 1n << 63n) {
-      return refusal("invalid_argument", `descriptor request: instance_id must be an int in [0, 2^63-1], got ${String(instance_id)}`)
+      return refusal("invalid_argument", `descriptor request: instance_id must be an int in [0, 2^63-1], got ${describeValue(instance_id)}`)
     }
     if (fds !== req.fds.length || req.fds.length === 0) {
       return refusal(
         "invalid_argument",
-        `descriptor request: fds says ${String(fds)} but ${req.fds.length} descriptor(s) came in SCM_RIGHTS; expected at least one, and as many as declared`
+        `descriptor request: fds says ${describeValue(fds)} but ${req.fds.length} descriptor(s) came in SCM_RIGHTS; expected at least one, and as many as declared`
       )
     }
     for (const [i, f] of req.fds.entries()) {

@@ -51,6 +51,13 @@ export interface HandlerRow {
   readonly handle: (payload: ReadonlyArray<unknown>, ctx: RequestContext) => Effect.Effect<unknown, WireError>
   /** The fast path's answer, for the few pure, synchronous ops; absent: always pooled. */
   readonly fast?: FastHandler
+  /**
+   * A check of the peer alone, run before the payload is decoded: the error
+   * that refuses this request, or undefined to go on. Tenancy's guard sets it
+   * (a connection that has not said HELLO is `forbidden`), so an unbound peer
+   * never makes the server decode anything (issue 24 item 3). Absent: admitted.
+   */
+  readonly admit?: (ctx: RequestContext) => WireError | undefined
 }
 
 /**

@@ -254,13 +254,17 @@ const make = (options: MqServerOptions) =>
     ): Effect.Effect<void> => {
       const uidFrame = frames[0]!
       const opFrame = frames[1]!
-      const decoded = decodePayload(row.op, frames.slice(2))
-      const instanceId = Exit.isSuccess(decoded) ? instanceIdOf(row.op, decoded.value as ReadonlyArray<unknown>) : undefined
       const ctx: RequestContext = { routingId, peer, skipBinding: false }
+      // The peer is judged before its payload is decoded (issue 24 item 3: an unbound peer costs no decoding).
+      const refused = row.admit?.(ctx)
+      const decoded = refused === undefined ? decodePayload(row.op, frames.slice(2)) : Exit.fail(refused)
+      const instanceId = Exit.isSuccess(decoded) ? instanceIdOf(row.op, decoded.value as ReadonlyArray<unknown>) : undefined
       const run: Effect.Effect<void> = Exit.isFailure(decoded)
-        ? Effect.logWarning("bad request", describeCause(decoded.cause)).pipe(
-          Effect.andThen(replyError(routingId, uidFrame, opFrame, Cause.squash(decoded.cause) as BadRequest))
-        )
+        ? refused !== undefined
+          ? replyError(routingId, uidFrame, opFrame, refused)
+          : Effect.logWarning("bad request", describeCause(decoded.cause)).pipe(
+            Effect.andThen(replyError(routingId, uidFrame, opFrame, Cause.squash(decoded.cause) as BadRequest))
+          )
         : Effect.exit(row.handle(decoded.value as ReadonlyArray<unknown>, ctx)).pipe(
           Effect.flatMap((exit): Effect.Effect<void> => {
             if (Exit.isSuccess(exit)) {

@@ -14,6 +14,9 @@
  * UNREGISTER or reap of X, tenant B's REGISTER of X is `forbidden` for the
  * registration grace (saying when X frees), A gets X back, and 1 ms past the
  * grace B may take it.
+ * - Admission before decoding (issue 24 item 3): every guarded row refuses a
+ *   peer that has not said HELLO from the peer alone, so the MQ server never
+ *   decodes an unbound peer's payload; HELLO itself is always admitted.
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
@@ -24,6 +27,7 @@ import {
   Hello,
   HelloChallenge,
   type Op,
+  OPS,
   type PayloadOf,
   RegisterKvCache,
   RegisterKvCacheEngineDrivenContext,
@@ -141,6 +145,32 @@ describe("tenant REGISTER limits (TestClock)", () => {
       assert.isFalse(yield* (yield* LmcacheDrivenTransfer).isRegistered(makeInstanceId(7n)))
       assert.strictEqual((yield* Tenancy).tenantOf(makeInstanceId(7n)), undefined)
     }).pipe(Effect.provide(env({ tenantMaxMappedBytes: LIMIT }))))
+
+  it.effect("a peer that has not said HELLO is refused by every guarded row before its payload is decoded; once bound it is admitted", () =>
+    Effect.gen(function*() {
+      const table = yield* Handlers
+      const peer = "0a0b0c0d"
+      const ctx = { routingId: Buffer.from(peer, "hex"), peer, skipBinding: false }
+      const served = OPS.filter((op) => table.byId.has(op.id))
+      assert.isAbove(served.length, 20)
+      for (const op of served) {
+        const admit = table.byId.get(op.id)!.admit
+        if (op.id === Hello.id || op.id === HelloChallenge.id) {
+          assert.strictEqual(admit, undefined, `${op.name} is how a peer binds`)
+          continue
+        }
+        assert.deepStrictEqual(
+          admit?.(ctx),
+          new Forbidden({
+            op: op.name,
+            field: "hello",
+            message: `${op.name}: this connection has not said HELLO with an authorized key (hello_challenge, then hello)`
+          })
+        )
+      }
+      yield* bindTenantA
+      for (const op of served) assert.strictEqual(table.byId.get(op.id)!.admit?.(ctx), undefined, op.name)
+    }).pipe(Effect.provide(env())))
 })
 
 describe("a released instance id stays its tenant's for the registration grace (TestClock)", () => {
