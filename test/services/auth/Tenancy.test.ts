@@ -14,7 +14,8 @@
  * UNREGISTER or reap of X, tenant B's REGISTER of X is `forbidden` for the
  * registration grace (saying when X frees), A gets X back, and 1 ms past the
  * grace B may take it.
- * - Admission before decoding (issue 24 item 3): every guarded row refuses a
+ *
+ * And admission before decoding (issue 24 item 3): every guarded row refuses a
  *   peer that has not said HELLO from the peer alone, so the MQ server never
  *   decodes an unbound peer's payload; HELLO itself is always admitted.
  */
