@@ -13,7 +13,7 @@ import { Clock, Context, Effect, Layer } from "effect"
 import { HttpRouter, HttpServer, HttpServerRequest, HttpServerResponse } from "effect/http"
 import { PrometheusMetrics } from "effect/observability"
 import { bearerCheck, readTokenFile } from "../services/auth/BearerToken.ts"
-import { MqServer } from "../services/server/MqServer.ts"
+import { MqServer, SEND_HIGH_WATER_MARK } from "../services/server/MqServer.ts"
 import { PROTOCOL_VERSION, VERSION } from "../version.ts"
 import { ServerConfig } from "../services/server/ServerConfig.ts"
 import { STATUS_PAGE_CSP, STATUS_PAGE_HTML } from "./StatusPage.ts"
@@ -44,6 +44,15 @@ export const statusDocument = Effect.gen(function*() {
     connected_peers: stats.connectedPeers,
     dropped_messages: stats.droppedMessages,
     undeliverable_replies: stats.undeliverableReplies,
+    refused_replies: stats.refusedReplies,
+    send_queue: {
+      max_queued_reply_bytes_per_peer: config.maxQueuedReplyBytesPerPeer,
+      high_water_mark: SEND_HIGH_WATER_MARK,
+      refused: stats.outbox.refused,
+      drain_probes: stats.outbox.drainProbes,
+      queued_bytes: stats.outbox.queuedBytes,
+      waiting_peers: stats.outbox.waitingPeers
+    },
     pools: {
       sync: stats.pools.sync,
       normal: stats.pools.normal,

@@ -167,6 +167,7 @@ const MqServerLive = Layer.unwrap(
       endpoint: config.endpoint,
       normalWorkers: config.maxCpuWorkers,
       affinityLanes: config.maxGpuWorkers,
+      maxQueuedReplyBytesPerPeer: config.maxQueuedReplyBytesPerPeer,
       ...(tenancy.curve === undefined ? {} : { curve: { secretKey: tenancy.curve.secretKey, zapDomain: tenancy.curve.zapDomain } }),
       ...(config.ipcGroupId === undefined ? {} : { ipcGroupId: config.ipcGroupId }),
       ...(tenancy.enabled ? { onHandshakeFailure: tenancy.handshakeFailed } : {})

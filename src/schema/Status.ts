@@ -104,6 +104,21 @@ export const StatusL2 = Schema.Struct({
 })
 export type StatusL2 = typeof StatusL2.Type
 
+/**
+ * The send path (issue 24 item 10): the per-peer bound, the ROUTER's SNDHWM, refusals by reason since start
+ * (`reply_too_large`: one reply over the bound; `outbox_full`: its peer's outbox would pass it; `not_drained`: its
+ * peer did not read within the wait), drain probes sent since start, and now: bytes waiting in the outboxes, peers
+ * with a reply waiting for their pipe.
+ */
+export const StatusSendQueue = Schema.Struct({
+  max_queued_reply_bytes_per_peer: Count,
+  high_water_mark: Count,
+  refused: Schema.Struct({ reply_too_large: Count, outbox_full: Count, not_drained: Count }),
+  drain_probes: Count,
+  queued_bytes: Count,
+  waiting_peers: Count
+})
+
 /** The whole document. */
 export const StatusDocument = Schema.Struct({
   is_healthy: Schema.Boolean,
@@ -116,6 +131,9 @@ export const StatusDocument = Schema.Struct({
   connected_peers: Count,
   dropped_messages: Count,
   undeliverable_replies: Count,
+  /** Replies refused with `overloaded` for the bytes queued to their peer since start (issue 24 item 10). */
+  refused_replies: Count,
+  send_queue: StatusSendQueue,
   pools: StatusPools,
   ops: Schema.Array(StatusOp),
   worker_liveness: StatusWorkerLiveness,

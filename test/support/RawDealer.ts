@@ -3,6 +3,8 @@
  * (malformed messages, wrong payload counts), and reading raw replies.
  * With `curve` it speaks CURVE and binds its connection with HELLO first
  * (docs/security.md), so the server judges its frames as a tenant's.
+ * `receiveHighWaterMark` (default 0, unbounded) makes a peer whose own
+ * queue fills at once when it stops reading (issue 24 item 10).
  */
 import { Effect, Scope } from "effect"
 import * as zmq from "zeromq"
@@ -20,13 +22,18 @@ export interface RawDealer {
 /** The uid of the HELLO exchange: far from the small uids the tests send. */
 const HELLO_UID = 1_000_000
 
-export const rawDealer = (endpoint: string, curve?: DealerCurve): Effect.Effect<RawDealer, never, Scope.Scope> =>
+export interface RawDealerOptions {
+  readonly receiveHighWaterMark?: number
+}
+
+export const rawDealer = (endpoint: string, curve?: DealerCurve, options: RawDealerOptions = {}): Effect.Effect<RawDealer, never, Scope.Scope> =>
   Effect.gen(function*() {
     const dealer = yield* Effect.acquireRelease(
       Effect.sync(() => {
         const d = new zmq.Dealer({
           linger: 0,
           receiveTimeout: -1,
+          ...(options.receiveHighWaterMark === undefined ? {} : { receiveHighWaterMark: options.receiveHighWaterMark }),
           ...(curve === undefined
             ? {}
             : { curveServerKey: curve.serverPublicKey, curveSecretKey: curve.secretKey, curvePublicKey: curve.publicKey })

@@ -34,6 +34,24 @@ export const undeliverableRepliesTotal = Metric.counter("mpcache_undeliverable_r
   incremental: true
 })
 
+export const refusedRepliesTotal = Metric.counter("mpcache_refused_replies_total", {
+  description:
+    "Replies refused (answered overloaded instead) for the bytes queued to their peer (--max-queued-reply-bytes-per-peer), by reason: reply_too_large, outbox_full, not_drained",
+  incremental: true
+})
+
+const refusedHandles = new Map<string, Metric.Metric<number, unknown>>()
+
+/** Counter handle for one refusal reason (internal/ReplyOutbox.ts). */
+export const refusedReplyMetric = (reason: string): Metric.Metric<number, unknown> => {
+  let m = refusedHandles.get(reason)
+  if (m === undefined) {
+    m = Metric.withAttributes(refusedRepliesTotal, { reason })
+    refusedHandles.set(reason, m)
+  }
+  return m
+}
+
 export const connectedPeers = Metric.gauge("mpcache_connected_peers", {
   description: "Client connections (routing ids) currently connected to the ROUTER"
 })
