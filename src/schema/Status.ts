@@ -119,6 +119,26 @@ export const StatusSendQueue = Schema.Struct({
   waiting_peers: Count
 })
 
+/**
+ * The HTTP frontend's connections (issue 24 item 11): the cap (`--max-http-connections`), the idle timeout, open
+ * connections now, and connections closed or refused since start by reason.
+ */
+export const StatusHttp = Schema.Struct({
+  max_connections: Count,
+  idle_timeout_seconds: Seconds,
+  open_connections: Count,
+  closed: Schema.Struct({
+    connection_cap: Count,
+    evicted_idle: Count,
+    no_request: Count,
+    slow_request: Count,
+    header_too_large: Count,
+    bad_request: Count,
+    inactive: Count,
+    keep_alive_idle: Count
+  })
+})
+
 /** The whole document. */
 export const StatusDocument = Schema.Struct({
   is_healthy: Schema.Boolean,
@@ -134,6 +154,7 @@ export const StatusDocument = Schema.Struct({
   /** Replies refused with `overloaded` for the bytes queued to their peer since start (issue 24 item 10). */
   refused_replies: Count,
   send_queue: StatusSendQueue,
+  http: StatusHttp,
   pools: StatusPools,
   ops: Schema.Array(StatusOp),
   worker_liveness: StatusWorkerLiveness,
