@@ -32,6 +32,9 @@
  * by its frames' bytes, so a large frame that is a view into a larger buffer is first copied into one of its own
  * (see `exactFrames`).
  *
+ * A peer's record (outbox and window) lives until the peer is gone: `forget` (MqServer's confirmed disconnect) or
+ * EHOSTUNREACH.
+ *
  * Fairness: peers take turns, one message per turn; a peer waiting for its pipe (EAGAIN, backing off) is out of
  * the rotation until its timer fires, so it never delays anyone else. Replies to one peer stay in order.
  *
@@ -132,7 +135,10 @@ interface Queued {
 
 /** One peer's outbox and window. */
 interface Peer {
+  /** Its routing id as latin1 ({@link keyOf}). */
   readonly key: string
+  /** Its routing id in hex, as logs and MqServer name peers. */
+  readonly hex: string
   readonly routingId: Uint8Array
   readonly queue: Array<Queued>
   head: number
@@ -150,13 +156,22 @@ interface Peer {
   backoffMs: number
   /** Its pipe stayed full past replyWaitMs: each head gets one attempt until a send succeeds again. */
   stalled: boolean
+  /** The message of its turn in progress is a drain probe. */
+  draining: boolean
   /** idle: nothing queued; ready: in the rotation; backoff: waiting for its timer. */
   state: "idle" | "ready" | "backoff"
   gone: boolean
 }
 
-const keyOf = (routingId: Uint8Array): string =>
-  (Buffer.isBuffer(routingId) ? routingId : Buffer.from(routingId.buffer, routingId.byteOffset, routingId.byteLength)).toString("hex")
+/**
+ * A peer's key: its routing id's bytes as a latin1 string, built in JS (no call into Buffer's C++ per reply: the
+ * PING hot path). Hex only where a peer is named (logs, `forget`).
+ */
+const keyOf = (routingId: Uint8Array): string => {
+  let key = ""
+  for (let i = 0; i < routingId.length; i++) key += String.fromCharCode(routingId[i]!)
+  return key
+}
 
 const bytesOf = (message: Array<Uint8Array>): number => {
   let n = 0
@@ -235,6 +250,7 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
     if (p === undefined) {
       p = {
         key,
+        hex: Buffer.from(routingId.buffer, routingId.byteOffset, routingId.byteLength).toString("hex"),
         routingId,
         queue: [],
         head: 0,
@@ -247,6 +263,7 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
         waitingSinceMs: undefined,
         backoffMs: 0,
         stalled: false,
+        draining: false,
         state: "idle",
         gone: false
       }
@@ -269,11 +286,6 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       p.bigBytes.splice(0, p.bigHead)
       p.bigHead = 0
     }
-  }
-
-  /** Forgets an idle peer whose window tracks nothing: its record would only cost memory. */
-  const release = (p: Peer): void => {
-    if (p.state === "idle" && queueLength(p) === 0 && p.bigHead === p.bigSeq.length && peers.get(p.key) === p) peers.delete(p.key)
   }
 
   const enqueue = (p: Peer, q: Queued): void => {
@@ -302,7 +314,6 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
   const schedule = (p: Peer): void => {
     if (p.gone || queueLength(p) === 0) {
       p.state = "idle"
-      release(p)
       settleFlushed()
       return
     }
@@ -312,7 +323,7 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
 
   const refuse = (p: Peer, q: Queued, reason: RefusalReason, held: number): Queued => {
     refused[reason]++
-    options.onRefused(p.key, reason, q.bytes)
+    options.onRefused(p.hex, reason, q.bytes)
     const message = refusalOf(q.message, reason, q.bytes, held, limit)
     return { message, bytes: bytesOf(message) }
   }
@@ -330,42 +341,54 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       p.queue[p.head] = replacement
     } else {
       dequeue(p)
-      options.onUndeliverable(p.key, reason)
+      options.onUndeliverable(p.hex, reason)
     }
   }
 
   const dropAll = (p: Peer, code: string): void => {
     while (queueLength(p) > 0) {
       dequeue(p)
-      options.onUndeliverable(p.key, code)
+      options.onUndeliverable(p.hex, code)
     }
   }
 
-  /** One turn of `p`: its head (or a drain probe for it) is tried once. */
-  const turn = async (p: Peer): Promise<void> => {
-    const now = clock.nowMs()
-    if (p.waitingSinceMs !== undefined && now - p.waitingSinceMs >= options.replyWaitMs) {
+  /**
+   * The start of `p`'s turn: the message to try (its head, or a drain probe for it), or undefined when the turn
+   * ended without a send (its head gave up waiting). One await per message in the loop: this is the PING hot path.
+   */
+  const start = (p: Peer): Array<Uint8Array> | undefined => {
+    if (p.waitingSinceMs !== undefined && clock.nowMs() - p.waitingSinceMs >= options.replyWaitMs) {
       giveUp(p, "EAGAIN")
       p.stalled = true
-      return schedule(p)
+      schedule(p)
+      return undefined
     }
     const q = p.queue[p.head]!
+    if (q.bytes <= SMALL_REPLY_BYTES) {
+      p.draining = false
+      return q.message
+    }
     evict(p)
-    const drain = q.bytes > SMALL_REPLY_BYTES && p.windowBytes + q.bytes > limit
-    const code = await options.send(drain ? [p.routingId, PROBE_FRAME] : q.message)
+    p.draining = p.windowBytes + q.bytes > limit
+    return p.draining ? [p.routingId, PROBE_FRAME] : q.message
+  }
+
+  /** The end of `p`'s turn: libzmq answered `code` (undefined: taken). */
+  const finish = (p: Peer, code: string | undefined): void => {
     if (p.gone) return
     if (code === undefined) {
       p.sent++
       p.stalled = false
       p.backoffMs = 0
-      if (drain) {
+      if (p.draining) {
         drainProbes++
-        p.waitingSinceMs ??= now
+        p.waitingSinceMs ??= clock.nowMs()
       } else {
-        if (q.bytes > SMALL_REPLY_BYTES) {
+        const bytes = p.queue[p.head]!.bytes
+        if (bytes > SMALL_REPLY_BYTES) {
           p.bigSeq.push(p.sent)
-          p.bigBytes.push(q.bytes)
-          p.windowBytes += q.bytes
+          p.bigBytes.push(bytes)
+          p.windowBytes += bytes
         }
         dequeue(p)
         p.waitingSinceMs = undefined
@@ -374,6 +397,7 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
     }
     if (code !== "EAGAIN") {
       // Gone (EHOSTUNREACH) or the socket is closing: nothing queued for it can be delivered.
+      p.gone = true
       dropAll(p, code)
       p.state = "idle"
       if (peers.get(p.key) === p) peers.delete(p.key)
@@ -383,7 +407,7 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       giveUp(p, code)
       return schedule(p)
     }
-    p.waitingSinceMs ??= now
+    p.waitingSinceMs ??= clock.nowMs()
     p.backoffMs = Math.min(BACKOFF_MAX_MS, Math.max(BACKOFF_FIRST_MS, p.backoffMs * 2))
     p.state = "backoff"
     clock.after(p.backoffMs, () => {
@@ -417,12 +441,14 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       }
       if (p.gone || p.state !== "ready") continue
       try {
-        await turn(p)
+        const message = start(p)
+        if (message === undefined) continue
+        finish(p, await options.send(message))
       } catch {
         // A bug in a turn must not stop the loop or spin on the same head: that reply is dropped and counted.
         if (queueLength(p) > 0) {
           dequeue(p)
-          options.onUndeliverable(p.key, "INTERNAL")
+          options.onUndeliverable(p.hex, "INTERNAL")
         }
         p.waitingSinceMs = undefined
         schedule(p)
@@ -451,8 +477,7 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       const bytes = bytesOf(message)
       let q: Queued = { message, bytes }
       if (queueLength(p) >= MAX_QUEUED_MESSAGES) {
-        options.onUndeliverable(p.key, OUTBOX_FULL_CODE)
-        return release(p)
+        return options.onUndeliverable(p.hex, OUTBOX_FULL_CODE)
       }
       if (bytes > SMALL_REPLY_BYTES) {
         if (bytes > limit) q = refuse(p, q, "reply_too_large", 0)
@@ -467,10 +492,10 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
         kick()
       }),
     forget: (peer) => {
-      const p = peers.get(peer)
+      const p = peers.get(Buffer.from(peer, "hex").toString("latin1"))
       if (p === undefined) return
       p.gone = true
-      peers.delete(peer)
+      peers.delete(p.key)
       dropAll(p, "EHOSTUNREACH")
       p.state = "idle"
       settleFlushed()
