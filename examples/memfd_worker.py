@@ -75,9 +75,15 @@ class Client:
         """Sends [uid, op, p0 … pn-1], each its own MessagePack value; returns the response (None if absent)."""
         self.uid += 1
         self.sock.send_multipart([msgpack.packb(v) for v in (self.uid, op, *payload)])
-        if not self.sock.poll(int(TIMEOUT_S * 1000)):
-            raise Failure(f"op {op}: no reply within {TIMEOUT_S} s (is the server at this endpoint?)")
-        frames = self.sock.recv_multipart()
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0 or not self.sock.poll(left_ms):
+                raise Failure(f"op {op}: no reply within {TIMEOUT_S} s (is the server at this endpoint?)")
+            frames = self.sock.recv_multipart()
+            # A lone empty frame is the server's probe (is this connection alive, does it read its replies), not a reply.
+            if frames != [b""]:
+                break
         uid, got_op = msgpack.unpackb(frames[0]), msgpack.unpackb(frames[1])
         if (uid, got_op) != (self.uid, op):
             raise Failure(f"op {op}: a reply for uid {uid} op {got_op}, expected uid {self.uid}")

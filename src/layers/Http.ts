@@ -5,17 +5,23 @@
  *   GET /api/status       version, endpoint, chunk size, pools, uptime (+ module blocks)
  *   GET /metrics          Prometheus text
  * Bound to `--http-host`/`--http-port` (port 0 picks a free one; the bound
- * address is logged).
+ * address is logged). Its connections are bounded (HttpConnectionGuard.ts,
+ * issue 24 item 11): `--max-http-connections` at once, each closed when it
+ * sends no complete request head within `--http-idle-timeout-seconds`;
+ * every such close counted by reason and logged at most once per reason per
+ * 10 s.
  */
-import { createServer } from "node:http"
 import { NodeHttpServer } from "@effect/platform-node"
 import { Clock, Context, Effect, Layer } from "effect"
 import { HttpRouter, HttpServer, HttpServerRequest, HttpServerResponse } from "effect/http"
 import { PrometheusMetrics } from "effect/observability"
 import { bearerCheck, readTokenFile } from "../services/auth/BearerToken.ts"
-import { MqServer } from "../services/server/MqServer.ts"
+import { MqServer, SEND_HIGH_WATER_MARK } from "../services/server/MqServer.ts"
 import { PROTOCOL_VERSION, VERSION } from "../version.ts"
 import { ServerConfig } from "../services/server/ServerConfig.ts"
+import { httpConnectionsClosedMetric } from "../services/server/ServerMetrics.ts"
+import { makeWindowedWarnings } from "../services/server/internal/WindowedWarnings.ts"
+import { type GuardedHttpServer, type HttpCloseReason, makeGuardedHttpServer, MAX_HEADER_BYTES } from "./HttpConnectionGuard.ts"
 import { STATUS_PAGE_CSP, STATUS_PAGE_HTML } from "./StatusPage.ts"
 
 /** Extra blocks merged into `/api/status` by modules (liveness, native memory, instances …). */
@@ -25,10 +31,64 @@ export class StatusBlocks extends Context.Service<StatusBlocks, ReadonlyArray<Ef
   static readonly layerEmpty = Layer.succeed(this, [])
 }
 
+/** What each close reason means, for the log (`--max-http-connections` N, `--http-idle-timeout-seconds` S). */
+const closeText = (reason: HttpCloseReason, cap: number, idleSeconds: number): string => {
+  switch (reason) {
+    case "connection_cap":
+      return `refused a connection: all ${cap} (--max-http-connections) are open with a request in flight`
+    case "evicted_idle":
+      return `closed the oldest connection waiting for a request to admit a new one: ${cap} (--max-http-connections) were open`
+    case "no_request":
+      return `closed a connection that sent nothing within ${idleSeconds} s (--http-idle-timeout-seconds) of connecting`
+    case "slow_request":
+      return `closed a connection whose request did not arrive whole within ${idleSeconds} s (--http-idle-timeout-seconds): slow headers (408)`
+    case "header_too_large":
+      return `refused a request whose head is over ${MAX_HEADER_BYTES} bytes (431)`
+    case "bad_request":
+      return "closed a connection that sent a malformed request (400)"
+    case "inactive":
+      return `closed a connection silent for ${2 * idleSeconds} s`
+    case "keep_alive_idle":
+      return `closed a keep-alive connection idle for ${idleSeconds} s`
+  }
+}
+
+/**
+ * The HTTP frontend's `http.Server` with its connections bounded (HttpConnectionGuard.ts), each close counted in
+ * `mpcache_http_connections_closed_total{reason}` and logged, one WARNING per reason per 10 s (keep-alive idle
+ * closes are routine: counted, not logged).
+ */
+export class HttpConnections extends Context.Service<HttpConnections, GuardedHttpServer>()("mpcache/layers/HttpConnections") {
+  static readonly layer = Layer.effect(
+    this,
+    Effect.gen(function*() {
+      const config = yield* ServerConfig
+      const services = yield* Effect.context<never>()
+      const cap = config.descriptors.httpConnections
+      const idleSeconds = config.httpIdleTimeoutSeconds
+      const warnings = yield* makeWindowedWarnings<HttpCloseReason>({
+        windowMs: 10_000,
+        first: (reason) => `HTTP frontend ${closeText(reason, cap, idleSeconds)}`,
+        more: (reason, count, windowMs) =>
+          `HTTP frontend: ${count} more connection(s) in the last ${windowMs / 1000} s: ${closeText(reason, cap, idleSeconds)}`
+      })
+      return makeGuardedHttpServer({
+        maxConnections: cap,
+        idleTimeoutMs: idleSeconds * 1000,
+        onClose: (reason) => {
+          httpConnectionsClosedMetric(reason).updateUnsafe(1, services)
+          if (reason !== "keep_alive_idle") warnings.record(reason)
+        }
+      })
+    })
+  )
+}
+
 /** Builds the `/api/status` document. */
 export const statusDocument = Effect.gen(function*() {
   const config = yield* ServerConfig
   const server = yield* MqServer
+  const http = (yield* HttpConnections).stats()
   const blocks = yield* StatusBlocks
   const startedAtMs = yield* StartedAt
   const now = yield* Clock.currentTimeMillis
@@ -52,10 +112,25 @@ export const statusDocument = Effect.gen(function*() {
       verifying: stats.routingIds.verifying
     },
     undeliverable_replies: stats.undeliverableReplies,
+    refused_replies: stats.refusedReplies,
+    send_queue: {
+      max_queued_reply_bytes_per_peer: config.maxQueuedReplyBytesPerPeer,
+      high_water_mark: SEND_HIGH_WATER_MARK,
+      refused: stats.outbox.refused,
+      drain_probes: stats.outbox.drainProbes,
+      queued_bytes: stats.outbox.queuedBytes,
+      waiting_peers: stats.outbox.waitingPeers
+    },
     pools: {
       sync: stats.pools.sync,
       normal: stats.pools.normal,
       affinity: stats.pools.affinity
+    },
+    http: {
+      max_connections: config.descriptors.httpConnections,
+      idle_timeout_seconds: config.httpIdleTimeoutSeconds,
+      open_connections: http.openConnections,
+      closed: http.closed
     },
     ops: server.table
   }
@@ -130,9 +205,10 @@ export const HttpLive = Layer.unwrap(
   Effect.gen(function*() {
     const config = yield* ServerConfig
     const routes = config.httpTokenFile === undefined ? Routes : Layer.mergeAll(Routes, bearerGuard(config.httpTokenFile))
+    const { server } = yield* HttpConnections
     return HttpRouter.serve(routes, { disableLogger: true, disableListenLog: true }).pipe(
       Layer.merge(LogAddress),
-      Layer.provide(NodeHttpServer.layer(createServer, { port: config.httpPort, host: config.httpHost }))
+      Layer.provide(NodeHttpServer.layer(() => server, { port: config.httpPort, host: config.httpHost }))
     )
   })
-)
+).pipe(Layer.provideMerge(HttpConnections.layer))

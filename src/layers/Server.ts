@@ -168,6 +168,7 @@ const MqServerLive = Layer.unwrap(
       normalWorkers: config.maxCpuWorkers,
       affinityLanes: config.maxGpuWorkers,
       maxConnections: config.descriptors.zmqConnections,
+      maxQueuedReplyBytesPerPeer: config.maxQueuedReplyBytesPerPeer,
       ...(tenancy.curve === undefined ? {} : { curve: { secretKey: tenancy.curve.secretKey, zapDomain: tenancy.curve.zapDomain } }),
       ...(config.ipcGroupId === undefined ? {} : { ipcGroupId: config.ipcGroupId }),
       ...(tenancy.enabled ? { onHandshakeFailure: tenancy.handshakeFailed } : {})

@@ -108,6 +108,41 @@ export const StatusL2 = Schema.Struct({
 })
 export type StatusL2 = typeof StatusL2.Type
 
+/**
+ * The send path (issue 24 item 10): the per-peer bound, the ROUTER's SNDHWM, refusals by reason since start
+ * (`reply_too_large`: one reply over the bound; `outbox_full`: its peer's outbox would pass it; `not_drained`: its
+ * peer did not read within the wait), drain probes sent since start, and now: bytes waiting in the outboxes, peers
+ * with a reply waiting for their pipe.
+ */
+export const StatusSendQueue = Schema.Struct({
+  max_queued_reply_bytes_per_peer: Count,
+  high_water_mark: Count,
+  refused: Schema.Struct({ reply_too_large: Count, outbox_full: Count, not_drained: Count }),
+  drain_probes: Count,
+  queued_bytes: Count,
+  waiting_peers: Count
+})
+
+/**
+ * The HTTP frontend's connections (issue 24 item 11): the cap (`--max-http-connections`), the idle timeout, open
+ * connections now, and connections closed or refused since start by reason.
+ */
+export const StatusHttp = Schema.Struct({
+  max_connections: Count,
+  idle_timeout_seconds: Seconds,
+  open_connections: Count,
+  closed: Schema.Struct({
+    connection_cap: Count,
+    evicted_idle: Count,
+    no_request: Count,
+    slow_request: Count,
+    header_too_large: Count,
+    bad_request: Count,
+    inactive: Count,
+    keep_alive_idle: Count
+  })
+})
+
 /** The whole document. */
 export const StatusDocument = Schema.Struct({
   is_healthy: Schema.Boolean,
@@ -124,6 +159,10 @@ export const StatusDocument = Schema.Struct({
   /** ZeroMQ connections open now (the ROUTER's monitor), the cap (`--max-zmq-connections`), connections shut down for it since start (issue 24 item 11). */
   zmq_connections: Schema.optionalKey(Schema.Struct({ open: Count, max: Count, refused: Count })),
   undeliverable_replies: Count,
+  /** Replies refused with `overloaded` for the bytes queued to their peer since start (issue 24 item 10). */
+  refused_replies: Count,
+  send_queue: StatusSendQueue,
+  http: StatusHttp,
   pools: StatusPools,
   ops: Schema.Array(StatusOp),
   worker_liveness: StatusWorkerLiveness,

@@ -44,6 +44,18 @@ describe("mpcache serve flags", () => {
       assert.include(r.stderr, "worker registration grace must be at least the worker reap timeout (120 s; got 60)")
     }))
 
+  it.live("a queued-reply bound under 64 KiB and an HTTP idle timeout of 0 are refused: exit 2, naming each flag (issue 24)", () =>
+    Effect.gen(function*() {
+      const bytes = yield* runCli(["serve", "--max-queued-reply-bytes-per-peer", "1000"])
+      assert.strictEqual(bytes.code, 2)
+      assert.include(bytes.stderr, "--max-queued-reply-bytes-per-peer")
+      assert.include(bytes.stderr, "must be a number of bytes of at least 65536 (got 1000)")
+      const idle = yield* runCli(["serve", "--http-idle-timeout-seconds", "0"])
+      assert.strictEqual(idle.code, 2)
+      assert.include(idle.stderr, "--http-idle-timeout-seconds")
+      assert.include(idle.stderr, "must be a number of seconds from 0.1 to 300 (got 0)")
+    }))
+
   it.live("a port that is not a number, and an endpoint that is not ZeroMQ, are refused: exit 2", () =>
     Effect.gen(function*() {
       const port = yield* runCli(["serve", "--port", "abc"])

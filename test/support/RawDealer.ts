@@ -4,7 +4,9 @@
  * With `curve` it speaks CURVE and binds its connection with HELLO first
  * (docs/security.md), so the server judges its frames as a tenant's;
  * `{ hello: false }` skips HELLO: an authorized key whose connection never
- * bound itself (issue 24 item 3).
+ *  bound itself (issue 24 item 3).
+ * `receiveHighWaterMark` (default 0, unbounded) makes a peer whose own
+ * queue fills at once when it stops reading (issue 24 item 10).
  */
 import { Effect, Scope } from "effect"
 import * as zmq from "zeromq"
@@ -31,6 +33,8 @@ export interface RawDealerOptions {
   readonly routingId?: Uint8Array
   /** With `curve`: bind the connection with HELLO before returning (default true). */
   readonly hello?: boolean
+  /** ZMQ_RCVHWM of the DEALER (default 0, unbounded): small, its queue fills at once when it stops reading (issue 24 item 10). */
+  readonly receiveHighWaterMark?: number
 }
 
 /** A raw DEALER connected to `endpoint`; with `curve` it speaks CURVE (and says HELLO unless `options.hello` is false). */
@@ -41,6 +45,7 @@ export const rawDealer = (endpoint: string, curve?: DealerCurve, options: RawDea
         const d = new zmq.Dealer({
           linger: 0,
           receiveTimeout: -1,
+          ...(options.receiveHighWaterMark === undefined ? {} : { receiveHighWaterMark: options.receiveHighWaterMark }),
           ...(curve === undefined
             ? {}
             : { curveServerKey: curve.serverPublicKey, curveSecretKey: curve.secretKey, curvePublicKey: curve.publicKey })

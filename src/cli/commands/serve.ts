@@ -183,6 +183,19 @@ const serveFlags = {
     defaults.tenantMaxMappedBytes,
     rules.positiveInt
   ),
+  maxQueuedReplyBytesPerPeer: Flag.Int("max-queued-reply-bytes-per-peer").pipe(
+    Flag.withDescription(
+      "Bytes of replies queued to one connection (in its ZeroMQ pipe, and waiting in its outbox, each); past it a reply is refused with overloaded (default: the L1 size + 1 MiB, at least 256 MiB; >= 65536)"
+    ),
+    Flag.filter((n) => rules.queuedReplyBytes(n) === undefined, (n) => rules.queuedReplyBytes(n) ?? ""),
+    Flag.optional
+  ),
+  httpIdleTimeoutSeconds: seconds(
+    "http-idle-timeout-seconds",
+    "Close an HTTP connection that has not sent a complete request head this long after connecting or after its last response; 0.1 to 300",
+    defaults.httpIdleTimeoutSeconds,
+    rules.httpIdleTimeout
+  ),
   ...l2Flags,
   ...descriptorFlags
 }
@@ -228,7 +241,9 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   l2: l2InputOf(f),
   // The budget is taken from the limit as raised (idempotent: validate runs twice, in Command.validate and the handler).
   descriptorLimit: raiseDescriptorLimit().soft,
-  descriptorCaps: descriptorCapsOf(f)
+  descriptorCaps: descriptorCapsOf(f),
+  maxQueuedReplyBytesPerPeer: Option.getOrUndefined(f.maxQueuedReplyBytesPerPeer),
+  httpIdleTimeoutSeconds: f.httpIdleTimeoutSeconds
 })
 
 /** A key file the server was given cannot be used: exit 2 naming the file (and line). */
@@ -261,6 +276,8 @@ export const serve = Command.make("serve", serveFlags, (flags) =>
       prepare_ttl_seconds: config.prepareTtlSeconds,
       curve: config.curve !== undefined,
       l2: config.l2?.url.display ?? "off",
+      max_queued_reply_bytes_per_peer: config.maxQueuedReplyBytesPerPeer,
+      http_idle_timeout_seconds: config.httpIdleTimeoutSeconds,
       descriptors: `limit ${config.descriptors.limit}: ZeroMQ ${config.descriptors.zmqConnections}, HTTP ${config.descriptors.httpConnections}, descriptor socket ${config.descriptors.fdSocketConnections} (${config.descriptors.fdSocketConnectionsPerUid} per uid), passed ${config.descriptors.passedDescriptors} (${config.descriptors.passedDescriptorsPerPeer} per peer)`
     })
     if (config.curve === undefined && config.insecureAllowRemote) {

@@ -159,6 +159,9 @@ export const makeMqClient = (options: MqClientOptions): Effect.Effect<MqClientSh
       catch: (cause) => new ZmqError({ op: "receive", endpoint, cause })
     }).pipe(
       Effect.flatMap((frames) => {
+        // A lone empty frame is the server's probe (a connection check, or proof that this client reads its
+        // replies: issue 24 item 10), not a reply.
+        if (frames.length === 1 && frames[0]!.length === 0) return Effect.void
         const header = decodeReplyHeader(frames)
         if (header === undefined) {
           return Effect.logWarning(`dropped a reply from ${endpoint} that does not decode (${frames.length} frames)`)

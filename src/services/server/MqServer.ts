@@ -36,7 +36,8 @@ import { makeMetricBatch } from "./internal/MetricBatch.ts"
 import { listenAddressOf, type ListenAddress, scanAcceptedSockets, shutdownSocket } from "../../native/OwnSockets.ts"
 import { makeConnectionCap } from "./internal/ConnectionCap.ts"
 import { chosenRoutingIdError, makePeerAdmission, type RoutingIdRefusal } from "./internal/PeerAdmission.ts"
-import { makeUndeliveredReplies } from "./internal/UndeliveredReplies.ts"
+import { makeReplyOutbox, type ReplyOutboxStats } from "./internal/ReplyOutbox.ts"
+import { makeRefusedReplies, makeUndeliveredReplies } from "./internal/UndeliveredReplies.ts"
 
 /** The merged handler table of every server module. */
 export class Handlers extends Context.Service<Handlers, HandlerTable>()("mpcache/services/Handlers") {}
@@ -64,6 +65,8 @@ export interface MqServerOptions {
    * ConnectionCap.ts); absent: no cap (tcp and ipc endpoints only).
    */
   readonly maxConnections?: number
+  /** Bytes of replies queued to one peer, in its pipe and in its outbox each (`--max-queued-reply-bytes-per-peer`). Default 256 MiB. */
+  readonly maxQueuedReplyBytesPerPeer?: number
 }
 
 /** Counters and queue depths, for `/api/status`. */
@@ -75,6 +78,9 @@ export interface MqServerStats {
   readonly connections: { readonly connections: number; readonly max: number; readonly refused: number } | undefined
   readonly droppedMessages: number
   readonly undeliverableReplies: number
+  /** Replies refused for the bytes queued to their peer (issue 24 item 10), and the outbox's depths. */
+  readonly refusedReplies: number
+  readonly outbox: ReplyOutboxStats
   readonly pools: DispatchStats
 }
 
@@ -97,7 +103,17 @@ export class MqServer extends Context.Service<MqServer, {
 }
 
 const DEFAULT_QUEUE_CAPACITY = 65_536
-const SEND_HIGH_WATER_MARK = 100_000
+/**
+ * SNDHWM: messages the ROUTER's pipe to one peer holds at most. The send path's byte bound is proven over the last
+ * SNDHWM + 1 messages (internal/ReplyOutbox.ts), so a smaller mark lets a peer that reads prove drain sooner (fewer
+ * probes); 1,000 is libzmq's default and leaves a pipelining client (MqClient reads into an unbounded queue, pyzmq
+ * into its own 1,000) room. A peer past it waits its turn (EAGAIN, backoff) for up to REPLY_WAIT_MS.
+ */
+export const SEND_HIGH_WATER_MARK = 1_000
+/** How long a reply waits for its peer's pipe (drain proof, EAGAIN) before it is refused (large) or dropped (small). */
+const REPLY_WAIT_MS = 1_000
+/** `--max-queued-reply-bytes-per-peer` where MqServerOptions leaves it out (tests): 256 MiB. */
+const DEFAULT_MAX_QUEUED_REPLY_BYTES_PER_PEER = 256 * 1024 * 1024
 const CLOSE_LINGER_MS = 1_000
 
 /** Index of the payload frame that names the instance (for log annotations), per op id. */
@@ -128,9 +144,6 @@ const describeCause = (cause: Cause.Cause<unknown>): string => {
 const errorCode = (e: unknown): string =>
   typeof e === "object" && e !== null && "code" in e && typeof e.code === "string" ? e.code : String(e)
 
-/** The frame of a connection probe; compared by identity, so a reply that happens to be empty is never taken for one. */
-const PROBE_FRAME = Buffer.alloc(0)
-
 /** When the probes of one ambiguous empty frame are sent, ms after it (see `stillConnected`). */
 const PROBE_DELAYS_MS: ReadonlyArray<number> = [0, 10, 50, 200, 800]
 
@@ -160,55 +173,48 @@ const make = (options: MqServerOptions) =>
     let droppedMessages = 0
     let undeliverableReplies = 0
 
-    // One send path (zeromq.js allows one send in flight per socket): replies queue in a plain array and one
-    // promise chain sends them in order. No fiber, Queue or Effect per reply: this is the PING hot path.
+    // One send path (zeromq.js allows one send in flight per socket): one outbox per peer, drained round-robin by
+    // one promise loop, with the bytes queued to each peer bounded (issue 24 item 10; internal/ReplyOutbox.ts).
+    // No fiber, Queue or Effect per reply: this is the PING hot path.
     const services = yield* Effect.context<never>()
     const undelivered = makeUndeliveredReplies()
     yield* Effect.forkScoped(undelivered.reportForever)
-    const outbox: Array<Array<Uint8Array>> = []
-    // Probes (see onMessage) ride the same send path; they are told apart by their frame's identity.
-    const probes = new Map<Array<Uint8Array>, (delivered: boolean) => void>()
-    let pumping: Promise<void> | undefined
-    const pump = async (): Promise<void> => {
-      for (let message = outbox.shift(); message !== undefined; message = outbox.shift()) {
-        if (message[1] === PROBE_FRAME) {
-          const settle = probes.get(message)!
-          probes.delete(message)
-          // Only EHOSTUNREACH means gone: a full pipe (EAGAIN) belongs to a live, slow peer.
-          settle(await router.send(message).then(() => true, (e: unknown) => errorCode(e) !== "EHOSTUNREACH"))
-          continue
-        }
+    const refusals = makeRefusedReplies()
+    yield* Effect.forkScoped(refusals.reportForever)
+    let refusedReplies = 0
+    const outbox = makeReplyOutbox({
+      highWaterMark: SEND_HIGH_WATER_MARK,
+      maxQueuedBytesPerPeer: options.maxQueuedReplyBytesPerPeer ?? DEFAULT_MAX_QUEUED_REPLY_BYTES_PER_PEER,
+      replyWaitMs: REPLY_WAIT_MS,
+      send: (message) => {
         try {
-          await router.send(message)
+          return router.send(message).then(() => undefined, errorCode)
         } catch (e) {
-          // The peer is gone (ROUTER_MANDATORY: EHOSTUNREACH), its pipe is full (EAGAIN) or the socket is
-          // closing: the reply cannot be delivered. Counted here; told in one WARNING per peer and window.
-          undeliverableReplies++
-          M.undeliverableRepliesTotal.updateUnsafe(1, services)
-          undelivered.record(Buffer.from(message[0]!).toString("hex"), errorCode(e))
+          return Promise.resolve(errorCode(e))
         }
+      },
+      onUndeliverable: (peer, code) => {
+        // The peer is gone (ROUTER_MANDATORY: EHOSTUNREACH), its pipe stayed full (EAGAIN), its outbox is full or
+        // the socket is closing: the reply cannot be delivered. Counted here; told in one WARNING per peer and window.
+        undeliverableReplies++
+        M.undeliverableRepliesTotal.updateUnsafe(1, services)
+        undelivered.record(peer, code)
+      },
+      onRefused: (peer, reason) => {
+        refusedReplies++
+        M.refusedReplyMetric(reason).updateUnsafe(1, services)
+        M.errorMetric("overloaded").updateUnsafe(1, services)
+        refusals.record(peer, reason)
       }
-      pumping = undefined
-    }
-    const reply = (routingId: Uint8Array, frames: Array<Uint8Array>): void => {
-      outbox.push([routingId, ...frames])
-      pumping ??= pump()
-    }
+    })
+    const reply = (routingId: Uint8Array, frames: Array<Uint8Array>): void => outbox.reply([routingId, ...frames])
     /**
      * One probe of `routingId`'s connection: an empty frame sent with ROUTER_MANDATORY fails at once
      * (EHOSTUNREACH) once the ROUTER has dropped the peer's pipe (libzmq 4.3 through zeromq.js 6.8).
      * False only for EHOSTUNREACH.
      */
-    const probe = (routingId: Uint8Array): Promise<boolean> =>
-      new Promise((resolve) => {
-        const message = [routingId, PROBE_FRAME]
-        probes.set(message, resolve)
-        outbox.push(message)
-        pumping ??= pump()
-      })
-    yield* Effect.addFinalizer(() =>
-      Effect.promise(() => pumping ?? Promise.resolve()).pipe(Effect.timeout("5 seconds"), Effect.ignore)
-    )
+    const probe = (routingId: Uint8Array): Promise<boolean> => outbox.probe(routingId)
+    yield* Effect.addFinalizer(() => Effect.promise(() => outbox.flushed()).pipe(Effect.timeout("5 seconds"), Effect.ignore))
 
     const dispatcher = yield* makeDispatcher({
       normalWorkers: options.normalWorkers,
@@ -338,6 +344,7 @@ const make = (options: MqServerOptions) =>
       if (!connected.delete(peer)) return Effect.void
       admission.forget(Buffer.from(peer, "hex"), peer)
       dispatcher.releasePeer(peer)
+      outbox.forget(peer)
       return Metric.update(M.connectedPeers, connected.size).pipe(
         Effect.andThen(Effect.logDebug("peer disconnected").pipe(Effect.annotateLogs({ peer }))),
         Effect.andThen(events.disconnected(peer))
@@ -481,8 +488,7 @@ const make = (options: MqServerOptions) =>
         message.length = 3
         message.push(response)
       }
-      outbox.push(message)
-      pumping ??= pump()
+      outbox.reply(message)
       const m = fastMetrics.get(opId!)!
       m.requests.add(1)
       m.latency.observe((performance.now() - startedMs) / 1000)
@@ -553,6 +559,8 @@ const make = (options: MqServerOptions) =>
         connections: cap?.stats(),
         droppedMessages,
         undeliverableReplies,
+        refusedReplies,
+        outbox: outbox.stats(),
         pools: dispatcher.stats()
       })
     }

@@ -121,6 +121,17 @@ export interface ServerConfigShape {
   readonly l2: L2Config | undefined
   /** Caps on descriptors per listener and for passed descriptors (issue 24 item 11; DescriptorBudget.ts). */
   readonly descriptors: DescriptorBudget
+  /**
+   * Bytes of replies queued to one peer (`--max-queued-reply-bytes-per-peer`, issue 24 item 10): what its ZeroMQ
+   * pipe may still hold, and separately what waits in its outbox, each at most this; past it a reply is refused
+   * with `overloaded`. Default: the L1 capacity plus 1 MiB (any reply this server can build fits), at least 256 MiB.
+   */
+  readonly maxQueuedReplyBytesPerPeer: number
+  /**
+   * HTTP connections that have not sent a complete request head within this many seconds of connecting (or of
+   * their last response) are closed (`--http-idle-timeout-seconds`, default 5; issue 24 item 11).
+   */
+  readonly httpIdleTimeoutSeconds: number
 }
 
 /** The CURVE key files of `serve`. */
@@ -199,6 +210,9 @@ export interface ServerConfigInput {
   readonly descriptorLimit: number
   /** The explicit descriptor caps (`--max-zmq-connections` …); undefined: a share of the limit. */
   readonly descriptorCaps: DescriptorBudgetInput
+  /** undefined: the default of {@link ServerConfigShape.maxQueuedReplyBytesPerPeer}. */
+  readonly maxQueuedReplyBytesPerPeer: number | undefined
+  readonly httpIdleTimeoutSeconds: number
 }
 
 /** Defaults of DESIGN §5 and §7 (upstream: port 5555, chunk 256, reap 120 s, grace 3600 s). */
@@ -242,8 +256,17 @@ export const defaults: ServerConfigInput = {
   tenantMaxMappedBytes: totalmem(),
   l2: l2Defaults,
   descriptorLimit: currentDescriptorLimit(),
-  descriptorCaps: descriptorBudgetDefaults
+  descriptorCaps: descriptorBudgetDefaults,
+  maxQueuedReplyBytesPerPeer: undefined,
+  httpIdleTimeoutSeconds: 5
 }
+
+/** The least `--max-queued-reply-bytes-per-peer` takes: more than many small replies. */
+export const MIN_QUEUED_REPLY_BYTES_PER_PEER = 65_536
+
+/** The default of `--max-queued-reply-bytes-per-peer` for an L1 of `l1SizeGb` GiB: the L1 plus 1 MiB, at least 256 MiB. */
+export const defaultMaxQueuedReplyBytesPerPeer = (l1SizeGb: number): number =>
+  Math.max(256 * 2 ** 20, Math.floor(l1SizeGb * 2 ** 30) + 2 ** 20)
 
 /** Whether `host` (a name or address, IPv6 with or without brackets) is loopback only. */
 export const isLoopbackHost = (host: string): boolean => {
@@ -320,6 +343,12 @@ export const rules = {
   fdTokenTtl: (n: number) =>
     Number.isFinite(n) && n > 0 ? undefined : `must be a number of seconds above 0 (got ${n})`,
   positiveInt: (n: number) => Number.isSafeInteger(n) && n >= 1 ? undefined : `must be an integer of at least 1 (got ${n})`,
+  queuedReplyBytes: (n: number) =>
+    Number.isSafeInteger(n) && n >= MIN_QUEUED_REPLY_BYTES_PER_PEER
+      ? undefined
+      : `must be a number of bytes of at least ${MIN_QUEUED_REPLY_BYTES_PER_PEER} (got ${n})`,
+  httpIdleTimeout: (n: number) =>
+    Number.isFinite(n) && n >= 0.1 && n <= 300 ? undefined : `must be a number of seconds from 0.1 to 300 (got ${n})`,
   path: (s: string) => s.length > 0 ? undefined : "must be a file path"
 } as const
 
@@ -374,6 +403,10 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
   check("tenant-max-instances", rules.positiveInt(input.tenantMaxInstances))
   check("tenant-max-registers-per-second", rules.positiveInt(input.tenantMaxRegistersPerSecond))
   check("tenant-max-mapped-bytes", rules.positiveInt(input.tenantMaxMappedBytes))
+  if (input.maxQueuedReplyBytesPerPeer !== undefined) {
+    check("max-queued-reply-bytes-per-peer", rules.queuedReplyBytes(input.maxQueuedReplyBytesPerPeer))
+  }
+  check("http-idle-timeout-seconds", rules.httpIdleTimeout(input.httpIdleTimeoutSeconds))
   const curveOn = input.curveSecretKeyFile !== undefined || input.curveAuthorizedKeys !== undefined
   if (curveOn && input.curveSecretKeyFile === undefined) {
     issues.push({ flag: "curve-secret-key-file", message: "--curve-authorized-keys needs the server's secret key file too" })
@@ -451,7 +484,9 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
         maxMappedBytes: input.tenantMaxMappedBytes
       },
       l2,
-      descriptors: budget.budget
+      descriptors: budget.budget,
+      maxQueuedReplyBytesPerPeer: input.maxQueuedReplyBytesPerPeer ?? defaultMaxQueuedReplyBytesPerPeer(input.l1SizeGb),
+      httpIdleTimeoutSeconds: input.httpIdleTimeoutSeconds
     }
   }
 }

@@ -44,6 +44,18 @@ export const connectionsRefusedTotal = Metric.counter("mpcache_connections_refus
   incremental: true
 })
 
+export const refusedRepliesTotal = Metric.counter("mpcache_refused_replies_total", {
+  description:
+    "Replies refused (answered overloaded instead) for the bytes queued to their peer (--max-queued-reply-bytes-per-peer), by reason: reply_too_large, outbox_full, not_drained",
+  incremental: true
+})
+
+export const httpConnectionsClosedTotal = Metric.counter("mpcache_http_connections_closed_total", {
+  description:
+    "HTTP connections the frontend closed or refused, by reason: connection_cap, evicted_idle, no_request, slow_request, header_too_large, bad_request, inactive, keep_alive_idle",
+  incremental: true
+})
+
 export const connectedPeers = Metric.gauge("mpcache_connected_peers", {
   description: "Client connections (routing ids) currently connected to the ROUTER"
 })
@@ -59,14 +71,24 @@ export const opMetrics = (opName: string): OpMetrics => ({
   latency: Metric.withAttributes(requestDurationSeconds, { op: opName })
 })
 
-const errorHandles = new Map<string, Metric.Metric<number, unknown>>()
+/** Handles of `metric` with its one attribute `key` set, one per value, each built once (not per update). */
+const byAttribute = <V extends string>(metric: Metric.Metric<number, unknown>, key: string) => {
+  const handles = new Map<V, Metric.Metric<number, unknown>>()
+  return (value: V): Metric.Metric<number, unknown> => {
+    let m = handles.get(value)
+    if (m === undefined) {
+      m = Metric.withAttributes(metric, { [key]: value })
+      handles.set(value, m)
+    }
+    return m
+  }
+}
 
 /** Counter handle for one error code. */
-export const errorMetric = (code: ErrorCode): Metric.Metric<number, unknown> => {
-  let m = errorHandles.get(code)
-  if (m === undefined) {
-    m = Metric.withAttributes(errorsTotal, { code })
-    errorHandles.set(code, m)
-  }
-  return m
-}
+export const errorMetric = byAttribute<ErrorCode>(errorsTotal, "code")
+
+/** Counter handle for one reason a reply was refused (internal/ReplyOutbox.ts). */
+export const refusedReplyMetric = byAttribute<string>(refusedRepliesTotal, "reason")
+
+/** Counter handle for one reason the HTTP frontend closed a connection (src/layers/HttpConnectionGuard.ts). */
+export const httpConnectionsClosedMetric = byAttribute<string>(httpConnectionsClosedTotal, "reason")

@@ -82,4 +82,26 @@ describe("ServerConfig rules (DESIGN §5, upstream MPServerConfig)", () => {
     const r = validate({ ...defaults, endpoint: "ipc:///tmp/x.sock", maxWorkers: 2, maxGpuWorkers: 8 })
     assert.isTrue("config" in r && r.config.endpoint === "ipc:///tmp/x.sock" && r.config.maxCpuWorkers === 2 && r.config.maxGpuWorkers === 8)
   })
+
+  it("--max-queued-reply-bytes-per-peer defaults to the L1 plus 1 MiB, at least 256 MiB, and takes at least 65536 (issue 24 item 10)", () => {
+    const of = (over: Partial<typeof defaults>) => {
+      const r = validate({ ...defaults, ...over })
+      return "config" in r ? r.config.maxQueuedReplyBytesPerPeer : undefined
+    }
+    assert.deepStrictEqual(
+      [of({}), of({ l1SizeGb: 0.0625 }), of({ l1SizeGb: 4 }), of({ maxQueuedReplyBytesPerPeer: 65_536 })],
+      [2 ** 30 + 2 ** 20, 256 * 2 ** 20, 4 * 2 ** 30 + 2 ** 20, 65_536]
+    )
+    assert.deepStrictEqual(issues({ maxQueuedReplyBytesPerPeer: 65_535 }), [
+      "--max-queued-reply-bytes-per-peer: must be a number of bytes of at least 65536 (got 65535)"
+    ])
+  })
+
+  it("--http-idle-timeout-seconds defaults to 5 and takes 0.1 to 300 (issue 24 item 11)", () => {
+    const r = validate(defaults)
+    assert.isTrue("config" in r && r.config.httpIdleTimeoutSeconds === 5)
+    assert.deepStrictEqual(issues({ httpIdleTimeoutSeconds: 0.1 }), [])
+    assert.deepStrictEqual(issues({ httpIdleTimeoutSeconds: 0 }), ["--http-idle-timeout-seconds: must be a number of seconds from 0.1 to 300 (got 0)"])
+    assert.deepStrictEqual(issues({ httpIdleTimeoutSeconds: 301 }), ["--http-idle-timeout-seconds: must be a number of seconds from 0.1 to 300 (got 301)"])
+  })
 })

@@ -1,19 +1,21 @@
 /**
- * Replies the ROUTER could not deliver, told to the operator (issue 18): the
- * counter `mpcache_undeliverable_replies_total` counts every one; this tally
- * adds one WARNING per peer and window with the count and the errno names
- * (EHOSTUNREACH: the peer is gone; EAGAIN: its pipe is full), so a flood of
- * failed replies costs one log line per peer every few seconds, not one per
- * reply. The MQ server records on its send path (synchronous, no fiber) and
- * runs the reporter in its scope; what is left is told when the scope closes.
+ * Replies the ROUTER could not deliver (issue 18) or that were refused for the
+ * bytes queued to their peer (issue 24 item 10), told to the operator: the
+ * counters (`mpcache_undeliverable_replies_total`, `mpcache_refused_replies_total`)
+ * count every one; a tally adds one WARNING per peer and window with the count
+ * and the reasons (EHOSTUNREACH: the peer is gone; EAGAIN: its pipe stayed
+ * full; not_drained: it did not read its replies …), so a flood of failed
+ * replies costs one log line per peer every few seconds, not one per reply.
+ * The MQ server records on its send path (synchronous, no fiber) and runs the
+ * reporter in its scope; what is left is told when the scope closes.
  */
 import { Effect } from "effect"
 
 /** The default window: at most one WARNING per peer in this many ms. */
 export const UNDELIVERED_WARNING_INTERVAL_MS = 5_000
 
-export interface UndeliveredReplies {
-  /** Counts one undeliverable reply to `peer` (routing id, hex) and why (`reason`: an errno name). */
+export interface PeerTally {
+  /** Counts one reply to `peer` (routing id, hex) and why (`reason`: an errno name or a refusal reason). */
   readonly record: (peer: string, reason: string) => void
   /** Logs one WARNING per peer recorded since the last report, and forgets them. */
   readonly report: Effect.Effect<void>
@@ -21,18 +23,21 @@ export interface UndeliveredReplies {
   readonly reportForever: Effect.Effect<never>
 }
 
-/** A tally reporting every `intervalMs`. */
-export const makeUndeliveredReplies = (intervalMs: number = UNDELIVERED_WARNING_INTERVAL_MS): UndeliveredReplies => {
+/** A tally reporting every `intervalMs`, each peer's line written by `line`. */
+const makePeerTally = (
+  intervalMs: number,
+  line: (count: number, peer: string, reasons: string) => string,
+  annotation: string
+): PeerTally => {
   const byPeer = new Map<string, { count: number; readonly reasons: Set<string> }>()
   const report = Effect.suspend(() => {
     if (byPeer.size === 0) return Effect.void
     const peers = [...byPeer]
     byPeer.clear()
     return Effect.forEach(peers, ([peer, { count, reasons }]) =>
-      Effect.logWarning(
-        `${count} repl${count === 1 ? "y" : "ies"} to peer ${peer} could not be delivered (${[...reasons].join(", ")}: ` +
-          `the peer is gone or its pipe is full) in the last ${intervalMs / 1000} s`
-      ).pipe(Effect.annotateLogs({ peer, undeliverable_replies: count })), { discard: true })
+      Effect.logWarning(line(count, peer, [...reasons].join(", "))).pipe(Effect.annotateLogs({ peer, [annotation]: count })), {
+      discard: true
+    })
   })
   return {
     record: (peer, reason) => {
@@ -47,3 +52,23 @@ export const makeUndeliveredReplies = (intervalMs: number = UNDELIVERED_WARNING_
     reportForever: report.pipe(Effect.delay(intervalMs), Effect.forever, Effect.ensuring(report))
   }
 }
+
+const replies = (count: number) => `${count} repl${count === 1 ? "y" : "ies"}`
+
+/** Undeliverable replies, reported every `intervalMs`. */
+export const makeUndeliveredReplies = (intervalMs: number = UNDELIVERED_WARNING_INTERVAL_MS): PeerTally =>
+  makePeerTally(
+    intervalMs,
+    (count, peer, reasons) =>
+      `${replies(count)} to peer ${peer} could not be delivered (${reasons}: the peer is gone or its pipe is full) in the last ${intervalMs / 1000} s`,
+    "undeliverable_replies"
+  )
+
+/** Replies refused for the bytes queued to their peer (each answered `overloaded` instead), reported every `intervalMs`. */
+export const makeRefusedReplies = (intervalMs: number = UNDELIVERED_WARNING_INTERVAL_MS): PeerTally =>
+  makePeerTally(
+    intervalMs,
+    (count, peer, reasons) =>
+      `${replies(count)} to peer ${peer} refused with overloaded (${reasons}): the bytes queued to it would pass --max-queued-reply-bytes-per-peer; it is not reading its replies, or asks for more than one reply may carry; in the last ${intervalMs / 1000} s`,
+    "refused_replies"
+  )

@@ -1,0 +1,514 @@
+/**
+ * The MQ server's send path (DESIGN §3, §8; issue 24 item 10): one outbox per peer (routing id), drained
+ * round-robin by one promise loop (zeromq.js allows one send in flight per socket), with a bound on the bytes
+ * queued to each peer.
+ *
+ * Threat: a peer that never reads its replies. zeromq.js sends a Buffer over 128 bytes zero-copy, so libzmq's pipe
+ * to the peer holds our Buffer until the peer's engine has written it; the ROUTER's SNDHWM counts messages, not
+ * bytes, so 200 unread 16 MiB replies held 3.1 GiB and nothing was counted. Neither zeromq.js nor libzmq tells us
+ * per peer how many bytes are queued, so the bound is proven from what they do guarantee (libzmq 4.3.5
+ * src/pipe.cpp, router.cpp, session_base.cpp; stream_engine_base.cpp):
+ *
+ * - The pipe to a peer takes a message only while fewer than SNDHWM (`highWaterMark`, H) are unread in it by the
+ *   peer's session: ROUTER_MANDATORY answers EAGAIN otherwise. The writer's view of the reads lags (it is updated
+ *   every (H+1)/2 reads), which only makes a send fail sooner, never succeed with more queued.
+ * - The engine takes one message at a time out of the pipe; the message it is writing is the only one it holds by
+ *   reference (smaller ones are copied into its batch buffer).
+ *
+ * So right after a successful send to p, libzmq holds at most the last H+1 messages sent to p. Each peer's
+ * *window* tracks the sizes of those messages; their sum (`windowBytes`) bounds what p may still hold. A reply
+ * that would take the window past `maxQueuedBytesPerPeer` waits for proof of drain: probes (a lone empty frame,
+ * which clients ignore) are sent to p in its turns until the window holds only what fits — each probe that gets
+ * into the pipe pushes one older message out of the window, which is sound by FIFO + HWM. A peer that reads gets
+ * its reply a few probes later; a peer that does not has a full pipe, its probe fails with EAGAIN, and after
+ * `replyWaitMs` the reply is refused: replaced by a small `overloaded` error reply naming the flag, and counted.
+ * Its later replies get one attempt each until a send to it succeeds again (`stalled`).
+ *
+ * What is waiting in the outbox for p is bounded the same way: a reply that would take it past the flag is
+ * refused at once, as is one reply larger than the flag. Replies of at most {@link SMALL_REPLY_BYTES} are never
+ * refused for bytes (they still wait their turn and fail when the pipe stays full); they are not tracked in the
+ * window, so the bound on the pipe is the flag plus (H+1) × 1 KiB. The outbox of p holds at most
+ * {@link MAX_QUEUED_MESSAGES} messages; past that a reply is dropped (counted as undeliverable). A reply is counted
+ * by its frames' bytes, so a large frame that is a view into a larger buffer is first copied into one of its own
+ * (see `exactFrames`).
+ *
+ * A peer's record (outbox and window) lives until the peer is gone: `forget` (MqServer's confirmed disconnect) or
+ * EHOSTUNREACH.
+ *
+ * Fairness: peers take turns, one message per turn; a peer waiting for its pipe (EAGAIN, backing off) is out of
+ * the rotation until its timer fires, so it never delays anyone else. Replies to one peer stay in order.
+ *
+ * Connection probes (`probe`, MqServer's disconnect check) bypass the outboxes: they carry nothing and their
+ * answer (EHOSTUNREACH or not) does not depend on order.
+ *
+ * The loop is plain promises, not Effects (the PING hot path, issue 16); its clock is injected so the timing
+ * rules are unit-tested on a manual clock.
+ */
+import { encodeErrorReply, decodeHeaderInt } from "../../../schema/Frame.ts"
+import { opById } from "../../../schema/Op.ts"
+import { Overloaded } from "../../../schema/WireError.ts"
+
+/** Replies of at most this many bytes (all frames) are never refused for bytes and not tracked in the window. */
+export const SMALL_REPLY_BYTES = 1024
+
+/** Messages one peer's outbox holds at most; past it a reply is dropped as undeliverable. */
+export const MAX_QUEUED_MESSAGES = 10_000
+
+/** First and largest pause before a peer whose pipe was full (EAGAIN) is tried again, ms. */
+const BACKOFF_FIRST_MS = 1
+const BACKOFF_MAX_MS = 64
+
+/** The flag that bounds the bytes queued to one peer (named in refusals). */
+export const PEER_QUEUED_BYTES_FLAG = "max-queued-reply-bytes-per-peer"
+
+/** Why a reply was refused: one reply over the flag; the outbox of its peer would pass it; its peer's pipe never drained. */
+export type RefusalReason = "reply_too_large" | "outbox_full" | "not_drained"
+
+/** The reasons, for metrics and status. */
+export const REFUSAL_REASONS: ReadonlyArray<RefusalReason> = ["reply_too_large", "outbox_full", "not_drained"]
+
+/** The errno-like reason of a reply dropped because its peer's outbox held {@link MAX_QUEUED_MESSAGES}. */
+export const OUTBOX_FULL_CODE = "OUTBOX_FULL"
+
+/** The frame of a probe; compared by identity, so a reply that happens to be empty is never taken for one. */
+export const PROBE_FRAME = Buffer.alloc(0)
+
+/** Time for the outbox: now in ms, and a timer. */
+export interface OutboxClock {
+  readonly nowMs: () => number
+  readonly after: (ms: number, run: () => void) => void
+}
+
+/** The real clock (Date.now, setTimeout). */
+export const systemClock: OutboxClock = {
+  nowMs: () => Date.now(),
+  after: (ms, run) => void setTimeout(run, ms)
+}
+
+export interface ReplyOutboxOptions {
+  /** The ROUTER's SNDHWM (messages); the window is the last highWaterMark + 1 messages. */
+  readonly highWaterMark: number
+  /** `--max-queued-reply-bytes-per-peer`: bytes the window, and separately the outbox, of one peer may hold. */
+  readonly maxQueuedBytesPerPeer: number
+  /** How long a reply may wait for its peer's pipe (drain proof, EAGAIN) before it is refused or dropped, ms. */
+  readonly replyWaitMs: number
+  /**
+   * Sends one message (`[routing id, ...frames]`); resolves undefined when libzmq took it, else libzmq's errno
+   * name (EAGAIN: the pipe is full; EHOSTUNREACH: the peer is gone). Never rejects.
+   */
+  readonly send: (message: Array<Uint8Array>) => Promise<string | undefined>
+  /** A reply to `peer` (routing id, hex) could not be delivered; `code` is the errno name or {@link OUTBOX_FULL_CODE}. */
+  readonly onUndeliverable: (peer: string, code: string) => void
+  /** A reply of `bytes` to `peer` was refused for `reason`; an `overloaded` error reply takes its place. */
+  readonly onRefused: (peer: string, reason: RefusalReason, bytes: number) => void
+  readonly clock?: OutboxClock
+}
+
+/** Counters and depths of the outbox. */
+export interface ReplyOutboxStats {
+  /** Replies refused since start, by reason. */
+  readonly refused: Readonly<Record<RefusalReason, number>>
+  /** Drain probes sent since start. */
+  readonly drainProbes: number
+  /** Bytes waiting in the outboxes now, all peers. */
+  readonly queuedBytes: number
+  /** Peers with a reply waiting for their pipe (drain proof or EAGAIN) now. */
+  readonly waitingPeers: number
+}
+
+export interface ReplyOutbox {
+  /** Queues `message` (`[routing id, uid, op, ...]`) for its peer, or its refusal; sends in the peer's turn. */
+  readonly reply: (message: Array<Uint8Array>) => void
+  /** A connection probe: false only for EHOSTUNREACH (the ROUTER dropped the peer's pipe). */
+  readonly probe: (routingId: Uint8Array) => Promise<boolean>
+  /** The peer (hex) is gone: what waits for it is dropped (counted undeliverable) and its window forgotten. */
+  readonly forget: (peer: string) => void
+  /** Resolves once every outbox is empty (a reply waits at most `replyWaitMs`). */
+  readonly flushed: () => Promise<void>
+  readonly stats: () => ReplyOutboxStats
+}
+
+interface Queued {
+  message: Array<Uint8Array>
+  readonly bytes: number
+}
+
+/** One peer's outbox and window. */
+interface Peer {
+  /** Its routing id as latin1 ({@link keyOf}). */
+  readonly key: string
+  /** Its routing id in hex, as logs and MqServer name peers. */
+  readonly hex: string
+  readonly routingId: Uint8Array
+  readonly queue: Array<Queued>
+  head: number
+  /** Bytes of the messages in `queue` from `head` on. */
+  queuedBytes: number
+  /** Messages sent to the peer so far (since this record was made). */
+  sent: number
+  /** The tracked (larger than SMALL_REPLY_BYTES) messages among the last H+1 sent: their sequence numbers and sizes. */
+  readonly bigSeq: Array<number>
+  readonly bigBytes: Array<number>
+  bigHead: number
+  windowBytes: number
+  /** When the head started waiting for the pipe (drain proof or EAGAIN); undefined when it has not. */
+  waitingSinceMs: number | undefined
+  backoffMs: number
+  /** Its pipe stayed full past replyWaitMs: each head gets one attempt until a send succeeds again. */
+  stalled: boolean
+  /** The message of its turn in progress is a drain probe. */
+  draining: boolean
+  /** idle: nothing queued; ready: in the rotation; backoff: waiting for its timer. */
+  state: "idle" | "ready" | "backoff"
+  gone: boolean
+}
+
+/**
+ * A peer's key: its routing id's bytes as a latin1 string, built in JS (no call into Buffer's C++ per reply: the
+ * PING hot path). Hex only where a peer is named (logs, `forget`).
+ */
+const keyOf = (routingId: Uint8Array): string => {
+  let key = ""
+  for (let i = 0; i < routingId.length; i++) key += String.fromCharCode(routingId[i]!)
+  return key
+}
+
+const bytesOf = (message: Array<Uint8Array>): number => {
+  let n = 0
+  for (let i = 1; i < message.length; i++) n += message[i]!.byteLength
+  return n
+}
+
+/**
+ * A large frame that is a view into a larger buffer pins all of that buffer while libzmq holds it (zero-copy):
+ * msgpackr packs a large value into a buffer of up to 4× its size and packs the next values into the rest. Such a
+ * frame is copied into a buffer of its own, so that what a reply pins is what it is counted as.
+ */
+const exactFrames = (message: Array<Uint8Array>): void => {
+  for (let i = 1; i < message.length; i++) {
+    const f = message[i]!
+    if (f.byteLength > SMALL_REPLY_BYTES && f.buffer.byteLength > f.byteLength + SMALL_REPLY_BYTES) {
+      const copy = Buffer.allocUnsafeSlow(f.byteLength)
+      copy.set(f)
+      message[i] = copy
+    }
+  }
+}
+
+const opNameOf = (opFrame: Uint8Array | undefined): string => {
+  const id = opFrame === undefined ? undefined : decodeHeaderInt(opFrame)
+  return (id === undefined ? undefined : opById.get(id)?.name) ?? `op ${String(id)}`
+}
+
+/**
+ * The `overloaded` error reply that takes the place of a refused reply (same routing id, uid and op frames).
+ * Its message says what was refused, the bound, and what the client can do.
+ */
+export const refusalOf = (
+  message: Array<Uint8Array>,
+  reason: RefusalReason,
+  bytes: number,
+  held: number,
+  limit: number
+): Array<Uint8Array> => {
+  const op = opNameOf(message[2])
+  const what = reason === "reply_too_large"
+    ? `its reply of ${bytes} bytes is larger than one connection may have queued`
+    : reason === "outbox_full"
+    ? `${held} bytes of earlier replies to this connection are still waiting to be sent, and with this reply of ${bytes} bytes that is more than one connection may have queued`
+    : `this connection has not read its earlier replies (up to ${held} bytes may still be queued to it), and with this reply of ${bytes} bytes that is more than one connection may have queued`
+  const advice = reason === "reply_too_large" ? "ask for fewer chunks per request" : "read the replies, then retry"
+  const error = new Overloaded({
+    op,
+    field: PEER_QUEUED_BYTES_FLAG,
+    expected: `at most ${limit} bytes queued to one connection`,
+    actual: reason === "reply_too_large" ? `${bytes} bytes` : `${held + bytes} bytes`,
+    message: `${op}: refused: ${what} (--${PEER_QUEUED_BYTES_FLAG} ${limit}); ${advice}`
+  })
+  return [message[0]!, ...encodeErrorReply(message[1]!, message[2]!, error)]
+}
+
+/** An outbox over `options.send`; see the module comment for the rules. */
+export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
+  const clock = options.clock ?? systemClock
+  const limit = options.maxQueuedBytesPerPeer
+  const windowSize = options.highWaterMark + 1
+  const peers = new Map<string, Peer>()
+  const ready: Array<Peer> = []
+  let readyHead = 0
+  const probes: Array<{ readonly message: Array<Uint8Array>; readonly settle: (delivered: boolean) => void }> = []
+  const refused: Record<RefusalReason, number> = { reply_too_large: 0, outbox_full: 0, not_drained: 0 }
+  let drainProbes = 0
+  let queuedBytes = 0
+  // Whether the send loop is running; set and cleared inside it, so a loop that ends at once leaves it clear.
+  let pumping = false
+  let flushWaiters: Array<() => void> = []
+
+  const peerOf = (routingId: Uint8Array): Peer => {
+    const key = keyOf(routingId)
+    let p = peers.get(key)
+    if (p === undefined) {
+      p = {
+        key,
+        hex: Buffer.from(routingId.buffer, routingId.byteOffset, routingId.byteLength).toString("hex"),
+        routingId,
+        queue: [],
+        head: 0,
+        queuedBytes: 0,
+        sent: 0,
+        bigSeq: [],
+        bigBytes: [],
+        bigHead: 0,
+        windowBytes: 0,
+        waitingSinceMs: undefined,
+        backoffMs: 0,
+        stalled: false,
+        draining: false,
+        state: "idle",
+        gone: false
+      }
+      peers.set(key, p)
+    }
+    return p
+  }
+
+  const queueLength = (p: Peer): number => p.queue.length - p.head
+
+  /** Drops the window entries older than the last H+1 sends. */
+  const evict = (p: Peer): void => {
+    const oldest = p.sent - windowSize
+    while (p.bigHead < p.bigSeq.length && p.bigSeq[p.bigHead]! <= oldest) {
+      p.windowBytes -= p.bigBytes[p.bigHead]!
+      p.bigHead++
+    }
+    if (p.bigHead > 1024 && p.bigHead * 2 > p.bigSeq.length) {
+      p.bigSeq.splice(0, p.bigHead)
+      p.bigBytes.splice(0, p.bigHead)
+      p.bigHead = 0
+    }
+  }
+
+  const enqueue = (p: Peer, q: Queued): void => {
+    p.queue.push(q)
+    p.queuedBytes += q.bytes
+    queuedBytes += q.bytes
+    if (p.state === "idle") schedule(p)
+    kick()
+  }
+
+  const dequeue = (p: Peer): void => {
+    const q = p.queue[p.head]!
+    p.queue[p.head] = undefined as unknown as Queued
+    p.head++
+    p.queuedBytes -= q.bytes
+    queuedBytes -= q.bytes
+    if (p.head === p.queue.length) {
+      p.queue.length = 0
+      p.head = 0
+    } else if (p.head > 1024 && p.head * 2 > p.queue.length) {
+      p.queue.splice(0, p.head)
+      p.head = 0
+    }
+  }
+
+  const schedule = (p: Peer): void => {
+    if (p.gone || queueLength(p) === 0) {
+      p.state = "idle"
+      settleFlushed()
+      return
+    }
+    p.state = "ready"
+    ready.push(p)
+  }
+
+  const refuse = (p: Peer, q: Queued, reason: RefusalReason, held: number): Queued => {
+    refused[reason]++
+    options.onRefused(p.hex, reason, q.bytes)
+    const message = refusalOf(q.message, reason, q.bytes, held, limit)
+    return { message, bytes: bytesOf(message) }
+  }
+
+  /** The head could not go in time: a large reply is refused in place, a small one dropped. */
+  const giveUp = (p: Peer, reason: string): void => {
+    const q = p.queue[p.head]!
+    p.waitingSinceMs = undefined
+    p.backoffMs = 0
+    if (q.bytes > SMALL_REPLY_BYTES) {
+      evict(p)
+      const replacement = refuse(p, q, "not_drained", p.windowBytes)
+      p.queuedBytes += replacement.bytes - q.bytes
+      queuedBytes += replacement.bytes - q.bytes
+      p.queue[p.head] = replacement
+    } else {
+      dequeue(p)
+      options.onUndeliverable(p.hex, reason)
+    }
+  }
+
+  const dropAll = (p: Peer, code: string): void => {
+    while (queueLength(p) > 0) {
+      dequeue(p)
+      options.onUndeliverable(p.hex, code)
+    }
+  }
+
+  /**
+   * The start of `p`'s turn: the message to try (its head, or a drain probe for it), or undefined when the turn
+   * ended without a send (its head gave up waiting). One await per message in the loop: this is the PING hot path.
+   */
+  const start = (p: Peer): Array<Uint8Array> | undefined => {
+    if (p.waitingSinceMs !== undefined && clock.nowMs() - p.waitingSinceMs >= options.replyWaitMs) {
+      giveUp(p, "EAGAIN")
+      p.stalled = true
+      schedule(p)
+      return undefined
+    }
+    const q = p.queue[p.head]!
+    if (q.bytes <= SMALL_REPLY_BYTES) {
+      p.draining = false
+      return q.message
+    }
+    evict(p)
+    p.draining = p.windowBytes + q.bytes > limit
+    return p.draining ? [p.routingId, PROBE_FRAME] : q.message
+  }
+
+  /** The end of `p`'s turn: libzmq answered `code` (undefined: taken). */
+  const finish = (p: Peer, code: string | undefined): void => {
+    if (p.gone) return
+    if (code === undefined) {
+      p.sent++
+      p.stalled = false
+      p.backoffMs = 0
+      if (p.draining) {
+        drainProbes++
+        p.waitingSinceMs ??= clock.nowMs()
+      } else {
+        const bytes = p.queue[p.head]!.bytes
+        if (bytes > SMALL_REPLY_BYTES) {
+          p.bigSeq.push(p.sent)
+          p.bigBytes.push(bytes)
+          p.windowBytes += bytes
+        }
+        dequeue(p)
+        p.waitingSinceMs = undefined
+      }
+      return schedule(p)
+    }
+    if (code !== "EAGAIN") {
+      // Gone (EHOSTUNREACH) or the socket is closing: nothing queued for it can be delivered.
+      p.gone = true
+      dropAll(p, code)
+      p.state = "idle"
+      if (peers.get(p.key) === p) peers.delete(p.key)
+      return settleFlushed()
+    }
+    if (p.stalled) {
+      giveUp(p, code)
+      return schedule(p)
+    }
+    p.waitingSinceMs ??= clock.nowMs()
+    p.backoffMs = Math.min(BACKOFF_MAX_MS, Math.max(BACKOFF_FIRST_MS, p.backoffMs * 2))
+    p.state = "backoff"
+    clock.after(p.backoffMs, () => {
+      if (p.gone || p.state !== "backoff") return
+      schedule(p)
+      kick()
+    })
+  }
+
+  const pump = async (): Promise<void> => {
+    pumping = true
+    for (;;) {
+      const probe = probes.shift()
+      if (probe !== undefined) {
+        const code = await options.send(probe.message)
+        const p = peers.get(keyOf(probe.message[0]!))
+        if (code === undefined && p !== undefined) p.sent++
+        // Only EHOSTUNREACH means gone: a full pipe (EAGAIN) belongs to a live, slow peer.
+        probe.settle(code !== "EHOSTUNREACH")
+        continue
+      }
+      if (readyHead === ready.length) break
+      const p = ready[readyHead]!
+      ready[readyHead++] = undefined as unknown as Peer
+      if (readyHead === ready.length) {
+        ready.length = 0
+        readyHead = 0
+      } else if (readyHead > 1024 && readyHead * 2 > ready.length) {
+        ready.splice(0, readyHead)
+        readyHead = 0
+      }
+      if (p.gone || p.state !== "ready") continue
+      try {
+        const message = start(p)
+        if (message === undefined) continue
+        finish(p, await options.send(message))
+      } catch {
+        // A bug in a turn must not stop the loop or spin on the same head: that reply is dropped and counted.
+        if (queueLength(p) > 0) {
+          dequeue(p)
+          options.onUndeliverable(p.hex, "INTERNAL")
+        }
+        p.waitingSinceMs = undefined
+        schedule(p)
+      }
+    }
+    pumping = false
+    settleFlushed()
+  }
+
+  const kick = (): void => {
+    if (!pumping) void pump()
+  }
+
+  const isFlushed = (): boolean => !pumping && queuedBytes === 0 && probes.length === 0 && [...peers.values()].every((p) => queueLength(p) === 0)
+
+  const settleFlushed = (): void => {
+    if (flushWaiters.length === 0 || !isFlushed()) return
+    const waiters = flushWaiters
+    flushWaiters = []
+    waiters.forEach((w) => w())
+  }
+
+  return {
+    reply: (message) => {
+      const p = peerOf(message[0]!)
+      const bytes = bytesOf(message)
+      let q: Queued = { message, bytes }
+      if (queueLength(p) >= MAX_QUEUED_MESSAGES) {
+        return options.onUndeliverable(p.hex, OUTBOX_FULL_CODE)
+      }
+      if (bytes > SMALL_REPLY_BYTES) {
+        if (bytes > limit) q = refuse(p, q, "reply_too_large", 0)
+        else if (p.queuedBytes + bytes > limit) q = refuse(p, q, "outbox_full", p.queuedBytes)
+        else exactFrames(message)
+      }
+      enqueue(p, q)
+    },
+    probe: (routingId) =>
+      new Promise((resolve) => {
+        probes.push({ message: [routingId, PROBE_FRAME], settle: resolve })
+        kick()
+      }),
+    forget: (peer) => {
+      const p = peers.get(Buffer.from(peer, "hex").toString("latin1"))
+      if (p === undefined) return
+      p.gone = true
+      peers.delete(p.key)
+      dropAll(p, "EHOSTUNREACH")
+      p.state = "idle"
+      settleFlushed()
+    },
+    flushed: () =>
+      isFlushed() ? Promise.resolve() : new Promise<void>((resolve) => {
+        flushWaiters.push(resolve)
+      }),
+    stats: () => ({
+      refused: { ...refused },
+      drainProbes,
+      queuedBytes,
+      waitingPeers: [...peers.values()].filter((p) => p.waitingSinceMs !== undefined).length
+    })
+  }
+}
