@@ -119,7 +119,8 @@ export const statusDocument = Effect.gen(function*() {
       refused: stats.outbox.refused,
       drain_probes: stats.outbox.drainProbes,
       queued_bytes: stats.outbox.queuedBytes,
-      waiting_peers: stats.outbox.waitingPeers
+      waiting_peers: stats.outbox.waitingPeers,
+      peers: stats.outbox.peers
     },
     pools: {
       sync: stats.pools.sync,

@@ -120,7 +120,9 @@ export const StatusSendQueue = Schema.Struct({
   refused: Schema.Struct({ reply_too_large: Count, outbox_full: Count, not_drained: Count }),
   drain_probes: Count,
   queued_bytes: Count,
-  waiting_peers: Count
+  waiting_peers: Count,
+  /** Peers with an outbox record now (records of idle peers are dropped every 10 s). */
+  peers: Count
 })
 
 /**

@@ -115,6 +115,8 @@ const REPLY_WAIT_MS = 1_000
 /** `--max-queued-reply-bytes-per-peer` where MqServerOptions leaves it out (tests): 256 MiB. */
 const DEFAULT_MAX_QUEUED_REPLY_BYTES_PER_PEER = 256 * 1024 * 1024
 const CLOSE_LINGER_MS = 1_000
+/** How often the outbox drops the records of peers that hold nothing. */
+const OUTBOX_SWEEP_INTERVAL = Duration.seconds(10)
 
 /** Index of the payload frame that names the instance (for log annotations), per op id. */
 const instanceFieldIndex = new Map<number, { readonly index: number; readonly nested: boolean }>()
@@ -207,6 +209,9 @@ const make = (options: MqServerOptions) =>
         refusals.record(peer, reason)
       }
     })
+    // Records of peers that hold nothing are dropped now and then: a refused or kicked peer's disconnect is never
+    // confirmed, so `forget` would never come for it.
+    yield* Effect.sleep(OUTBOX_SWEEP_INTERVAL).pipe(Effect.andThen(Effect.sync(() => outbox.sweepIdle())), Effect.forever, Effect.forkScoped)
     const reply = (routingId: Uint8Array, frames: Array<Uint8Array>): void => outbox.reply([routingId, ...frames])
     /**
      * One probe of `routingId`'s connection: an empty frame sent with ROUTER_MANDATORY fails at once

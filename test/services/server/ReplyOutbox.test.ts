@@ -122,6 +122,23 @@ const repliesIn = (taken: ReadonlyArray<Array<Uint8Array>>) =>
   })
 
 describe("ReplyOutbox", () => {
+  it.effect("sweepIdle drops the records that hold nothing and keeps one whose window still tracks a large reply", () =>
+    Effect.gen(function*() {
+      const h = yield* harness
+      h.outbox.reply(pingReply(A, 1))
+      h.outbox.reply(bigReply(B, 2, 300_000))
+      yield* h.settle
+      yield* h.read(keyA)
+      assert.strictEqual(h.outbox.stats().peers, 2)
+      // A got a small reply only: its record is the same as none. B's large reply is still in its window.
+      assert.strictEqual(h.outbox.sweepIdle(), 1)
+      assert.strictEqual(h.outbox.stats().peers, 1)
+      // H small replies later B's window holds nothing tracked either.
+      for (let uid = 0; uid < H + 1; uid++) h.outbox.reply(pingReply(B, uid))
+      yield* h.read(keyB, 3)
+      assert.deepStrictEqual([h.outbox.sweepIdle(), h.outbox.stats().peers], [1, 0])
+    }))
+
   it.effect("a peer that reads gets every large reply, 10 × the bound in all, in order, none refused: probes prove the drain", () =>
     Effect.gen(function*() {
       const h = yield* harness
@@ -140,7 +157,8 @@ describe("ReplyOutbox", () => {
         refused: { reply_too_large: 0, outbox_full: 0, not_drained: 0 },
         drainProbes: 0,
         queuedBytes: 0,
-        waitingPeers: 0
+        waitingPeers: 0,
+        peers: 1
       })
     }))
 

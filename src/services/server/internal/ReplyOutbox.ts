@@ -33,7 +33,7 @@
  * (see `exactFrames`).
  *
  * A peer's record (outbox and window) lives until the peer is gone: `forget` (MqServer's confirmed disconnect) or
- * EHOSTUNREACH.
+ * EHOSTUNREACH, or until it holds nothing and a `sweepIdle` drops it.
  *
  * Fairness: peers take turns, one message per turn; a peer waiting for its pipe (EAGAIN, backing off) is out of
  * the rotation until its timer fires, so it never delays anyone else. Replies to one peer stay in order.
@@ -114,6 +114,8 @@ export interface ReplyOutboxStats {
   readonly queuedBytes: number
   /** Peers with a reply waiting for their pipe (drain proof or EAGAIN) now. */
   readonly waitingPeers: number
+  /** Peers with a record (outbox and window) now. */
+  readonly peers: number
 }
 
 export interface ReplyOutbox {
@@ -123,6 +125,12 @@ export interface ReplyOutbox {
   readonly probe: (routingId: Uint8Array) => Promise<boolean>
   /** The peer (hex) is gone: what waits for it is dropped (counted undeliverable) and its window forgotten. */
   readonly forget: (peer: string) => void
+  /**
+   * Drops the records of peers that hold nothing: no reply waiting, nothing tracked in the window, not stalled.
+   * Such a record is the same as none (a new one starts with an empty window), so peers whose disconnect is never
+   * confirmed (a refused routing id, a kicked one) cost nothing once idle. Returns how many it dropped.
+   */
+  readonly sweepIdle: () => number
   /** Resolves once every outbox is empty (a reply waits at most `replyWaitMs`). */
   readonly flushed: () => Promise<void>
   readonly stats: () => ReplyOutboxStats
@@ -500,6 +508,17 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       p.state = "idle"
       settleFlushed()
     },
+    sweepIdle: () => {
+      let dropped = 0
+      for (const p of peers.values()) {
+        evict(p)
+        if (p.state === "idle" && queueLength(p) === 0 && p.windowBytes === 0 && !p.stalled && p.waitingSinceMs === undefined) {
+          peers.delete(p.key)
+          dropped++
+        }
+      }
+      return dropped
+    },
     flushed: () =>
       isFlushed() ? Promise.resolve() : new Promise<void>((resolve) => {
         flushWaiters.push(resolve)
@@ -508,7 +527,8 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       refused: { ...refused },
       drainProbes,
       queuedBytes,
-      waitingPeers: [...peers.values()].filter((p) => p.waitingSinceMs !== undefined).length
+      waitingPeers: [...peers.values()].filter((p) => p.waitingSinceMs !== undefined).length,
+      peers: peers.size
     })
   }
 }
