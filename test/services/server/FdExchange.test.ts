@@ -134,12 +134,12 @@ describe("FdExchange", () => {
         ok: false,
         code: "invalid_argument",
         message:
-          "descriptor request: descriptor 0 is not a read-write memfd (regular true, access rw, seals unsupported); expected memfd_create(…, MFD_ALLOW_SEALING) memory"
+          "descriptor request: descriptor 0 is not a read-write memfd (a regular file, access rw, seals unsupported); expected memfd_create(…, MFD_ALLOW_SEALING) memory"
       })
       rmSync(file)
       const memfd = yield* createMemfd(name, 4096, 0)
       const readOnly = yield* Effect.acquireRelease(Effect.sync(() => openSync(`/proc/self/fd/${memfd}`, "r")), (fd) => Effect.sync(() => closeSync(fd)))
-      assert.strictEqual((yield* ask(readOnly))["message"], "descriptor request: descriptor 0 is not a read-write memfd (regular true, access r, seals 0); expected memfd_create(…, MFD_ALLOW_SEALING) memory")
+      assert.strictEqual((yield* ask(readOnly))["message"], "descriptor request: descriptor 0 is not a read-write memfd (a regular file, access r, seals 0); expected memfd_create(…, MFD_ALLOW_SEALING) memory")
       const writeSealed = yield* createMemfd(`${name}-w`, 4096, F_SEAL.write | F_SEAL.seal)
       assert.strictEqual((yield* ask(writeSealed))["message"], "descriptor request: descriptor 0 is sealed against writes (seal, write); RETRIEVE writes into it")
       assert.strictEqual((yield* ask(memfd))["ok"], true)
