@@ -9,10 +9,12 @@ socket's peer, held connections) then wait for stdin to close.
   linger SOCKET PAYLOAD_HEX [--nested] [--attempts N]
       a TCP socket with unsent data and SO_LINGER {1, 3600} (its peer a listener that never reads), handed
       over in one framed request (PAYLOAD_HEX: the MessagePack map) — or, with --nested, a socketpair end whose
-      receive queue holds that socket in SCM_RIGHTS. The attacker closes its own copies, so the server holds the
-      last reference. Up to N attempts (default 1) until one request landed (its sendmsg succeeded: the
-      descriptors sit in the server's socket, read or not). Also measures a control: closing an identical
-      socket with SO_LINGER {1, 1} here (`control_close_ms`), which shows what a close on the server would wait.
+      receive queue holds that socket in SCM_RIGHTS. The attacker's last copy is closed microseconds after the
+      send, so that the server holds the last reference (pass_from_child). Up to N attempts (default 1) until
+      one landed: its sendmsg succeeded (the descriptors sat in the server's socket, read or not) and the server,
+      not the attacker, let go last (had the server been faster, the attacker's close is the one that waits:
+      the attempt tested nothing and is made again). Also measures a control: closing an identical socket with
+      SO_LINGER {1, 1} here (`control_close_ms`), which shows what a close on the server would wait.
   fds SOCKET PAYLOAD_HEX COUNT PER_SEND NAME
       one memfd named NAME passed COUNT times on one connection, PER_SEND per sendmsg (at most 253, the
       kernel's SCM_MAX_FD), each sendmsg carrying the next bytes of the frame.
@@ -25,6 +27,7 @@ socket's peer, held connections) then wait for stdin to close.
 import json
 import os
 import select
+import signal
 import socket
 import struct
 import sys
@@ -92,13 +95,68 @@ def lingering(seconds):
     return peer, t, queued
 
 
+def pass_from_child(path, payload, passed):
+    """Connects to `path` and sends `passed` from a child process that closes its copy right after the send,
+    before the server can even accept, so that the server, not this process, holds the last reference (this
+    process closes its own copy before the child starts). Returns (outcome, connected, reply hex or None):
+    "sent"; "refused" when the send failed (the server had closed the connection); "ours_last" when the
+    child's close waited (the server had let go first: the attempt tested nothing), or the child did not get
+    that far in time, and it was killed, which ends a lingering close at once."""
+    r, w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.close(go_w)
+        os.read(go_r, 1)
+        s = connect(path)
+        os.write(w, b"C")
+        code = b"S"
+        try:
+            socket.send_fds(s, [frame(payload)], [passed.fileno()])
+        except (BrokenPipeError, ConnectionResetError):
+            code = b"R"
+        os.close(passed.fileno())
+        os.write(w, code)  # closed without waiting: the server holds the last reference
+        os.write(w, (read_reply(s) or "").encode())
+        os._exit(0)
+    os.close(w)
+    os.close(go_r)
+    passed.close()  # the child's copy is the attacker's only one now
+    os.write(go_w, b"x")
+    os.close(go_w)
+    data = b""
+    deadline = time.monotonic() + 0.3  # a close that does not wait returns in microseconds
+    while len(data) < 2:
+        ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(r, 65536) if ready else b""
+        if not chunk:
+            break
+        data += chunk
+    if len(data) < 2:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r)
+        return "ours_last", data[:1] == b"C", None
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return ("sent" if data[1:2] == b"S" else "refused"), True, (data[2:].decode() or None)
+
+
 def cmd_linger(path, payload_hex, nested, attempts):
     # The control: a close here of the same kind of socket waits its linger (1 s), so the server's would too.
     control_peer, control, _ = lingering(1)
     started = time.monotonic()
     control.close()
     control_close_ms = (time.monotonic() - started) * 1000
-    peers, inodes, landed, tried, replies, errors = [], [], 0, 0, [], []
+    peers, inodes, landed, tried, connects, replies, outcomes = [], [], 0, 0, 0, [], []
+    # An attempt lands when its send went through and the server dropped the last reference to the lingering
+    # socket (pass_from_child); otherwise it is made again.
     while tried < attempts and landed == 0:
         tried += 1
         peer, t, queued = lingering(3600)
@@ -108,21 +166,17 @@ def cmd_linger(path, payload_hex, nested, attempts):
         if nested:
             a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             socket.send_fds(a, [b"x"], [t.fileno()])
-            t.close()
+            t.close()  # the socketpair's queue holds it now
             a.close()
             passed = b
             inodes.append(os.fstat(b.fileno()).st_ino)
-        s = connect(path)
-        try:
-            socket.send_fds(s, [frame(bytes.fromhex(payload_hex))], [passed.fileno()])
-            landed += 1
-        except (BrokenPipeError, ConnectionResetError) as e:
-            errors.append(type(e).__name__)
-        passed.close()
-        replies.append(read_reply(s))
-        s.close()
-    out(event="passed", landed=landed, attempts=tried, inodes=inodes, queued=queued, replies=replies,
-        errors=errors, control_close_ms=control_close_ms)
+        outcome, connected, reply = pass_from_child(path, bytes.fromhex(payload_hex), passed)
+        outcomes.append(outcome)
+        connects += 1 if connected else 0
+        landed += 1 if outcome == "sent" else 0
+        replies.append(reply)
+    out(event="passed", landed=landed, attempts=tried, connects=connects, inodes=inodes, queued=queued, replies=replies,
+        outcomes=outcomes, control_close_ms=control_close_ms)
     wait_for_stdin()
     for p in peers + [control_peer]:
         p.close()
