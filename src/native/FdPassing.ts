@@ -10,7 +10,7 @@
  */
 import { Effect, Queue } from "effect"
 import type { Scope } from "effect"
-import { type FdFacts, type FdListener, type FdRequest, loadNativeAddon, NativeError, toNativeError } from "./Native.ts"
+import { type FdFacts, type FdListener, type FdListenOptions, type FdRequest, loadNativeAddon, NativeError, toNativeError } from "./Native.ts"
 
 /** Linux's F_SEAL_* bits (fcntl.h), as F_GET_SEALS reports them. */
 export const F_SEAL = { seal: 1, shrink: 2, grow: 4, write: 8, futureWrite: 16 } as const
@@ -73,34 +73,61 @@ export const sendFds = (
 
 /**
  * Scoped: listens on `socketPath` (a path gets mode 0600, or 0660 and group
- * `groupId` when given, set before listen; a stale socket file nobody
- * answers on is replaced) and returns
- * the listener with the queue its requests arrive on, in order. Closing
- * the scope stops the listener's thread, closes its connections and the
- * descriptors of requests not yet handed over, and removes the path.
+ * `options.groupId` when given, set before listen; a stale socket file
+ * nobody answers on is replaced) and returns the listener with the queue
+ * its requests arrive on, in order, and `refused`: a one-slot queue that
+ * holds a signal after the listener refused a connection (read
+ * `listener.stats()` for the counts). Connections are taken as `options`
+ * says (Native.ts FdListenOptions: the uid rule, the caps, the refusals'
+ * replies). Closing the scope stops the listener's thread, lets go of its
+ * connections and of the descriptors of requests not yet handed over
+ * (src/native/addon/fdrelease.h: never waiting on a close), closes the
+ * memfds of requests queued and never taken, and removes the path.
  * NativeError EADDRINUSE when a live server (or a non-socket file) holds
  * the path.
  */
 export const listenFds = (
   socketPath: string,
-  groupId?: number
-): Effect.Effect<{ readonly listener: FdListener; readonly requests: Queue.Dequeue<FdRequest> }, NativeError, Scope.Scope> =>
+  options: FdListenOptions
+): Effect.Effect<
+  { readonly listener: FdListener; readonly requests: Queue.Dequeue<FdRequest>; readonly refused: Queue.Dequeue<void> },
+  NativeError,
+  Scope.Scope
+> =>
   Effect.gen(function*() {
     const requests = yield* Queue.unbounded<FdRequest>()
+    const refused = yield* Queue.sliding<void>(1)
     const listener = yield* Effect.acquireRelease(
       Effect.try({
-        try: () => loadNativeAddon().listenFds(socketPath, (request) => void Queue.offerUnsafe(requests, request), groupId ?? -1),
+        try: () =>
+          loadNativeAddon().listenFds(
+            socketPath,
+            (request) => void Queue.offerUnsafe(requests, request),
+            () => void Queue.offerUnsafe(refused, undefined),
+            options
+          ),
         catch: (e) => toNativeError(e, "listenFds")
       }),
       // Stop the thread first (nothing is queued after), then close what was queued and never taken.
       (l) =>
         Effect.sync(() => l.close()).pipe(
           Effect.andThen(Queue.clear(requests)),
-          Effect.flatMap((left) => Effect.forEach(left.flatMap((r) => r.fds), (f) => closeFd(f.fd), { discard: true }))
+          Effect.flatMap((left) => Effect.forEach(left.flatMap((r) => r.fds), (f) => closePassed(l, f.fd), { discard: true }))
         )
     )
-    return { listener, requests }
+    return { listener, requests, refused }
   })
 
-export type { FdFacts, FdListener, FdRequest } from "./Native.ts"
+/**
+ * Closes a memfd `listener` handed over (an FdRequest's `fd`; -1, one the
+ * addon let go of, is skipped) and takes it off the listener's count; a
+ * failure (EBADF: closed twice) is logged, never raised: it runs in
+ * finalizers.
+ */
+export const closePassed = (listener: FdListener, fd: number): Effect.Effect<void> =>
+  fd < 0 ? Effect.void : Effect.try({ try: () => listener.closePassed(fd), catch: (e) => toNativeError(e, "close") }).pipe(
+    Effect.catch((e) => Effect.logWarning(`closing passed descriptor ${fd} failed: ${e.message}`))
+  )
+
+export type { FdFacts, FdListener, FdListenerStats, FdListenOptions, FdRefusalReason, FdRequest } from "./Native.ts"
 export { NativeError }

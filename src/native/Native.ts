@@ -425,6 +425,8 @@ export interface FdFacts {
   /** F_GET_SEALS: F_SEAL_* bits; -1 when the file takes no seals (not a memfd or shmem file). */
   readonly seals: number
   readonly regular: boolean
+  /** The file's type, for messages: "regular file", "socket", "fifo", "directory", "character device" … */
+  readonly kind: string
   /** The open file's access mode: "rw", "r", "w" ("?" unknown). */
   readonly access: "rw" | "r" | "w" | "?"
   /** "<st_dev>:<st_ino>". */
@@ -434,8 +436,11 @@ export interface FdFacts {
 /**
  * One request on the descriptor socket, as the listener's thread hands it
  * over: the connection to reply on, the sender's SO_PEERCRED, the payload and
- * the passed descriptors (now the receiver's to close), or the framing
- * `error` that ended the request ("" when none; then `fds` is empty).
+ * the facts of each passed descriptor in SCM_RIGHTS order, or the framing
+ * `error` that ended the request ("" when none; then `fds` is empty). Only
+ * memfds (files that take seals) reach JS: their `fd` is the receiver's to
+ * close with {@link FdListener.closePassed}; any other descriptor was let go
+ * of by the addon already and carries `fd` -1 (issue 24 item 2).
  *
  * @category models
  */
@@ -449,10 +454,59 @@ export interface FdRequest {
   readonly fds: ReadonlyArray<FdFacts>
 }
 
-/** The descriptor socket's listener: `reply` once per request (then the connection closes); `close` is final. */
+/** Why the listener refused a connection before any request reached JS (the `reason` of its counters). */
+export type FdRefusalReason = "uid" | "connections" | "connections_per_uid" | "deadline"
+
+/**
+ * The listener's counters (issue 24 items 8, 9, 11): connections open now,
+ * connections accepted since start, passed descriptors in this process's
+ * table (tokens, requests in flight, closes pending) and those queued for
+ * the closer thread, and refusals per reason since start.
+ *
+ * @category models
+ */
+export interface FdListenerStats {
+  readonly connections: number
+  readonly accepted: number
+  readonly heldDescriptors: number
+  readonly closingDescriptors: number
+  readonly refusals: Readonly<Record<FdRefusalReason, number>>
+}
+
+/**
+ * How the listener takes connections (src/native/addon/fdlisten.cc):
+ * `maxConnections` in all and `maxConnectionsPerUid` per sender uid
+ * (over one a connection is answered `refusals.connections` /
+ * `refusals.connections_per_uid` and closed at accept); connections are read
+ * only while fewer than `maxPassedDescriptors` + 64 passed descriptors are
+ * held; `allowedUid` -1 takes every uid that can connect (a path: its mode
+ * decides), else only that uid and root (others answered `refusals.uid`
+ * and closed before anything is read); `refusals.deadline` answers a
+ * request not complete 5 s after accept. `groupId`: a path's group (mode
+ * 0660), absent: mode 0600. Each refusal is a packed reply payload.
+ *
+ * @category models
+ */
+export interface FdListenOptions {
+  readonly maxConnections: number
+  readonly maxConnectionsPerUid: number
+  readonly maxPassedDescriptors: number
+  readonly allowedUid: number
+  readonly groupId?: number
+  readonly refusals: Readonly<Record<FdRefusalReason, Uint8Array>>
+}
+
+/**
+ * The descriptor socket's listener: `reply` once per request (then the
+ * connection closes); `closePassed` closes a memfd a request handed over
+ * (and takes it off `heldDescriptors`); `stats` reads the counters and
+ * re-arms the refusal callback; `close` is final.
+ */
 export interface FdListener {
   readonly path: string
   reply(conn: number, bytes: Uint8Array): void
+  closePassed(fd: number): void
+  stats(): FdListenerStats
   close(): void
 }
 
@@ -480,8 +534,8 @@ export interface NativeAddon {
   closeFd(fd: number): void
   /** Client side of the descriptor socket (src/native/FdPassing.ts). */
   sendFds(socketPath: string, payload: Uint8Array, fds: ReadonlyArray<number>, timeoutMs: number): Promise<Uint8Array>
-  /** Server side of the descriptor socket (src/native/FdPassing.ts). */
-  listenFds(socketPath: string, onRequest: (request: FdRequest) => void, groupId?: number): FdListener
+  /** Server side of the descriptor socket (src/native/FdPassing.ts); `onRefusal` runs after refusals (coalesced: read `stats()`). */
+  listenFds(socketPath: string, onRequest: (request: FdRequest) => void, onRefusal: () => void, options: FdListenOptions): FdListener
   /**
    * Rejects with ENOCUDA, EINVAL (UUID), EINVAL_HANDLE (cudaIpcOpenMemHandle refused), ECUDA (those two with
    * `segment`, `device`, `cudaError`, `cudaErrorName`, `cudaErrorString`); throws EINVAL for bad arguments.

@@ -145,6 +145,31 @@ export const StatusHttp = Schema.Struct({
   })
 })
 
+/**
+ * The descriptor socket (issue 13 item 2; issue 24 items 2, 8, 9, 11): its
+ * path (null: off), its caps, the connections and passed descriptors it holds
+ * now (`held_descriptors`: every passed descriptor in the server's table —
+ * tokens, requests in flight, closes pending; `token_descriptors`: those
+ * the pending tokens hold; `closing_descriptors`: queued for the closer
+ * thread), and the connections it refused since start, per reason.
+ */
+export const StatusFdSocket = Schema.Struct({
+  path: Schema.NullOr(Schema.String),
+  require_sealed: Schema.Boolean,
+  token_ttl_seconds: Seconds,
+  pending_tokens: Count,
+  connections: Count,
+  max_connections: Count,
+  max_connections_per_uid: Count,
+  held_descriptors: Count,
+  token_descriptors: Count,
+  closing_descriptors: Count,
+  max_passed_descriptors: Count,
+  max_passed_descriptors_per_peer: Count,
+  refusals: Schema.Struct({ uid: Count, connections: Count, connections_per_uid: Count, deadline: Count })
+})
+export type StatusFdSocket = typeof StatusFdSocket.Type
+
 /** The whole document. */
 export const StatusDocument = Schema.Struct({
   is_healthy: Schema.Boolean,
@@ -179,6 +204,8 @@ export const StatusDocument = Schema.Struct({
    * = Σ of kinds cuda_handle_refused and cuda_error).
    */
   fault_guard: Schema.Struct({ guarded_faults: Count, cuda_faults: Count }),
+  /** Absent from a server without the FdExchange module. */
+  fd_socket: Schema.optionalKey(StatusFdSocket),
   l1: Schema.Struct({
     pool: Schema.NullOr(Schema.String),
     capacity_bytes: Count,

@@ -24,7 +24,8 @@ const REQUEST_VERSION = 1
  * Hands `memfds` over for instance `instanceId` through `client`'s server
  * and returns the 16-byte token. Fails with the server's refusal
  * (InvalidArgument: an unsealed memfd under --require-sealed-memfd, a
- * descriptor that is no memfd …; Forbidden; Overloaded), with
+ * descriptor that is no memfd …; Forbidden; Overloaded, `field` the flag
+ * of the cap, e.g. `max-passed-descriptors-per-peer`), with
  * InvalidArgument (field `fd_socket`) when the server takes no memfd or
  * its socket cannot be reached, or with the client's request errors.
  */
@@ -46,13 +47,14 @@ export const handOverMemfds = (
     const bytes = yield* sendFds(info.fd_socket, request, memfds, timeoutMs).pipe(
       Effect.mapError((e) => new InvalidArgument({ field: "fd_socket", message: `descriptor socket ${info.fd_socket}: ${e.message}` }))
     )
-    const reply = unpack(bytes)?.value as { ok?: unknown; token?: unknown; code?: unknown; message?: unknown } | undefined
+    const reply = unpack(bytes)?.value as { ok?: unknown; token?: unknown; code?: unknown; message?: unknown; field?: unknown } | undefined
     if (reply?.ok === true && reply.token instanceof Uint8Array) return reply.token
     const message = typeof reply?.message === "string" ? reply.message : `descriptor socket ${info.fd_socket}: an unreadable reply`
     return yield* reply?.code === "forbidden"
       ? new Forbidden({ field: "fd_socket", message })
       : reply?.code === "overloaded"
-      ? new Overloaded({ field: "fd_socket", message })
+      // The server names the flag of the cap it hit (--max-passed-descriptors …).
+      ? new Overloaded({ field: typeof reply.field === "string" ? reply.field : "fd_socket", message })
       : new InvalidArgument({ field: "fd_socket", message })
   })
 

@@ -23,11 +23,41 @@
  * Every received descriptor is closed on every path: refused requests at
  * once, claimed ones after mapping, expired or revoked ones by the sweep or
  * the disconnect, pending ones at shutdown (the listener's scope).
+ *
+ * Attacks from the same node (issue 24, docs/security.md items 2, 8, 9, 11):
+ *
+ * - **Another uid** on an abstract socket is refused at accept, before
+ *   anything is read (src/native/addon/fdlisten.cc): none of its
+ *   descriptors enters the table, it holds no slot.
+ * - **A descriptor whose close blocks** (a lingering TCP socket, a socket
+ *   queueing others) never reaches JS: only memfds do, and a memfd's close
+ *   never waits; the addon lets go of the rest without waiting
+ *   (src/native/addon/fdrelease.h).
+ * - **More descriptors than promised**: at most 64 per request on what
+ *   recvmsg delivers; tokens hold at most `--max-passed-descriptors` in all
+ *   and `--max-passed-descriptors-per-peer` per ZeroMQ connection (over
+ *   either: `overloaded` naming the flag); the listener reads only while
+ *   the server holds fewer than the first + 64; a token's deadline is fixed
+ *   at issue (TokenTable.ts).
+ * - **Slots**: `--fd-socket-max-connections` in all and
+ *   `--fd-socket-max-connections-per-uid` per uid, the 5 s deadline from
+ *   accept. Every refusal is counted in
+ *   `mpcache_fd_socket_refusals_total{reason}` and `/api/status`
+ *   `fd_socket.refusals`, and logged at WARNING once per 10 s per reason.
  */
-import { Clock, Context, Duration, Effect, Layer, Queue } from "effect"
+import { Clock, Context, Duration, Effect, Layer, Metric, Queue } from "effect"
 import type { Scope } from "effect"
 import { randomBytes } from "node:crypto"
-import { closeFd, F_SEAL, type FdRequest, listenFds, sealNames } from "../../native/FdPassing.ts"
+import {
+  closePassed,
+  F_SEAL,
+  type FdListener,
+  type FdListenerStats,
+  type FdRefusalReason,
+  type FdRequest,
+  listenFds,
+  sealNames
+} from "../../native/FdPassing.ts"
 import { pack, unpack } from "../../schema/Frame.ts"
 import { describeValue } from "../../schema/ValueDescription.ts"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
@@ -36,6 +66,7 @@ import { InvalidArgument } from "../../schema/WireError.ts"
 import { PROTOCOL_VERSION } from "../../version.ts"
 import { row, type RequestContext, type ServerModule } from "./Handler.ts"
 import { makeTokenTable, type PendingToken, TOKEN_BYTES } from "./internal/TokenTable.ts"
+import { makeWarnWindow } from "./internal/WarnWindow.ts"
 import { defaultFdSocket, ServerConfig } from "./ServerConfig.ts"
 
 /** One passed descriptor as the server checked it: bytes (st_size), F_SEAL_* bits, "<dev>:<ino>". */
@@ -58,8 +89,31 @@ export interface ClaimedFds {
 /** The version of the descriptor request's map (docs/memfd.md). */
 export const FD_REQUEST_VERSION = 1
 
-/** Most tokens pending at once (a bound on descriptors held for unregistered requests). */
-const MAX_PENDING_TOKENS = 1024
+/**
+ * Why the descriptor socket refused: at the connection (the listener's
+ * counters, before any request reached JS) or the request (its checks).
+ * The `reason` of `mpcache_fd_socket_refusals_total`.
+ */
+export type FdSocketRefusal =
+  | FdRefusalReason
+  | "passed_descriptors"
+  | "passed_descriptors_per_peer"
+  | "invalid"
+  | "forbidden"
+  | "internal"
+
+const refusalsTotal = Metric.counter("mpcache_fd_socket_refusals_total", {
+  description:
+    "Descriptor-socket refusals: uid (another uid on an abstract socket), connections / connections_per_uid (slot caps), deadline (not complete 5 s after accept), passed_descriptors / passed_descriptors_per_peer (token caps), invalid, forbidden, internal (a request's checks)",
+  incremental: true
+})
+const refusalMetric = (reason: FdSocketRefusal) => Metric.withAttributes(refusalsTotal, { reason })
+
+/** One WARNING per refusal reason and window (issue 24 item 11). */
+const WARN_WINDOW_MS = 10_000
+
+/** The request deadline of the listener (src/native/addon/fdpass.h kRequestDeadlineMs), for messages. */
+const REQUEST_DEADLINE_SECONDS = 5
 
 /**
  * The descriptor socket service. Its layer fails with NativeError when an
@@ -91,17 +145,42 @@ export class FdExchange extends Context.Service<FdExchange, {
   static readonly layer = Layer.effect(this, Effect.suspend(() => make))
 }
 
-/** The reply map of a refused request. */
-const refusal = (code: "invalid_argument" | "forbidden" | "overloaded" | "internal", message: string) => ({ ok: false, code, message })
+/** The reply map of a refused request; `field`: the flag an `overloaded` names. */
+const refusal = (code: "invalid_argument" | "forbidden" | "overloaded" | "internal", message: string, field?: string) =>
+  field === undefined ? { ok: false, code, message } : { ok: false, code, message, field }
+
+/** The refusal metric's reason of a refused request's reply. */
+const requestReason = (answer: Record<string, unknown>): FdSocketRefusal =>
+  answer["field"] === "max-passed-descriptors"
+    ? "passed_descriptors"
+    : answer["field"] === "max-passed-descriptors-per-peer"
+    ? "passed_descriptors_per_peer"
+    : answer["code"] === "forbidden"
+    ? "forbidden"
+    : answer["code"] === "internal"
+    ? "internal"
+    : "invalid"
+
+const noRefusals: Readonly<Record<FdRefusalReason, number>> = { uid: 0, connections: 0, connections_per_uid: 0, deadline: 0 }
 
 const make = Effect.gen(function*() {
   const config = yield* ServerConfig
+  const caps = config.descriptors
   const ttlMs = config.fdTokenTtlSeconds * 1000
-  const table = makeTokenTable<ReadonlyArray<PassedFd>>({ ttlMs, maxPending: MAX_PENDING_TOKENS, maxRemembered: 4096 })
+  const table = makeTokenTable<ReadonlyArray<PassedFd>>({
+    ttlMs,
+    maxHeld: caps.passedDescriptors,
+    maxHeldPerPeer: caps.passedDescriptorsPerPeer,
+    weight: (fds) => fds.length,
+    maxRemembered: 4096
+  })
   /** peer → its nonce (hex), and back. */
   const nonceOf = new Map<string, string>()
   const peerOf = new Map<string, string>()
-  const closeAll = (fds: ReadonlyArray<{ readonly fd: number }>) => Effect.forEach(fds, (f) => closeFd(f.fd), { discard: true })
+  /** The listener, once listening: passed memfds are closed through it (its count of held descriptors). */
+  let listener: FdListener | undefined
+  const closeAll = (fds: ReadonlyArray<{ readonly fd: number }>) =>
+    Effect.suspend(() => listener === undefined ? Effect.void : Effect.forEach(fds, (f) => closePassed(listener!, f.fd), { discard: true }))
   const closeTokens = (tokens: ReadonlyArray<PendingToken<ReadonlyArray<PassedFd>>>) =>
     Effect.forEach(tokens, (t) => closeAll(t.value), { discard: true })
 
@@ -110,8 +189,39 @@ const make = Effect.gen(function*() {
 
   const explicit = config.fdSocket
   const path = explicit === "off" ? undefined : explicit ?? defaultFdSocket(config.endpoint)
-  // The socket file's mode is the access check of a path (0600, or 0660 for --ipc-group like the ipc endpoint).
-  const listening = path === undefined ? undefined : yield* listenFds(path, config.ipcGroupId).pipe(
+  const euid = process.geteuid?.() ?? 0
+  const abstract = path?.startsWith("@") === true
+  // The refusals the listener answers at accept or at the deadline, before any request reaches JS.
+  const connectionRefusals: Readonly<Record<FdRefusalReason, Uint8Array>> = {
+    uid: pack(refusal(
+      "forbidden",
+      `descriptor request: the sender runs as another uid; this server (abstract socket ${path ?? ""}, which has no file mode) takes descriptors from uid ${euid} or root only`
+    )),
+    connections: pack(refusal(
+      "overloaded",
+      `descriptor socket: ${caps.fdSocketConnections} connections are open, the most it takes (--fd-socket-max-connections ${caps.fdSocketConnections}); retry later`,
+      "fd-socket-max-connections"
+    )),
+    connections_per_uid: pack(refusal(
+      "overloaded",
+      `descriptor socket: this uid has ${caps.fdSocketConnectionsPerUid} connections open, the most one uid may (--fd-socket-max-connections-per-uid ${caps.fdSocketConnectionsPerUid}); retry later`,
+      "fd-socket-max-connections-per-uid"
+    )),
+    deadline: pack(refusal(
+      "invalid_argument",
+      `descriptor request: not complete within ${REQUEST_DEADLINE_SECONDS} s of the connect; send the whole framed request, its descriptors on its first bytes, at once`
+    ))
+  }
+  // The socket file's mode is the access check of a path (0600, or 0660 for --ipc-group like the ipc endpoint);
+  // an abstract socket has none, so there the listener checks the sender's uid at accept.
+  const listening = path === undefined ? undefined : yield* listenFds(path, {
+    maxConnections: caps.fdSocketConnections,
+    maxConnectionsPerUid: caps.fdSocketConnectionsPerUid,
+    maxPassedDescriptors: caps.passedDescriptors,
+    allowedUid: abstract ? euid : -1,
+    ...(config.ipcGroupId === undefined ? {} : { groupId: config.ipcGroupId }),
+    refusals: connectionRefusals
+  }).pipe(
     Effect.tap(() => Effect.logInfo(`descriptor socket (cpu_memfd) on ${path}`)),
     // The default location may be unusable (no /run access): memfd is then off, the server serves on.
     Effect.catch((e) =>
@@ -121,13 +231,11 @@ const make = Effect.gen(function*() {
     )
   )
 
+  listener = listening?.listener
+
   const decide = (req: FdRequest, nowMs: number): Record<string, unknown> => {
     if (req.error !== "") return refusal("invalid_argument", `descriptor request: ${req.error}`)
-    // An abstract socket has no file mode: anyone in the network namespace can connect, so the uid decides.
-    const euid = process.geteuid?.() ?? 0
-    if (path?.startsWith("@") === true && req.uid !== euid && req.uid !== 0) {
-      return refusal("forbidden", `descriptor request: the sender runs as uid ${req.uid}; this server takes descriptors from uid ${euid} or root only`)
-    }
+    // The sender's uid was checked at accept (an abstract socket: the server's uid or root); a path's mode did it.
     const decoded = unpack(req.payload)?.value as Record<string, unknown> | undefined
     if (decoded === undefined || typeof decoded !== "object" || decoded === null || Array.isArray(decoded)) {
       return refusal("invalid_argument", "descriptor request: the payload is not one MessagePack map {version, nonce, instance_id, fds}")
@@ -157,8 +265,9 @@ const make = Effect.gen(function*() {
       )
     }
     for (const [i, f] of req.fds.entries()) {
-      if (!f.regular || f.seals < 0 || f.access !== "rw") {
-        return refusal("invalid_argument", `descriptor request: descriptor ${i} is not a read-write memfd (regular ${f.regular}, access ${f.access}, seals ${f.seals < 0 ? "unsupported" : f.seals}); expected memfd_create(…, MFD_ALLOW_SEALING) memory`)
+      // fd -1: not a memfd, let go of by the addon already (it never reaches JS: issue 24 item 2).
+      if (f.fd < 0 || !f.regular || f.seals < 0 || f.access !== "rw") {
+        return refusal("invalid_argument", `descriptor request: descriptor ${i} is not a read-write memfd (a ${f.kind}, access ${f.access}, seals ${f.seals < 0 ? "unsupported" : f.seals}); expected memfd_create(…, MFD_ALLOW_SEALING) memory`)
       }
       if ((f.seals & (F_SEAL.write | F_SEAL.futureWrite)) !== 0) {
         return refusal("invalid_argument", `descriptor request: descriptor ${i} is sealed against writes (${sealNames(f.seals).join(", ")}); RETRIEVE writes into it`)
@@ -179,9 +288,43 @@ const make = Effect.gen(function*() {
       gid: req.gid,
       value: req.fds.map((f) => ({ fd: f.fd, size: f.size, seals: f.seals, identity: f.identity }))
     }, nowMs)
-    if (issued === undefined) return refusal("overloaded", `descriptor request: ${MAX_PENDING_TOKENS} tokens are pending registration; register or retry later`)
+    if (issued._tag === "Refused") {
+      return issued.reason === "total"
+        ? refusal(
+          "overloaded",
+          `descriptor request: the server holds ${issued.held} passed descriptors for tokens not yet registered; ${req.fds.length} more would pass --max-passed-descriptors ${issued.cap}; register or retry later`,
+          "max-passed-descriptors"
+        )
+        : refusal(
+          "overloaded",
+          `descriptor request: this ZeroMQ connection's tokens hold ${issued.held} passed descriptors not yet registered; ${req.fds.length} more would pass --max-passed-descriptors-per-peer ${issued.cap}; register what it passed or retry later`,
+          "max-passed-descriptors-per-peer"
+        )
+    }
     return { ok: true, token: issued.token, expires_in_ms: ttlMs, fds: req.fds.map((f) => ({ size: f.size, seals: f.seals })) }
   }
+
+  const warnings = makeWarnWindow(WARN_WINDOW_MS)
+  /** Counts and logs `n` refusals of `reason` (one WARNING line per reason per window). */
+  const refused = (reason: FdSocketRefusal, n: number, detail: string) =>
+    Metric.update(refusalMetric(reason), n).pipe(
+      Effect.andThen(warnings.warn(reason, `descriptor socket: refused ${detail}`, n, { reason }))
+    )
+  const connectionDetail: Record<FdRefusalReason, string> = {
+    uid: `a connection of another uid than ${euid} or root (abstract socket ${path ?? ""})`,
+    connections: `a connection: ${caps.fdSocketConnections} open (--fd-socket-max-connections)`,
+    connections_per_uid: `a connection: its uid has ${caps.fdSocketConnectionsPerUid} open (--fd-socket-max-connections-per-uid)`,
+    deadline: `a connection whose request was not complete ${REQUEST_DEADLINE_SECONDS} s after accept`
+  }
+  /** The listener's refusals counted so far (its counters only grow). */
+  let seen = noRefusals
+  const takeConnectionRefusals = (stats: FdListenerStats) =>
+    Effect.forEach(Object.keys(noRefusals) as ReadonlyArray<FdRefusalReason>, (reason) => {
+      const n = stats.refusals[reason] - seen[reason]
+      return n > 0 ? refused(reason, n, n === 1 ? connectionDetail[reason] : `${n}× ${connectionDetail[reason]}`) : Effect.void
+    }, { discard: true }).pipe(Effect.andThen(Effect.sync(() => {
+      seen = stats.refusals
+    })))
 
   const handle = (req: FdRequest) =>
     Effect.gen(function*() {
@@ -193,13 +336,20 @@ const make = Effect.gen(function*() {
       // A refused request's descriptors are closed now; an accepted one's belong to its token.
       if (answer["ok"] !== true) {
         yield* closeAll(req.fds)
-        yield* Effect.logWarning(`descriptor socket: refused a request of pid ${req.pid} (uid ${req.uid}): ${String(answer["message"])}`)
+        yield* refused(requestReason(answer), 1, `a request of pid ${req.pid} (uid ${req.uid}): ${String(answer["message"])}`)
       }
       listening?.listener.reply(req.conn, pack(answer))
     })
 
   if (listening !== undefined) {
     yield* Queue.take(listening.requests).pipe(Effect.flatMap(handle), Effect.forever, Effect.forkScoped)
+    // The listener signals refusals at accept and at the deadline (coalesced); its counters say how many.
+    yield* Queue.take(listening.refused).pipe(
+      Effect.andThen(Effect.sync(() => listening.listener.stats())),
+      Effect.flatMap(takeConnectionRefusals),
+      Effect.forever,
+      Effect.forkScoped
+    )
     // Tokens nobody claimed in time: their descriptors closed.
     const sweepMs = Math.max(100, Math.min(1000, ttlMs / 4))
     yield* Effect.sleep(Duration.millis(sweepMs)).pipe(
@@ -278,14 +428,26 @@ const make = Effect.gen(function*() {
       name: "fd_exchange",
       rows: [row(GetServerInfo, "NORMAL", (_payload, ctx) => serverInfo(ctx))],
       status: () =>
-        Effect.sync(() => ({
-          fd_socket: {
-            path: socketPath ?? null,
-            require_sealed: config.requireSealedMemfd,
-            token_ttl_seconds: config.fdTokenTtlSeconds,
-            pending_tokens: table.pending().length
+        Effect.sync(() => {
+          const stats = listening?.listener.stats()
+          return {
+            fd_socket: {
+              path: socketPath ?? null,
+              require_sealed: config.requireSealedMemfd,
+              token_ttl_seconds: config.fdTokenTtlSeconds,
+              pending_tokens: table.pending().length,
+              connections: stats?.connections ?? 0,
+              max_connections: caps.fdSocketConnections,
+              max_connections_per_uid: caps.fdSocketConnectionsPerUid,
+              held_descriptors: stats?.heldDescriptors ?? 0,
+              token_descriptors: table.held(),
+              closing_descriptors: stats?.closingDescriptors ?? 0,
+              max_passed_descriptors: caps.passedDescriptors,
+              max_passed_descriptors_per_peer: caps.passedDescriptorsPerPeer,
+              refusals: stats?.refusals ?? noRefusals
+            }
           }
-        }))
+        })
     }
   })
 })

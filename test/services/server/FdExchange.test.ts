@@ -3,7 +3,8 @@
  * (issue 13 item 2), its time on the TestClock: a request's descriptors are
  * held by its token until REGISTER claims it (then closed with the claim)
  * or until its time to live passes (then the sweep closes them). Counted in
- * this process's /proc/self/fd.
+ * this process's /proc/self/fd. What tokens hold is bounded in all and per
+ * ZeroMQ connection (issue 24 item 8), and /api/status says so.
  */
 import { randomUUID } from "node:crypto"
 import { closeSync, openSync, readdirSync, readlinkSync, rmSync, statSync, writeFileSync } from "node:fs"
@@ -17,6 +18,7 @@ import { pack, unpack } from "../../../src/schema/Frame.ts"
 import { makeInstanceId } from "../../../src/schema/InstanceId.ts"
 import { ServerInfo } from "../../../src/schema/Op.ts"
 import { FdExchange } from "../../../src/services/server/FdExchange.ts"
+import { descriptorBudgetDefaults } from "../../../src/services/server/DescriptorBudget.ts"
 import { ServerConfig } from "../../../src/services/server/ServerConfig.ts"
 
 /** Descriptors of this process open on a memfd named `name`. */
@@ -134,12 +136,12 @@ describe("FdExchange", () => {
         ok: false,
         code: "invalid_argument",
         message:
-          "descriptor request: descriptor 0 is not a read-write memfd (regular true, access rw, seals unsupported); expected memfd_create(…, MFD_ALLOW_SEALING) memory"
+          "descriptor request: descriptor 0 is not a read-write memfd (a regular file, access rw, seals unsupported); expected memfd_create(…, MFD_ALLOW_SEALING) memory"
       })
       rmSync(file)
       const memfd = yield* createMemfd(name, 4096, 0)
       const readOnly = yield* Effect.acquireRelease(Effect.sync(() => openSync(`/proc/self/fd/${memfd}`, "r")), (fd) => Effect.sync(() => closeSync(fd)))
-      assert.strictEqual((yield* ask(readOnly))["message"], "descriptor request: descriptor 0 is not a read-write memfd (regular true, access r, seals 0); expected memfd_create(…, MFD_ALLOW_SEALING) memory")
+      assert.strictEqual((yield* ask(readOnly))["message"], "descriptor request: descriptor 0 is not a read-write memfd (a regular file, access r, seals 0); expected memfd_create(…, MFD_ALLOW_SEALING) memory")
       const writeSealed = yield* createMemfd(`${name}-w`, 4096, F_SEAL.write | F_SEAL.seal)
       assert.strictEqual((yield* ask(writeSealed))["message"], "descriptor request: descriptor 0 is sealed against writes (seal, write); RETRIEVE writes into it")
       assert.strictEqual((yield* ask(memfd))["ok"], true)
@@ -167,5 +169,65 @@ describe("FdExchange", () => {
       const st = statSync(fdx.socketPath!)
       assert.deepStrictEqual([fdx.socketPath, st.mode & 0o777, st.gid], [`${endpoint.slice("ipc://".length)}.fds`, 0o660, 1])
     }).pipe(Effect.provide(FdExchange.layer.pipe(Layer.provideMerge(ServerConfig.layerTest({ endpoint, ipcGroup: "daemon" })))))
+  })
+
+  it.effect("tokens hold at most --max-passed-descriptors in all and --max-passed-descriptors-per-peer per connection: over either, overloaded naming the flag", () => {
+    const socket = join(tmpdir(), `mpcache-fdx-${randomUUID()}.fds`)
+    const name = `fdx-caps-${randomUUID().slice(0, 8)}`
+    const caps = { ...descriptorBudgetDefaults, maxPassedDescriptors: 4, maxPassedDescriptorsPerPeer: 3 }
+    return Effect.gen(function*() {
+      const fdx = yield* FdExchange
+      const fd = yield* createMemfd(name, 4096)
+      /** GET_SERVER_INFO for `peer`, then one request passing `fd` `n` times. */
+      const ask = (peer: string, n: number) =>
+        Effect.gen(function*() {
+          const info = (yield* fdx.module.rows[0]!.handle([], ctxOf(peer))) as typeof ServerInfo.Type
+          const request = pack({ version: 1, nonce: info.fd_nonce, instance_id: 1, fds: n })
+          return unpack(yield* sendFds(socket, request, Array.from({ length: n }, () => fd), 5_000))?.value as Record<string, unknown>
+        })
+      assert.strictEqual((yield* ask("0a01", 2))["ok"], true)
+      assert.deepStrictEqual(yield* ask("0a01", 2), {
+        ok: false,
+        code: "overloaded",
+        field: "max-passed-descriptors-per-peer",
+        message:
+          "descriptor request: this ZeroMQ connection's tokens hold 2 passed descriptors not yet registered; 2 more would pass --max-passed-descriptors-per-peer 3; register what it passed or retry later"
+      })
+      assert.strictEqual((yield* ask("0b01", 2))["ok"], true)
+      assert.deepStrictEqual(yield* ask("0c01", 1), {
+        ok: false,
+        code: "overloaded",
+        field: "max-passed-descriptors",
+        message:
+          "descriptor request: the server holds 4 passed descriptors for tokens not yet registered; 1 more would pass --max-passed-descriptors 4; register or retry later"
+      })
+      // Ours and the four the tokens hold: every refused one was closed before its answer.
+      assert.strictEqual(openOn(name), 5)
+      const block = Effect.map(fdx.module.status!(), (b) => b["fd_socket"] as Record<string, unknown>)
+      const settled = yield* Effect.repeat(block, { until: (b) => b["connections"] === 0 })
+      assert.deepStrictEqual({ ...settled, path: "" }, {
+        path: "",
+        require_sealed: false,
+        token_ttl_seconds: 5,
+        pending_tokens: 2,
+        connections: 0,
+        max_connections: 128,
+        max_connections_per_uid: 16,
+        held_descriptors: 4,
+        token_descriptors: 4,
+        closing_descriptors: 0,
+        max_passed_descriptors: 4,
+        max_passed_descriptors_per_peer: 3,
+        refusals: { uid: 0, connections: 0, connections_per_uid: 0, deadline: 0 }
+      })
+      // A connection that goes takes its tokens' descriptors with it; the room is there again.
+      yield* fdx.disconnected("0a01")
+      assert.strictEqual(openOn(name), 3)
+      assert.strictEqual((yield* ask("0c01", 1))["ok"], true)
+      assert.deepStrictEqual([(yield* block)["held_descriptors"], (yield* block)["token_descriptors"]], [3, 3])
+    }).pipe(
+      Effect.scoped,
+      Effect.provide(FdExchange.layer.pipe(Layer.provideMerge(ServerConfig.layerTest({ fdSocket: socket, fdTokenTtlSeconds: 5, descriptorLimit: 20_000, descriptorCaps: caps }))))
+    )
   })
 })
