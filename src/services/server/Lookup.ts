@@ -40,6 +40,7 @@ import { type KvLayout, LayoutRegistry } from "./LayoutRegistry.ts"
 import { objectKeyString, type ObjectKey } from "./ObjectKey.ts"
 import { chunkHashes } from "../kv/TokenHasher.ts"
 import { L2Tier } from "./l2/L2Tier.ts"
+import { makeWarnWindow } from "./internal/WarnWindow.ts"
 import {
   type LookupJob,
   makePendingLookups,
@@ -148,22 +149,9 @@ export class Lookup extends Context.Service<Lookup, {
       // found, counted per rank like mpcache_lookup_chunks_total / mpcache_lookup_hit_chunks_total;
       // and LOOKUPs whose locked prefix --max-lookup-locks cut short.
       const totals = { lookups: 0, lookedUpChunks: 0, hitChunks: 0, cappedLookups: 0 }
-      // Last WARNING per kind (Clock ms) and how many were not logged since.
-      const warned = new Map<string, { atMs: number; suppressed: number }>()
-
-      /** Logs `message` at WARNING unless `kind` was logged within the window (then counts it). */
-      const warnThrottled = (kind: string, message: string) =>
-        Effect.gen(function*() {
-          const now = yield* Clock.currentTimeMillis
-          const last = warned.get(kind)
-          if (last !== undefined && now - last.atMs < WARN_WINDOW_MS) {
-            last.suppressed++
-            return
-          }
-          warned.set(kind, { atMs: now, suppressed: 0 })
-          const more = last !== undefined && last.suppressed > 0 ? ` (${last.suppressed} more like it since the last warning)` : ""
-          yield* Effect.logWarning(`${message}${more}`)
-        })
+      // At most one WARNING per kind per window; the next line says how many were not logged.
+      const warnings = makeWarnWindow(WARN_WINDOW_MS)
+      const warnThrottled = (kind: string, message: string) => warnings.warn(kind, message)
 
       /** Counts the releases the table made since the last call, and warns about them (throttled). */
       const reportReleases = Effect.gen(function*() {

@@ -12,6 +12,7 @@ import { Effect, Metric } from "effect"
 import type { Scope } from "effect"
 import type { AcceptedSocket } from "../../../native/OwnSockets.ts"
 import { connectionsRefusedTotal } from "../ServerMetrics.ts"
+import { makeWarnWindow } from "./WarnWindow.ts"
 
 /** At most one WARNING about refused connections in this many ms. */
 export const CAP_LOG_INTERVAL_MS = 10_000
@@ -45,15 +46,19 @@ export const makeConnectionCap = (listener: string, max: number, io: ConnectionC
     let refused = 0
     let scanning = false
     let again = false
-    let lastLogged = -Infinity
-    let refusedSinceLog = 0
+    const warnings = makeWarnWindow(CAP_LOG_INTERVAL_MS)
     // The order in which scans first saw each socket (by inode): the highest are the newest.
     const seenAt = new Map<number, number>()
     let seq = 0
 
-    const trim = (sockets: ReadonlyArray<AcceptedSocket>): Effect.Effect<void> => {
-      const present = new Set(sockets.map((s) => s.inode))
+    // Sockets shut down but not yet closed by libzmq: they no longer count, and are never shut down twice.
+    const shutDown = new Set<number>()
+
+    const trim = (listed: ReadonlyArray<AcceptedSocket>): Effect.Effect<void> => {
+      const present = new Set(listed.map((s) => s.inode))
       for (const inode of seenAt.keys()) if (!present.has(inode)) seenAt.delete(inode)
+      for (const inode of shutDown) if (!present.has(inode)) shutDown.delete(inode)
+      const sockets = listed.filter((s) => !shutDown.has(s.inode))
       // Sockets first seen by one scan share its number; among them a higher descriptor is the likelier newer one
       // (accept takes the lowest free descriptor, and the older ones were taken first).
       seq++
@@ -65,19 +70,16 @@ export const makeConnectionCap = (listener: string, max: number, io: ConnectionC
       for (const s of newest) {
         if (io.shutdown(s)) {
           shut++
-          seenAt.delete(s.inode)
+          shutDown.add(s.inode)
         }
       }
+      if (shut === 0) return Effect.void
       refused += shut
-      refusedSinceLog += shut
       refusedMetric.updateUnsafe(shut, services)
-      const now = Date.now()
-      if (now - lastLogged < CAP_LOG_INTERVAL_MS) return Effect.void
-      lastLogged = now
-      const count = refusedSinceLog
-      refusedSinceLog = 0
-      return Effect.logWarning(
-        `${listener}: ${count} connection(s) closed at once: ${sockets.length} were open, the cap is ${max} (--max-${listener}-connections); ${refused} since start`
+      return warnings.warn(
+        "cap",
+        `${listener}: ${shut} connection(s) closed at once: ${sockets.length} were open, the cap is ${max} (--max-${listener}-connections); ${refused} since start`,
+        shut
       )
     }
 

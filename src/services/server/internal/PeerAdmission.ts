@@ -20,6 +20,7 @@ import { Forbidden } from "../../../schema/WireError.ts"
 import type { BoundRouter } from "../../zmq/Sockets.ts"
 import { routingIdRefusalsTotal } from "../ServerMetrics.ts"
 import { generatedCounterOf, makeRoutingIdCounter } from "./RoutingIds.ts"
+import { makeWarnWindow } from "./WarnWindow.ts"
 
 /** Messages held per peer while its id is verified; more are dropped (a verification takes one in-process round trip). */
 export const MAX_HELD_MESSAGES = 256
@@ -84,7 +85,7 @@ export const makePeerAdmission = (
     const refused = new Set<string>()
     const held = new Map<string, Held>()
     const refusedSinceStart: Record<RoutingIdRefusal, number> = { chosen: 0, ahead: 0 }
-    const lastLogged: Record<RoutingIdRefusal, number> = { chosen: -Infinity, ahead: -Infinity }
+    const warnings = makeWarnWindow(REFUSAL_LOG_INTERVAL_MS)
     let probesIssued = 0
     let probe: { readonly marker: Buffer; readonly number: number; readonly close: () => void } | undefined
 
@@ -97,17 +98,15 @@ export const makePeerAdmission = (
         if (refused.size >= MAX_REFUSED_PEERS) refused.delete(refused.values().next().value!)
         refused.add(peer)
       }
-      const now = Date.now()
-      const log = now - lastLogged[reason] >= REFUSAL_LOG_INTERVAL_MS
-      if (log) lastLogged[reason] = now
       return Metric.update(Metric.withAttributes(routingIdRefusalsTotal, { reason }), 1).pipe(
-        Effect.andThen(
-          !log ? Effect.void : Effect.logWarning(
-            reason === "chosen"
-              ? `refused a peer that set its own routing id (${refusedSinceStart.chosen} since start): this server serves only ids its ROUTER assigns; its requests are answered forbidden`
-              : `kicked a peer that claimed a routing id the ROUTER has not generated yet (${refusedSinceStart.ahead} since start): such a claim would make libzmq abort when it generates that id`
-          ).pipe(Effect.annotateLogs({ peer }))
-        )
+        Effect.andThen(warnings.warn(
+          reason,
+          reason === "chosen"
+            ? `refused a peer that set its own routing id (${refusedSinceStart.chosen} since start): this server serves only ids its ROUTER assigns; its requests are answered forbidden`
+            : `kicked a peer that claimed a routing id the ROUTER has not generated yet (${refusedSinceStart.ahead} since start): such a claim would make libzmq abort when it generates that id`,
+          1,
+          { peer }
+        ))
       )
     }
 
