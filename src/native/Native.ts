@@ -563,6 +563,21 @@ export interface NativeAddon {
   raiseDescriptorLimit(): { readonly soft: number; readonly hard: number; readonly before: number }
   /** srand(3) from getrandom(2): libzmq's ROUTER takes its first generated routing id from rand() (src/native/addon/limits.cc). */
   seedLibzmqRandom(): number
+  /**
+   * The OpenSSL HMAC APIs this process exports that passed RFC 4231's test case 2, preferred first ("evp_mac":
+   * OpenSSL 3's EVP_MAC, "hmac": HMAC_*), resolved once with dlsym (src/native/addon/hmac.h); `reason` says
+   * what was missing or failed ("" when both work).
+   */
+  hmacProbe(): { readonly apis: ReadonlyArray<"evp_mac" | "hmac">; readonly reason: string }
+  /**
+   * HMAC-SHA256 under `key` of the concatenation of `parts`, 32 bytes, on the libuv pool. The parts are read in
+   * place while it runs (each held by a reference): their bytes must stay unchanged and mapped until it settles.
+   * `api` picks one of hmacProbe's (default: the first). Throws EINVAL (arguments), ENOSYS (no such API);
+   * rejects with ECRYPTO when OpenSSL fails. Wrapped by src/native/Hmac.ts.
+   */
+  hmacSha256(key: Uint8Array, parts: ReadonlyArray<Uint8Array>, api?: "evp_mac" | "hmac"): Promise<Buffer>
+  /** hmacSha256 jobs queued or running whose promise has not settled yet (process-wide; drops just before it settles). */
+  hmacInFlight(): number
   /** The process's accepted (non-listening) sockets whose local address is TCP `port` or Unix `path`: [fd, inode] pairs (sockets.h). */
   scanAcceptedSockets(address: { readonly port: number } | { readonly path: string }): Promise<ReadonlyArray<readonly [number, number]>>
   /** shutdown(fd, SHUT_RDWR) if `fd` is still the socket of `inode`; whether it was. */

@@ -54,7 +54,10 @@ redisSuite("forged L2 values (issue 24 item 14)", () => {
       const redis = yield* startRedis()
       const { fleet } = yield* secrets
       const a = yield* serverWithWorker(redis.url, 1n, { flags: ["--l2-secret-file", fleet] })
-      yield* a.server.waitForStderr(/L2 values are authenticated with HMAC-SHA256 under the secret in \S+fleet\.secret/)
+      // …with the MAC off the JS thread: the addon's OpenSSL HMAC on the libuv pool (src/native/Hmac.ts).
+      yield* a.server.waitForStderr(
+        /L2 values are authenticated with HMAC-SHA256 under the secret in \S+fleet\.secret, computed on the libuv pool with this Node's OpenSSL \(EVP_MAC\)/
+      )
       // The victim's prompt P and another prompt Q, both written through by A (8 authenticated values).
       const p = tokensOf(4 * CHUNK, 60)
       const q = tokensOf(4 * CHUNK, 61)

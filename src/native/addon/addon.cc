@@ -15,6 +15,7 @@
 //   stats() -> { openMappings, mappedBytes }   (every backend)
 //   guardedFaults() -> copies and prefaults ended by a guarded fault since the process started
 //   raiseDescriptorLimit(), seedLibzmqRandom()                              (process limits, limits.h)
+//   hmacProbe() -> { apis, reason }, hmacSha256(key, parts, api?) -> Promise<Buffer>, hmacInFlight()   (hmac.h)
 //   scanAcceptedSockets(address) -> Promise<[fd, inode][]>, shutdownSocket(fd, inode)   (sockets.h)
 // Loading it installs the process-wide fault guard of copies (guard.h).
 // Names are POSIX shared-memory names without their leading slash. Errors are
@@ -24,6 +25,7 @@
 #include "addon_data.h"
 #include "fdpass.h"
 #include "guard.h"
+#include "hmac.h"
 #include "limits.h"
 #include "mapping.h"
 #include "shm.h"
@@ -60,6 +62,9 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("guardedFaults", Napi::Function::New<GuardedFaults>(env, "guardedFaults"));
   exports.Set("raiseDescriptorLimit", Napi::Function::New<RaiseDescriptorLimit>(env, "raiseDescriptorLimit"));
   exports.Set("seedLibzmqRandom", Napi::Function::New<SeedLibzmqRandom>(env, "seedLibzmqRandom"));
+  exports.Set("hmacProbe", Napi::Function::New<HmacProbe>(env, "hmacProbe"));
+  exports.Set("hmacSha256", Napi::Function::New<HmacSha256>(env, "hmacSha256"));
+  exports.Set("hmacInFlight", Napi::Function::New<HmacInFlight>(env, "hmacInFlight"));
   exports.Set("scanAcceptedSockets", Napi::Function::New<ScanAcceptedSockets>(env, "scanAcceptedSockets"));
   exports.Set("shutdownSocket", Napi::Function::New<ShutdownSocket>(env, "shutdownSocket"));
   return exports;

@@ -11,7 +11,7 @@
   "targets": [
     {
       "target_name": "mpcache_native",
-      "sources": ["addon.cc", "common.cc", "cudart.cc", "fdlisten.cc", "fdpass.cc", "fdrelease.cc", "guard.cc", "limits.cc", "mapping.cc", "shm.cc", "sockets.cc"],
+      "sources": ["addon.cc", "common.cc", "cudart.cc", "fdlisten.cc", "fdpass.cc", "fdrelease.cc", "guard.cc", "hmac.cc", "limits.cc", "mapping.cc", "shm.cc", "sockets.cc"],
       "include_dirs": ["<(napi_include_dir)"],
       "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS", "NODE_ADDON_API_DISABLE_DEPRECATED"],
       "cflags!": ["-fno-exceptions"],

@@ -4,6 +4,10 @@
 #include <cmath>
 #include <cstring>
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 namespace mpcache {
 
 Napi::Error MakeError(Napi::Env env, const std::string& code, const std::string& call,
@@ -112,6 +116,13 @@ uint64_t ByteCountArg(const Napi::CallbackInfo& info, size_t index, const char* 
 MappingCounters& Counters() {
   static MappingCounters counters;
   return counters;
+}
+
+void LowerPoolThreadPriority() {
+  static thread_local bool lowered = false;
+  if (lowered) return;
+  lowered = true;
+  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
 }
 
 }  // namespace mpcache

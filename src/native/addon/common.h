@@ -64,4 +64,11 @@ struct MappingCounters {
 };
 MappingCounters& Counters();
 
+// Bulk work on the libuv pool (copies, prefaults, HMACs) runs at a lower CPU
+// priority than the JS thread (nice +10 on the pool thread that runs it), so a
+// multi-GiB transfer never starves the event loop that answers PING (DESIGN §4).
+// Raising one's own niceness needs no privilege; a failure just leaves the
+// priority as it was. Once per thread.
+void LowerPoolThreadPriority();
+
 }  // namespace mpcache

@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,17 +31,6 @@ std::string FormatNumber(double value) {
 }
 
 const char* const kTripleFields[3] = {"mappingOffset", "bufferOffset", "length"};
-
-// Bulk copies run at a lower CPU priority than the JS thread (nice +10 on the
-// libuv pool thread that runs them), so a multi-GiB transfer never starves
-// the event loop that answers PING (DESIGN §4). Raising one's own niceness
-// needs no privilege; a failure just leaves the priority as it was.
-void LowerCopyThreadPriority() {
-  static thread_local bool lowered = false;
-  if (lowered) return;
-  lowered = true;
-  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
-}
 
 // A copy or prefault asked of a mapping that is closing or closed: a promise rejected with ECLOSED.
 Napi::Promise ClosedRejection(Napi::Env env, const char* fn, const std::string& name) {
@@ -223,7 +210,7 @@ class CopyWorker : public Napi::AsyncWorker {
   Napi::Promise Promise() const { return deferred_.Promise(); }
 
   void Execute() override {
-    LowerCopyThreadPriority();
+    LowerPoolThreadPriority();
     for (const CopySegment& segment : segments_) {
       if (segment.backend == Backend::kShm) {
         if (!CopyShm(segment)) break;
@@ -342,7 +329,7 @@ class PrefaultWorker : public Napi::AsyncWorker {
   // madvise never raises a signal: on a shrunk segment MADV_POPULATE_WRITE fails (EFAULT) and the read loop
   // below then takes the real SIGBUS, under the guard, so a shrink is reported the same way on every path.
   void Execute() override {
-    LowerCopyThreadPriority();
+    LowerPoolThreadPriority();
     page_ = static_cast<size_t>(sysconf(_SC_PAGESIZE));
 #ifdef MADV_POPULATE_WRITE
     populated_ = madvise(base_, length_, MADV_POPULATE_WRITE) == 0;

@@ -12,18 +12,21 @@
  * secret a server serves a value only when its MAC verifies under the
  * fleet's key; without one, L2 must be as trusted as the servers themselves.
  *
- * The MAC is HMAC-SHA256 (RFC 2104) from node:crypto (OpenSSL), keyed with
+ * The MAC is HMAC-SHA256 (RFC 2104) from OpenSSL, keyed with
  * HKDF-SHA256 (RFC 5869) of the secret, over a label, the full Redis key
  * (prefix included, length-prefixed), the value's header fields and the
  * payload (L2Value.ts gives the layout). Why not keyed BLAKE3: measured on
  * this 2-core VM, 32 MiB takes ~35 ms with OpenSSL's HMAC-SHA256 (it uses
  * the CPU's SHA extensions), ~75 ms with hash-wasm's keyed BLAKE3 and ~1.2 s
  * with @noble/hashes' (pure JavaScript); and OpenSSL ships with Node, so it
- * adds no dependency.
+ * adds no dependency. The server computes it off the JS thread, with the OpenSSL of the Node binary on
+ * the libuv pool (src/native/Hmac.ts, {@link macEffect}); {@link macOf} is the same MAC on the calling
+ * thread (tests, tools).
  */
 import { closeSync, constants, fstatSync, openSync, readFileSync } from "node:fs"
 import { createHmac, createSecretKey, hkdfSync, type KeyObject } from "node:crypto"
 import { Effect, Schema } from "effect"
+import type { HmacSha256 } from "../../../native/Hmac.ts"
 
 /** The `--l2-secret-file` cannot be used: `reason` says what is wrong and what is expected. */
 export class L2SecretInvalid extends Schema.TaggedError<L2SecretInvalid>()("L2SecretInvalid", {
@@ -62,10 +65,31 @@ export const MAC_BYTES = 32
  * MAC covers every header field; `payload` is read in place (no copy).
  */
 export const macOf = (mac: L2MacKey, l2Key: string, header: Uint8Array, payload: Uint8Array): Buffer => {
+  const h = createHmac("sha256", mac.key)
+  for (const part of macInput(l2Key, header, payload)) h.update(part)
+  return h.digest()
+}
+
+/**
+ * {@link macOf} computed by `hmac` (src/native/Hmac.ts: on the libuv pool when the addon's OpenSSL HMAC is
+ * available, else node:crypto on the JS thread): the same bytes hashed, the same 32 bytes. `header` and
+ * `payload` are read in place while it runs: the caller keeps them unchanged and mapped until it ends (an
+ * L1 object's read lock, or the GET reply it holds); it is uninterruptible while the hash runs.
+ */
+export const macEffect = (
+  hmac: HmacSha256,
+  mac: L2MacKey,
+  l2Key: string,
+  header: Uint8Array,
+  payload: Uint8Array
+): Effect.Effect<Buffer> => hmac.digest(mac.key, macInput(l2Key, header, payload))
+
+/** The parts of the MAC's input, in order: label, u32be(key length), key (UTF-8), header, payload (views, no copy). */
+const macInput = (l2Key: string, header: Uint8Array, payload: Uint8Array): ReadonlyArray<Uint8Array> => {
   const key = Buffer.from(l2Key, "utf8")
   const keyLength = Buffer.allocUnsafe(4)
   keyLength.writeUInt32BE(key.length)
-  return createHmac("sha256", mac.key).update(LABEL).update(keyLength).update(key).update(header).update(payload).digest()
+  return [LABEL, keyLength, key, header, payload]
 }
 
 const isSpace = (b: number) => b === 0x20 || (b >= 0x09 && b <= 0x0d)

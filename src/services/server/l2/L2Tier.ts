@@ -29,6 +29,7 @@ import type { ObjectKey } from "../ObjectKey.ts"
 import type { ServerModule } from "../Handler.ts"
 import type { L2Config } from "./L2Config.ts"
 import { type L2Breaker, makeBreaker } from "./L2Breaker.ts"
+import { makeHmacSha256Unsafe } from "../../../native/Hmac.ts"
 import { type L2SecretInvalid, readL2Secret } from "./L2Mac.ts"
 import { type L2Error, L2Store } from "./L2Store.ts"
 import { authenticated, checksummed, isUnauthenticated, l2KeyOf, layoutFingerprint, type ValueFormat } from "./L2Value.ts"
@@ -128,16 +129,25 @@ export const layerL2Tier: Layer.Layer<never, L2SecretInvalid, ServerConfig | L1S
   })
 )
 
-/** The value format of `l2`: authenticated under `--l2-secret-file`'s key, else checksummed (and a WARNING). */
-const valueFormatOf = (l2: L2Config): Effect.Effect<ValueFormat, L2SecretInvalid> =>
-  l2.secretFile === undefined
-    ? Effect.logWarning(
+/**
+ * The value format of `l2`: authenticated under `--l2-secret-file`'s key, else checksummed (and a WARNING).
+ * The INFO line of an authenticated one says where its MACs run: on the libuv pool, or on the JS thread with
+ * node:crypto and why (src/native/Hmac.ts).
+ */
+const valueFormatOf = (l2: L2Config): Effect.Effect<ValueFormat, L2SecretInvalid> => {
+  const secretFile = l2.secretFile
+  if (secretFile === undefined) {
+    return Effect.logWarning(
       `L2 values are not authenticated: anyone who can write to ${l2.url.display} can serve KV to these engines; set --l2-secret-file`
     ).pipe(Effect.as(checksummed))
-    : readL2Secret(l2.secretFile).pipe(
-      Effect.tap(() => Effect.logInfo(`L2 values are authenticated with HMAC-SHA256 under the secret in ${l2.secretFile}`)),
-      Effect.map(authenticated)
-    )
+  }
+  return Effect.gen(function*() {
+    const key = yield* readL2Secret(secretFile)
+    const hmac = makeHmacSha256Unsafe()
+    yield* Effect.logInfo(`L2 values are authenticated with HMAC-SHA256 under the secret in ${secretFile}, ${hmac.description}`)
+    return authenticated(key, hmac)
+  })
+}
 
 /** The `l2` block of `/api/status` as a module record without ops (null when L2 is off). */
 export const l2Module: Effect.Effect<ServerModule> = Effect.gen(function*() {
@@ -191,14 +201,16 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, format: ValueFormat, l1
         // the read lock keeps the bytes until the write ends (even a CLEAR force leaves a locked extent
         // alone until then), so the checksum can wait for the write's own fiber: each of a STORE's
         // objects starts its SET as soon as its own checksum is done. An L1 without headroom (unit
-        // tests) gets a copy. With a secret the MAC takes the checksum's place: still one pass over the bytes.
+        // tests) gets a copy. With a secret the MAC takes the checksum's place: still one pass over the
+        // bytes, on the libuv pool (src/native/Hmac.ts) while this fiber waits, the lock held until it
+        // ends (the hash is uninterruptible, and the lock is released only in the `ensuring` below).
         const fp = fingerprintOf(layout)
-        const write = Effect.suspend(() => {
-          const value = format.frame(k, fp, handle.extent, handle.bytes.length) ?? format.encode(k, fp, handle.bytes)
-          return timed("SET", store.setNx(k, value, l2.ttlSeconds, l2.transferTimeoutMs)).pipe(
-            Effect.tap(() => Metric.update(l2BytesOutTotal, value.length))
-          )
-        }).pipe(
+        const write = format.seal(k, fp, handle.extent, handle.bytes).pipe(
+          Effect.flatMap((value) =>
+            timed("SET", store.setNx(k, value, l2.ttlSeconds, l2.transferTimeoutMs)).pipe(
+              Effect.tap(() => Metric.update(l2BytesOutTotal, value.length))
+            )
+          ),
           Effect.tap(() => Effect.sync(() => totals.writes++)),
           Effect.catch((e: L2Error) => {
             totals.failedWrites++
@@ -242,7 +254,8 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, format: ValueFormat, l1
         )
         if (value === undefined) return undefined // absent (evicted, expired) or failed: a miss
         yield* Metric.update(l2BytesInTotal, value.length)
-        const decoded = format.decode(k, value, fingerprintOf(layout), layout.chunkBytes)
+        // With a secret the MAC is checked on the libuv pool; `value` (the GET reply, nobody else's) is held until then.
+        const decoded = yield* format.check(k, value, fingerprintOf(layout), layout.chunkBytes)
         if ("refused" in decoded) {
           const reason = decoded.refused
           if (isUnauthenticated(reason)) {

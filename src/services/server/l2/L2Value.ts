@@ -45,10 +45,12 @@
  * that does not verify: forged, or another fleet's secret).
  */
 import { timingSafeEqual } from "node:crypto"
+import { Effect } from "effect"
+import { defaultHmacSha256, type HmacSha256 } from "../../../native/Hmac.ts"
 import { hashHex } from "../../kv/TokenHasher.ts"
 import type { KvLayout } from "../LayoutRegistry.ts"
 import type { ObjectKey } from "../ObjectKey.ts"
-import { type L2MacKey, MAC_BYTES, macOf } from "./L2Mac.ts"
+import { type L2MacKey, MAC_BYTES, macEffect, macOf } from "./L2Mac.ts"
 
 /** Bytes of a checksummed (version 1) value's header. */
 export const HEADER_BYTES = 32
@@ -111,7 +113,9 @@ export type Decoded = { readonly payload: Uint8Array } | { readonly refused: Ref
 /**
  * How a server writes and checks values: `checksummed` without `--l2-secret-file`,
  * `authenticated(key)` with it. Every function takes the value's full L2 key (l2KeyOf), which an
- * authenticated value's MAC covers.
+ * authenticated value's MAC covers. `encode`, `frame` and `decode` hash on the calling thread (tests,
+ * tools); `seal` and `check` are what the server uses: the same bytes, with an authenticated value's MAC
+ * computed off the JS thread (src/native/Hmac.ts) while they wait.
  */
 export interface ValueFormat {
   /** Bytes of the header before the payload (HEADER_BYTES or MAC_HEADER_BYTES). */
@@ -128,31 +132,62 @@ export interface ValueFormat {
   readonly frame: (l2Key: string, fingerprint: string, extent: Buffer, payloadBytes: number) => Buffer | undefined
   /** The payload of `value` when it is a well-formed value of `expectedBytes` bytes for `fingerprint` (and, authenticated, `l2Key`). */
   readonly decode: (l2Key: string, value: Uint8Array, fingerprint: string, expectedBytes: number) => Decoded
+  /**
+   * The value of `payload`, the last bytes of `extent`: `frame` when `extent` has the room in front of
+   * it, else `encode`. `extent` (its headroom is written, its payload read) must stay unchanged and
+   * mapped until the effect ends: an L1 object's read lock (L2Tier's write-through).
+   */
+  readonly seal: (l2Key: string, fingerprint: string, extent: Buffer, payload: Uint8Array) => Effect.Effect<Buffer>
+  /** `decode`, with the MAC off the JS thread; `value` must stay unchanged until the effect ends. */
+  readonly check: (l2Key: string, value: Uint8Array, fingerprint: string, expectedBytes: number) => Effect.Effect<Decoded>
 }
 
-const formatOf = (
-  headerBytes: number,
-  authenticated: boolean,
-  writeHeader: (header: Buffer, l2Key: string, fingerprint: string, payload: Uint8Array) => void,
-  decode: ValueFormat["decode"]
-): ValueFormat => ({
-  headerBytes,
-  authenticated,
-  encode: (l2Key, fingerprint, payload) => {
+/** What a format hashes and checks, once on the calling thread and once as an Effect (see ValueFormat). */
+interface FormatParts {
+  readonly headerBytes: number
+  readonly authenticated: boolean
+  /** Writes the header of `payload` into `header` (its `headerBytes` bytes). */
+  readonly writeHeader: (header: Buffer, l2Key: string, fingerprint: string, payload: Uint8Array) => void
+  /** `writeHeader`, hashing off the JS thread where the format can. */
+  readonly sealHeader: (header: Buffer, l2Key: string, fingerprint: string, payload: Uint8Array) => Effect.Effect<void>
+  readonly decode: ValueFormat["decode"]
+  readonly check: ValueFormat["check"]
+}
+
+const formatOf = ({ authenticated, check, decode, headerBytes, sealHeader, writeHeader }: FormatParts): ValueFormat => {
+  /** A fresh buffer holding a copy of `payload` after `headerBytes` bytes for the header. */
+  const copied = (payload: Uint8Array) => {
     const out = Buffer.allocUnsafe(headerBytes + payload.length)
     out.set(payload, headerBytes)
-    writeHeader(out.subarray(0, headerBytes), l2Key, fingerprint, out.subarray(headerBytes))
     return out
-  },
-  frame: (l2Key, fingerprint, extent, payloadBytes) => {
+  }
+  /** The view of `extent` from `headerBytes` before its last `payloadBytes` bytes; undefined without that room. */
+  const inPlace = (extent: Buffer, payloadBytes: number) => {
     const start = extent.length - payloadBytes - headerBytes
-    if (start < 0) return undefined
-    const value = extent.subarray(start)
-    writeHeader(value.subarray(0, headerBytes), l2Key, fingerprint, value.subarray(headerBytes))
-    return value
-  },
-  decode
-})
+    return start < 0 ? undefined : extent.subarray(start)
+  }
+  return {
+    headerBytes,
+    authenticated,
+    encode: (l2Key, fingerprint, payload) => {
+      const out = copied(payload)
+      writeHeader(out.subarray(0, headerBytes), l2Key, fingerprint, out.subarray(headerBytes))
+      return out
+    },
+    frame: (l2Key, fingerprint, extent, payloadBytes) => {
+      const value = inPlace(extent, payloadBytes)
+      if (value !== undefined) writeHeader(value.subarray(0, headerBytes), l2Key, fingerprint, value.subarray(headerBytes))
+      return value
+    },
+    decode,
+    seal: (l2Key, fingerprint, extent, payload) =>
+      Effect.suspend(() => {
+        const value = inPlace(extent, payload.length) ?? copied(payload)
+        return sealHeader(value.subarray(0, headerBytes), l2Key, fingerprint, value.subarray(headerBytes)).pipe(Effect.as(value))
+      }),
+    check
+  }
+}
 
 /** Bytes 0–23 of either header: magic, version, reserved, fingerprint, payload length. */
 const writeCommon = (header: Buffer, version: number, fingerprint: string, payloadBytes: number): void => {
@@ -172,57 +207,100 @@ const checkCommon = (b: Buffer, headerBytes: number, fingerprint: string, expect
 
 const bufferOf = (value: Uint8Array) => Buffer.from(value.buffer, value.byteOffset, value.byteLength)
 
-/** Version 1: the header and an xxHash3-64 of the payload; no key, no MAC (issue 15 item 3). */
-export const checksummed: ValueFormat = formatOf(
-  HEADER_BYTES,
-  false,
-  (header, _key, fingerprint, payload) => {
-    writeCommon(header, CHECKSUMMED, fingerprint, payload.length)
-    xxh3(payload).copy(header, 24)
-  },
-  (_key, value, fingerprint, expectedBytes) => {
-    if (value.length < HEADER_BYTES) return { refused: "short" }
-    const b = bufferOf(value)
-    if (b.readUInt32LE(0) !== MAGIC) return { refused: "magic" }
-    if (b.readUInt16LE(4) === AUTHENTICATED) return { refused: "keyed" }
-    if (b.readUInt16LE(4) !== CHECKSUMMED) return { refused: "version" }
-    const bad = checkCommon(b, HEADER_BYTES, fingerprint, expectedBytes)
-    if (bad !== undefined) return { refused: bad }
-    const payload = b.subarray(HEADER_BYTES)
-    if (!xxh3(payload).equals(b.subarray(24, 32))) return { refused: "checksum" }
-    return { payload }
-  }
-)
+const writeChecksummed = (header: Buffer, _key: string, fingerprint: string, payload: Uint8Array): void => {
+  writeCommon(header, CHECKSUMMED, fingerprint, payload.length)
+  xxh3(payload).copy(header, 24)
+}
+
+const decodeChecksummed: ValueFormat["decode"] = (_key, value, fingerprint, expectedBytes) => {
+  if (value.length < HEADER_BYTES) return { refused: "short" }
+  const b = bufferOf(value)
+  if (b.readUInt32LE(0) !== MAGIC) return { refused: "magic" }
+  if (b.readUInt16LE(4) === AUTHENTICATED) return { refused: "keyed" }
+  if (b.readUInt16LE(4) !== CHECKSUMMED) return { refused: "version" }
+  const bad = checkCommon(b, HEADER_BYTES, fingerprint, expectedBytes)
+  if (bad !== undefined) return { refused: bad }
+  const payload = b.subarray(HEADER_BYTES)
+  if (!xxh3(payload).equals(b.subarray(24, 32))) return { refused: "checksum" }
+  return { payload }
+}
+
+/**
+ * Version 1: the header and an xxHash3-64 of the payload; no key, no MAC (issue 15 item 3). The
+ * checksum (~3 ms per 32 MiB) runs on the calling thread in `seal` and `check` too.
+ */
+export const checksummed: ValueFormat = formatOf({
+  headerBytes: HEADER_BYTES,
+  authenticated: false,
+  writeHeader: writeChecksummed,
+  sealHeader: (header, key, fingerprint, payload) => Effect.sync(() => writeChecksummed(header, key, fingerprint, payload)),
+  decode: decodeChecksummed,
+  check: (key, value, fingerprint, expectedBytes) => Effect.sync(() => decodeChecksummed(key, value, fingerprint, expectedBytes))
+})
 
 const MAC_AT = MAC_HEADER_BYTES - MAC_BYTES
+
+/** Bytes 0–31 of an authenticated header: the common fields, the checksum slot reserved (0). */
+const writeAuthenticatedFields = (header: Buffer, fingerprint: string, payloadBytes: number): void => {
+  writeCommon(header, AUTHENTICATED, fingerprint, payloadBytes)
+  header.fill(0, 24, MAC_AT)
+}
+
+/** An authenticated value that passed the header checks: what its MAC covers and the MAC it carries. */
+interface Opened {
+  readonly fields: Buffer
+  readonly payload: Buffer
+  readonly tag: Buffer
+}
+
+/** The header checks of an authenticated read, cheapest first (a value that fails them is not hashed). */
+const openAuthenticated = (value: Uint8Array, fingerprint: string, expectedBytes: number): Opened | { readonly refused: RefusedReason } => {
+  if (value.length < HEADER_BYTES) return { refused: "short" }
+  const b = bufferOf(value)
+  if (b.readUInt32LE(0) !== MAGIC) return { refused: "magic" }
+  if (b.readUInt16LE(4) === CHECKSUMMED) return { refused: "no_mac" }
+  if (b.readUInt16LE(4) !== AUTHENTICATED) return { refused: "version" }
+  if (b.length < MAC_HEADER_BYTES) return { refused: "short" }
+  const bad = checkCommon(b, MAC_HEADER_BYTES, fingerprint, expectedBytes)
+  if (bad !== undefined) return { refused: bad }
+  return { fields: b.subarray(0, MAC_AT), payload: b.subarray(MAC_HEADER_BYTES), tag: b.subarray(MAC_AT, MAC_HEADER_BYTES) }
+}
+
+/** The payload when `expected` equals the value's MAC (compared in constant time), else `bad_mac`. */
+const verdict = (opened: Opened, expected: Buffer): Decoded =>
+  timingSafeEqual(expected, opened.tag) ? { payload: opened.payload } : { refused: "bad_mac" }
 
 /**
  * Version 2: the header, then HMAC-SHA256 under `mac` of the key, header bytes 0–31 and the payload
  * (issue 24 item 14). A value of any other kind is refused: version 1 as `no_mac`, a MAC that does
  * not verify (compared in constant time) as `bad_mac`. The cheap header checks run first, so a
- * value that fails them is not hashed.
+ * value that fails them is not hashed. `seal` and `check` compute the MAC with `hmac` (default: the
+ * process's, src/native/Hmac.ts: on the libuv pool when available); `encode`, `frame` and `decode` with
+ * node:crypto on the calling thread. Both hash the same bytes.
  */
-export const authenticated = (mac: L2MacKey): ValueFormat =>
-  formatOf(
-    MAC_HEADER_BYTES,
-    true,
-    (header, l2Key, fingerprint, payload) => {
-      writeCommon(header, AUTHENTICATED, fingerprint, payload.length)
-      header.fill(0, 24, MAC_AT)
+export const authenticated = (mac: L2MacKey, hmac: HmacSha256 = defaultHmacSha256()): ValueFormat =>
+  formatOf({
+    headerBytes: MAC_HEADER_BYTES,
+    authenticated: true,
+    writeHeader: (header, l2Key, fingerprint, payload) => {
+      writeAuthenticatedFields(header, fingerprint, payload.length)
       macOf(mac, l2Key, header.subarray(0, MAC_AT), payload).copy(header, MAC_AT)
     },
-    (l2Key, value, fingerprint, expectedBytes) => {
-      if (value.length < HEADER_BYTES) return { refused: "short" }
-      const b = bufferOf(value)
-      if (b.readUInt32LE(0) !== MAGIC) return { refused: "magic" }
-      if (b.readUInt16LE(4) === CHECKSUMMED) return { refused: "no_mac" }
-      if (b.readUInt16LE(4) !== AUTHENTICATED) return { refused: "version" }
-      if (b.length < MAC_HEADER_BYTES) return { refused: "short" }
-      const bad = checkCommon(b, MAC_HEADER_BYTES, fingerprint, expectedBytes)
-      if (bad !== undefined) return { refused: bad }
-      const payload = b.subarray(MAC_HEADER_BYTES)
-      const expected = macOf(mac, l2Key, b.subarray(0, MAC_AT), payload)
-      if (!timingSafeEqual(expected, b.subarray(MAC_AT, MAC_HEADER_BYTES))) return { refused: "bad_mac" }
-      return { payload }
-    }
-  )
+    sealHeader: (header, l2Key, fingerprint, payload) =>
+      Effect.suspend(() => {
+        writeAuthenticatedFields(header, fingerprint, payload.length)
+        return macEffect(hmac, mac, l2Key, header.subarray(0, MAC_AT), payload).pipe(
+          Effect.map((tag) => void tag.copy(header, MAC_AT))
+        )
+      }),
+    decode: (l2Key, value, fingerprint, expectedBytes) => {
+      const opened = openAuthenticated(value, fingerprint, expectedBytes)
+      return "refused" in opened ? opened : verdict(opened, macOf(mac, l2Key, opened.fields, opened.payload))
+    },
+    check: (l2Key, value, fingerprint, expectedBytes) =>
+      Effect.suspend(() => {
+        const opened = openAuthenticated(value, fingerprint, expectedBytes)
+        if ("refused" in opened) return Effect.succeed<Decoded>(opened)
+        return macEffect(hmac, mac, l2Key, opened.fields, opened.payload).pipe(Effect.map((tag) => verdict(opened, tag)))
+      })
+  })

@@ -1,11 +1,14 @@
 /**
  * L2 keys and values (issue 15 item 3, issue 24 item 14): the key form, both
  * headers (checksummed, authenticated), and every corruption or missing
- * authentication a read must refuse.
+ * authentication a read must refuse; the server's `seal` and `check`, with
+ * the MAC on the libuv pool or its node:crypto fallback, give the same.
  */
 import { assert, describe, it } from "@effect/vitest"
 import { createHmac, hkdfSync, randomBytes } from "node:crypto"
+import { Effect } from "effect"
 import { createXXHash3 } from "hash-wasm"
+import { makeHmacSha256Unsafe } from "../../../../src/native/Hmac.ts"
 import { L2_HEADROOM_BYTES } from "../../../../src/services/server/L1Store.ts"
 import { macKeyOf } from "../../../../src/services/server/l2/L2Mac.ts"
 import {
@@ -159,4 +162,61 @@ describe("L2 values, authenticated (--l2-secret-file, issue 24 item 14)", () => 
     assert.deepStrictEqual(decode(value.subarray(0, value.length - 1)), { refused: "length" })
     assert.deepStrictEqual(format.decode(KEY, value, layoutFingerprint({ ...layout, dtype: "bfloat16" }, 256), 4096), { refused: "fingerprint" })
   })
+})
+
+describe("seal and check, the server's path: the MAC off the JS thread (issue 24 item 14 follow-up)", () => {
+  const fp = layoutFingerprint(layout, 256)
+  const secret = Buffer.from("an-example-fleet-secret-of-more-than-32-bytes")
+  const payload = Uint8Array.from({ length: 4096 }, (_, i) => (i * 29) & 255)
+  const backends = [["on the libuv pool", makeHmacSha256Unsafe()], ["with node:crypto (fallback)", makeHmacSha256Unsafe({ native: false })]] as const
+
+  for (const [where, hmac] of backends) {
+    it.effect(`${where}: seal writes into L1's headroom the value encode gives (a copy without headroom); check gives decode's verdicts`, () =>
+      Effect.gen(function*() {
+        const format = authenticated(macKeyOf(secret), hmac)
+        const value = format.encode(KEY, fp, payload)
+        const extent = Buffer.alloc(L2_HEADROOM_BYTES + 4096, 0xee)
+        extent.set(payload, L2_HEADROOM_BYTES)
+        const sealed = yield* format.seal(KEY, fp, extent, extent.subarray(L2_HEADROOM_BYTES))
+        assert.isTrue(sealed.equals(value))
+        assert.strictEqual(sealed.buffer, extent.buffer)
+        assert.strictEqual(sealed.byteOffset, extent.byteOffset + L2_HEADROOM_BYTES - MAC_HEADER_BYTES)
+        const tight = Buffer.from(payload)
+        const copied = yield* format.seal(KEY, fp, tight, tight)
+        assert.isTrue(copied.equals(value))
+        tight.fill(0) // a copy: the extent's bytes are not the value's
+        assert.isTrue(copied.equals(value))
+
+        const flipped = Buffer.from(value)
+        flipped[MAC_HEADER_BYTES + 7] = flipped[MAC_HEADER_BYTES + 7]! ^ 1
+        for (
+          const [v, key] of [
+            [value, KEY],
+            [value, "mpc:v1:m~0011223344556677@0@ab"],
+            [flipped, KEY],
+            [checksummed.encode(KEY, fp, payload), KEY],
+            [authenticated(macKeyOf(randomBytes(32))).encode(KEY, fp, payload), KEY],
+            [value.subarray(0, 40), KEY]
+          ] as const
+        ) {
+          assert.deepStrictEqual(yield* format.check(key, v, fp, 4096), format.decode(key, v, fp, 4096))
+        }
+        const ok = yield* format.check(KEY, value, fp, 4096)
+        assert.isTrue("payload" in ok && Buffer.from(ok.payload).equals(Buffer.from(payload)))
+        assert.deepStrictEqual(yield* format.check(KEY, flipped, fp, 4096), { refused: "bad_mac" })
+      }))
+  }
+
+  it.effect("checksummed: seal and check give frame's value and decode's verdicts", () =>
+    Effect.gen(function*() {
+      const value = checksummed.encode(KEY, fp, payload)
+      const extent = Buffer.alloc(64 + 4096, 0xee)
+      extent.set(payload, 64)
+      assert.isTrue((yield* checksummed.seal(KEY, fp, extent, extent.subarray(64))).equals(value))
+      const flipped = Buffer.from(value)
+      flipped[HEADER_BYTES + 1] = flipped[HEADER_BYTES + 1]! ^ 1
+      assert.deepStrictEqual(yield* checksummed.check(KEY, flipped, fp, 4096), { refused: "checksum" })
+      const ok = yield* checksummed.check(KEY, value, fp, 4096)
+      assert.isTrue("payload" in ok && Buffer.from(ok.payload).equals(Buffer.from(payload)))
+    }))
 })
