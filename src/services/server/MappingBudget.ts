@@ -24,7 +24,7 @@
  * The check-then-map is atomic because both registrations run on the SYNC
  * lane (DESIGN §3.1: one at a time); a release meanwhile only lowers it.
  */
-import { readFileSync } from "node:fs"
+import { readFile } from "node:fs/promises"
 import { Context, Effect, Layer, Metric } from "effect"
 import { NativeMemory } from "../../native/Native.ts"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
@@ -42,17 +42,20 @@ const refusalsTotal = Metric.counter("mpcache_mapping_refusals_total", {
   incremental: true
 })
 
-/** Lines of /proc/self/maps (the memory maps the kernel's cap counts); null when unreadable. */
-const processMaps = (): number | null => {
-  try {
-    const text = readFileSync("/proc/self/maps", "latin1")
-    let n = 0
-    for (let i = text.indexOf("\n"); i >= 0; i = text.indexOf("\n", i + 1)) n++
-    return n
-  } catch {
-    return null
-  }
-}
+/**
+ * Lines of /proc/self/maps (the memory maps the kernel's cap counts); null when unreadable. Read on the
+ * libuv pool: with tens of thousands of maps the kernel takes milliseconds to write the text.
+ */
+const processMaps: Effect.Effect<number | null> = Effect.promise(() =>
+  readFile("/proc/self/maps", "latin1").then(
+    (text) => {
+      let n = 0
+      for (let i = text.indexOf("\n"); i >= 0; i = text.indexOf("\n", i + 1)) n++
+      return n
+    },
+    () => null
+  )
+)
 
 /**
  * The budget. `demandOf`, then `admit` right before mapping, both in the
@@ -145,13 +148,13 @@ const make = Effect.gen(function*() {
     name: "mapping_budget",
     rows: [],
     status: () =>
-      Effect.sync(() => {
+      Effect.map(processMaps, (maps) => {
         const held = native.usage()
         return {
           mapping_limits: {
             kernel_max_map_count: limits.kernelMaxMapCount.value,
             kernel_max_map_count_source: limits.kernelMaxMapCount.source,
-            process_maps: processMaps(),
+            process_maps: maps,
             max_mappings: limits.maxMappings,
             mappings: held.mappings,
             max_segments_per_register: limits.maxSegmentsPerRegister,
