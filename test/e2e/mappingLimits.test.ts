@@ -38,7 +38,7 @@ import { makeSchedulerAdapter } from "../../src/services/client/SchedulerAdapter
 import { makeWorkerAdapter } from "../../src/services/client/WorkerAdapter.ts"
 import { runCli, runJsonScript } from "../support/Cli.ts"
 import { verifyTokens, writeTokens } from "../support/KvData.ts"
-import { ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
+import { eventually, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
 import { mapsOf, memfdMaps, memfdRssKiB } from "../support/ProcMaps.ts"
 
 const WORKER = fileURLToPath(new URL("../support/worker-main.ts", import.meta.url))
@@ -59,17 +59,25 @@ const onePage = (name: string): TensorDescriptor => ({
   storage_offset: 0
 })
 
-/** Another worker, in processes of its own: worker-main STOREs 5 chunks, a second one RETRIEVEs them and checks every byte. */
-const anotherWorkerIsServed = (endpoint: string, requestId: string) =>
+/**
+ * Another worker, in processes of its own: worker-main STOREs 5 chunks, a second one RETRIEVEs them and checks
+ * every byte. Each leaves by UNREGISTER; the next starts once the server has released its mappings (the event:
+ * status back at the mappings held before), since the room left for them is exactly one worker's.
+ */
+const anotherWorkerIsServed = (endpoint: string, httpPort: number, requestId: string) =>
   Effect.gen(function*() {
+    const held = (yield* statusOf(httpPort)).mapping_limits.mappings
+    const released = eventually(Effect.map(statusOf(httpPort), (s) => s.mapping_limits.mappings), (n) => n === held, 30_000)
     const blockIds = Array.from({ length: 20 }, (_, i) => i + 1)
     const args = { endpoint, seed: 24, tokenCount: 330, requestId }
     const stored = yield* runJsonScript(WORKER, { ...args, mode: "store", namePrefix: `mpcache-maps-w-${randomUUID()}`, blockIds })
     assert.strictEqual(stored.code, 0, stored.stderr)
     assert.strictEqual(stored.result["ok"], true)
+    assert.strictEqual(yield* released, held)
     const retrieved = yield* runJsonScript(WORKER, { ...args, mode: "retrieve", namePrefix: `mpcache-maps-r-${randomUUID()}`, blockIds: blockIds.map((b) => b + 30) })
     assert.strictEqual(retrieved.code, 0, retrieved.stderr)
     assert.deepStrictEqual([retrieved.result["ok"], retrieved.result["hitTokens"], retrieved.result["mismatches"]], [true, 320, []])
+    assert.strictEqual(yield* released, held)
   })
 
 /** The failure of `e`, which must be an Overloaded: its flag (`field`), `actual` and message. */
@@ -119,7 +127,7 @@ describe("item 4: one REGISTER exhausts the process's memory maps", () => {
       assert.strictEqual(mapsOf(serverPid, `/dev/shm/${prefix}`).length, 8)
 
       // Everyone else is still served: a worker of 4 segments registers (8 + 4 = 12), stores and retrieves byte for byte.
-      yield* anotherWorkerIsServed(endpoint, "maps-4")
+      yield* anotherWorkerIsServed(endpoint, httpPort, "maps-4")
       assert.strictEqual(yield* attacker.request(Ping, [null]), true)
       const status = yield* statusOf(httpPort)
       assert.deepStrictEqual({ ...status.mapping_limits, process_maps: null }, {
@@ -135,7 +143,7 @@ describe("item 4: one REGISTER exhausts the process's memory maps", () => {
         refused: { max_segments_per_register: 1, max_mappings: 1, max_mapped_bytes: 0 }
       })
       assert.isAbove(status.mapping_limits.process_maps!, 8)
-      assert.match(server.stderr(), /over --max-segments-per-register \(8\)/)
+      yield* server.waitForStderr(/over --max-segments-per-register \(8\); nothing was mapped/)
     }).pipe(Effect.provide(ClientLive))), 180_000)
 
   it.live("without flags the bounds derive from the vm.max_map_count read at start; a flag beyond what the kernel allows exits 2 naming it", () =>
@@ -211,7 +219,7 @@ describe("item 12: sparse memfds make the server allocate the worker's memory", 
       assert.deepStrictEqual(allocated(second), [0, 0])
 
       // Another worker (256 KiB: exactly the room left) registers, stores and retrieves byte for byte.
-      yield* anotherWorkerIsServed(endpoint, "maps-12")
+      yield* anotherWorkerIsServed(endpoint, httpPort, "maps-12")
 
       // The sparse worker writes 4 blocks (K and V, both layers: 16 MiB per memfd, its own allocation) and STOREs
       // them: the server reads them, allocates nothing.
