@@ -32,6 +32,8 @@ import { InvalidArgument } from "../schema/WireError.ts"
 interface Tracked {
   readonly native: AddonMapping
   readonly handle: ShmMapping
+  /** Memory this process created (the L1 pool, CUDA allocations): not in `usage()`. */
+  readonly owned: boolean
   /** Idempotent: the body (close + munmap) runs once; every call waits for it. */
   readonly release: Effect.Effect<void>
 }
@@ -66,7 +68,7 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
         ? `CUDA IPC mapping ${native.name}`
         : `CUDA allocation ${native.name}`
 
-    const track = (native: AddonMapping): Tracked => {
+    const track = (native: AddonMapping, owned: boolean): Tracked => {
       let releases = 0
       let closing: Promise<NativeError | undefined> | undefined
       const base = {
@@ -84,6 +86,7 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
       const tracked: Tracked = {
         native,
         handle,
+        owned,
         release: Effect.suspend(() => {
           if (closing === undefined) {
             releases++
@@ -138,7 +141,8 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
     const acquire = (
       call: string,
       what: string,
-      open: Effect.Effect<AddonMapping, InvalidArgument | NativeError>
+      open: Effect.Effect<AddonMapping, InvalidArgument | NativeError>,
+      owned = false
     ) =>
       Effect.acquireRelease(
         Effect.suspend(() =>
@@ -151,7 +155,7 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
               })
             )
             : open.pipe(
-              Effect.map(track),
+              Effect.map((native) => track(native, owned)),
               Effect.tap((t) => Effect.logDebug(`mapped ${describeMapping(t.native)} (${t.native.size} bytes)`))
             )
         ),
@@ -183,7 +187,7 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
       unlinkSegment: calls.unlinkSegment,
       segmentSize: calls.segmentSize,
       unlinkSegmentIf: calls.unlinkSegmentIf,
-      map: (name, nbytes) => acquire("map", `segment ${name}`, calls.openMapping(name, nbytes)),
+      map: (name, nbytes, options) => acquire("map", `segment ${name}`, calls.openMapping(name, nbytes), options?.owned === true),
       mapFd: (fd, name, nbytes) => acquire("mapFd", `passed descriptor ${name}`, calls.openMappingFd(fd, name, nbytes)),
       mapCudaIpc: (ipcHandle, deviceUuid, nbytes) =>
         acquire(
@@ -196,7 +200,8 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
         acquire(
           "allocateCuda",
           `a CUDA allocation on device ${deviceUuid}`,
-          Effect.andThen(cudaBackend(), calls.cudaAllocate(deviceUuid, nbytes))
+          Effect.andThen(cudaBackend(), calls.cudaAllocate(deviceUuid, nbytes)),
+          true
         ).pipe(Effect.map((handle) => handle as CudaAllocation)),
       cudaBackend,
       cudaAvailable: () => Effect.map(cudaBackend(), (info) => info.available),
@@ -211,6 +216,18 @@ export const NativeMemoryLive: Layer.Layer<NativeMemory> = Layer.effect(
         Effect.flatMap(resolve("prefault", mapping), (t) => calls.prefault(t.native, offset, length, options?.touch === true)),
       view: (mapping) => Effect.flatMap(resolve("view", mapping), (t) => calls.view(t.native)),
       stats: calls.stats,
+      usage: () => {
+        let mappings = 0
+        let hostBytes = 0
+        let deviceBytes = 0
+        for (const t of open) {
+          if (t.owned) continue
+          mappings++
+          if (t.native.kind === "shm") hostBytes += t.native.size
+          else deviceBytes += t.native.size
+        }
+        return { mappings, hostBytes, deviceBytes }
+      },
       guardedFaults: calls.guardedFaults,
       cudaFaults: calls.cudaFaults
     }

@@ -22,6 +22,7 @@ import { FdExchange } from "../services/server/FdExchange.ts"
 import { makeTable, type ServerModule } from "../services/server/Handler.ts"
 import { L1Store, storageModule } from "../services/server/L1Store.ts"
 import { LayoutRegistry } from "../services/server/LayoutRegistry.ts"
+import { MappingBudget } from "../services/server/MappingBudget.ts"
 import { LivenessTargets } from "../services/liveness/LivenessTarget.ts"
 import { LmcacheDrivenTransfer } from "../services/server/LmcacheDrivenTransfer.ts"
 import { Lookup } from "../services/server/Lookup.ts"
@@ -55,8 +56,8 @@ export class ServerModules extends Context.Service<ServerModules, ReadonlyArray<
   "mpcache/layers/ServerModules"
 ) {}
 
-/** L1, layouts and the native memory backend. */
-const StorageLive = Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(NativeMemoryLive))
+/** L1, layouts, the budget of worker-memory mappings and the native memory backend. */
+const StorageLive = Layer.mergeAll(L1Store.layer, LayoutRegistry.layer, MappingBudget.layer).pipe(Layer.provideMerge(NativeMemoryLive))
 
 /** The L2 tier on the configured Redis (issue 15); nothing (the "no L2" default) without --l2-url. */
 const L2Live = Layer.unwrap(
@@ -80,6 +81,7 @@ const BuiltinModulesLive = Layer.effect(
       (yield* EngineDrivenTransfer).module,
       (yield* Blend).module,
       yield* storageModule,
+      (yield* MappingBudget).module,
       yield* l2Module,
       ...(yield* PluginModules)
     ]

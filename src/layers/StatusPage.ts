@@ -89,6 +89,7 @@ export const STATUS_PAGE_HTML = `<!doctype html>
       <dt>liveness</dt><dd id="server-windows">—</dd>
       <dt>tracked</dt><dd id="server-tracked">—</dd>
       <dt>worker memory</dt><dd id="server-mapped">—</dd>
+      <dt>mapping limits</dt><dd id="server-map-limits">—</dd>
     </dl>
   </section>
   <section id="cache">
@@ -172,6 +173,12 @@ export const STATUS_PAGE_HTML = `<!doctype html>
     set("server-tracked", String(w.tracked_instances));
     var nat = doc.native || {};
     set("server-mapped", bytes(nat.mapped_bytes) + " in " + nat.open_mappings + " mapping(s)");
+    var ml = doc.mapping_limits || {}, mr = ml.refused || {};
+    set("server-map-limits", ml.mappings + " / " + ml.max_mappings + " mappings · ≤ " + ml.max_segments_per_register +
+      " segments per REGISTER · host " + bytes(ml.host_mapped_bytes) + " / " + bytes(ml.max_mapped_bytes) +
+      " · process maps " + ml.process_maps + " of " + ml.kernel_max_map_count + " (vm.max_map_count" +
+      (ml.kernel_max_map_count_source === "fallback" ? ", assumed" : "") + ") · refused " +
+      ((mr.max_segments_per_register || 0) + (mr.max_mappings || 0) + (mr.max_mapped_bytes || 0)));
 
     var l1 = doc.l1 || {};
     var cap = l1.capacity_bytes || 0, used = l1.used_bytes || 0;

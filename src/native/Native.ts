@@ -248,8 +248,16 @@ export interface NativeMemoryShape {
    * than `nbytes` bytes (mapping it would risk SIGBUS), or the name or
    * `nbytes` (an integer ≥ 1) is malformed; with NativeError for other
    * system errors (EACCES, ENOMEM …).
+   *
+   * `owned: true` marks memory this process created (the server's L1 pool):
+   * it is left out of {@link NativeMemoryShape.usage}, which counts other
+   * processes' memory only.
    */
-  readonly map: (name: string, nbytes: number) => Effect.Effect<ShmMapping, InvalidArgument | NativeError, Scope.Scope>
+  readonly map: (
+    name: string,
+    nbytes: number,
+    options?: { readonly owned?: boolean }
+  ) => Effect.Effect<ShmMapping, InvalidArgument | NativeError, Scope.Scope>
   /**
    * Scoped: maps bytes [0, nbytes) of a descriptor this process holds (a
    * passed memfd, `cpu_memfd`; issue 13 item 2) like `map` does a named
@@ -365,10 +373,31 @@ export interface NativeMemoryShape {
   readonly view: (mapping: ShmMapping) => Effect.Effect<ArrayBuffer, InvalidArgument | NativeError>
   /** Process-wide counters: mappings currently mapped and their bytes. */
   readonly stats: () => { readonly openMappings: number; readonly mappedBytes: number }
+  /**
+   * The mappings of other processes' memory this layer holds open now (every
+   * `map` but `owned` ones, `mapFd`, `mapCudaIpc`; not `allocateCuda`),
+   * counted from its set of open mappings: a mapping leaves it when its
+   * release has unmapped it, so reap, UNREGISTER and a fault release all
+   * lower it through the one finalizer (issue 24 items 4 and 12).
+   */
+  readonly usage: () => MappingUsage
   /** Process-wide: copies and prefaults ended by a guarded fault since start (see {@link SegmentFault}). */
   readonly guardedFaults: () => number
   /** Process-wide: CUDA opens and copies of worker memory ended by a {@link CudaFault} since start. */
   readonly cudaFaults: () => number
+}
+
+/**
+ * What {@link NativeMemoryShape.usage} counts: mappings of other processes'
+ * memory, and their bytes of host memory (shared memory, memfds) and of
+ * device memory (CUDA IPC).
+ *
+ * @category models
+ */
+export interface MappingUsage {
+  readonly mappings: number
+  readonly hostBytes: number
+  readonly deviceBytes: number
 }
 
 /**

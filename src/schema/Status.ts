@@ -199,6 +199,26 @@ export const StatusDocument = Schema.Struct({
   /** Mappings of workers' memory (the server's own L1 pool is under `l1`). */
   native: Schema.Struct({ open_mappings: Count, mapped_bytes: Count }),
   /**
+   * The bounds on worker-memory mappings and what is held against them (issue 24 items 4 and 12):
+   * the kernel's vm.max_map_count as read at start (`fallback`: unreadable, 65530 assumed), the
+   * process's memory maps now (/proc/self/maps lines; null when unreadable), `--max-mappings` and
+   * the mappings of worker memory held, `--max-segments-per-register`, `--max-mapped-bytes` and the
+   * host bytes held (device bytes: cuda_ipc, not bounded by it), and the registrations refused
+   * `overloaded` by each flag since start.
+   */
+  mapping_limits: Schema.Struct({
+    kernel_max_map_count: Count,
+    kernel_max_map_count_source: Schema.Literals(["kernel", "fallback"]),
+    process_maps: Schema.NullOr(Count),
+    max_mappings: Count,
+    mappings: Count,
+    max_segments_per_register: Count,
+    max_mapped_bytes: Count,
+    host_mapped_bytes: Count,
+    device_mapped_bytes: Count,
+    refused: Schema.Struct({ max_segments_per_register: Count, max_mappings: Count, max_mapped_bytes: Count })
+  }),
+  /**
    * Faults of worker memory since start (issue 13): copies ended by a guarded SIGBUS/SIGSEGV (item 1;
    * = Σ mpcache_guarded_faults_total{kind="segment_shrank"}) and CUDA opens or copies that failed (item 4;
    * = Σ of kinds cuda_handle_refused and cuda_error).

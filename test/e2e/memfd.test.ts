@@ -10,7 +10,7 @@
  *   no process of the machine holds it (so the kernel freed it), and the
  *   system's Shmem (/proc/meminfo) falls by 256 MiB ± 32 MiB at the
  *   server's munmap, read a few milliseconds apart: back at its level before
- *   the registration populated it. (Shmem is system-wide: on a shared
+ *   the worker populated it. (Shmem is system-wide: on a shared
  *   machine other processes move it by GiBs over seconds, so it is read
  *   around the unmap rather than against a baseline taken before the test.)
  * - Tokens: a replay is refused; a token used on another ZeroMQ connection,
@@ -23,7 +23,7 @@
  *   --fd-token-ttl-seconds (its /proc/<pid>/fd).
  */
 import { randomUUID } from "node:crypto"
-import { existsSync, readdirSync, readFileSync, readlinkSync, statSync } from "node:fs"
+import { existsSync, readdirSync, readFileSync, statSync } from "node:fs"
 import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Schedule, Scope } from "effect"
@@ -36,6 +36,7 @@ import type { TensorDescriptor } from "../../src/schema/TensorDescriptor.ts"
 import { makeMqClient, type MqClientShape } from "../../src/services/client/MqClient.ts"
 import { runCli, runJsonScript, startScript } from "../support/Cli.ts"
 import { eventually, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
+import { memfdFds, memfdMaps } from "../support/ProcMaps.ts"
 
 const WORKER = fileURLToPath(new URL("../support/worker-main.ts", import.meta.url))
 const DAEMON = fileURLToPath(new URL("../support/worker-daemon.ts", import.meta.url))
@@ -56,18 +57,6 @@ const descriptor = (token: Uint8Array, index: number): TensorDescriptor => ({
 })
 
 const shmEntries = (prefix: string) => readdirSync("/dev/shm").filter((n) => n.startsWith(prefix))
-/** Lines of /proc/<pid>/maps mapping a memfd whose name starts with `prefix`. */
-const memfdMaps = (pid: number, prefix: string) =>
-  readFileSync(`/proc/${pid}/maps`, "utf8").split("\n").filter((l) => l.includes(`/memfd:${prefix}`))
-/** Descriptors process `pid` holds open on memfds whose name starts with `prefix`. */
-const memfdFds = (pid: number, prefix: string) =>
-  readdirSync(`/proc/${pid}/fd`).filter((fd) => {
-    try {
-      return readlinkSync(`/proc/${pid}/fd/${fd}`).startsWith(`/memfd:${prefix}`)
-    } catch {
-      return false
-    }
-  }).length
 /** Processes of this machine that map or hold a memfd whose name starts with `prefix` (a memfd lives only while one does). */
 const holdersOf = (prefix: string) =>
   readdirSync("/proc").filter((p) => /^\d+$/.test(p)).filter((p) => {
@@ -77,17 +66,6 @@ const holdersOf = (prefix: string) =>
       return false // gone meanwhile, or not ours to read
     }
   }).map(Number)
-/** KiB of process `pid`'s mappings of memfds named `prefix…` that are resident (/proc/<pid>/smaps `Rss`). */
-const memfdRssKiB = (pid: number, prefix: string) => {
-  let total = 0
-  let inside = false
-  for (const line of readFileSync(`/proc/${pid}/smaps`, "utf8").split("\n")) {
-    if (/^[0-9a-f]+-[0-9a-f]+ /.test(line)) inside = line.includes(`/memfd:${prefix}`)
-    else if (inside && line.startsWith("Rss:")) total += Number(/(\d+) kB/.exec(line)![1])
-  }
-  return total
-}
-
 /**
  * The system's Shmem around the moment `pid` unmaps its `mappings` mappings of memfds named `prefix…`:
  * `beforeKiB` read last while it still mapped all of them (polled every 2 ms, read before the maps), and
@@ -180,12 +158,12 @@ describe("cpu_memfd: memory handed over, not named", () => {
       const { server, httpPort } = yield* startServer(endpoint, ["--l1-size-gb", "0.25", "--no-l1-prefault", "--worker-disconnect-grace-seconds", "1"], 60_000)
       const serverPid = server.child.pid!
       const prefix = `mpcache-memfd-kill-${randomUUID().slice(0, 8)}`
-      // 2 layers × (K, V) × 131072 blocks × 512 B = 256 MiB, populated by the server's prefault at REGISTER.
-      const daemon = yield* startScript(DAEMON, [JSON.stringify({ endpoint, namePrefix: prefix, heartbeatIntervalMs: 1_000, storeEveryMs: 500, backing: "cpu_memfd", numBlocks: 131072 })])
+      // 2 layers × (K, V) × 131072 blocks × 512 B = 256 MiB, every page written by the worker before it registers
+      // (the server populates none of it: issue 24 item 12).
+      const daemon = yield* startScript(DAEMON, [JSON.stringify({ endpoint, namePrefix: prefix, heartbeatIntervalMs: 1_000, storeEveryMs: 500, backing: "cpu_memfd", numBlocks: 131072, populate: true })])
+      const [, populated] = yield* daemon.waitForStdout(/"event":"populated","bytes":(\d+)/, 30_000)
+      assert.strictEqual(Number(populated), 256 * 1024 * 1024)
       const [, id] = yield* daemon.waitForStdout(/"event":"registered","instanceId":"(\d+)"/, 30_000)
-      // The server's own resident share of it (smaps), not the system's Shmem that other processes move too.
-      const resident = yield* eventually(Effect.sync(() => memfdRssKiB(serverPid, prefix)), (kib) => kib === 256 * 1024, 30_000)
-      assert.strictEqual(resident, 256 * 1024, "the server's prefault populates the 256 MiB")
       assert.strictEqual(memfdMaps(serverPid, prefix).length, 2)
       assert.deepStrictEqual(shmEntries(prefix), [])
 
@@ -273,8 +251,8 @@ describe("cpu_memfd: memory handed over, not named", () => {
 
       const guarded = ipcEndpoint()
       const { httpPort } = yield* startServer(guarded, ["--l1-size-gb", "0.25", "--no-l1-prefault"], 60_000)
-      // The STORE's gather takes the SIGBUS, or, on a loaded machine, REGISTER's background prefault still running
-      // when the worker shrinks: either way the guard ends that copy and the STORE is answered with the fault.
+      // The STORE's gather takes the SIGBUS (REGISTER touched no page: nothing else could have), the guard ends
+      // that copy and the STORE is answered with the fault.
       const run = yield* runJsonScript(SHRINK, { ...shrinkArgs, endpoint: guarded, mode: "shrink-store", namePrefix: "mpcache-memfd-s", requestId: "u2" })
       assert.strictEqual(run.code, 0, run.stderr)
       const store = (run.result["store"] as { error: Record<string, unknown> }).error
@@ -283,7 +261,7 @@ describe("cpu_memfd: memory handed over, not named", () => {
       assert.match(
         String(store["message"]),
         new RegExp(
-          `^store: instance ${run.result["instanceId"]}: segment memfd:[0-9a-f]{32}:0: the segment shrank below its registered size \\(131072 bytes registered, a passed memfd, shrunk by its owner; (gather|prefault) faulted on the page at byte \\d+\\); its context is released: recreate the memory and register it again$`
+          `^store: instance ${run.result["instanceId"]}: segment memfd:[0-9a-f]{32}:0: the segment shrank below its registered size \\(131072 bytes registered, a passed memfd, shrunk by its owner; gather faulted on the page at byte \\d+\\); its context is released: recreate the memory and register it again$`
         )
       )
       const status = yield* statusOf(httpPort)

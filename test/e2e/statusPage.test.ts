@@ -10,7 +10,7 @@
  * suite says so loudly (`.ci/run` installs it). `MPCACHE_CHROMIUM` names
  * another binary.
  */
-import { existsSync, mkdtempSync, statSync } from "node:fs"
+import { existsSync, mkdtempSync, readFileSync, statSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
@@ -57,6 +57,8 @@ interface Rendered {
   readonly polls: number
   readonly instances: ReadonlyArray<{ readonly id: string; readonly state: string; readonly tenant: string }>
   readonly reaps: ReadonlyArray<{ readonly id: string; readonly reason: string; readonly window: string }>
+  /** The server block's mapping limits line (issue 24 items 4 and 12). */
+  readonly mapLimits: string
 }
 /** The little of the DOM the page is read through (the project compiles without lib "dom"). */
 interface DomElement {
@@ -85,7 +87,8 @@ const rendered = (page: Page): Effect.Effect<Rendered> =>
           id: tr.getAttribute("data-instance-id") ?? "",
           reason: tr.getAttribute("data-reason") ?? "",
           window: text(tr, "td.window")
-        }))
+        })),
+        mapLimits: text(document.body, "#server-map-limits")
       }
     })
   )
@@ -179,6 +182,12 @@ describe("status page", () => {
         )
         assert.deepStrictEqual(reaped.instances, [{ id: b.instanceId, state: "active", tenant: "—" }])
         assert.deepStrictEqual(reaped.reaps, [{ id: a.instanceId, reason: "disconnect", window: "2" }])
+        // The survivor's two segments against the bounds derived from the kernel's cap.
+        const cap = Number(readFileSync("/proc/sys/vm/max_map_count", "utf8"))
+        assert.match(
+          reaped.mapLimits,
+          new RegExp(`^2 / ${Math.floor(cap / 2)} mappings · ≤ 1024 segments per REGISTER · host \\S+ \\S+ / \\S+ \\S+ · process maps \\d+ of ${cap} \\(vm\\.max_map_count\\) · refused 0$`)
+        )
         const shot = join(dir, "3-reaped.png")
         yield* Effect.promise(() => page.screenshot({ path: shot, fullPage: true }))
         assert.isAbove(statSync(shot).size, 1000)

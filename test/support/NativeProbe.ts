@@ -11,8 +11,8 @@ export const nativeProbe = (opened: Array<ShmMapping>) =>
       const live = yield* NativeMemory
       return {
         ...live,
-        map: (name: string, nbytes: number) =>
-          Effect.tap(live.map(name, nbytes), (m) =>
+        map: (name: string, nbytes: number, options?: { readonly owned?: boolean }) =>
+          Effect.tap(live.map(name, nbytes, options), (m) =>
             Effect.sync(() => {
               if (!name.startsWith("mpcache-l1-")) opened.push(m)
             }))

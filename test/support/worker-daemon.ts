@@ -7,6 +7,7 @@
  *
  *   node test/support/worker-daemon.ts '{"endpoint":…,"namePrefix":…,"heartbeatIntervalMs":…,"storeEveryMs":…}'
  */
+import { fstatSync } from "node:fs"
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect, Schedule } from "effect"
 import { ClientLive } from "../../src/layers/Client.ts"
@@ -24,6 +25,12 @@ interface Args {
   readonly backing?: "cpu_memfd" | "cpu_shm"
   /** Blocks of the 2-layer cache (default 16; 2 KiB each). */
   readonly numBlocks?: number
+  /**
+   * Write every block of the cache before registering (the server touches only the blocks it copies, issue 24
+   * item 12, so a test that needs the whole cache resident has the worker fill it); cpu_memfd: then prints
+   * `{"event":"populated","bytes":…}`, the bytes its memfds hold (fstat st_blocks × 512).
+   */
+  readonly populate?: boolean
   /** CURVE keys of this worker (test/support/CurveMode.ts); absent: no CURVE. */
   readonly curve?: DealerCurve
 }
@@ -51,6 +58,12 @@ const program = Effect.gen(function*() {
     requestTimeoutMs: 2_000,
     ...(args.curve === undefined ? {} : { curve: args.curve })
   })
+  if (args.populate === true) {
+    const { numLayers, numBlocks, blockBytes } = cache.geometry
+    const fill = Buffer.alloc(numBlocks * blockBytes, 0x5a)
+    for (let l = 0; l < numLayers; l++) for (const kv of [0, 1] as const) yield* cache.writeBlocks(l, kv, 0, fill)
+    yield* say({ event: "populated", bytes: cache.memfds.reduce((n, fd) => n + fstatSync(fd).blocks * 512, 0) })
+  }
   yield* worker.registerPagedKvCache(cache)
   yield* say({ event: "registered", instanceId: worker.instanceId.toString(), pid: process.pid })
   const blockIds = [1, 2, 3, 4]

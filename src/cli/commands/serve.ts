@@ -183,6 +183,24 @@ const serveFlags = {
     defaults.tenantMaxMappedBytes,
     rules.positiveInt
   ),
+  maxMappings: Flag.Int("max-mappings").pipe(
+    Flag.withDescription(
+      "Mappings of worker memory the server holds at once, over every instance, with or without CURVE (default: half the kernel's vm.max_map_count, read at start; at most vm.max_map_count - 16384)"
+    ),
+    Flag.filter((n) => rules.positiveInt(n) === undefined, (n) => rules.positiveInt(n) ?? ""),
+    Flag.optional
+  ),
+  maxSegmentsPerRegister: Flag.Int("max-segments-per-register").pipe(
+    Flag.withDescription("Distinct segments one REGISTER (or CB_REGISTER_ROPE) may name (default 1024; at most --max-mappings)"),
+    Flag.filter((n) => rules.positiveInt(n) === undefined, (n) => rules.positiveInt(n) ?? ""),
+    Flag.optional
+  ),
+  maxMappedBytes: int(
+    "max-mapped-bytes",
+    "Bytes of worker host memory (cpu_shm, cpu_memfd) the server maps at once, over every instance, with or without CURVE (default: half the machine's RAM)",
+    defaults.maxMappedBytes,
+    rules.positiveInt
+  ),
   maxQueuedReplyBytesPerPeer: Flag.Int("max-queued-reply-bytes-per-peer").pipe(
     Flag.withDescription(
       "Bytes of replies queued to one connection (in its ZeroMQ pipe, and waiting in its outbox, each); past it a reply is refused with overloaded (default: the L1 size + 1 MiB, at least 256 MiB; >= 65536)"
@@ -238,6 +256,9 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   tenantMaxInstances: f.tenantMaxInstances,
   tenantMaxRegistersPerSecond: f.tenantMaxRegistersPerSecond,
   tenantMaxMappedBytes: f.tenantMaxMappedBytes,
+  maxMappings: Option.getOrUndefined(f.maxMappings),
+  maxSegmentsPerRegister: Option.getOrUndefined(f.maxSegmentsPerRegister),
+  maxMappedBytes: f.maxMappedBytes,
   l2: l2InputOf(f),
   // The budget is taken from the limit as raised (idempotent: validate runs twice, in Command.validate and the handler).
   descriptorLimit: raiseDescriptorLimit().soft,
@@ -276,10 +297,19 @@ export const serve = Command.make("serve", serveFlags, (flags) =>
       prepare_ttl_seconds: config.prepareTtlSeconds,
       curve: config.curve !== undefined,
       l2: config.l2?.url.display ?? "off",
+      max_mappings: config.mapLimits.maxMappings,
+      max_segments_per_register: config.mapLimits.maxSegmentsPerRegister,
+      max_mapped_bytes: config.mapLimits.maxMappedBytes,
+      kernel_max_map_count: config.mapLimits.kernelMaxMapCount.value,
       max_queued_reply_bytes_per_peer: config.maxQueuedReplyBytesPerPeer,
       http_idle_timeout_seconds: config.httpIdleTimeoutSeconds,
       descriptors: `limit ${config.descriptors.limit}: ZeroMQ ${config.descriptors.zmqConnections}, HTTP ${config.descriptors.httpConnections}, descriptor socket ${config.descriptors.fdSocketConnections} (${config.descriptors.fdSocketConnectionsPerUid} per uid), passed ${config.descriptors.passedDescriptors} (${config.descriptors.passedDescriptorsPerPeer} per peer)`
     })
+    if (config.mapLimits.kernelMaxMapCount.source === "fallback") {
+      yield* Effect.logWarning(
+        `${config.mapLimits.kernelMaxMapCount.reason}: assuming vm.max_map_count ${config.mapLimits.kernelMaxMapCount.value} (Linux's default) for --max-mappings`
+      )
+    }
     if (config.curve === undefined && config.insecureAllowRemote) {
       yield* Effect.logWarning(
         `--insecure-allow-remote: serving ${config.endpoint} without CURVE; anyone who can reach it may register memory, unregister instances and CLEAR the cache`

@@ -91,9 +91,10 @@ import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import { CbRegisterRope, CbRetrievePreComputed, CbUnregisterRope } from "../../schema/Op.ts"
 import type { GroupRot } from "../../schema/Registration.ts"
 import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
-import { InvalidArgument, NotRegistered, type WireError } from "../../schema/WireError.ts"
+import { InvalidArgument, NotRegistered, type Overloaded, type WireError } from "../../schema/WireError.ts"
 import { row, type ServerModule } from "./Handler.ts"
-import { sameDescriptors, type PagedKvGeometry } from "../kv/KvCacheLayout.ts"
+import { sameDescriptors, type PagedKvGeometry, type SegmentDemand } from "../kv/KvCacheLayout.ts"
+import { MappingBudget } from "./MappingBudget.ts"
 import type { ReadHandle } from "./L1Store.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
 import { makeMirroredInstances } from "./InstanceModule.ts"
@@ -252,7 +253,11 @@ const cbTokensTotal = Metric.counter("mpcache_cb_retrieved_tokens_total", {
 // ---------------------------------------------------------------------------
 
 export class Blend extends Context.Service<Blend, {
-  /** CB_REGISTER_ROPE. NotRegistered without a KV context; InvalidArgument naming the bad field. */
+  /**
+   * CB_REGISTER_ROPE. NotRegistered without a KV context; InvalidArgument
+   * naming the bad field; Overloaded naming the flag when the tables' segments
+   * are over the mapping budget (MappingBudget, issue 24 item 4), nothing mapped.
+   */
   readonly registerRope: (
     id: InstanceId,
     cosSinCaches: ReadonlyArray<TensorDescriptor>,
@@ -260,7 +265,7 @@ export class Blend extends Context.Service<Blend, {
     isNeoxStyle: boolean,
     groupToCache: ReadonlyArray<number>,
     groupRot: ReadonlyArray<GroupRot>
-  ) => Effect.Effect<void, InvalidArgument | NotRegistered>
+  ) => Effect.Effect<void, InvalidArgument | NotRegistered | Overloaded>
   /** CB_UNREGISTER_ROPE: drops the RoPE state only. An id without one logs a WARNING and succeeds. */
   readonly unregisterRope: (id: InstanceId) => Effect.Effect<void>
   /** CB_RETRIEVE_PRE_COMPUTED → ok. NotRegistered (no KV context or no RoPE state) / InvalidArgument. */
@@ -288,6 +293,7 @@ export class Blend extends Context.Service<Blend, {
 const make = Effect.gen(function*() {
   const config = yield* ServerConfig
   const native = yield* NativeMemory
+  const budget = yield* MappingBudget
   const transfer = yield* LmcacheDrivenTransfer
   const lookup = yield* Lookup
   const chunk = config.chunkSizeTokens
@@ -307,14 +313,18 @@ const make = Effect.gen(function*() {
       message: `${op}: instance ${formatInstanceId(id)} holds no LMCache-driven kv_cache context (never registered, unregistered or reaped); register_kv_cache first`
     })
 
-  /** Validates the tables against the KV context `entry` and maps them into `scope`. */
+  /** Validates the tables against the KV context `entry`, asks the budget for `demand` and maps them into `scope`. */
   const acquireRope = (
     scope: Scope.Closeable,
+    id: InstanceId,
     entry: ContextEntry,
+    demand: SegmentDemand,
     request: Omit<RopeState, "rope" | "mappings" | "scope">
   ) =>
     Effect.gen(function*() {
       const op = "cb_register_rope"
+      // A replaced state's tables are still mapped until the new ones are: counted too (fail closed).
+      yield* budget.admit(op, id, demand)
       const { descriptors: caches, headSize } = request
       const rope = validateRope(caches, headSize, request.groupToCache, request.groupRot)
       if ("error" in rope) return yield* new InvalidArgument({ message: `${op}: ${rope.error}` })
@@ -355,11 +365,12 @@ const make = Effect.gen(function*() {
       // --named-segments deny (issue 13 item 3): the cos/sin tables are named segments too.
       const named = caches.findIndex((d) => d.kind === "cpu_shm")
       if (config.namedSegments === "deny" && named >= 0) return yield* namedSegmentsDenied(op, id, `cos_sin_caches[${named}]`)
+      const demand = yield* budget.demandOf(op, id, "cos_sin_caches", caches)
       const registered = yield* states.register(id, {
         same: (held) =>
           sameDescriptors(held.descriptors, caches) && held.headSize === headSize && held.isNeoxStyle === isNeoxStyle &&
           sameList(held.groupToCache, groupToCache) && sameList(held.groupRot, groupRot),
-        acquire: (scope) => acquireRope(scope, entry, { descriptors: caches, headSize, isNeoxStyle, groupToCache, groupRot })
+        acquire: (scope) => acquireRope(scope, id, entry, demand, { descriptors: caches, headSize, isNeoxStyle, groupToCache, groupRot })
       })
       if (registered._tag === "Unchanged") {
         return yield* Effect.logInfo(`instance ${formatInstanceId(id)} already has this CB RoPE state; unchanged`)

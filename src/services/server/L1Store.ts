@@ -220,7 +220,8 @@ const makePooled = Effect.gen(function*() {
     native.createSegment(shmName, capacityBytes),
     () => Effect.ignore(native.unlinkSegment(shmName))
   ).pipe(Effect.mapError((e) => new L1PoolError({ message: `${poolText}: cannot create it: ${errnoText(e)}` })))
-  const mapping = yield* native.map(shmName, capacityBytes).pipe(
+  // The server's own memory: not counted against the bounds on worker memory (MappingBudget).
+  const mapping = yield* native.map(shmName, capacityBytes, { owned: true }).pipe(
     Effect.mapError((e: InvalidArgument | NativeError) => new L1PoolError({ message: `${poolText}: cannot map it: ${errnoText(e)}` }))
   )
   const view = yield* native.view(mapping).pipe(Effect.mapError((e) => new L1PoolError({ message: e.message })))

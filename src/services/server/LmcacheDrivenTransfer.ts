@@ -17,10 +17,18 @@
  * check-then-insert of REGISTER cannot interleave with another REGISTER or
  * UNREGISTER (a reap can: the core handles it).
  *
+ * **Worker memory is touched only by copies** (issue 24 item 12): REGISTER
+ * maps the segments and nothing else; no page of them is read or written
+ * (nor populated: MAP_POPULATE or MADV_POPULATE_* would allocate the holes
+ * of a sparse memfd, charged to the server) until a STORE or RETRIEVE
+ * copies exactly its blocks. What a registration may map is bounded first
+ * (`MappingBudget`: distinct segments per REGISTER, mappings and host bytes
+ * per server; `overloaded` naming the flag, nothing mapped).
+ *
  * **A vanished page** (issue 13 item 1, DESIGN §8): every copy of worker
- * memory (STORE's gather, RETRIEVE's scatter, the background prefault of
- * REGISTER, Blend's copies through {@link LmcacheDrivenTransfer.releaseFaulted})
- * runs under the addon's fault guard. When a worker shrinks a registered
+ * memory (STORE's gather, RETRIEVE's scatter, Blend's copies through
+ * {@link LmcacheDrivenTransfer.releaseFaulted}) runs under the addon's fault
+ * guard. When a worker shrinks a registered
  * segment and a copy hits the missing pages, that copy fails with a
  * {@link SegmentFault}; the request is answered `invalid_argument` naming
  * the instance, the segment and "the segment shrank below its registered
@@ -28,8 +36,8 @@
  * (other instances and L1 untouched: a failed STORE aborts its
  * reservations, a failed RETRIEVE releases its read locks). Until the id
  * registers again (or unregisters), a transfer naming it gets the same
- * error rather than `not_registered`, so a fault found by the background
- * prefault is still reported to the worker on its next request.
+ * error rather than `not_registered`, so a fault found by Blend's copies is
+ * still reported to the worker on its next request.
  *
  * **A CUDA failure** (issue 13 item 4) gets the same treatment: a cuda_ipc
  * handle that cudaIpcOpenMemHandle refuses fails the REGISTER with
@@ -42,7 +50,7 @@
  * context through the same finalizer. Each is counted in
  * `mpcache_guarded_faults_total{kind}` (Native.ts).
  */
-import { Cause, Context, Deferred, Effect, Exit, Layer, Metric, Option, Scope } from "effect"
+import { Cause, Context, Effect, Exit, Layer, Metric, Option, Scope } from "effect"
 import { ServerConfig } from "./ServerConfig.ts"
 import {
   type CopyPart,
@@ -53,7 +61,6 @@ import {
   type NativeError,
   NativeMemory,
   SEGMENT_SHRANK,
-  type SegmentFault,
   type ShmMapping,
   type WorkerMemoryFault
 } from "../../native/Native.ts"
@@ -61,10 +68,18 @@ import type { CacheKey } from "../../schema/CacheKey.ts"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import { RegisterKvCache, Retrieve, Store, UnregisterKvCache } from "../../schema/Op.ts"
 import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
-import { InvalidArgument, type NotRegistered, type WireError } from "../../schema/WireError.ts"
+import { InvalidArgument, type NotRegistered, type Overloaded, type WireError } from "../../schema/WireError.ts"
 import { chunkRanges, type SegmentPlan, segmentPlan } from "./internal/CopyPlan.ts"
 import { row, type ServerModule } from "./Handler.ts"
-import { cudaSegmentKey, sameDescriptors, validateKvCaches, type LayerPlacement, type PagedKvGeometry, type ValidatedKvCaches } from "../kv/KvCacheLayout.ts"
+import {
+  type LayerPlacement,
+  type PagedKvGeometry,
+  sameDescriptors,
+  segmentKeyOf,
+  validateKvCaches,
+  type ValidatedKvCaches
+} from "../kv/KvCacheLayout.ts"
+import { MappingBudget } from "./MappingBudget.ts"
 import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
 import { LayoutRegistry } from "./LayoutRegistry.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
@@ -110,7 +125,11 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
   /**
    * REGISTER_KV_CACHE, received on connection `peer` (routing id hex; its
    * cpu_memfd tokens must have been issued to it: FdExchange). Fails with
-   * InvalidArgument naming the bad field, the refused token or the changed memory.
+   * InvalidArgument naming the bad field, the refused token or the changed
+   * memory; with Overloaded naming `--max-segments-per-register`,
+   * `--max-mappings` or `--max-mapped-bytes` (MappingBudget, issue 24 items
+   * 4 and 12) before anything is mapped. Maps the segments and touches none
+   * of their pages.
    */
   readonly register: (
     id: InstanceId,
@@ -119,7 +138,7 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
     worldSize: number,
     engineType: string,
     peer?: string
-  ) => Effect.Effect<void, InvalidArgument>
+  ) => Effect.Effect<void, InvalidArgument | Overloaded>
   /** UNREGISTER_KV_CACHE. An unknown id logs a WARNING and succeeds. */
   readonly unregister: (id: InstanceId) => Effect.Effect<void>
   /** STORE → ok. Fails with NotRegistered / InvalidArgument. */
@@ -203,11 +222,7 @@ type FaultRecord =
 
 /** "kv_caches[i]": the first descriptor of `descriptors` that views segment `key` (a shm name or a cudaSegmentKey). */
 const fieldOfSegment = (descriptors: ReadonlyArray<TensorDescriptor>, key: string): string => {
-  const i = descriptors.findIndex((d) =>
-    d.kind === "cuda_ipc" && d.ipc_handle !== undefined && d.device_uuid !== undefined
-      ? cudaSegmentKey(d.device_uuid, d.ipc_handle) === key
-      : d.shm_name === key
-  )
+  const i = descriptors.findIndex((d) => segmentKeyOf(d) === key)
   return i < 0 ? "kv_caches" : `kv_caches[${i}]`
 }
 
@@ -248,8 +263,8 @@ const kvLayoutOf = (g: PagedKvGeometry, chunk: number): KvLayout => ({
 })
 
 const make = Effect.gen(function*() {
-  const moduleScope = yield* Effect.scope
   const l2 = yield* L2Tier
+  const budget = yield* MappingBudget
   const config = yield* ServerConfig
   const native = yield* NativeMemory
   const l1 = yield* L1Store
@@ -386,10 +401,9 @@ const make = Effect.gen(function*() {
   }
 
   /**
-   * Maps a validated KV cache's segments into `scope` and takes the model's
-   * layout reference there; each error an InvalidArgument of REGISTER.
-   * `onPrefaultFault` runs (in the module's scope, not the entry's, which it
-   * closes) when the background prefault of a segment hits a vanished page.
+   * Maps a validated KV cache's segments into `scope` (each once, however
+   * many layers view it; no page touched) and takes the model's layout
+   * reference there; each error an InvalidArgument of REGISTER.
    */
   const mapContext = (
     scope: Scope.Closeable,
@@ -398,8 +412,7 @@ const make = Effect.gen(function*() {
     validated: ValidatedKvCaches,
     claimed: ReadonlyMap<string, ClaimedFds>,
     modelName: string,
-    worldSize: number,
-    onPrefaultFault: (fault: SegmentFault) => Effect.Effect<void>
+    worldSize: number
   ) =>
     Effect.gen(function*() {
       const mappings = new Map<string, ShmMapping>()
@@ -421,15 +434,10 @@ const make = Effect.gen(function*() {
         const mapping = passed === undefined
           ? yield* native.map(name, nbytes).pipe(Scope.provide(scope))
           : yield* mapPassed(scope, name, nbytes, passed, claimed)
+        // No prefault (issue 24 item 12): populating the page tables would allocate every page of a
+        // sparse memfd, charged to the server. The first copy through each page pays its fault instead
+        // (measured in docs/security.md: about +0.2 s per GiB on a first RETRIEVE, once).
         mappings.set(name, mapping)
-        // Populate this mapping's page tables off the JS thread, so the first transfers do not pay
-        // a page fault per 4 KiB; the context's scope (and so a reap) waits for it like for a copy.
-        // A vanished page (the worker shrank the segment already) releases the context, from a fiber
-        // of the module's scope: this fiber lives in the context's scope, which the release closes.
-        yield* native.prefault(mapping, 0, nbytes).pipe(
-          Effect.catch((e) => isSegmentFault(e) ? Effect.asVoid(Effect.forkIn(onPrefaultFault(e), moduleScope)) : Effect.void),
-          Effect.forkIn(scope)
-        )
       }
       const { geometry } = validated
       yield* layouts.register(modelName, worldSize, kvLayoutOf(geometry, chunk))
@@ -514,12 +522,10 @@ const make = Effect.gen(function*() {
     peer = ""
   ) =>
     Effect.scoped(Effect.gen(function*() {
+      // Bounded before anything else looks at the descriptors one by one (issue 24 item 4).
+      const demand = yield* budget.demandOf(RegisterKvCache.name, id, "kv_caches", kvCaches)
       const claimed = yield* claimTokens(peer, id, kvCaches)
       const identities = memoryIdentities(kvCaches, claimed)
-      // A prefault fault waits until the entry is in (or never: a failed REGISTER closes the scope, interrupting it).
-      const inserted = yield* Deferred.make<ContextEntry>()
-      const onPrefaultFault = (fault: SegmentFault) =>
-        Effect.flatMap(Deferred.await(inserted), (entry) => Effect.asVoid(releaseFaulted(RegisterKvCache.name, id, entry, fault)))
       const registered = yield* contexts.register(id, {
         same: (held) =>
           sameDescriptors(held.descriptors, kvCaches) && held.memoryIdentities.every((m, i) => m === identities[i]) &&
@@ -529,6 +535,8 @@ const make = Effect.gen(function*() {
             if (worldSize < 1) return yield* new InvalidArgument({ message: `register_kv_cache: world_size must be ≥ 1, got ${worldSize}` })
             const named = kvCaches.findIndex((d) => d.kind === "cpu_shm")
             if (config.namedSegments === "deny" && named >= 0) return yield* namedSegmentsDenied(RegisterKvCache.name, id, `kv_caches[${named}]`)
+            // A new context only: refreshing a held one maps nothing.
+            yield* budget.admit(RegisterKvCache.name, id, demand)
             // cuda_ipc descriptors need the CUDA backend (libcudart loaded at run time; DESIGN §4).
             const cuda = kvCaches.some((d) => d.kind === "cuda_ipc") ? yield* native.cudaBackend() : undefined
             const validated = validateKvCaches(kvCaches, chunk, cuda)
@@ -540,20 +548,14 @@ const make = Effect.gen(function*() {
               descriptors: kvCaches,
               geometry: validated.geometry,
               layers: validated.layers,
-              mappings: yield* mapContext(scope, id, kvCaches, validated, claimed, modelName, worldSize, onPrefaultFault),
+              mappings: yield* mapContext(scope, id, kvCaches, validated, claimed, modelName, worldSize),
               memfd: memfdOrigin(validated, claimed),
               memoryIdentities: identities,
               scope
             } satisfies ContextEntry
           })
-      }).pipe(
-        // A failed REGISTER: a prefault fault's fiber waiting for the entry ends too.
-        Effect.onError(() => Deferred.interrupt(inserted))
-      )
-      if (registered._tag === "Registered") {
-        faults.delete(id)
-        yield* Deferred.succeed(inserted, registered.entry)
-      }
+      })
+      if (registered._tag === "Registered") faults.delete(id)
       if (registered._tag === "Unchanged") {
         return yield* Effect.logInfo(`instance ${formatInstanceId(id)} already registered; refreshing liveness`)
       }

@@ -17,6 +17,16 @@ import {
   descriptorBudgetDefaults
 } from "./DescriptorBudget.ts"
 import { type L2Config, type L2ConfigInput, l2Defaults, validateL2 } from "./l2/L2Config.ts"
+import {
+  DEFAULT_MAX_SEGMENTS_PER_REGISTER,
+  defaultMaxMappedBytes,
+  defaultMaxMappings,
+  type KernelMapCount,
+  KERNEL_MAX_MAP_COUNT_PATH,
+  maxMappingsAllowed,
+  RESERVED_MAPS,
+  readKernelMaxMapCount
+} from "./MapLimits.ts"
 
 /** Output format of the server's logs. */
 export type LogFormat = "json" | "pretty"
@@ -117,6 +127,8 @@ export interface ServerConfigShape {
   readonly httpTokenFile: string | undefined
   /** Per-tenant limits with CURVE on (docs/security.md). */
   readonly tenantLimits: TenantLimits
+  /** Bounds on the mappings of worker memory, with or without CURVE (issue 24 items 4 and 12). */
+  readonly mapLimits: MapLimitsConfig
   /** The L2 tier (`--l2-*`, issue 15); undefined: off (no `--l2-url`). */
   readonly l2: L2Config | undefined
   /** Caps on descriptors per listener and for passed descriptors (issue 24 item 11; DescriptorBudget.ts). */
@@ -168,6 +180,22 @@ export interface TenantLimits {
   readonly maxMappedBytes: number
 }
 
+/**
+ * Bounds on the worker memory the server maps (issue 24 items 4 and 12,
+ * MapLimits.ts); over one a REGISTER or CB_REGISTER_ROPE is answered
+ * `overloaded` naming the flag, before anything is mapped.
+ */
+export interface MapLimitsConfig {
+  /** `vm.max_map_count` as read at start (or the fallback, logged as a warning). */
+  readonly kernelMaxMapCount: KernelMapCount
+  /** Mappings of worker memory held at once, over every instance (`--max-mappings`, default half the kernel's cap). */
+  readonly maxMappings: number
+  /** Distinct segments one registration may name (`--max-segments-per-register`, default 1024, at most `maxMappings`). */
+  readonly maxSegmentsPerRegister: number
+  /** Bytes of worker host memory mapped at once, over every instance (`--max-mapped-bytes`, default half the RAM). */
+  readonly maxMappedBytes: number
+}
+
 /** Flag values as parsed, before the cross-flag rules. */
 export interface ServerConfigInput {
   readonly host: string
@@ -205,6 +233,11 @@ export interface ServerConfigInput {
   readonly tenantMaxInstances: number
   readonly tenantMaxRegistersPerSecond: number
   readonly tenantMaxMappedBytes: number
+  /** undefined: half the kernel's vm.max_map_count. */
+  readonly maxMappings: number | undefined
+  /** undefined: 1024, or `maxMappings` when that is lower. */
+  readonly maxSegmentsPerRegister: number | undefined
+  readonly maxMappedBytes: number
   readonly l2: L2ConfigInput
   /** RLIMIT_NOFILE's soft limit the descriptor caps are taken from (`mpcache serve` raises it to the hard limit first). */
   readonly descriptorLimit: number
@@ -254,6 +287,9 @@ export const defaults: ServerConfigInput = {
   tenantMaxInstances: 64,
   tenantMaxRegistersPerSecond: 20,
   tenantMaxMappedBytes: totalmem(),
+  maxMappings: undefined,
+  maxSegmentsPerRegister: undefined,
+  maxMappedBytes: defaultMaxMappedBytes(),
   l2: l2Defaults,
   descriptorLimit: currentDescriptorLimit(),
   descriptorCaps: descriptorBudgetDefaults,
@@ -349,14 +385,33 @@ export const rules = {
       : `must be a number of bytes of at least ${MIN_QUEUED_REPLY_BYTES_PER_PEER} (got ${n})`,
   httpIdleTimeout: (n: number) =>
     Number.isFinite(n) && n >= 0.1 && n <= 300 ? undefined : `must be a number of seconds from 0.1 to 300 (got ${n})`,
+  /** `--max-mappings` under a kernel cap of `kernel` maps (MapLimits.ts). */
+  maxMappings: (n: number, kernel: KernelMapCount) => {
+    const allowed = maxMappingsAllowed(kernel.value)
+    if (!Number.isSafeInteger(n) || n < 1 || n > allowed) {
+      const read = kernel.source === "kernel" ? `read at start from ${KERNEL_MAX_MAP_COUNT_PATH}` : `assumed: ${kernel.reason}`
+      return `must be an integer from 1 to ${allowed} (got ${n}): vm.max_map_count is ${kernel.value} (${read}) and the server keeps ${
+        kernel.value - allowed
+      } of those maps for its own (V8's heap, thread stacks, libraries, the L1 pool: ${RESERVED_MAPS}, or half of a cap below ${2 * RESERVED_MAPS}); raise vm.max_map_count for more`
+    }
+    return undefined
+  },
+  maxSegmentsPerRegister: (n: number, maxMappings: number) =>
+    Number.isSafeInteger(n) && n >= 1 && n <= maxMappings
+      ? undefined
+      : `must be an integer from 1 to --max-mappings (${maxMappings}) (got ${n})`,
   path: (s: string) => s.length > 0 ? undefined : "must be a file path"
 } as const
 
 /**
  * Checks every rule (single-flag and cross-flag) and resolves the derived
- * values. Returns the config, or every broken rule.
+ * values, the mapping bounds against the kernel's cap `kernel` (read from
+ * /proc by default). Returns the config, or every broken rule.
  */
-export const validate = (input: ServerConfigInput): { readonly config: ServerConfigShape } | { readonly issues: ReadonlyArray<ConfigIssue> } => {
+export const validate = (
+  input: ServerConfigInput,
+  kernel: KernelMapCount = readKernelMaxMapCount()
+): { readonly config: ServerConfigShape } | { readonly issues: ReadonlyArray<ConfigIssue> } => {
   const issues: Array<ConfigIssue> = []
   const check = (flag: string, problem: string | undefined) => {
     if (problem !== undefined) issues.push({ flag, message: problem })
@@ -407,6 +462,18 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
     check("max-queued-reply-bytes-per-peer", rules.queuedReplyBytes(input.maxQueuedReplyBytesPerPeer))
   }
   check("http-idle-timeout-seconds", rules.httpIdleTimeout(input.httpIdleTimeoutSeconds))
+  const maxMappings = input.maxMappings ?? defaultMaxMappings(kernel.value)
+  const maxMappingsProblem = rules.maxMappings(maxMappings, kernel)
+  check("max-mappings", maxMappingsProblem)
+  const maxSegmentsPerRegister = input.maxSegmentsPerRegister ?? Math.min(DEFAULT_MAX_SEGMENTS_PER_REGISTER, maxMappings)
+  // Against --max-mappings only once that one is valid (one broken rule, one message).
+  check(
+    "max-segments-per-register",
+    maxMappingsProblem === undefined
+      ? rules.maxSegmentsPerRegister(maxSegmentsPerRegister, maxMappings)
+      : input.maxSegmentsPerRegister === undefined ? undefined : rules.positiveInt(maxSegmentsPerRegister)
+  )
+  check("max-mapped-bytes", rules.positiveInt(input.maxMappedBytes))
   const curveOn = input.curveSecretKeyFile !== undefined || input.curveAuthorizedKeys !== undefined
   if (curveOn && input.curveSecretKeyFile === undefined) {
     issues.push({ flag: "curve-secret-key-file", message: "--curve-authorized-keys needs the server's secret key file too" })
@@ -483,6 +550,7 @@ export const validate = (input: ServerConfigInput): { readonly config: ServerCon
         maxRegistersPerSecond: input.tenantMaxRegistersPerSecond,
         maxMappedBytes: input.tenantMaxMappedBytes
       },
+      mapLimits: { kernelMaxMapCount: kernel, maxMappings, maxSegmentsPerRegister, maxMappedBytes: input.maxMappedBytes },
       l2,
       descriptors: budget.budget,
       maxQueuedReplyBytesPerPeer: input.maxQueuedReplyBytesPerPeer ?? defaultMaxQueuedReplyBytesPerPeer(input.l1SizeGb),

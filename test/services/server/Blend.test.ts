@@ -14,11 +14,12 @@ import { ServerConfig, type ServerConfigInput } from "../../../src/services/serv
 import { NativeMemory, type ShmMapping } from "../../../src/native/Native.ts"
 import type { CbMatch } from "../../../src/schema/CbMatch.ts"
 import type { TensorDescriptor } from "../../../src/schema/TensorDescriptor.ts"
-import { InvalidArgument, NotRegistered } from "../../../src/schema/WireError.ts"
+import { InvalidArgument, NotRegistered, Overloaded } from "../../../src/schema/WireError.ts"
 import { Blend, planMatches } from "../../../src/services/server/Blend.ts"
 import { Connections } from "../../../src/services/liveness/Connections.ts"
 import { L1Store } from "../../../src/services/server/L1Store.ts"
 import { LayoutRegistry } from "../../../src/services/server/LayoutRegistry.ts"
+import { MappingBudget } from "../../../src/services/server/MappingBudget.ts"
 import { LivenessTargets } from "../../../src/services/liveness/LivenessTarget.ts"
 import { LmcacheDrivenTransfer } from "../../../src/services/server/LmcacheDrivenTransfer.ts"
 import { Lookup } from "../../../src/services/server/Lookup.ts"
@@ -44,14 +45,15 @@ const blendEnv = (config: Partial<ServerConfigInput> = {}) => {
       const live = yield* NativeMemory
       return {
         ...live,
-        map: (name: string, nbytes: number) => live.map(name, nbytes).pipe(Effect.tap((m) => Effect.sync(() => mapped.push(m))))
+        map: (name: string, nbytes: number, options?: { readonly owned?: boolean }) =>
+          live.map(name, nbytes, options).pipe(Effect.tap((m) => Effect.sync(() => mapped.push(m))))
       }
     })
   ).pipe(Layer.provide(NativeMemoryLive))
   const modules = Blend.layer.pipe(
     Layer.provideMerge(LmcacheDrivenTransfer.layer),
     Layer.provideMerge(Lookup.layer),
-    Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(native)))
+    Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer, MappingBudget.layer).pipe(Layer.provideMerge(native)))
   )
   const targets = Layer.effect(
     LivenessTargets,
@@ -259,6 +261,50 @@ describe("RoPE state lifecycle", () => {
       assert.include(int8Error.message, "registered KV cache has dtype int8, which blend cannot re-rotate")
       assert.deepStrictEqual(env.serverMaps(table.shm_name!), [], "every check runs before anything is mapped")
       assert.deepStrictEqual(blend.ropeInstances(), [])
+    }).pipe(Effect.scoped, Effect.provide(env.layer))
+  })
+})
+
+describe("CB_REGISTER_ROPE and the mapping budget (issue 24 item 4)", () => {
+  /** A worker's one-layer KV cache, mapped on the worker's side by a native layer of its own. */
+  const ownCache = makePagedKvCache({ backing: "cpu_shm", namePrefix: `mpcache-test-budget-${randomUUID()}`, numLayers: 1, numBlocks: 4, blockSizeTokens: 16, numHeads: 1, headSize: HEAD, dtype: "float16" })
+    .pipe(Effect.provide(Layer.fresh(NativeMemoryLive)))
+
+  it.effect("more cos/sin segments than --max-segments-per-register: overloaded naming it, nothing mapped, no state", () => {
+    const env = blendEnv({ maxSegmentsPerRegister: 1 })
+    return Effect.gen(function*() {
+      const blend = yield* Blend
+      const transfer = yield* LmcacheDrivenTransfer
+      yield* transfer.register(id(3), (yield* ownCache).descriptors, "m", 1, "vllm")
+      const t1 = yield* makeTableSegment(64, HEAD)
+      const t2 = yield* makeTableSegment(64, HEAD)
+      const refused = yield* Effect.flip(blend.registerRope(id(3), [t1, t2], HEAD, true, [0, 1], [null, null]))
+      assert.instanceOf(refused, Overloaded)
+      assert.deepStrictEqual([refused.field, refused.message], [
+        "max-segments-per-register",
+        "cb_register_rope: instance 3: cos_sin_caches names more than 1 distinct segments, over --max-segments-per-register (1); nothing was mapped: let layers share segments (one segment with offsets, DESIGN §3.2) or raise the limit"
+      ])
+      assert.deepStrictEqual([env.serverMaps(t1.shm_name!), env.serverMaps(t2.shm_name!)], [[], []])
+      assert.isFalse(yield* blend.hasRope(id(3)))
+    }).pipe(Effect.scoped, Effect.provide(env.layer))
+  })
+
+  it.effect("a table past --max-mappings: overloaded naming it, nothing of it mapped, the state held before kept", () => {
+    const env = blendEnv({ maxMappings: 2 })
+    return Effect.gen(function*() {
+      const blend = yield* Blend
+      const transfer = yield* LmcacheDrivenTransfer
+      yield* transfer.register(id(4), (yield* ownCache).descriptors, "m", 1, "vllm")
+      const t1 = yield* makeTableSegment(64, HEAD)
+      yield* blend.registerRope(id(4), [t1], HEAD, true, [0], [null])
+      // A replacement: its table would be mapped while the old one still is (2 held + 1).
+      const t2 = yield* makeTableSegment(32, HEAD)
+      const refused = yield* Effect.flip(blend.registerRope(id(4), [t2], HEAD, true, [0], [null]))
+      assert.instanceOf(refused, Overloaded)
+      assert.deepStrictEqual([refused.field, refused.actual], ["max-mappings", "2 held + 1 asked"])
+      assert.deepStrictEqual(env.serverMaps(t2.shm_name!), [])
+      assert.deepStrictEqual(env.serverMaps(t1.shm_name!).map((m) => m.isClosed()), [false])
+      assert.isTrue(yield* blend.hasRope(id(4)))
     }).pipe(Effect.scoped, Effect.provide(env.layer))
   })
 })

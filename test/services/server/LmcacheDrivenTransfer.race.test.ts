@@ -21,6 +21,7 @@ import type { CacheKey } from "../../../src/schema/CacheKey.ts"
 import { makeInstanceId } from "../../../src/schema/InstanceId.ts"
 import { L1Store } from "../../../src/services/server/L1Store.ts"
 import { LayoutRegistry } from "../../../src/services/server/LayoutRegistry.ts"
+import { MappingBudget } from "../../../src/services/server/MappingBudget.ts"
 import { LmcacheDrivenTransfer } from "../../../src/services/server/LmcacheDrivenTransfer.ts"
 import { Lookup } from "../../../src/services/server/Lookup.ts"
 import { makePagedKvCache, type PagedKvCache } from "../../../src/services/client/PagedKvCache.ts"
@@ -71,7 +72,7 @@ const setup = Effect.gen(function*() {
   const ctx = yield* Layer.buildWithScope(
     LmcacheDrivenTransfer.layer.pipe(
       Layer.provideMerge(Lookup.layer),
-      Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(nativeProbe(opened)))),
+      Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer, MappingBudget.layer).pipe(Layer.provideMerge(nativeProbe(opened)))),
       Layer.provideMerge(ServerConfig.layerTest({ chunkSize: 32 }))
     ),
     moduleScope

@@ -15,6 +15,7 @@ import type { ReapedInstance } from "../../../src/services/liveness/LivenessTarg
 import { makeInstanceId } from "../../../src/schema/InstanceId.ts"
 import { L1Store } from "../../../src/services/server/L1Store.ts"
 import { LayoutRegistry } from "../../../src/services/server/LayoutRegistry.ts"
+import { MappingBudget } from "../../../src/services/server/MappingBudget.ts"
 import { LmcacheDrivenTransfer } from "../../../src/services/server/LmcacheDrivenTransfer.ts"
 import { Lookup } from "../../../src/services/server/Lookup.ts"
 import { makePagedKvCache } from "../../../src/services/client/PagedKvCache.ts"
@@ -24,7 +25,7 @@ import { nativeProbe } from "../../support/NativeProbe.ts"
 const transferLayer = (opened: Array<ShmMapping>) =>
   LmcacheDrivenTransfer.layer.pipe(
     Layer.provideMerge(Lookup.layer),
-    Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provideMerge(nativeProbe(opened)))),
+    Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer, MappingBudget.layer).pipe(Layer.provideMerge(nativeProbe(opened)))),
     Layer.provideMerge(ServerConfig.layerTest({ chunkSize: 32 }))
   )
 
