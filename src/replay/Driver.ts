@@ -69,6 +69,8 @@ export interface ReplayOptions {
   /** Base URL of that server's HTTP frontend (status, metrics). */
   readonly httpUrl: string
   readonly killEverySeconds: number | undefined
+  /** SIGKILL a worker after every this many completed requests (`--kill-every-requests`): chaos driven by the run's progress, so it happens on a fast machine as on a slow one. */
+  readonly killEveryRequests?: number | undefined
   readonly pauseEverySeconds: number | undefined
   /** How long a paused worker stays stopped. */
   readonly pauseSeconds: number
@@ -256,7 +258,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     // Before anything starts: what the workers, the L1 pool and the processes will take, against the machine.
     const checkMemory = (chunk: number, l1Bytes: number) => {
       const shape: ReplayShape = {
-        workers: o.workers * o.servers + (o.killEverySeconds === undefined ? 0 : 1),
+        workers: o.workers * o.servers + (o.killEverySeconds === undefined && o.killEveryRequests === undefined ? 0 : 1),
         servers: o.servers,
         transferMode: o.transferMode,
         device: o.device,
@@ -350,6 +352,8 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
 
     // Counters.
     let done = 0
+    // One tick per --kill-every-requests completed requests (never after the last): the killer takes them.
+    const killTicks = yield* Queue.unbounded<void>()
     let failed = 0
     let retried = 0
     let lookedUp = 0
@@ -399,6 +403,9 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
           node.lookedUp += full
           node.hit += hitTokens / chunk
           done++
+          if (o.killEveryRequests !== undefined && done % o.killEveryRequests === 0 && done < requests.length) {
+            Queue.offerUnsafe(killTicks, undefined)
+          }
           const atMs = yield* Clock.currentTimeMillis
           if (m._tag === "Failed") {
             failed++
@@ -433,10 +440,11 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     }
 
     // Chaos.
-    const killer = (every: number) =>
+    /** Kills a random live worker (and starts its replacement) each time `wait` completes. */
+    const killer = (wait: Effect.Effect<void>) =>
       Effect.gen(function*() {
         while (true) {
-          yield* Effect.sleep(`${every} seconds`)
+          yield* wait
           const candidates = alive()
           if (candidates.length === 0) continue
           const victim = candidates[yield* Random.nextIntBetween(0, candidates.length - 1)]!
@@ -531,7 +539,8 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       })
     )
     const chaos: Array<Fiber.Fiber<unknown>> = [sampler]
-    if (o.killEverySeconds !== undefined) chaos.push(yield* Effect.forkChild(killer(o.killEverySeconds)))
+    if (o.killEverySeconds !== undefined) chaos.push(yield* Effect.forkChild(killer(Effect.sleep(`${o.killEverySeconds} seconds`))))
+    if (o.killEveryRequests !== undefined) chaos.push(yield* Effect.forkChild(killer(Queue.take(killTicks))))
     if (o.pauseEverySeconds !== undefined) chaos.push(yield* Effect.forkChild(pauser(o.pauseEverySeconds)))
     const progress = o.progress
       ? yield* Effect.forkChild(

@@ -81,9 +81,9 @@ describe("Grafana dashboard", () => {
       // Engine-driven workers first (the shared pool's bytes; later lookups would find their chunks cached) …
       const engine = yield* runCli(["replay", ...common, "--requests", "10", "--workers", "1", "--transfer-mode", "engine-driven"], 150_000)
       assert.strictEqual(engine.code, 0, engine.stderr.slice(-3000))
-      // … LMCache-driven ones with one killed (lookups, stores, retrieves, PINGs, a suspect, a reap); 120
-      // requests, so that the run outlasts the first --kill-every on a fast server (40 can take under 1 s) …
-      const lmcache = yield* runCli(["replay", ...common, "--requests", "120", "--workers", "2", "--kill-every", "1"], 150_000)
+      // … LMCache-driven ones with two killed (lookups, stores, retrieves, PINGs, a suspect, a reap), after
+      // requests 40 and 80 (by progress, so as many on a fast server as on a slow one) …
+      const lmcache = yield* runCli(["replay", ...common, "--requests", "120", "--workers", "2", "--kill-every-requests", "40"], 150_000)
       assert.strictEqual(lmcache.code, 0, lmcache.stderr.slice(-3000))
       const run = JSON.parse(lmcache.stdout) as { churn: { killed: number }; chunks: { stored: number; retrieved: number } }
       assert.isAtLeast(run.churn.killed, 1)

@@ -8,7 +8,6 @@
  * socket's close, a reply); deadlines only bound a hang.
  */
 import { Agent, get } from "node:http"
-import { connect, type Socket } from "node:net"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { Ping } from "../../src/schema/Op.ts"
@@ -16,6 +15,7 @@ import { makeMqClient } from "../../src/services/client/MqClient.ts"
 import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
 import { decodeStatusDocument } from "../../src/schema/Status.ts"
 import { getText, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
+import { rawTcpConnection, type RawTcpConnection, within } from "../support/RawTcp.ts"
 
 const CAP = 8
 const flags = (idleSeconds: number) => [
@@ -27,35 +27,6 @@ const flags = (idleSeconds: number) => [
   "--http-idle-timeout-seconds",
   String(idleSeconds)
 ]
-
-/** A raw TCP connection to the HTTP port: what it received, and a promise of its close. */
-interface RawConnection {
-  readonly socket: Socket
-  readonly received: () => string
-  readonly closed: Promise<void>
-}
-
-const open = (port: number) =>
-  Effect.acquireRelease(
-    Effect.promise(() =>
-      new Promise<RawConnection>((resolve, reject) => {
-        const socket = connect(port, "127.0.0.1")
-        let received = ""
-        socket.on("data", (d: Buffer) => (received += d.toString("latin1")))
-        socket.on("error", () => {})
-        const closed = new Promise<void>((done) => socket.once("close", () => done()))
-        socket.once("connect", () => resolve({ socket, received: () => received, closed }))
-        socket.once("error", reject)
-      })
-    ),
-    (c) => Effect.sync(() => c.socket.destroy())
-  )
-
-/** Waits for `promise`, failing after `ms` (a bound on a hang, not a timing). */
-const within = <A>(promise: Promise<A>, ms: number, what: string) =>
-  Effect.promise(() =>
-    Promise.race([promise, new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`timed out: ${what}`)), ms))])
-  )
 
 /** GET `path` through `agent` (default: a connection of its own, closed after the reply): status and body. */
 const getOnce = (port: number, path: string, agent: Agent | false = false) =>
@@ -85,8 +56,8 @@ describe("HTTP connections that hold descriptors (issue 24 item 11)", () => {
       // An idle timeout longer than the test: here only the cap closes connections.
       const { server, httpPort } = yield* startServer(endpoint, flags(120))
       // 12 idle connections, opened one after another: the 9th to 12th each take the place of the oldest.
-      const idle: Array<RawConnection> = []
-      for (let i = 0; i < CAP + 4; i++) idle.push(yield* open(httpPort))
+      const idle: Array<RawTcpConnection> = []
+      for (let i = 0; i < CAP + 4; i++) idle.push(yield* rawTcpConnection(httpPort))
       yield* within(Promise.all(idle.slice(0, 4).map((c) => c.closed)), 20_000, "the 4 oldest idle connections closed")
       const stillOpen = () => idle.map((c) => !c.socket.destroyed && c.socket.readyState === "open")
       assert.deepStrictEqual(stillOpen(), [false, false, false, false, ...Array(CAP).fill(true)])
@@ -120,8 +91,8 @@ describe("HTTP connections that hold descriptors (issue 24 item 11)", () => {
     Effect.scoped(Effect.gen(function*() {
       const endpoint = ipcEndpoint()
       const { server, httpPort } = yield* startServer(endpoint, flags(1))
-      const idle: Array<RawConnection> = []
-      for (let i = 0; i < 4; i++) idle.push(yield* open(httpPort))
+      const idle: Array<RawTcpConnection> = []
+      for (let i = 0; i < 4; i++) idle.push(yield* rawTcpConnection(httpPort))
       yield* within(Promise.all(idle.map((c) => c.closed)), 20_000, "every idle connection closed")
       assert.deepStrictEqual(idle.map((c) => c.received()), Array(4).fill("HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n\r\n"))
       const status = yield* statusOf(httpPort)
@@ -136,7 +107,7 @@ describe("HTTP connections that hold descriptors (issue 24 item 11)", () => {
     Effect.scoped(Effect.gen(function*() {
       const endpoint = ipcEndpoint()
       const { httpPort } = yield* startServer(endpoint, flags(1))
-      const slow = yield* open(httpPort)
+      const slow = yield* rawTcpConnection(httpPort)
       const head = "GET /api/healthcheck HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
       let sent = 0
       // One byte every 100 ms: the connection is never silent, but its head never completes.
@@ -144,7 +115,7 @@ describe("HTTP connections that hold descriptors (issue 24 item 11)", () => {
         if (!slow.socket.destroyed) slow.socket.write(sent < head.length ? head[sent++]! : "a")
       }, 100)
       yield* Effect.addFinalizer(() => Effect.sync(() => clearInterval(trickle)))
-      const big = yield* open(httpPort)
+      const big = yield* rawTcpConnection(httpPort)
       big.socket.write(`GET /api/healthcheck HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ${"b".repeat(20 * 1024)}\r\n\r\n`)
       yield* within(big.closed, 20_000, "the large header's connection closed")
       assert.strictEqual(big.received(), "HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n\r\n")

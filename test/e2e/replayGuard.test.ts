@@ -4,7 +4,7 @@
  * starts anything; it skips requests longer than `--max-input-tokens`; and
  * interrupted (SIGINT, SIGTERM) it stops its workers and server and removes
  * what it created. Its workers' KV caches are memfds (issue 13 item 2), so
- * workers it SIGKILLs (--kill-every) leave nothing in /dev/shm.
+ * workers it SIGKILLs (--kill-every-requests) leave nothing in /dev/shm.
  */
 import { execFileSync } from "node:child_process"
 import { existsSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
@@ -83,7 +83,9 @@ describe("mpcache replay guards", () => {
         const replay = yield* startCli(["replay", "--requests", "300", "--max-rate", "--workers", "2"])
         const pid = replay.child.pid!
         yield* replay.waitForStderr(/\] \d+\/300 requests/, 60_000)
-        // Its server and its 2 workers; the server's ipc socket file.
+        // Its server and its 2 workers (waited for: the first progress line may come before the workers are up);
+        // the server's ipc socket file.
+        for (let i = 0; i < 600 && childrenOf(pid).length < 3; i++) yield* Effect.sleep("50 millis")
         const children = childrenOf(pid)
         assert.strictEqual(children.length, 3)
         // The workers' KV caches are memfds (issue 13 item 2): mapped by them and the server, nothing in /dev/shm.
@@ -107,9 +109,9 @@ describe("mpcache replay guards", () => {
       })), 90_000)
   }
 
-  it.live("--kill-every 2: SIGKILLed workers' KV caches never appear in /dev/shm (cpu_memfd), and nothing leaks", () =>
+  it.live("--kill-every-requests 20: SIGKILLed workers' KV caches never appear in /dev/shm (cpu_memfd), and nothing leaks", () =>
     Effect.scoped(Effect.gen(function*() {
-      const replay = yield* startCli(["replay", "--requests", "60", "--workers", "2", "--kill-every", "2"])
+      const replay = yield* startCli(["replay", "--requests", "60", "--workers", "2", "--kill-every-requests", "20"])
       const pid = replay.child.pid!
       // Sampled all along: a cpu_shm cache would be listed while its worker lives.
       const seen = new Set<string>()

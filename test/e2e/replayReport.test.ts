@@ -16,10 +16,7 @@ import { parseReportCharts, reportData } from "../support/ReportSvg.ts"
 
 const last = <A>(xs: ReadonlyArray<A>): A => xs[xs.length - 1]!
 
-/**
- * Requests of the run: at --max-rate the server gets through 40 in under the first --kill-every (1.5 s) on
- * a quiet machine, and a run without a kill has nothing to mark; 200 take several seconds (as in replay.test.ts).
- */
+/** Requests of the run; a worker is killed after every 50 (--kill-every-requests: by progress, not time). */
 const REQUESTS = 200
 
 describe("mpcache replay --report", () => {
@@ -28,7 +25,7 @@ describe("mpcache replay --report", () => {
       const dir = mkdtempSync(join(tmpdir(), "mpcache-replay-report-"))
       const path = join(dir, "report.html")
       const r = yield* runCli(
-        ["replay", "--json", "--requests", String(REQUESTS), "--workers", "2", "--max-rate", "--kill-every", "1.5", "--report", path],
+        ["replay", "--json", "--requests", String(REQUESTS), "--workers", "2", "--max-rate", "--kill-every-requests", "50", "--report", path],
         150_000
       )
       assert.strictEqual(r.code, 0, r.stderr.slice(-3000))

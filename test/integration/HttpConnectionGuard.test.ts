@@ -5,20 +5,10 @@
  * that does not wait for connections that never sent a byte. Waits are for events (a close, a response).
  */
 import { type IncomingMessage, type ServerResponse } from "node:http"
-import { connect, type Socket } from "node:net"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
+import { connectRawTcp, type RawTcpConnection, within } from "../support/RawTcp.ts"
 import { type GuardedHttpServer, type HttpCloseReason, makeGuardedHttpServer } from "../../src/layers/HttpConnectionGuard.ts"
-
-interface Client {
-  readonly socket: Socket
-  readonly received: () => string
-  readonly closed: Promise<void>
-}
-
-/** Waits for `promise`, failing after `ms` (a bound on a hang, not a timing). */
-const within = <A>(promise: Promise<A>, ms: number, what: string) =>
-  Effect.promise(() => Promise.race([promise, new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`timed out: ${what}`)), ms))]))
 
 /**
  * A guarded server with `handler` on an ephemeral port, and its closes in order; closed with the scope. `held`
@@ -44,17 +34,7 @@ const serve = (maxConnections: number, idleTimeoutMs: number) =>
           })
         )
     )
-    const client = (): Effect.Effect<Client> =>
-      Effect.promise(() =>
-        new Promise<Client>((resolve) => {
-          const socket = connect(port, "127.0.0.1")
-          let received = ""
-          socket.on("data", (d: Buffer) => (received += d.toString("latin1")))
-          socket.on("error", () => {})
-          const closed = new Promise<void>((done) => socket.once("close", () => done()))
-          socket.once("connect", () => resolve({ socket, received: () => received, closed }))
-        })
-      )
+    const client = (): Effect.Effect<RawTcpConnection> => connectRawTcp(port)
     /** Resolves once the server has `n` connections (its own view). */
     const connections = (n: number) =>
       Effect.promise(async () => {
@@ -63,10 +43,10 @@ const serve = (maxConnections: number, idleTimeoutMs: number) =>
     return { guard, closes, held, client, connections }
   })
 
-const request = (c: Client, path: string) => c.socket.write(`GET ${path} HTTP/1.1\r\nHost: x\r\n\r\n`)
+const request = (c: RawTcpConnection, path: string) => c.socket.write(`GET ${path} HTTP/1.1\r\nHost: x\r\n\r\n`)
 
 /** Resolves once `c` has received `text`. */
-const receivedText = (c: Client, text: string) =>
+const receivedText = (c: RawTcpConnection, text: string) =>
   Effect.promise(async () => {
     while (!c.received().includes(text)) await new Promise((resolve) => setImmediate(resolve))
   })
@@ -140,10 +120,7 @@ describe("HttpConnectionGuard", () => {
       const closes: Array<HttpCloseReason> = []
       const guard = makeGuardedHttpServer({ maxConnections: 8, idleTimeoutMs: 120_000, onClose: (r) => void closes.push(r) })
       const port = yield* Effect.promise(() => new Promise<number>((resolve) => guard.server.listen(0, "127.0.0.1", () => resolve((guard.server.address() as { port: number }).port))))
-      const socket = connect(port, "127.0.0.1")
-      socket.on("error", () => {})
-      const closed = new Promise<void>((done) => socket.once("close", () => done()))
-      yield* Effect.promise(() => new Promise<void>((resolve) => socket.once("connect", () => resolve())))
+      const { closed } = yield* connectRawTcp(port)
       yield* Effect.promise(async () => {
         while (guard.stats().openConnections !== 1) await new Promise((resolve) => setImmediate(resolve))
       })

@@ -85,6 +85,11 @@ const flags = {
     Flag.optional
   ),
   killEvery: positive("kill-every", "SIGKILL a random worker every S seconds and start a replacement").pipe(Flag.optional),
+  killEveryRequests: Flag.Int("kill-every-requests").pipe(
+    Flag.withDescription("SIGKILL a random worker after every N completed requests and start a replacement (chaos by progress, not time)"),
+    Flag.filter((n) => n >= 1, (n) => `must be at least 1 (got ${n})`),
+    Flag.optional
+  ),
   pauseEvery: positive("pause-every", "SIGSTOP a random worker every S seconds, SIGCONT it after --pause-seconds").pipe(Flag.optional),
   pauseSeconds: positive("pause-seconds", "How long a paused worker stays stopped").pipe(Flag.withDefault(3)),
   disconnectGrace: Flag.Finite("worker-disconnect-grace-seconds").pipe(
@@ -127,6 +132,7 @@ export const replay = Command.make("replay", flags, (f) =>
           server: Option.getOrUndefined(f.server),
           httpUrl: f.httpUrl.replace(/\/+$/, ""),
           killEverySeconds: Option.getOrUndefined(f.killEvery),
+          killEveryRequests: Option.getOrUndefined(f.killEveryRequests),
           pauseEverySeconds: Option.getOrUndefined(f.pauseEvery),
           pauseSeconds: f.pauseSeconds,
           disconnectGraceSeconds: f.disconnectGrace,
