@@ -128,9 +128,11 @@ describe("replies nobody reads (issue 24 item 10)", () => {
       assert.strictEqual(prepareRetrieves(done[0]), ATTACK_REQUESTS)
       const rssAfter = rssOf(pid)
       const refused = done[1].refused_replies
-      // What the pipe may hold plus what the outbox may hold, and room for the allocator and garbage not yet collected.
-      const margin = 160 * MiB
-      assert.isBelow(rssAfter - rssBefore, 2 * BOUND + margin, `RSS grew by ${((rssAfter - rssBefore) / MiB).toFixed(0)} MiB`)
+      // Unbounded, the pipe pins every reply: all 800 MiB (measured +951 MiB with the bound lifted). Bounded, it pins
+      // what the pipe and the outbox may hold (2 × the bound); RSS also counts refused replies' buffers that the GC has
+      // not collected yet, which depends on how busy the machine is (+78 MiB quiet, +245 MiB beside other suites). So
+      // the bound asserted is half of what the attack sends: no run that keeps the replies can pass it.
+      assert.isBelow(rssAfter - rssBefore, (ATTACK_REQUESTS * CHUNK_BYTES) / 2, `RSS grew by ${((rssAfter - rssBefore) / MiB).toFixed(0)} MiB`)
       // Most were refused: no more than the bound's worth (plus what the attacker's socket buffers took) went out.
       assert.isAtLeast(refused, ATTACK_REQUESTS - 10)
       assert.strictEqual(refused, done[1].send_queue.refused.not_drained + done[1].send_queue.refused.outbox_full)
