@@ -218,15 +218,28 @@ const startOwnServer = (o: ReplayOptions, keys: RunKeys | undefined) =>
       )
     }),
     ({ child, endpoint }) =>
-      Effect.callback<void>((resume) => {
-        if (child.exitCode !== null) return resume(Effect.void)
-        child.on("exit", () => resume(Effect.void))
+      Effect.gen(function*() {
+        const exited = Effect.callback<void>((resume) => {
+          if (child.exitCode !== null || child.signalCode !== null) return resume(Effect.void)
+          child.once("exit", () => resume(Effect.void))
+        })
         child.kill("SIGTERM")
+        // The server's own shutdown may take its drain (10 s), its reply flush (5 s) and its linger (1 s): a server
+        // still inside that budget is waited for, not killed. Past it, SIGKILL, and its exit is awaited too.
+        yield* exited.pipe(
+          Effect.timeoutOrElse({ duration: SERVER_STOP_TIMEOUT, orElse: () =>
+              Effect.logWarning(`the replay's server did not stop within ${SERVER_STOP_TIMEOUT} of SIGTERM: SIGKILL`).pipe(
+                Effect.andThen(Effect.sync(() => void child.kill("SIGKILL"))),
+                Effect.andThen(exited)
+              ) })
+        )
       }).pipe(
-        Effect.timeoutOrElse({ duration: "10 seconds", orElse: () => Effect.sync(() => void child.kill("SIGKILL")) }),
         Effect.andThen(Effect.sync(() => rmSync(endpoint.slice("ipc://".length), { force: true })))
       )
   )
+
+/** How long the replay's own server may take to stop after SIGTERM before it is SIGKILLed (its shutdown budget is 16 s). */
+const SERVER_STOP_TIMEOUT = "30 seconds"
 
 /** Unlinks /dev/shm/<prefix>-L* (a dead worker's KV cache). */
 const removeSegments = (prefix: string): void => {
