@@ -110,14 +110,15 @@ export type StatusL2 = typeof StatusL2.Type
 
 /**
  * The send path (issue 24 item 10): the per-peer bound, the ROUTER's SNDHWM, refusals by reason since start
- * (`reply_too_large`: one reply over the bound; `outbox_full`: its peer's outbox would pass it; `not_drained`: its
+ * (`reply_too_large`: one reply over the bound; `outbox_full`: its peer's outbox would pass it; `not_served`: a
+ * request of a stalled peer not served at all; `not_drained`: its
  * peer did not read within the wait), drain probes sent since start, and now: bytes waiting in the outboxes, peers
  * with a reply waiting for their pipe.
  */
 export const StatusSendQueue = Schema.Struct({
   max_queued_reply_bytes_per_peer: Count,
   high_water_mark: Count,
-  refused: Schema.Struct({ reply_too_large: Count, outbox_full: Count, not_drained: Count }),
+  refused: Schema.Struct({ reply_too_large: Count, outbox_full: Count, not_drained: Count, not_served: Count }),
   drain_probes: Count,
   queued_bytes: Count,
   waiting_peers: Count,

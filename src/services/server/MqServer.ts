@@ -253,7 +253,17 @@ const make = (options: MqServerOptions) =>
       frames: Array<Uint8Array>,
       receivedAtMs: number,
       seq: number
-    ): Effect.Effect<void> => Effect.suspend(() => jobNow(row, routingId, peer, frames, receivedAtMs, seq))
+    ): Effect.Effect<void> =>
+      Effect.suspend(() => {
+        // A transfer (the ops whose replies may be large) waits while its peer has a large reply waiting for its
+        // pipe, and is not served at all once that peer is stalled (issue 24 item 10: a reply built only to be
+        // refused is garbage that grows the server's memory as fast as the peer can ask).
+        const gate = row.pool === "AFFINITY" ? outbox.whenClear(routingId) : undefined
+        if (gate === undefined) return jobNow(row, routingId, peer, frames, receivedAtMs, seq, false)
+        return Effect.promise(() => gate).pipe(
+          Effect.flatMap((verdict) => jobNow(row, routingId, peer, frames, receivedAtMs, seq, verdict === "stalled"))
+        )
+      })
 
     const jobNow = (
       row: HandlerRow,
@@ -261,16 +271,19 @@ const make = (options: MqServerOptions) =>
       peer: string,
       frames: Array<Uint8Array>,
       receivedAtMs: number,
-      seq: number
+      seq: number,
+      stalled: boolean
     ): Effect.Effect<void> => {
       const uidFrame = frames[0]!
       const opFrame = frames[1]!
       const ctx: RequestContext = { routingId, peer, skipBinding: false }
       // The peer is judged before its payload is decoded (issue 24 item 3: an unbound peer costs no decoding).
-      const refused = row.admit?.(ctx)
-      const decoded = refused === undefined ? decodePayload(row.op, frames.slice(2)) : Exit.fail(refused)
+      const refused = stalled ? undefined : row.admit?.(ctx)
+      const decoded = stalled || refused !== undefined ? Exit.fail(refused) : decodePayload(row.op, frames.slice(2))
       const instanceId = Exit.isSuccess(decoded) ? instanceIdOf(row.op, decoded.value as ReadonlyArray<unknown>) : undefined
-      const run: Effect.Effect<void> = Exit.isFailure(decoded)
+      const run: Effect.Effect<void> = stalled
+        ? Effect.sync(() => outbox.reply(outbox.notServed([routingId, uidFrame, opFrame])))
+        : Exit.isFailure(decoded)
         ? refused !== undefined
           ? replyError(routingId, uidFrame, opFrame, refused)
           : Effect.logWarning("bad request", describeCause(decoded.cause)).pipe(

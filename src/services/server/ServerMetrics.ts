@@ -46,7 +46,7 @@ export const connectionsRefusedTotal = Metric.counter("mpcache_connections_refus
 
 export const refusedRepliesTotal = Metric.counter("mpcache_refused_replies_total", {
   description:
-    "Replies refused (answered overloaded instead) for the bytes queued to their peer (--max-queued-reply-bytes-per-peer), by reason: reply_too_large, outbox_full, not_drained",
+    "Replies refused (answered overloaded instead) for the bytes queued to their peer (--max-queued-reply-bytes-per-peer), by reason: reply_too_large, outbox_full, not_drained, not_served (a stalled peer's request, not served)",
   incremental: true
 })
 

@@ -122,6 +122,44 @@ const repliesIn = (taken: ReadonlyArray<Array<Uint8Array>>) =>
   })
 
 describe("ReplyOutbox", () => {
+  it.effect("whenClear: clear at once without a large reply waiting; a reader's request waits for its drain; a non-reader's is not served once it stalls", () =>
+    Effect.gen(function*() {
+      const h = yield* harness
+      assert.strictEqual(h.outbox.whenClear(A), undefined)
+      // A fills its pipe with large replies and reads nothing: the next large reply waits for a drain that never comes.
+      for (let uid = 0; uid < 5; uid++) {
+        h.outbox.reply(bigReply(A, uid, 300_000))
+        yield* h.settle
+      }
+      const waiting = h.outbox.whenClear(A)
+      assert.isDefined(waiting)
+      let verdict: string | undefined
+      void waiting!.then((v) => (verdict = v))
+      yield* h.advance(WAIT_MS - 10)
+      assert.strictEqual(verdict, undefined)
+      // The wait ends at the peer's next turn (its backoff is at most 64 ms).
+      yield* h.advance(100)
+      assert.strictEqual(verdict, "stalled")
+      assert.strictEqual(yield* Effect.promise(() => h.outbox.whenClear(A)!), "stalled")
+      // Its next request is not served: counted, answered overloaded naming the flag.
+      const refusal = h.outbox.notServed(pingReply(A, 9))
+      const header = decodeReplyHeader(refusal.slice(1))!
+      assert.deepStrictEqual(header._tag === "Error" ? [header.error.code, header.error.field] : [], ["overloaded", "max-queued-reply-bytes-per-peer"])
+      assert.strictEqual(h.outbox.stats().refused.not_served, 1)
+      // B reads: its request waits only until its large reply has gone.
+      for (let uid = 0; uid < 5; uid++) {
+        h.outbox.reply(bigReply(B, uid, 300_000))
+        yield* h.settle
+      }
+      const b = h.outbox.whenClear(B)
+      let bVerdict: string | undefined
+      if (b !== undefined) void b.then((v) => (bVerdict = v))
+      yield* h.advance(200, keyB)
+      assert.isTrue(b === undefined || bVerdict === "clear")
+      assert.deepStrictEqual(h.refusals.filter(([peer]) => peer === keyB), [])
+      assert.strictEqual(h.outbox.whenClear(B), undefined)
+    }))
+
   it.effect("sweepIdle drops the records that hold nothing and keeps one whose window still tracks a large reply", () =>
     Effect.gen(function*() {
       const h = yield* harness
@@ -154,7 +192,7 @@ describe("ReplyOutbox", () => {
       assert.isAbove(h.outbox.stats().drainProbes, 0)
       assert.isAtMost(h.maxUnreadBytes(), LIMIT + H * SMALL_REPLY_BYTES)
       assert.deepStrictEqual({ ...h.outbox.stats(), drainProbes: 0 }, {
-        refused: { reply_too_large: 0, outbox_full: 0, not_drained: 0 },
+        refused: { reply_too_large: 0, outbox_full: 0, not_drained: 0, not_served: 0 },
         drainProbes: 0,
         queuedBytes: 0,
         waitingPeers: 0,
@@ -191,7 +229,7 @@ describe("ReplyOutbox", () => {
       yield* h.read(keyA, 2)
       assert.deepStrictEqual(repliesIn(h.pipeOf(keyA).taken), [0, 1, 2].map((uid) => ({ uid, ok: true })))
       assert.deepStrictEqual(h.outbox.stats().queuedBytes, 0)
-      assert.deepStrictEqual(h.outbox.stats().refused, { reply_too_large: 0, outbox_full: 0, not_drained: 7 })
+      assert.deepStrictEqual(h.outbox.stats().refused, { reply_too_large: 0, outbox_full: 0, not_drained: 7, not_served: 0 })
     }))
 
   it.effect("a refused reply is answered overloaded naming the flag, in its place among the peer's replies", () =>

@@ -61,11 +61,14 @@ const BACKOFF_MAX_MS = 64
 /** The flag that bounds the bytes queued to one peer (named in refusals). */
 export const PEER_QUEUED_BYTES_FLAG = "max-queued-reply-bytes-per-peer"
 
-/** Why a reply was refused: one reply over the flag; the outbox of its peer would pass it; its peer's pipe never drained. */
-export type RefusalReason = "reply_too_large" | "outbox_full" | "not_drained"
+/**
+ * Why a reply was refused: one reply over the flag; the outbox of its peer would pass it; its peer's pipe never
+ * drained; or the request was not served at all, its peer being stalled (see {@link ReplyOutbox.whenClear}).
+ */
+export type RefusalReason = "reply_too_large" | "outbox_full" | "not_drained" | "not_served"
 
 /** The reasons, for metrics and status. */
-export const REFUSAL_REASONS: ReadonlyArray<RefusalReason> = ["reply_too_large", "outbox_full", "not_drained"]
+export const REFUSAL_REASONS: ReadonlyArray<RefusalReason> = ["reply_too_large", "outbox_full", "not_drained", "not_served"]
 
 /** The errno-like reason of a reply dropped because its peer's outbox held {@link MAX_QUEUED_MESSAGES}. */
 export const OUTBOX_FULL_CODE = "OUTBOX_FULL"
@@ -123,6 +126,17 @@ export interface ReplyOutbox {
   readonly reply: (message: Array<Uint8Array>) => void
   /** A connection probe: false only for EHOSTUNREACH (the ROUTER dropped the peer's pipe). */
   readonly probe: (routingId: Uint8Array) => Promise<boolean>
+  /**
+   * Whether a request of this peer may be served now: "clear" when no large reply of its waits in its outbox and
+   * it is not stalled; "stalled" when its pipe stayed full past the wait (its replies are being refused). Otherwise
+   * it resolves when one of those holds — at most `replyWaitMs` later. The MQ server asks before a request whose
+   * reply may be large is handled, so a peer that does not read makes the server build no more replies for it
+   * ("or the request is not served": the garbage of replies built only to be refused is what grew its memory).
+   * Synchronous for the common case: `undefined` means "clear" without a promise.
+   */
+  readonly whenClear: (routingId: Uint8Array) => Promise<"clear" | "stalled"> | undefined
+  /** Counts a request refused unserved for a stalled peer (reason `not_served`) and returns its error reply. */
+  readonly notServed: (message: Array<Uint8Array>) => Array<Uint8Array>
   /** The peer (hex) is gone: what waits for it is dropped (counted undeliverable) and its window forgotten. */
   readonly forget: (peer: string) => void
   /**
@@ -169,6 +183,10 @@ interface Peer {
   /** idle: nothing queued; ready: in the rotation; backoff: waiting for its timer. */
   state: "idle" | "ready" | "backoff"
   gone: boolean
+  /** Bytes of the large (tracked) replies in `queue` from `head` on. */
+  queuedLargeBytes: number
+  /** Requests waiting for this peer to be clear or stalled ({@link ReplyOutbox.whenClear}). */
+  clearWaiters: Array<(verdict: "clear" | "stalled") => void>
 }
 
 /**
@@ -222,6 +240,8 @@ export const refusalOf = (
   const op = opNameOf(message[2])
   const what = reason === "reply_too_large"
     ? `its reply of ${bytes} bytes is larger than one connection may have queued`
+    : reason === "not_served"
+    ? `not served: this connection has not read its earlier replies (its replies are being refused: up to ${held} bytes may still be queued to it)`
     : reason === "outbox_full"
     ? `${held} bytes of earlier replies to this connection are still waiting to be sent, and with this reply of ${bytes} bytes that is more than one connection may have queued`
     : `this connection has not read its earlier replies (up to ${held} bytes may still be queued to it), and with this reply of ${bytes} bytes that is more than one connection may have queued`
@@ -230,7 +250,7 @@ export const refusalOf = (
     op,
     field: PEER_QUEUED_BYTES_FLAG,
     expected: `at most ${limit} bytes queued to one connection`,
-    actual: reason === "reply_too_large" ? `${bytes} bytes` : `${held + bytes} bytes`,
+    actual: reason === "reply_too_large" ? `${bytes} bytes` : reason === "not_served" ? "a stalled connection" : `${held + bytes} bytes`,
     message: `${op}: refused: ${what} (--${PEER_QUEUED_BYTES_FLAG} ${limit}); ${advice}`
   })
   return [message[0]!, ...encodeErrorReply(message[1]!, message[2]!, error)]
@@ -245,7 +265,7 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
   const ready: Array<Peer> = []
   let readyHead = 0
   const probes: Array<{ readonly message: Array<Uint8Array>; readonly settle: (delivered: boolean) => void }> = []
-  const refused: Record<RefusalReason, number> = { reply_too_large: 0, outbox_full: 0, not_drained: 0 }
+  const refused: Record<RefusalReason, number> = { reply_too_large: 0, outbox_full: 0, not_drained: 0, not_served: 0 }
   let drainProbes = 0
   let queuedBytes = 0
   // Whether the send loop is running; set and cleared inside it, so a loop that ends at once leaves it clear.
@@ -273,7 +293,9 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
         stalled: false,
         draining: false,
         state: "idle",
-        gone: false
+        gone: false,
+        queuedLargeBytes: 0,
+        clearWaiters: []
       }
       peers.set(key, p)
     }
@@ -296,10 +318,24 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
     }
   }
 
+  const verdictOf = (p: Peer): "clear" | "stalled" | undefined =>
+    p.gone || (p.queuedLargeBytes === 0 && !p.stalled) ? "clear" : p.stalled ? "stalled" : undefined
+
+  /** Tells the peer's waiting requests once it is clear or stalled. */
+  const tellWaiters = (p: Peer): void => {
+    if (p.clearWaiters.length === 0) return
+    const verdict = verdictOf(p)
+    if (verdict === undefined) return
+    const waiters = p.clearWaiters
+    p.clearWaiters = []
+    for (const w of waiters) w(verdict)
+  }
+
   const enqueue = (p: Peer, q: Queued): void => {
     p.queue.push(q)
     p.queuedBytes += q.bytes
     queuedBytes += q.bytes
+    if (q.bytes > SMALL_REPLY_BYTES) p.queuedLargeBytes += q.bytes
     if (p.state === "idle") schedule(p)
     kick()
   }
@@ -310,6 +346,10 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
     p.head++
     p.queuedBytes -= q.bytes
     queuedBytes -= q.bytes
+    if (q.bytes > SMALL_REPLY_BYTES) {
+      p.queuedLargeBytes -= q.bytes
+      tellWaiters(p)
+    }
     if (p.head === p.queue.length) {
       p.queue.length = 0
       p.head = 0
@@ -346,6 +386,7 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       const replacement = refuse(p, q, "not_drained", p.windowBytes)
       p.queuedBytes += replacement.bytes - q.bytes
       queuedBytes += replacement.bytes - q.bytes
+      p.queuedLargeBytes -= q.bytes
       p.queue[p.head] = replacement
     } else {
       dequeue(p)
@@ -368,6 +409,7 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
     if (p.waitingSinceMs !== undefined && clock.nowMs() - p.waitingSinceMs >= options.replyWaitMs) {
       giveUp(p, "EAGAIN")
       p.stalled = true
+      tellWaiters(p)
       schedule(p)
       return undefined
     }
@@ -386,7 +428,10 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
     if (p.gone) return
     if (code === undefined) {
       p.sent++
-      p.stalled = false
+      if (p.stalled) {
+        p.stalled = false
+        tellWaiters(p)
+      }
       p.backoffMs = 0
       if (p.draining) {
         drainProbes++
@@ -407,12 +452,14 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       // Gone (EHOSTUNREACH) or the socket is closing: nothing queued for it can be delivered.
       p.gone = true
       dropAll(p, code)
+      tellWaiters(p)
       p.state = "idle"
       if (peers.get(p.key) === p) peers.delete(p.key)
       return settleFlushed()
     }
     if (p.stalled) {
       giveUp(p, code)
+      tellWaiters(p)
       return schedule(p)
     }
     p.waitingSinceMs ??= clock.nowMs()
@@ -494,6 +541,22 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       }
       enqueue(p, q)
     },
+    whenClear: (routingId) => {
+      const p = peers.get(keyOf(routingId))
+      if (p === undefined) return undefined
+      const verdict = verdictOf(p)
+      if (verdict === "clear") return undefined
+      if (verdict === "stalled") return Promise.resolve("stalled")
+      return new Promise((resolve) => {
+        p.clearWaiters.push(resolve)
+      })
+    },
+    notServed: (message) => {
+      const p = peerOf(message[0]!)
+      refused.not_served++
+      options.onRefused(p.hex, "not_served", 0)
+      return refusalOf(message, "not_served", 0, p.windowBytes + p.queuedBytes, limit)
+    },
     probe: (routingId) =>
       new Promise((resolve) => {
         probes.push({ message: [routingId, PROBE_FRAME], settle: resolve })
@@ -505,6 +568,7 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       p.gone = true
       peers.delete(p.key)
       dropAll(p, "EHOSTUNREACH")
+      tellWaiters(p)
       p.state = "idle"
       settleFlushed()
     },
