@@ -8,6 +8,7 @@ import { chmodSync, chownSync, rmSync } from "node:fs"
 import { Effect, Layer, Scope } from "effect"
 import * as zmq from "zeromq"
 import { seedLibzmqRandom } from "../native/ProcessLimits.ts"
+import { generatedCounterOf } from "../services/server/internal/RoutingIds.ts"
 import {
   type BoundRouter,
   type DealerOptions,
@@ -66,9 +67,6 @@ const seedRoutingIdsOnce = (): void => {
   seedLibzmqRandom()
   seeded = true
 }
-
-/** A routing id the ROUTER generated: a zero byte and a 32-bit counter (libzmq router.cpp identify_peer). */
-const generatedCounterOf = (id: Buffer): number | undefined => id.length === 5 && id[0] === 0 ? id.readUInt32BE(1) : undefined
 
 /** The in-process probe and kick of a bound ROUTER (see BoundRouter). */
 const routerControls = (router: zmq.Router, inproc: string): Pick<BoundRouter, "openProbe" | "kick"> => ({

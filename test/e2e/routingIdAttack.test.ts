@@ -13,15 +13,10 @@ import { Ping } from "../../src/schema/Op.ts"
 import { CURVE_MODES, curveFixture } from "../support/CurveMode.ts"
 import { getText, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
 import { rawDealer } from "../support/RawDealer.ts"
+import { generatedRoutingId } from "../../src/services/server/internal/RoutingIds.ts"
 
 /** The first routing ids an unseeded libzmq 4.3.5 MQ ROUTER generates (rand() under glibc's default seed). */
 const UNSEEDED_FIRST = { off: 0x6b8b4567, on: 0xe43c9869 } as const
-
-const zeroPrefixed = (counter: number): Buffer => {
-  const id = Buffer.alloc(5)
-  id.writeUInt32BE(counter >>> 0, 1)
-  return id
-}
 
 const ping = (uid: number) => Effect.orDie(encodeRequest(Ping, uid, [null]))
 
@@ -49,8 +44,8 @@ describe.each(CURVE_MODES)("chosen routing ids (CURVE $curve)", ({ curve }) => {
       // the (seeded) counter, but for a chance of 2^-32 per id.
       const first = curve ? UNSEEDED_FIRST.on : UNSEEDED_FIRST.off
       const claims = [
-        ...Array.from({ length: 8 }, (_, i) => zeroPrefixed(first + i)),
-        ...Array.from({ length: 8 }, () => zeroPrefixed(randomBytes(4).readUInt32BE(0)))
+        ...Array.from({ length: 8 }, (_, i) => generatedRoutingId(first + i)),
+        ...Array.from({ length: 8 }, () => generatedRoutingId(randomBytes(4).readUInt32BE(0)))
       ]
       for (const id of claims) yield* rawDealer(endpoint, keys, { routingId: id, hello: false })
       assert.deepStrictEqual(yield* waitForRoutingIds(httpPort, (r) => r.refused_ahead === claims.length), {

@@ -16,16 +16,10 @@
 import { Effect } from "effect"
 import * as zmq from "zeromq"
 import { bindRouter } from "../../src/layers/Zmq.ts"
-import { generatedCounterOf } from "../../src/services/server/internal/RoutingIds.ts"
+import { generatedCounterOf, generatedRoutingId } from "../../src/services/server/internal/RoutingIds.ts"
 import { makePeerAdmission } from "../../src/services/server/internal/PeerAdmission.ts"
 
 const args = JSON.parse(process.argv[2] ?? "{}") as { mode: "bare" | "guarded"; endpoint: string; ahead: number; connections: number }
-
-const idOf = (counter: number) => {
-  const id = Buffer.alloc(5)
-  id.writeUInt32BE(counter >>> 0, 1)
-  return id
-}
 
 /** A DEALER that connects and says one frame, so the ROUTER sees it. */
 const dealer = (routingId?: Buffer) => {
@@ -47,7 +41,7 @@ const bare = async () => {
   const [probeId] = await router.receive()
   const first = generatedCounterOf(probeId!)!
   const claimed = first + args.ahead
-  const sockets = [dealer(idOf(claimed))]
+  const sockets = [dealer(generatedRoutingId(claimed))]
   await router.receive() // its connect notification: the claim is held
   for (let i = 0; i < args.connections; i++) {
     sockets.push(dealer())
@@ -67,7 +61,7 @@ const guarded = Effect.scoped(Effect.gen(function*() {
     const received = yield* Effect.promise(() => bound.socket.receive())
     if (yield* admission.admit(received, received[0]!.toString("hex"))) admittedPeers.add(received[0]!.toString("hex"))
   })
-  const sockets = [dealer(idOf(claimed))]
+  const sockets = [dealer(generatedRoutingId(claimed))]
   while (admission.stats().refused.ahead === 0) yield* receiveOne
   for (let i = 0; i < args.connections; i++) {
     sockets.push(dealer())

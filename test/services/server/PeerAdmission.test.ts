@@ -2,13 +2,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import type { BoundRouter } from "../../../src/services/zmq/Sockets.ts"
 import { makePeerAdmission } from "../../../src/services/server/internal/PeerAdmission.ts"
-import { generatedCounterOf, makeRoutingIdCounter } from "../../../src/services/server/internal/RoutingIds.ts"
-
-const idOf = (counter: number) => {
-  const id = Buffer.alloc(5)
-  id.writeUInt32BE(counter >>> 0, 1)
-  return id
-}
+import { generatedCounterOf, generatedRoutingId, makeRoutingIdCounter } from "../../../src/services/server/internal/RoutingIds.ts"
 
 /** A BoundRouter whose probes and kicks are recorded, not sent. */
 const fakeRouter = (first: number) => {
@@ -28,7 +22,7 @@ const fakeRouter = (first: number) => {
 
 describe("RoutingIds (issue 24 item 1)", () => {
   it("generatedCounterOf reads a zero byte and a 32-bit counter, nothing else", () => {
-    assert.strictEqual(generatedCounterOf(idOf(0xfffffffe)), 0xfffffffe)
+    assert.strictEqual(generatedCounterOf(generatedRoutingId(0xfffffffe)), 0xfffffffe)
     assert.strictEqual(generatedCounterOf(Buffer.from([1, 0, 0, 0, 1])), undefined)
     assert.strictEqual(generatedCounterOf(Buffer.from([0, 0, 0, 1])), undefined)
     assert.strictEqual(generatedCounterOf(Buffer.from("worker-1")), undefined)
@@ -36,11 +30,11 @@ describe("RoutingIds (issue 24 item 1)", () => {
 
   it("the counter's verdicts across a wrap of 2^32: passed ids are generated, later ones verified, a probe decides", () => {
     const c = makeRoutingIdCounter(0xfffffff0)
-    assert.deepStrictEqual([c.judge(idOf(0xfffffff0)), c.judge(idOf(0xfffffff1)), c.judge(Buffer.from("x"))], ["generated", "verify", "chosen"])
+    assert.deepStrictEqual([c.judge(generatedRoutingId(0xfffffff0)), c.judge(generatedRoutingId(0xfffffff1)), c.judge(Buffer.from("x"))], ["generated", "verify", "chosen"])
     // The probe came back as 0x00000004 (20 past the first, across the wrap).
-    const before = c.probed(idOf(4))
-    assert.deepStrictEqual([before(idOf(0xfffffff5)), before(idOf(3)), before(idOf(4)), before(idOf(5)), before(idOf(0xffffffef))], [true, true, false, false, false])
-    assert.deepStrictEqual([c.judge(idOf(3)), c.judge(idOf(4)), c.judge(idOf(5))], ["generated", "generated", "verify"])
+    const before = c.probed(generatedRoutingId(4))
+    assert.deepStrictEqual([before(generatedRoutingId(0xfffffff5)), before(generatedRoutingId(3)), before(generatedRoutingId(4)), before(generatedRoutingId(5)), before(generatedRoutingId(0xffffffef))], [true, true, false, false, false])
+    assert.deepStrictEqual([c.judge(generatedRoutingId(3)), c.judge(generatedRoutingId(4)), c.judge(generatedRoutingId(5))], ["generated", "generated", "verify"])
   })
 })
 
@@ -50,8 +44,8 @@ describe("PeerAdmission (issue 24 item 1)", () => {
       const { router, probes, kicked } = fakeRouter(100)
       const handled: Array<string> = []
       const admission = yield* makePeerAdmission(router, (m) => Effect.sync(() => void handled.push(`${m[0]!.toString("hex")}:${m[1]!.toString()}`)), () => Effect.void)
-      const legit = idOf(101)
-      const attacker = idOf(5000)
+      const legit = generatedRoutingId(101)
+      const attacker = generatedRoutingId(5000)
       for (const [id, frame] of [[legit, "a"], [attacker, "x"], [legit, "b"]] as const) {
         assert.isFalse(yield* admission.admit([id, Buffer.from(frame)], id.toString("hex")))
       }
@@ -59,10 +53,10 @@ describe("PeerAdmission (issue 24 item 1)", () => {
       assert.deepStrictEqual(admission.stats(), { refused: { chosen: 0, ahead: 0 }, verifying: 2 })
       // The probe comes back as generated id 102: 101 was generated before it; 5000, first seen after the probe was
       // out, waits for the next probe (103), and was not generated before it either.
-      assert.isFalse(yield* admission.admit([idOf(102), probes[0]!], idOf(102).toString("hex")))
+      assert.isFalse(yield* admission.admit([generatedRoutingId(102), probes[0]!], generatedRoutingId(102).toString("hex")))
       assert.deepStrictEqual(handled, [`${legit.toString("hex")}:a`, `${legit.toString("hex")}:b`])
       assert.deepStrictEqual([kicked, probes.length], [[], 2])
-      assert.isFalse(yield* admission.admit([idOf(103), probes[1]!], idOf(103).toString("hex")))
+      assert.isFalse(yield* admission.admit([generatedRoutingId(103), probes[1]!], generatedRoutingId(103).toString("hex")))
       assert.deepStrictEqual(kicked, [attacker.toString("hex")])
       assert.deepStrictEqual(admission.stats(), { refused: { chosen: 0, ahead: 1 }, verifying: 0 })
       assert.isTrue(admission.isServed(legit))
@@ -74,14 +68,14 @@ describe("PeerAdmission (issue 24 item 1)", () => {
     Effect.scoped(Effect.gen(function*() {
       const { router, probes } = fakeRouter(100)
       const admission = yield* makePeerAdmission(router, () => Effect.void, () => Effect.void)
-      yield* admission.admit([idOf(101), Buffer.from("a")], idOf(101).toString("hex"))
-      yield* admission.admit([idOf(103), Buffer.from("a")], idOf(103).toString("hex"))
+      yield* admission.admit([generatedRoutingId(101), Buffer.from("a")], generatedRoutingId(101).toString("hex"))
+      yield* admission.admit([generatedRoutingId(103), Buffer.from("a")], generatedRoutingId(103).toString("hex"))
       assert.strictEqual(probes.length, 1)
-      yield* admission.admit([idOf(102), probes[0]!], idOf(102).toString("hex"))
+      yield* admission.admit([generatedRoutingId(102), probes[0]!], generatedRoutingId(102).toString("hex"))
       // 101 decided; 103 (seen after probe 1 was out) goes to probe 2, which is 104.
-      assert.deepStrictEqual([admission.isServed(idOf(101)), admission.isServed(idOf(103)), probes.length], [true, false, 2])
-      yield* admission.admit([idOf(104), probes[1]!], idOf(104).toString("hex"))
-      assert.deepStrictEqual([admission.isServed(idOf(103)), admission.stats().verifying], [true, 0])
+      assert.deepStrictEqual([admission.isServed(generatedRoutingId(101)), admission.isServed(generatedRoutingId(103)), probes.length], [true, false, 2])
+      yield* admission.admit([generatedRoutingId(104), probes[1]!], generatedRoutingId(104).toString("hex"))
+      assert.deepStrictEqual([admission.isServed(generatedRoutingId(103)), admission.stats().verifying], [true, 0])
     })))
 
   it.effect("a chosen id is refused: its requests answered, never handled, counted once; forgotten at its disconnect", () =>

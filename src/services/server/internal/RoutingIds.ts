@@ -22,6 +22,13 @@
 export const generatedCounterOf = (id: Uint8Array): number | undefined =>
   id.length === 5 && id[0] === 0 ? ((id[1]! << 24) >>> 0) + ((id[2]! << 16) | (id[3]! << 8) | id[4]!) : undefined
 
+/** The routing id the ROUTER generates for counter value `counter` (the inverse of {@link generatedCounterOf}). */
+export const generatedRoutingId = (counter: number): Buffer => {
+  const id = Buffer.alloc(5)
+  id.writeUInt32BE(counter >>> 0, 1)
+  return id
+}
+
 /**
  * The verdict on a routing id seen for the first time:
  * - `generated`: the counter has passed it: an id the ROUTER generated (or, harmlessly, a chosen copy of one it
