@@ -50,6 +50,14 @@ const ZMQ_ROUTING_ID = 5
 const ZMQ_EVENTS = 15
 
 /**
+ * Sets a socket's own routing id to any bytes (zeromq.js types `routingId` as a string and keeps the Buffer setter
+ * protected: one narrow cast here). Used by the kick, and by tests that play a peer choosing its id.
+ */
+export const setRoutingId = (socket: zmq.Socket, routingId: Uint8Array): void => {
+  ;(socket as unknown as { setStringOption(option: number, value: Buffer): void }).setStringOption(ZMQ_ROUTING_ID, Buffer.from(routingId))
+}
+
+/**
  * Makes the ROUTER process its pending commands now (attach a new pipe, identify its peer): libzmq does it in
  * getsockopt(ZMQ_EVENTS), among others. zeromq.js keeps the getter protected: one narrow cast here.
  */
@@ -79,7 +87,7 @@ const routerControls = (router: zmq.Router, inproc: string): Pick<BoundRouter, "
   },
   kick: (routingId) => {
     const dealer = new zmq.Dealer({ linger: 0 })
-    ;(dealer as unknown as { setStringOption(option: number, value: Buffer): void }).setStringOption(ZMQ_ROUTING_ID, routingId)
+    setRoutingId(dealer, routingId)
     router.handover = true
     try {
       // The connect queues the pipe (with the id) to the ROUTER; processCommands identifies it while handover is

@@ -10,6 +10,7 @@
  */
 import { Effect, Scope } from "effect"
 import * as zmq from "zeromq"
+import { setRoutingId } from "../../src/layers/Zmq.ts"
 import { decodeReplyHeader, decodeResponse, encodeRequest, pack, type ReplyHeader } from "../../src/schema/Frame.ts"
 import { Hello, HelloChallenge, type Op, type PayloadOf } from "../../src/schema/Op.ts"
 import { helloProof } from "../../src/services/auth/Curve.ts"
@@ -23,9 +24,6 @@ export interface RawDealer {
 
 /** The uid of the HELLO exchange: far from the small uids the tests send. */
 const HELLO_UID = 1_000_000
-
-/** libzmq's ZMQ_ROUTING_ID: zeromq.js types it as a string; an attacker's id is any bytes. */
-const ZMQ_ROUTING_ID = 5
 
 /** What a raw DEALER does beyond the defaults. */
 export interface RawDealerOptions {
@@ -51,7 +49,7 @@ export const rawDealer = (endpoint: string, curve?: DealerCurve, options: RawDea
             : { curveServerKey: curve.serverPublicKey, curveSecretKey: curve.secretKey, curvePublicKey: curve.publicKey })
         })
         if (options.routingId !== undefined) {
-          ;(d as unknown as { setStringOption(option: number, value: Buffer): void }).setStringOption(ZMQ_ROUTING_ID, Buffer.from(options.routingId))
+          setRoutingId(d, options.routingId)
         }
         d.connect(endpoint)
         return d

@@ -15,7 +15,7 @@
  */
 import { Effect } from "effect"
 import * as zmq from "zeromq"
-import { bindRouter } from "../../src/layers/Zmq.ts"
+import { bindRouter, setRoutingId } from "../../src/layers/Zmq.ts"
 import { generatedCounterOf, generatedRoutingId } from "../../src/services/server/internal/RoutingIds.ts"
 import { makePeerAdmission } from "../../src/services/server/internal/PeerAdmission.ts"
 
@@ -24,7 +24,7 @@ const args = JSON.parse(process.argv[2] ?? "{}") as { mode: "bare" | "guarded"; 
 /** A DEALER that connects and says one frame, so the ROUTER sees it. */
 const dealer = (routingId?: Buffer) => {
   const d = new zmq.Dealer({ linger: 0 })
-  if (routingId !== undefined) (d as unknown as { setStringOption(o: number, v: Buffer): void }).setStringOption(5, routingId)
+  if (routingId !== undefined) setRoutingId(d, routingId)
   d.connect(args.endpoint)
   void d.send("hello").catch(() => undefined)
   return d
