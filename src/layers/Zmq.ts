@@ -8,7 +8,7 @@ import { chmodSync, chownSync, rmSync } from "node:fs"
 import { Effect, Layer, Scope } from "effect"
 import * as zmq from "zeromq"
 import { seedLibzmqRandom } from "../native/ProcessLimits.ts"
-import { generatedCounterOf } from "../services/server/internal/RoutingIds.ts"
+import { generatedCounterOf } from "../services/zmq/RoutingIds.ts"
 import {
   type BoundRouter,
   type DealerOptions,

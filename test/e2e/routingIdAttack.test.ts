@@ -13,7 +13,7 @@ import { Ping } from "../../src/schema/Op.ts"
 import { CURVE_MODES, curveFixture } from "../support/CurveMode.ts"
 import { getText, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
 import { rawDealer } from "../support/RawDealer.ts"
-import { generatedRoutingId } from "../../src/services/server/internal/RoutingIds.ts"
+import { generatedRoutingId } from "../../src/services/zmq/RoutingIds.ts"
 
 /** The first routing ids an unseeded libzmq 4.3.5 MQ ROUTER generates (rand() under glibc's default seed). */
 const UNSEEDED_FIRST = { off: 0x6b8b4567, on: 0xe43c9869 } as const

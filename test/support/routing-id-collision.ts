@@ -16,7 +16,7 @@
 import { Effect } from "effect"
 import * as zmq from "zeromq"
 import { bindRouter, setRoutingId } from "../../src/layers/Zmq.ts"
-import { generatedCounterOf, generatedRoutingId } from "../../src/services/server/internal/RoutingIds.ts"
+import { generatedCounterOf, generatedRoutingId } from "../../src/services/zmq/RoutingIds.ts"
 import { makePeerAdmission } from "../../src/services/server/internal/PeerAdmission.ts"
 
 const args = JSON.parse(process.argv[2] ?? "{}") as { mode: "bare" | "guarded"; endpoint: string; ahead: number; connections: number }

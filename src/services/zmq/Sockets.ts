@@ -123,7 +123,7 @@ export interface ZapReply {
 
 /**
  * The server's bound ROUTER with the controls its routing-id guard needs (issue 24 item 1;
- * src/services/server/internal/RoutingIds.ts). libzmq 4.3 generates a peer's routing id as a zero byte and a
+ * src/services/zmq/RoutingIds.ts). libzmq 4.3 generates a peer's routing id as a zero byte and a
  * 32-bit counter when the peer sets none, and aborts the process when the id it generates is already held — by a
  * peer that chose it. The server therefore learns where the counter stands (a probe: an in-process DEALER whose
  * id the ROUTER generates) and removes a peer that chose an id the counter has not reached yet (a kick).

@@ -2,7 +2,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import type { BoundRouter } from "../../../src/services/zmq/Sockets.ts"
 import { makePeerAdmission } from "../../../src/services/server/internal/PeerAdmission.ts"
-import { generatedCounterOf, generatedRoutingId, makeRoutingIdCounter } from "../../../src/services/server/internal/RoutingIds.ts"
+import { generatedCounterOf, generatedRoutingId, makeRoutingIdCounter } from "../../../src/services/zmq/RoutingIds.ts"
 
 /** A BoundRouter whose probes and kicks are recorded, not sent. */
 const fakeRouter = (first: number) => {

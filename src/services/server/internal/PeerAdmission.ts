@@ -19,7 +19,7 @@ import type { Scope } from "effect"
 import { Forbidden } from "../../../schema/WireError.ts"
 import type { BoundRouter } from "../../zmq/Sockets.ts"
 import { routingIdRefusalsTotal } from "../ServerMetrics.ts"
-import { generatedCounterOf, makeRoutingIdCounter } from "./RoutingIds.ts"
+import { generatedCounterOf, makeRoutingIdCounter } from "../../zmq/RoutingIds.ts"
 import { makeWarnWindow } from "./WarnWindow.ts"
 
 /** Messages held per peer while its id is verified; more are dropped (a verification takes one in-process round trip). */
