@@ -106,6 +106,8 @@ export const registryTarget = (registry: InstanceRegistry<DummyContext>): Livene
   kind: "kv_cache",
   touchInstance: (id) => Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.asVoid(registry.touch(id, now))),
   holdsInstance: (id) => Effect.map(registry.get(id), (t) => t !== undefined),
+  ownerOf: () => Effect.succeed(undefined),
+  owners: () => Effect.succeed([]),
   reapStaleInstances: (rule) =>
     Effect.gen(function*() {
       const stale = yield* registry.popStale(rule)

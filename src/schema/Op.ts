@@ -7,6 +7,12 @@
  * Each payload frame is its own MessagePack value decoded with the Schema of
  * its position; `response: undefined` means the reply has no response frame
  * (`[uid, op]`).
+ *
+ * What the server's guards need to know of an op is declared here too
+ * (issue 25 item 3): `registers` / `unregisters` (the registration kind an
+ * op creates or drops) and `maps` (the payload field of the worker memory
+ * it maps); OpMeta.ts derives the payload positions of the instance id, the
+ * cache keys and the request ids from the field names, once.
  */
 import { Schema } from "effect"
 import { WireString } from "./Text.ts"
@@ -56,6 +62,12 @@ export interface Op<
   readonly payload: P
   /** Response Schema, or undefined when the op returns nothing. */
   readonly response: R
+  /** The registration kind this op creates (a REGISTER: rate- and count-limited, it claims the instance). */
+  readonly registers?: RegistrationKind
+  /** The registration kind this op drops (an UNREGISTER). */
+  readonly unregisters?: RegistrationKind
+  /** The payload field whose descriptors a REGISTER maps (counted against the tenant's mapped bytes). */
+  readonly maps?: P[number][0]
 }
 
 /** Decoded values of a list of payload fields (a tuple stays a tuple). */
@@ -94,14 +106,17 @@ export const RegisterKvCache = op({
     ["layout_hints", LayoutHints],
     ["engine_group_infos", Schema.Array(EngineGroupInfo).check(atMostLength(MAX_KV_GROUPS, "KV groups (MAX_KV_GROUPS)"))]
   ],
-  response: undefined
+  response: undefined,
+  registers: "kv_cache",
+  maps: "kv_caches"
 })
 
 export const UnregisterKvCache = op({
   id: 2,
   name: "unregister_kv_cache",
   payload: [["instance_id", InstanceIdWire]],
-  response: undefined
+  response: undefined,
+  unregisters: "kv_cache"
 })
 
 export const Store = op({
@@ -161,14 +176,16 @@ export const RegisterKvCacheEngineDrivenContext = op({
   id: 14,
   name: "register_kv_cache_engine_driven_context",
   payload: [["context", RegisterEngineDrivenContext]],
-  response: EngineDrivenPool
+  response: EngineDrivenPool,
+  registers: "engine_driven"
 })
 
 export const UnregisterKvCacheEngineDrivenContext = op({
   id: 15,
   name: "unregister_kv_cache_engine_driven_context",
   payload: [["instance_id", InstanceIdWire]],
-  response: undefined
+  response: undefined,
+  unregisters: "engine_driven"
 })
 
 export const PrepareStore = op({
@@ -250,14 +267,17 @@ export const CbRegisterRope = op({
     ["group_to_cache", Schema.Array(Uint).check(atMostLength(MAX_KV_GROUPS, "KV groups (MAX_KV_GROUPS)"))],
     ["group_rot", Schema.Array(GroupRot).check(atMostLength(MAX_KV_GROUPS, "KV groups (MAX_KV_GROUPS)"))]
   ],
-  response: undefined
+  response: undefined,
+  registers: "cb_rope",
+  maps: "cos_sin_caches"
 })
 
 export const CbUnregisterRope = op({
   id: 26,
   name: "cb_unregister_rope",
   payload: [["instance_id", InstanceIdWire]],
-  response: undefined
+  response: undefined,
+  unregisters: "cb_rope"
 })
 
 export const CbRetrievePreComputed = op({

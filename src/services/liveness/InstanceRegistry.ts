@@ -19,6 +19,7 @@
  */
 import { Effect, HashMap, Option, Semaphore, TxHashMap } from "effect"
 import type { InstanceId } from "../../schema/InstanceId.ts"
+import type { InstanceOwner } from "./InstanceOwner.ts"
 import { makeStaleIndex, timeRuleOf, type Slot, type StaleIndexStats, type Verdict as SlotVerdict } from "./internal/StaleIndex.ts"
 import { disconnectReapingOn, timeVerdict, verdictOf, type Liveness, type StaleRule, type Verdict } from "./Rule.ts"
 
@@ -34,6 +35,8 @@ const yieldToEventLoop = Effect.promise(() => new Promise<void>((resolve) => set
 export interface Tracked<R> extends Liveness {
   readonly id: InstanceId
   readonly resource: R
+  /** Who registered it (issue 25 item 1): inserted with the entry, popped with it; undefined without tenancy. */
+  readonly owner?: InstanceOwner | undefined
 }
 
 /** One popped stale instance and its verdict (reason, ms silent, window ms), for the reaper's WARNING. */
@@ -48,8 +51,8 @@ export const judge = <R>(t: Tracked<R>, rule: StaleRule): Reaped<R> | undefined 
 }
 
 export interface InstanceRegistry<R> {
-  /** Inserts a new entry (both flags clear) unless the id is held; false when it was. */
-  readonly insert: (id: InstanceId, resource: R, nowMs: number) => Effect.Effect<boolean>
+  /** Inserts a new entry (both flags clear) and its owner in one transaction unless the id is held; false when it was. */
+  readonly insert: (id: InstanceId, resource: R, nowMs: number, owner?: InstanceOwner) => Effect.Effect<boolean>
   /** REGISTER of a held id (no-op path): refreshes last_seen only. */
   readonly refresh: (id: InstanceId, nowMs: number) => Effect.Effect<Tracked<R> | undefined>
   /** PING naming the id: refreshes last_seen and latches the liveness signal. Never inserts. */
@@ -159,11 +162,11 @@ export const makeInstanceRegistry = <R>(): Effect.Effect<InstanceRegistry<R>> =>
       })
 
     return {
-      insert: (id, resource, nowMs) =>
+      insert: (id, resource, nowMs, owner) =>
         Effect.map(
           Effect.tx(Effect.gen(function*() {
             if (yield* TxHashMap.has(map, id)) return false
-            yield* TxHashMap.set(map, id, { id, resource, lastSeenMs: nowMs, hasLivenessSignal: false, hasTransferActivity: false })
+            yield* TxHashMap.set(map, id, { id, resource, owner, lastSeenMs: nowMs, hasLivenessSignal: false, hasTransferActivity: false })
             return true
           })),
           (inserted) => {

@@ -15,6 +15,7 @@
 import { Clock, Context, Effect, Layer } from "effect"
 import type { InstanceId } from "../../schema/InstanceId.ts"
 import type { RegistrationKind } from "../../schema/Registration.ts"
+import type { InstanceOwner, ReleaseReason } from "./InstanceOwner.ts"
 import type { InstanceRegistry, StaleRule, Tracked } from "./InstanceRegistry.ts"
 import type { Verdict } from "./Rule.ts"
 
@@ -44,6 +45,10 @@ export interface LivenessTarget {
   readonly touchInstance: (id: InstanceId) => Effect.Effect<void>
   /** Whether it holds state for `id`. */
   readonly holdsInstance: (id: InstanceId) => Effect.Effect<boolean>
+  /** The owner of its entry for `id` (issue 25 item 1); undefined when it holds none or the entry has no owner. */
+  readonly ownerOf: (id: InstanceId) => Effect.Effect<InstanceOwner | undefined>
+  /** Every entry it holds that has an owner, with its id (a tenant's instances and mapped bytes). */
+  readonly owners: () => Effect.Effect<ReadonlyArray<OwnedInstance>>
   /** Pops the entries stale under `rule`, releases each through the UNREGISTER finalizer, returns them. */
   readonly reapStaleInstances: (rule: StaleRule) => Effect.Effect<ReadonlyArray<ReapedInstance>>
   /** Entries this module tracks. */
@@ -54,12 +59,20 @@ export interface LivenessTarget {
   readonly instances: () => Effect.Effect<ReadonlyArray<InstanceSummary>>
 }
 
+/** One owned entry of a target. */
+export interface OwnedInstance {
+  readonly id: InstanceId
+  readonly owner: InstanceOwner
+}
+
 /** A target that does nothing: the default of every method (upstream's protocol defaults). */
 export const noopTarget = (name: string): LivenessTarget => ({
   name,
   kind: undefined,
   touchInstance: () => Effect.void,
   holdsInstance: () => Effect.succeed(false),
+  ownerOf: () => Effect.succeed(undefined),
+  owners: () => Effect.succeed([]),
   reapStaleInstances: () => Effect.succeed([]),
   trackedInstanceCount: () => Effect.succeed(0),
   dropInstanceState: () => Effect.void,
@@ -79,26 +92,37 @@ export class LivenessTargets extends Context.Service<LivenessTargets, ReadonlyAr
  * The liveness target of a module whose per-instance state is an
  * InstanceRegistry: PING touches the registry; a reap pops the stale entries
  * in one transaction and releases each through `release` (the module's one
- * finalizer, shared with UNREGISTER and shutdown).
+ * finalizer, shared with UNREGISTER, fault release and shutdown, told the
+ * reason "reap"), then runs `onReaped` with each reaped id, its verdict and
+ * the entry it held (what the module does beyond releasing). This is the
+ * one reap path of every tracked module (issue 25 item 3).
  */
 export const registryTarget = <R>(options: {
   readonly name: string
   readonly kind: RegistrationKind
   readonly registry: InstanceRegistry<R>
-  readonly release: (resource: R) => Effect.Effect<void>
+  readonly release: (tracked: Tracked<R>, reason: ReleaseReason) => Effect.Effect<void>
   readonly summary: (tracked: Tracked<R>, nowMs: number) => InstanceSummary
+  readonly onReaped?: (reaped: ReadonlyArray<ReapedInstance & { readonly entry: R }>) => Effect.Effect<void>
 }): LivenessTarget => {
-  const { registry, release } = options
+  const { registry, release, onReaped } = options
   return {
     name: options.name,
     kind: options.kind,
     touchInstance: (id) => Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.asVoid(registry.touch(id, now))),
     holdsInstance: (id) => Effect.map(registry.get(id), (t) => t !== undefined),
+    ownerOf: (id) => Effect.map(registry.get(id), (t) => t?.owner),
+    owners: () =>
+      Effect.map(registry.snapshot(), (all) => all.flatMap((t) => (t.owner === undefined ? [] : [{ id: t.id, owner: t.owner }]))),
     reapStaleInstances: (rule) =>
       Effect.gen(function*() {
         const stale = yield* registry.popStale(rule)
-        yield* Effect.forEach(stale, (r) => release(r.tracked.resource), { discard: true })
-        return stale.map((r) => ({ id: r.tracked.id, reason: r.reason, silentMs: r.silentMs, windowMs: r.windowMs }))
+        yield* Effect.forEach(stale, (r) => release(r.tracked, "reap"), { discard: true })
+        const reaped = stale.map((r) => ({ id: r.tracked.id, reason: r.reason, silentMs: r.silentMs, windowMs: r.windowMs }))
+        if (onReaped !== undefined && stale.length > 0) {
+          yield* onReaped(stale.map((r, i) => ({ ...reaped[i]!, entry: r.tracked.resource })))
+        }
+        return reaped
       }),
     trackedInstanceCount: () => registry.size(),
     dropInstanceState: () => Effect.void,

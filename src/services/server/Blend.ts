@@ -96,6 +96,7 @@ import { row, type ServerModule } from "./Handler.ts"
 import { sameDescriptors, type PagedKvGeometry, type SegmentDemand } from "../kv/KvCacheLayout.ts"
 import { MappingBudget } from "./MappingBudget.ts"
 import type { ReadHandle } from "./L1Store.ts"
+import type { InstanceOwner } from "../liveness/InstanceOwner.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
 import { makeMirroredInstances } from "./InstanceModule.ts"
 import { type ContextEntry, LmcacheDrivenTransfer, namedSegmentsDenied } from "./LmcacheDrivenTransfer.ts"
@@ -257,6 +258,8 @@ export class Blend extends Context.Service<Blend, {
    * CB_REGISTER_ROPE. NotRegistered without a KV context; InvalidArgument
    * naming the bad field; Overloaded naming the flag when the tables' segments
    * are over the mapping budget (MappingBudget, issue 24 item 4), nothing mapped.
+   * `owner`: who registers it (the tenant guard's, issue 25 item 1), inserted
+   * with a new state; its mapped bytes are the tables'.
    */
   readonly registerRope: (
     id: InstanceId,
@@ -264,7 +267,8 @@ export class Blend extends Context.Service<Blend, {
     headSize: number,
     isNeoxStyle: boolean,
     groupToCache: ReadonlyArray<number>,
-    groupRot: ReadonlyArray<GroupRot>
+    groupRot: ReadonlyArray<GroupRot>,
+    owner?: InstanceOwner
   ) => Effect.Effect<void, InvalidArgument | NotRegistered | Overloaded>
   /** CB_UNREGISTER_ROPE: drops the RoPE state only. An id without one logs a WARNING and succeeds. */
   readonly unregisterRope: (id: InstanceId) => Effect.Effect<void>
@@ -356,7 +360,8 @@ const make = Effect.gen(function*() {
     headSize: number,
     isNeoxStyle: boolean,
     groupToCache: ReadonlyArray<number>,
-    groupRot: ReadonlyArray<GroupRot>
+    groupRot: ReadonlyArray<GroupRot>,
+    owner?: InstanceOwner
   ) =>
     Effect.gen(function*() {
       const op = "cb_register_rope"
@@ -367,6 +372,7 @@ const make = Effect.gen(function*() {
       if (config.namedSegments === "deny" && named >= 0) return yield* namedSegmentsDenied(op, id, `cos_sin_caches[${named}]`)
       const demand = yield* budget.demandOf(op, id, "cos_sin_caches", caches)
       const registered = yield* states.register(id, {
+        owner,
         same: (held) =>
           sameDescriptors(held.descriptors, caches) && held.headSize === headSize && held.isNeoxStyle === isNeoxStyle &&
           sameList(held.groupToCache, groupToCache) && sameList(held.groupRot, groupRot),
@@ -377,7 +383,7 @@ const make = Effect.gen(function*() {
       }
       // A reap may have popped the KV context while the tables were mapped: see the module header.
       if ((yield* transfer.contextOf(id)) === undefined) {
-        yield* states.withdraw(id, registered.entry)
+        yield* states.withdraw(id, registered.entry, "unregister")
         return yield* noKvContext(op, id)
       }
       const { rope } = registered.entry
@@ -414,7 +420,7 @@ const make = Effect.gen(function*() {
    */
   const released = (op: string, id: InstanceId, entry: ContextEntry, state: RopeState, fault: WorkerMemoryFault) =>
     Effect.andThen(
-      states.withdraw(id, state),
+      states.withdraw(id, state, "fault"),
       transfer.releaseFaulted(op, id, entry, fault, state.mappings.get(fault.segment)?.sizeBytes)
     )
 
@@ -554,13 +560,11 @@ const make = Effect.gen(function*() {
           concurrency: "unbounded",
           discard: true
         }).pipe(
-          Effect.catch((e): Effect.Effect<never, WireError> =>
-            isWorkerMemoryFault(e)
-              ? Effect.flatMap(released(op, id, entry, state, e), Effect.fail)
-              : Effect.flatMap(transfer.isRegistered(id), (held): Effect.Effect<never, WireError> =>
-                held
-                  ? Effect.fail(new InvalidArgument({ message: `${op}: ${e.message}` }))
-                  : Effect.fail(noKvContext(op, id)))
+          Effect.catch((e) =>
+            transfer.copyFailed(op, id, entry, e, Effect.fail(new InvalidArgument({ message: `${op}: ${e.message}` })), {
+              missing: noKvContext(op, id),
+              release: (fault) => released(op, id, entry, state, fault)
+            })
           )
         )
         yield* Metric.update(cbMatchesTotal, plan.length)
@@ -578,8 +582,8 @@ const make = Effect.gen(function*() {
     target,
     status,
     rows: [
-      row(CbRegisterRope, "SYNC", ([id, caches, headSize, isNeoxStyle, groupToCache, groupRot]) =>
-        registerRope(id, caches, headSize, isNeoxStyle, groupToCache, groupRot)),
+      row(CbRegisterRope, "SYNC", ([id, caches, headSize, isNeoxStyle, groupToCache, groupRot], ctx) =>
+        registerRope(id, caches, headSize, isNeoxStyle, groupToCache, groupRot, ctx.owner)),
       row(CbUnregisterRope, "SYNC", ([id]) => unregisterRope(id)),
       row(CbRetrievePreComputed, "AFFINITY", ([key, matches, blockIds, id, eventHandle]) =>
         retrievePreComputed(key, matches, blockIds, id).pipe(Effect.map((ok) => [eventHandle, ok] as const)))

@@ -125,6 +125,7 @@ import { row, type ServerModule } from "./Handler.ts"
 import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
 import { type KvLayout, LayoutRegistry } from "./LayoutRegistry.ts"
 import { L2Tier } from "./l2/L2Tier.ts"
+import type { InstanceOwner } from "../liveness/InstanceOwner.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
 import { makeTrackedInstances } from "./InstanceModule.ts"
 import { Lookup, objectKeysOf } from "./Lookup.ts"
@@ -560,9 +561,10 @@ export class EngineDrivenTransfer extends Context.Service<EngineDrivenTransfer, 
    * REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT → the pool to map (`shm_name ""`,
    * `pool_size 0` with the inline transport). Fails with InvalidArgument
    * naming the bad field, a layout other than the model's registered one, or
-   * a held id with a different payload.
+   * a held id with a different payload. `owner`: who registers it (the
+   * tenant guard's, issue 25 item 1), inserted with a new context.
    */
-  readonly register: (registration: RegisterEngineDrivenContext) => Effect.Effect<EngineDrivenPool, InvalidArgument>
+  readonly register: (registration: RegisterEngineDrivenContext, owner?: InstanceOwner) => Effect.Effect<EngineDrivenPool, InvalidArgument>
   /** UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT. An unknown id logs a WARNING and succeeds. */
   readonly unregister: (id: InstanceId) => Effect.Effect<void>
   /** PREPARE_STORE. Fails with NotRegistered / InvalidArgument. */
@@ -665,10 +667,11 @@ const make = Effect.gen(function*() {
       return { registration: p, layout, strategy, scope } satisfies EngineDrivenContext
     })
 
-  const register = (p: RegisterEngineDrivenContext) =>
+  const register = (p: RegisterEngineDrivenContext, owner?: InstanceOwner) =>
     Effect.gen(function*() {
       const idText = formatInstanceId(p.instance_id)
       const registered = yield* contexts.register(p.instance_id, {
+        owner,
         same: (held) => sameRegistration(held.registration, p),
         acquire: (scope) => acquireContext(scope, p)
       })
@@ -772,7 +775,7 @@ const make = Effect.gen(function*() {
     target,
     status,
     rows: [
-      row(RegisterKvCacheEngineDrivenContext, "SYNC", ([registration]) => register(registration)),
+      row(RegisterKvCacheEngineDrivenContext, "SYNC", ([registration], ctx) => register(registration, ctx.owner)),
       row(UnregisterKvCacheEngineDrivenContext, "SYNC", ([id]) => unregister(id)),
       row(PrepareStore, "AFFINITY", ([key, id]) => prepareStore(key, id)),
       row(CommitStore, "AFFINITY", ([key, id, cpuData]) => commitStore(key, id, cpuData)),

@@ -8,6 +8,7 @@
 import { Effect, Schema } from "effect"
 import type { Op, PayloadOf, ResponseOf } from "../../schema/Op.ts"
 import type { WireError } from "../../schema/WireError.ts"
+import type { InstanceOwner } from "../liveness/InstanceOwner.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
 
 /**
@@ -30,6 +31,13 @@ export interface RequestContext {
    * of the instance's life). False unless a handler sets it.
    */
   skipBinding: boolean
+  /**
+   * The owner a REGISTER's new entry is inserted with (issue 25 item 1): the
+   * tenant guard sets it on the context it passes to a register op's row
+   * (the tenant, and the bytes this op maps); absent without tenancy. A
+   * module passes it to its core's `register` as `RegisterRequest.owner`.
+   */
+  readonly owner?: InstanceOwner
 }
 
 /**

@@ -9,9 +9,17 @@
  * owned by a child Scope of the module's scope (`InstanceEntry.scope`). The
  * core holds the entries by id and owns their one finalizer,
  * {@link releaseEntry} (closing that Scope: it waits for copies in flight on
- * the entry's mappings, then unmaps). UNREGISTER, a reap, a replace and
- * server shutdown each pop the entry first and then release it, so it runs
- * exactly once whichever gets there first.
+ * the entry's mappings, then unmaps), followed by its owner's `release`.
+ * UNREGISTER, a reap, a fault release, a replace and server shutdown each
+ * pop the entry first and then release it, so it runs exactly once
+ * whichever gets there first.
+ *
+ * **Owners** (issue 25 item 1, InstanceOwner.ts): a REGISTER's
+ * `RegisterRequest.owner` (the tenant and the bytes it maps, from the
+ * tenant guard) is inserted with the entry in the same step (the
+ * registry's transaction; the mirror's synchronous set) and popped with
+ * it, so an entry never exists without its owner and no owner outlives its
+ * entry.
  *
  * **REGISTER of an id** (one path for every module):
  * - held, and the module says the request describes the same memory: a
@@ -43,6 +51,7 @@ import { Clock, Effect, Exit, Scope } from "effect"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import type { RegistrationKind } from "../../schema/Registration.ts"
 import { InvalidArgument, NotRegistered } from "../../schema/WireError.ts"
+import type { InstanceOwner, ReleaseReason } from "../liveness/InstanceOwner.ts"
 import { makeInstanceRegistry, type Tracked } from "../liveness/InstanceRegistry.ts"
 import { type InstanceSummary, type LivenessTarget, noopTarget, type ReapedInstance, registryTarget } from "../liveness/LivenessTarget.ts"
 
@@ -63,6 +72,16 @@ export interface InstanceEntry {
  */
 export const releaseEntry = (entry: InstanceEntry): Effect.Effect<void> => Scope.close(entry.scope, Exit.void)
 
+/** One popped entry and its owner. */
+interface Held<R> {
+  readonly entry: R
+  readonly owner: InstanceOwner | undefined
+}
+
+/** The one finalizer with its owner: the entry's resources, then the owner told why (`reason`). */
+const releaseHeld = <R extends InstanceEntry>(id: InstanceId, held: Held<R>, reason: ReleaseReason): Effect.Effect<void> =>
+  Effect.andThen(releaseEntry(held.entry), held.owner === undefined ? Effect.void : held.owner.release(id, reason))
+
 /** A REGISTER's module-specific half. */
 export interface RegisterRequest<R extends InstanceEntry, E> {
   /** Whether the held entry describes what this request does (DESIGN §5 "same memory"); then REGISTER only refreshes. */
@@ -73,6 +92,13 @@ export interface RegisterRequest<R extends InstanceEntry, E> {
    * `scope` as its Scope.
    */
   readonly acquire: (scope: Scope.Closeable) => Effect.Effect<R, E>
+  /**
+   * Who registers it (the request context's `owner`, set by the tenant
+   * guard; undefined without tenancy): inserted with a new entry. A REGISTER
+   * answered `Unchanged` keeps the held entry's owner (the guard lets only
+   * that tenant get there, with the same memory).
+   */
+  readonly owner?: InstanceOwner | undefined
 }
 
 /**
@@ -92,8 +118,12 @@ export interface InstanceModule<R extends InstanceEntry> {
    * id with different memory or another REGISTER inserted it meanwhile.
    */
   readonly register: <E>(id: InstanceId, request: RegisterRequest<R, E>) => Effect.Effect<Registration<R>, E | InvalidArgument>
-  /** UNREGISTER: pops and releases the entry; returns it, undefined when the id held none. */
-  readonly unregister: (id: InstanceId) => Effect.Effect<R | undefined>
+  /**
+   * UNREGISTER (or, with `reason` "fault", a fault release): pops and
+   * releases the entry, then tells its owner; returns it, undefined when the
+   * id held none.
+   */
+  readonly unregister: (id: InstanceId, reason?: "unregister" | "fault") => Effect.Effect<R | undefined>
   /**
    * The entry for a transfer through it (STORE, PREPARE_*, a CB retrieve …):
    * in a tracked module refreshes last_seen and latches transfer activity
@@ -161,47 +191,33 @@ export const makeTrackedInstances = <R extends InstanceEntry>(options: InstanceM
       has_transfer_activity: t.hasTransferActivity,
       details: options.details(t.resource)
     })
-    /** The registry's target, with `onReaped` after a reap: pops and releases as registryTarget does, keeping the entries. */
-    const withReapHook = (target: LivenessTarget): LivenessTarget => {
-      const onReaped = options.onReaped
-      if (onReaped === undefined) return target
-      return {
-        ...target,
-        reapStaleInstances: (rule) =>
-          Effect.gen(function*() {
-            const stale = yield* registry.popStale(rule)
-            yield* Effect.forEach(stale, (r) => releaseEntry(r.tracked.resource), { discard: true })
-            const reaped = stale.map((r) => ({
-              id: r.tracked.id,
-              reason: r.reason,
-              silentMs: r.silentMs,
-              windowMs: r.windowMs,
-              entry: r.tracked.resource
-            }))
-            if (reaped.length > 0) yield* onReaped(reaped)
-            return reaped.map(({ entry: _entry, ...verdict }) => verdict)
-          })
-      }
-    }
+    const heldOf = (t: Tracked<R> | undefined): Held<R> | undefined => t === undefined ? undefined : { entry: t.resource, owner: t.owner }
     return yield* makeCore(options, {
       get: (id) => Effect.map(registry.get(id), resourceOf),
       refresh: (id, nowMs) => Effect.map(registry.refresh(id, nowMs), (t) => t !== undefined),
-      put: (id, entry, nowMs) =>
-        Effect.flatMap(registry.insert(id, entry, nowMs), (inserted) =>
+      put: (id, entry, nowMs, owner) =>
+        Effect.flatMap(registry.insert(id, entry, nowMs, owner), (inserted) =>
           inserted
             ? Effect.succeed({ replaced: undefined })
             : Effect.fail(
               new InvalidArgument({ message: `${options.registerOp}: instance ${formatInstanceId(id)} was registered concurrently` })
             )),
       resolve: (id, nowMs) => Effect.map(registry.resolveForTransfer(id, nowMs), resourceOf),
-      pop: (id) => Effect.map(registry.pop(id), resourceOf),
-      popAll: () => Effect.map(registry.popAll(), (all) => all.map((t) => t.resource)),
+      pop: (id) => Effect.map(registry.pop(id), heldOf),
+      popAll: () => Effect.map(registry.popAll(), (all) => all.map((t) => ({ id: t.id, entry: t.resource, owner: t.owner }))),
       entries: () => Effect.map(registry.snapshot(), (all) => all.map((t) => t.resource)),
       refuse: (id) =>
         new InvalidArgument({
           message: `${options.registerOp}: instance ${formatInstanceId(id)} is already registered with ${options.differs}; unregister it first (a process never inherits another's context)`
         }),
-      target: withReapHook(registryTarget({ name: options.name, kind: options.kind, registry, release: releaseEntry, summary }))
+      target: registryTarget({
+        name: options.name,
+        kind: options.kind,
+        registry,
+        release: (t, reason) => releaseHeld(t.id, { entry: t.resource, owner: t.owner }, reason),
+        summary,
+        ...(options.onReaped === undefined ? {} : { onReaped: options.onReaped })
+      })
     })
   })
 
@@ -210,10 +226,12 @@ export interface MirroredInstances<R extends InstanceEntry> extends InstanceModu
   /** Ids holding an entry, in no particular order; read synchronously. */
   readonly ids: () => ReadonlyArray<InstanceId>
   /**
-   * Takes back an entry REGISTER just inserted (what it mirrors went away
-   * meanwhile): pops it if it is still the one held, and releases it.
+   * Takes back an entry (what it mirrors went away meanwhile, `reason`
+   * "unregister"; or a fault through it, "fault"): pops it if it is still
+   * the one held, and releases it (telling its owner why); an entry no
+   * longer held is only released.
    */
-  readonly withdraw: (id: InstanceId, entry: R) => Effect.Effect<void>
+  readonly withdraw: (id: InstanceId, entry: R, reason: "unregister" | "fault") => Effect.Effect<void>
 }
 
 /**
@@ -226,52 +244,56 @@ export const makeMirroredInstances = <R extends InstanceEntry>(options: Instance
   readonly dropped: (idText: string) => string
 }): Effect.Effect<MirroredInstances<R>, never, Scope.Scope> =>
   Effect.gen(function*() {
-    // Every read and write is synchronous, hence atomic.
-    const held = new Map<InstanceId, R>()
+    // Every read and write is synchronous, hence atomic: an entry and its owner are set and deleted together.
+    const held = new Map<InstanceId, Held<R>>()
     const popNow = (id: InstanceId) => {
-      const entry = held.get(id)
+      const h = held.get(id)
       held.delete(id)
-      return entry
+      return h
     }
     const core = yield* makeCore(options, {
-      get: (id) => Effect.sync(() => held.get(id)),
+      get: (id) => Effect.sync(() => held.get(id)?.entry),
       refresh: (id) => Effect.sync(() => held.has(id)),
-      put: (id, entry) =>
+      put: (id, entry, _nowMs, owner) =>
         Effect.sync(() => {
           const replaced = held.get(id)
-          held.set(id, entry)
+          held.set(id, { entry, owner })
           return { replaced }
         }),
-      resolve: (id) => Effect.sync(() => held.get(id)),
+      resolve: (id) => Effect.sync(() => held.get(id)?.entry),
       pop: (id) => Effect.sync(() => popNow(id)),
       popAll: () =>
         Effect.sync(() => {
-          const all = [...held.values()]
+          const all = [...held].map(([id, h]) => ({ id, ...h }))
           held.clear()
           return all
         }),
-      entries: () => Effect.sync(() => [...held.values()]),
+      entries: () => Effect.sync(() => [...held.values()].map((h) => h.entry)),
       refuse: undefined,
       target: {
         ...noopTarget(options.name),
         kind: options.kind,
         holdsInstance: (id) => Effect.sync(() => held.has(id)),
+        ownerOf: (id) => Effect.sync(() => held.get(id)?.owner),
+        owners: () => Effect.sync(() => [...held].flatMap(([id, h]) => (h.owner === undefined ? [] : [{ id, owner: h.owner }]))),
         dropInstanceState: (id) =>
           Effect.suspend(() => {
-            const entry = popNow(id)
-            return entry === undefined
+            const h = popNow(id)
+            return h === undefined
               ? Effect.void
-              : Effect.andThen(releaseEntry(entry), Effect.logInfo(options.dropped(formatInstanceId(id))))
+              : Effect.andThen(releaseHeld(id, h, "reap"), Effect.logInfo(options.dropped(formatInstanceId(id))))
           })
       }
     })
     return {
       ...core,
       ids: () => [...held.keys()],
-      withdraw: (id, entry) =>
+      withdraw: (id, entry, reason) =>
         Effect.suspend(() => {
-          if (held.get(id) === entry) held.delete(id)
-          return releaseEntry(entry)
+          const h = held.get(id)
+          if (h?.entry !== entry) return releaseEntry(entry)
+          held.delete(id)
+          return releaseHeld(id, h, reason)
         })
     }
   })
@@ -281,11 +303,19 @@ interface EntryStore<R> {
   readonly get: (id: InstanceId) => Effect.Effect<R | undefined>
   /** REGISTER of a held id with the same memory: refreshes; false when the id is no longer held. */
   readonly refresh: (id: InstanceId, nowMs: number) => Effect.Effect<boolean>
-  /** Inserts a new entry → the entry it replaced. Fails when it refuses a held id (inserted by another REGISTER meanwhile). */
-  readonly put: (id: InstanceId, entry: R, nowMs: number) => Effect.Effect<{ readonly replaced: R | undefined }, InvalidArgument>
+  /**
+   * Inserts a new entry with its owner, in one step → the entry it replaced (and that one's owner). Fails
+   * when it refuses a held id (inserted by another REGISTER meanwhile).
+   */
+  readonly put: (
+    id: InstanceId,
+    entry: R,
+    nowMs: number,
+    owner: InstanceOwner | undefined
+  ) => Effect.Effect<{ readonly replaced: Held<R> | undefined }, InvalidArgument>
   readonly resolve: (id: InstanceId, nowMs: number) => Effect.Effect<R | undefined>
-  readonly pop: (id: InstanceId) => Effect.Effect<R | undefined>
-  readonly popAll: () => Effect.Effect<ReadonlyArray<R>>
+  readonly pop: (id: InstanceId) => Effect.Effect<Held<R> | undefined>
+  readonly popAll: () => Effect.Effect<ReadonlyArray<Held<R> & { readonly id: InstanceId }>>
   readonly entries: () => Effect.Effect<ReadonlyArray<R>>
   /** The refusal of a held id with different memory; undefined: replace it. */
   readonly refuse: ((id: InstanceId) => InvalidArgument) | undefined
@@ -300,7 +330,9 @@ const makeCore = <R extends InstanceEntry>(
   Effect.gen(function*() {
     const moduleScope = yield* Effect.scope
     // Server shutdown: every entry through the same finalizer.
-    yield* Effect.addFinalizer(() => Effect.flatMap(store.popAll(), (all) => Effect.forEach(all, releaseEntry, { discard: true })))
+    yield* Effect.addFinalizer(() =>
+      Effect.flatMap(store.popAll(), (all) => Effect.forEach(all, (h) => releaseHeld(h.id, h, "shutdown"), { discard: true }))
+    )
 
     const notRegistered = (op: string, id: InstanceId) =>
       new NotRegistered({
@@ -324,14 +356,16 @@ const makeCore = <R extends InstanceEntry>(
         }
         const scope = yield* Scope.fork(moduleScope)
         const entry = yield* request.acquire(scope).pipe(Effect.onError(() => Scope.close(scope, Exit.void)))
-        const put = yield* store.put(id, entry, now).pipe(Effect.onError(() => releaseEntry(entry)))
-        if (put.replaced !== undefined) yield* releaseEntry(put.replaced)
-        return { _tag: "Registered", entry, replaced: put.replaced } satisfies Registration<R>
+        const put = yield* store.put(id, entry, now, request.owner).pipe(Effect.onError(() => releaseEntry(entry)))
+        // The replaced entry's owner is told too; the id is held again, so nothing is released on its behalf.
+        if (put.replaced !== undefined) yield* releaseHeld(id, put.replaced, "unregister")
+        return { _tag: "Registered", entry, replaced: put.replaced?.entry } satisfies Registration<R>
       })
 
     return {
       register,
-      unregister: (id) => Effect.tap(store.pop(id), (entry) => (entry === undefined ? Effect.void : releaseEntry(entry))),
+      unregister: (id, reason = "unregister") =>
+        Effect.flatMap(store.pop(id), (held) => (held === undefined ? Effect.succeed(undefined) : Effect.as(releaseHeld(id, held, reason), held.entry))),
       resolveForTransfer: (op, id) =>
         Effect.gen(function*() {
           const entry = yield* store.resolve(id, yield* Clock.currentTimeMillis)

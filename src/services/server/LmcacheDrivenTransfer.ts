@@ -82,6 +82,7 @@ import {
 import { MappingBudget } from "./MappingBudget.ts"
 import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
 import { LayoutRegistry } from "./LayoutRegistry.ts"
+import type { InstanceOwner } from "../liveness/InstanceOwner.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
 import { makeTrackedInstances } from "./InstanceModule.ts"
 import { Lookup, objectKeysOf } from "./Lookup.ts"
@@ -129,7 +130,8 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
    * memory; with Overloaded naming `--max-segments-per-register`,
    * `--max-mappings` or `--max-mapped-bytes` (MappingBudget, issue 24 items
    * 4 and 12) before anything is mapped. Maps the segments and touches none
-   * of their pages.
+   * of their pages. `owner`: who registers it (the tenant guard's, issue 25
+   * item 1), inserted with a new context.
    */
   readonly register: (
     id: InstanceId,
@@ -137,7 +139,8 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
     modelName: string,
     worldSize: number,
     engineType: string,
-    peer?: string
+    peer?: string,
+    owner?: InstanceOwner
   ) => Effect.Effect<void, InvalidArgument | Overloaded>
   /** UNREGISTER_KV_CACHE. An unknown id logs a WARNING and succeeds. */
   readonly unregister: (id: InstanceId) => Effect.Effect<void>
@@ -179,6 +182,26 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
     fault: WorkerMemoryFault,
     registeredBytes?: number
   ) => Effect.Effect<InvalidArgument>
+  /**
+   * The one "copy failed" branch of every copy through a context (STORE,
+   * RETRIEVE, Blend's scatter; issue 25 item 3): a copy of `op` through
+   * `entry` (the context of `id`) failed with `error`. A vanished page or a
+   * CUDA failure is released and answered by `options.release` (default
+   * {@link releaseFaulted}); otherwise a context released meanwhile answers
+   * `options.missing` (default this module's NotRegistered for `op`), and a
+   * context still held answers `whenHeld`.
+   */
+  readonly copyFailed: <A>(
+    op: string,
+    id: InstanceId,
+    entry: ContextEntry,
+    error: InvalidArgument | NativeError | undefined,
+    whenHeld: Effect.Effect<A, WireError>,
+    options?: {
+      readonly missing?: NotRegistered
+      readonly release?: (fault: WorkerMemoryFault) => Effect.Effect<InvalidArgument>
+    }
+  ) => Effect.Effect<A, WireError>
   /** This module as a liveness target (DESIGN §5). */
   readonly target: LivenessTarget
   /** Rows: REGISTER/UNREGISTER SYNC, STORE/RETRIEVE AFFINITY. */
@@ -375,7 +398,8 @@ const make = Effect.gen(function*() {
         // Recorded before the release, so a request arriving meanwhile already gets this error.
         if (faults.size >= MAX_FAULT_RECORDS) faults.delete(faults.keys().next().value!)
         faults.set(id, record)
-        yield* contexts.unregister(id)
+        // Through the one finalizer, which tells the context's owner (its mapped bytes go with the entry).
+        yield* contexts.unregister(id, "fault")
         yield* Effect.logWarning(
           `instance ${formatInstanceId(id)}: ${fault.message}; released its context (${entry.mappings.size} segment(s))`
         )
@@ -392,13 +416,20 @@ const make = Effect.gen(function*() {
       })
     )
 
-  /** A failed copy of `op` through `entry`: the fault reply (and the release) when it was a vanished page or a CUDA failure. */
-  const copyFailure = (op: string, id: InstanceId, entry: ContextEntry, cause: Cause.Cause<InvalidArgument | NativeError>) => {
-    const error = Option.getOrUndefined(Cause.findErrorOption(cause))
-    return error !== undefined && isWorkerMemoryFault(error)
-      ? Effect.map(releaseFaulted(op, id, entry, error), Option.some)
-      : Effect.succeed(Option.none<InvalidArgument>())
-  }
+  const copyFailed = <A>(
+    op: string,
+    id: InstanceId,
+    entry: ContextEntry,
+    error: InvalidArgument | NativeError | undefined,
+    whenHeld: Effect.Effect<A, WireError>,
+    options: {
+      readonly missing?: NotRegistered
+      readonly release?: (fault: WorkerMemoryFault) => Effect.Effect<InvalidArgument>
+    } = {}
+  ): Effect.Effect<A, WireError> =>
+    error !== undefined && isWorkerMemoryFault(error)
+      ? Effect.flatMap((options.release ?? ((f: WorkerMemoryFault) => releaseFaulted(op, id, entry, f)))(error), Effect.fail)
+      : Effect.flatMap(contexts.isRegistered(id), (held) => held ? whenHeld : Effect.fail(options.missing ?? contexts.notRegistered(op, id)))
 
   /**
    * Maps a validated KV cache's segments into `scope` (each once, however
@@ -519,7 +550,8 @@ const make = Effect.gen(function*() {
     modelName: string,
     worldSize: number,
     engineType: string,
-    peer = ""
+    peer = "",
+    owner?: InstanceOwner
   ) =>
     Effect.scoped(Effect.gen(function*() {
       // Bounded before anything else looks at the descriptors one by one (issue 24 item 4).
@@ -527,6 +559,7 @@ const make = Effect.gen(function*() {
       const claimed = yield* claimTokens(peer, id, kvCaches)
       const identities = memoryIdentities(kvCaches, claimed)
       const registered = yield* contexts.register(id, {
+        owner,
         same: (held) =>
           sameDescriptors(held.descriptors, kvCaches) && held.memoryIdentities.every((m, i) => m === identities[i]) &&
           held.modelName === modelName && held.worldSize === worldSize,
@@ -651,11 +684,13 @@ const make = Effect.gen(function*() {
       ))
       if (Exit.isFailure(copied)) {
         yield* Effect.forEach(reserved, ({ reservation }) => l1.abort(reservation), { discard: true })
-        const fault = yield* copyFailure("store", id, entry, copied.cause)
-        if (Option.isSome(fault)) return yield* fault.value
-        yield* Effect.logWarning("store: copy failed; nothing published", copied.cause)
-        if (!(yield* contexts.isRegistered(id))) return yield* contexts.notRegistered("store", id)
-        return false
+        return yield* copyFailed(
+          "store",
+          id,
+          entry,
+          Option.getOrUndefined(Cause.findErrorOption(copied.cause)),
+          Effect.as(Effect.logWarning("store: copy failed; nothing published", copied.cause), false)
+        )
       }
       let committed = 0
       for (const { reservation } of reserved) {
@@ -705,14 +740,7 @@ const make = Effect.gen(function*() {
             ),
             h.bytes
           ), { concurrency: "unbounded", discard: true }).pipe(
-            Effect.catch((e): Effect.Effect<never, WireError> =>
-              isWorkerMemoryFault(e)
-                ? Effect.flatMap(releaseFaulted("retrieve", id, entry, e), Effect.fail)
-                : Effect.flatMap(contexts.isRegistered(id), (held): Effect.Effect<never, WireError> =>
-                  held
-                    ? Effect.fail(new InvalidArgument({ message: `retrieve: ${e.message}` }))
-                    : Effect.fail(contexts.notRegistered("retrieve", id)))
-            )
+            Effect.catch((e) => copyFailed("retrieve", id, entry, e, Effect.fail(new InvalidArgument({ message: `retrieve: ${e.message}` }))))
           )
         yield* Metric.update(retrievedChunksTotal, count)
         yield* Metric.update(retrievedBytesTotal, handles.reduce((n, h) => n + h.bytes.length, 0))
@@ -727,7 +755,7 @@ const make = Effect.gen(function*() {
     target,
     rows: [
       row(RegisterKvCache, "SYNC", ([id, kvCaches, modelName, worldSize, engineType], ctx) =>
-        register(id, kvCaches, modelName, worldSize, engineType, ctx.peer)),
+        register(id, kvCaches, modelName, worldSize, engineType, ctx.peer, ctx.owner)),
       row(UnregisterKvCache, "SYNC", ([id]) => unregister(id)),
       row(Store, "AFFINITY", ([key, id, blockIds, eventHandle]) =>
         store(key, id, blockIds).pipe(Effect.map((ok) => [eventHandle, ok] as const))),
@@ -745,6 +773,7 @@ const make = Effect.gen(function*() {
     resolveContext: contexts.resolveForTransfer,
     contextOf: contexts.get,
     releaseFaulted,
+    copyFailed,
     target,
     module
   }

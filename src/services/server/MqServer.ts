@@ -23,8 +23,9 @@
  */
 import { Cause, Context, Duration, Effect, Exit, Layer, Metric, Queue } from "effect"
 import { decodeHeaderInt, decodePayload, encodeErrorReply, encodeReply, payloadCountMismatch } from "../../schema/Frame.ts"
-import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
-import { opById, type Op } from "../../schema/Op.ts"
+import { formatInstanceId } from "../../schema/InstanceId.ts"
+import { opById } from "../../schema/Op.ts"
+import { instanceIdOf } from "../../schema/OpMeta.ts"
 import { type BadRequest, Internal, isWireError, notServed, Overloaded, UnknownOp, type WireError } from "../../schema/WireError.ts"
 import { type HandshakeFailure, type RouterCurve, ZmqError, ZmqSockets } from "../zmq/Sockets.ts"
 import { makeDispatcher, type DispatchStats } from "./Dispatch.ts"
@@ -117,25 +118,6 @@ const DEFAULT_MAX_QUEUED_REPLY_BYTES_PER_PEER = 256 * 1024 * 1024
 const CLOSE_LINGER_MS = 1_000
 /** How often the outbox drops the records of peers that hold nothing. */
 const OUTBOX_SWEEP_INTERVAL = Duration.seconds(10)
-
-/** Index of the payload frame that names the instance (for log annotations), per op id. */
-const instanceFieldIndex = new Map<number, { readonly index: number; readonly nested: boolean }>()
-for (const op of opById.values()) {
-  const direct = op.payload.findIndex(([name]) => name === "instance_id")
-  if (direct >= 0) instanceFieldIndex.set(op.id, { index: direct, nested: false })
-  else {
-    const nested = op.payload.findIndex(([name]) => name === "context")
-    if (nested >= 0) instanceFieldIndex.set(op.id, { index: nested, nested: true })
-  }
-}
-
-/** The instance a decoded request names, if any (its `instance_id` payload or `context.instance_id`). */
-const instanceIdOf = (op: Op, payload: ReadonlyArray<unknown>): InstanceId | undefined => {
-  const at = instanceFieldIndex.get(op.id)
-  if (at === undefined) return undefined
-  const v = at.nested ? (payload[at.index] as { readonly instance_id?: unknown } | undefined)?.instance_id : payload[at.index]
-  return typeof v === "bigint" ? v as InstanceId : undefined
-}
 
 const describeCause = (cause: Cause.Cause<unknown>): string => {
   const squashed = Cause.squash(cause)

@@ -1,0 +1,34 @@
+/**
+ * Who registered an instance's entry (issue 25 item 1; docs/security.md
+ * "Tenant rules"): part of what a REGISTER creates, inserted with the entry
+ * in the same transaction, and gone with it — popped by UNREGISTER, a reap,
+ * a fault release or shutdown, each through the entry's one finalizer
+ * (InstanceModule.ts), which then runs the owner's `release`.
+ *
+ * Threat it answers: when the owner lived in a map beside the registries, a
+ * reap's fan-out could delete it while the same worker's re-REGISTER was
+ * still mapping memory, and the instance then registered with no owner (any
+ * tenant could STORE into, RETRIEVE from or UNREGISTER it); a fault release
+ * never told that map, so the tenant's mapped bytes leaked against
+ * `--tenant-max-mapped-bytes`. Here there is one copy of the fact: the entry.
+ */
+import type { Effect } from "effect"
+import type { InstanceId } from "../../schema/InstanceId.ts"
+
+/** What released an entry, as its finalizer tells the owner. */
+export type ReleaseReason = "unregister" | "reap" | "fault" | "shutdown"
+
+/** The owner of one entry (one registration kind of one instance). */
+export interface InstanceOwner {
+  /** The tenant whose connection registered it (Tenancy's HELLO binding). */
+  readonly tenant: string
+  /** Bytes of worker memory this entry maps (each distinct segment once), counted against `--tenant-max-mapped-bytes`. */
+  readonly mappedBytes: number
+  /**
+   * Run by the entry's one finalizer once its resources are released
+   * (`reason`: which path popped it): Tenancy binds the id to `tenant` for
+   * the registration grace when nothing holds it any more (ReleasedIds.ts).
+   * Never fails.
+   */
+  readonly release: (id: InstanceId, reason: ReleaseReason) => Effect.Effect<void>
+}
