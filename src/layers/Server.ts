@@ -124,8 +124,8 @@ const ControlLive = Layer.effect(
       LivenessTargets,
       Effect.gen(function*() {
         const modules = yield* ServerModules
-        // Tenancy's target last: when a reap drops an instance, it asks the others whether anything is left.
-        return [...modules.flatMap((m) => (m.target === undefined ? [] : [m.target])), (yield* Tenancy).module.target!]
+        // Tenancy has no target of its own: an instance's owner lives in these targets' entries (issue 25 item 1).
+        return modules.flatMap((m) => (m.target === undefined ? [] : [m.target]))
       })
     )
   ),
@@ -204,16 +204,17 @@ const statusBlocksLive = (tag: typeof StatusBlocks) => Layer.effect(
     const modules = yield* ServerModules
     const tenancy = yield* Tenancy
     // Each instance row says its tenant (null with CURVE off).
-    const liveness = Effect.map(reaper.status(), (block) =>
+    const liveness = Effect.flatMap(reaper.status(), (block) =>
       Array.isArray(block["instances"])
-        ? {
-          ...block,
-          instances: (block["instances"] as ReadonlyArray<Record<string, unknown>>).map((i) => ({
-            ...i,
-            tenant: typeof i["instance_id"] === "string" ? tenancy.tenantOf(BigInt(i["instance_id"]) as InstanceId) ?? null : null
-          }))
-        }
-        : block)
+        ? Effect.map(
+          Effect.forEach(block["instances"] as ReadonlyArray<Record<string, unknown>>, (i) =>
+            Effect.map(
+              typeof i["instance_id"] === "string" ? tenancy.tenantOf(BigInt(i["instance_id"]) as InstanceId) : Effect.succeed(undefined),
+              (tenant) => ({ ...i, tenant: tenant ?? null })
+            )),
+          (instances) => ({ ...block, instances })
+        )
+        : Effect.succeed(block))
     return [liveness, tenancy.status(), ...modules.flatMap((m) => (m.status === undefined ? [] : [m.status()]))]
   })
 )

@@ -64,7 +64,7 @@ describe("cpu_memfd with tenants (CURVE on)", () => {
 
       yield* register(a, 77, yield* tokenFor(a, 77, fd))
       const tenancy = yield* Tenancy
-      assert.strictEqual(tenancy.tenantOf(makeInstanceId(77)), "tenantA")
+      assert.strictEqual(yield* tenancy.tenantOf(makeInstanceId(77)), "tenantA")
       const unregister = yield* Effect.flip(b.request(UnregisterKvCache, [makeInstanceId(77)]))
       assert.instanceOf(unregister, Forbidden)
       // A re-REGISTER of A's instance by B, with a token of its own, is the tenant guard's refusal.
@@ -75,12 +75,12 @@ describe("cpu_memfd with tenants (CURVE on)", () => {
       const stolen = yield* Effect.flip(register(b, 78, aToken))
       assert.instanceOf(stolen, InvalidArgument)
       assert.include(stolen.message, "was issued to another ZeroMQ connection")
-      assert.strictEqual(tenancy.tenantOf(makeInstanceId(78)), undefined)
+      assert.strictEqual(yield* tenancy.tenantOf(makeInstanceId(78)), undefined)
       yield* register(a, 78, aToken)
-      assert.strictEqual(tenancy.tenantOf(makeInstanceId(78)), "tenantA")
+      assert.strictEqual(yield* tenancy.tenantOf(makeInstanceId(78)), "tenantA")
       yield* a.request(UnregisterKvCache, [makeInstanceId(77)])
       yield* a.request(UnregisterKvCache, [makeInstanceId(78)])
-      assert.strictEqual(tenancy.tenantOf(makeInstanceId(77)), undefined)
+      assert.strictEqual(yield* tenancy.tenantOf(makeInstanceId(77)), undefined)
     }).pipe(Effect.scoped, Effect.provide(server)))
 
   it.live("without HELLO (a client outside the allowlist) the connection gets no descriptor socket", () =>

@@ -83,7 +83,7 @@ describe("tenants (CURVE on, real sockets)", () => {
       const pool = yield* b.request(RegisterKvCacheEngineDrivenContext, [context(id)])
       assert.deepStrictEqual(pool, { shm_name: "", pool_size: 0 })
       const tenancy = yield* Tenancy
-      assert.strictEqual(tenancy.tenantOf(makeInstanceId(id)), "tenantB")
+      assert.strictEqual(yield* tenancy.tenantOf(makeInstanceId(id)), "tenantB")
       const before = yield* instanceOf(id)
       assert.strictEqual(before?.has_liveness_signal, false)
 
@@ -110,14 +110,14 @@ describe("tenants (CURVE on, real sockets)", () => {
       const after = yield* instanceOf(id)
       assert.strictEqual(after?.has_liveness_signal, false)
       assert.strictEqual(after?.has_transfer_activity, false)
-      assert.strictEqual(tenancy.tenantOf(makeInstanceId(id)), "tenantB")
+      assert.strictEqual(yield* tenancy.tenantOf(makeInstanceId(id)), "tenantB")
       // B itself is served: its ping latches the signal, its unregister works, then the id is no one's.
       assert.strictEqual(yield* b.request(Ping, [makeInstanceId(id)]), true)
       assert.strictEqual((yield* instanceOf(id))?.has_liveness_signal, true)
       assert.deepStrictEqual(yield* b.request(PingRegistered, [makeInstanceId(id), ["engine_driven"]]), [])
       yield* b.request(UnregisterKvCacheEngineDrivenContext, [makeInstanceId(id)])
       assert.strictEqual(yield* instanceOf(id), undefined)
-      assert.strictEqual(tenancy.tenantOf(makeInstanceId(id)), undefined)
+      assert.strictEqual(yield* tenancy.tenantOf(makeInstanceId(id)), undefined)
       // An admin tenant may CLEAR.
       const admin = yield* clientFor(keys.clients["admin"])
       yield* admin.request(Clear, [false])

@@ -21,13 +21,18 @@
  * Clock (TestClock in tests); nothing here reads the clock or forks.
  *
  * The bindings are not ownership: they hold no resource and name only ids
- * no target holds any more, so they stay beside the owners when ownership
- * moves into the registry entries (issue 25).
+ * no target holds any more, so they stay beside the owners, which live in
+ * the registry entries (issue 25 item 1, InstanceOwner.ts); an entry's
+ * finalizer tells its owner, and Tenancy remembers the binding here.
  */
 import type { InstanceId } from "../../schema/InstanceId.ts"
 
-/** What released an id: an UNREGISTER (op 2, 15 or 26) leaving nothing held, or a reap. */
-export type ReleaseReason = "unregister" | "reap"
+/**
+ * What released an id: an UNREGISTER (an op whose `unregisters` is set)
+ * leaving nothing held, a reap, or a fault release (a copy found the
+ * worker's memory gone, issue 13 item 1; issue 25 item 1).
+ */
+export type ReleaseReason = "unregister" | "reap" | "fault"
 
 /** One id's binding: its tenant, when and why it was released (Clock ms), and when the binding ends. */
 export interface ReleasedBinding {

@@ -16,19 +16,25 @@
  *   the server chose for that routing id. Until then every other op is
  *   answered `forbidden` (`field: "hello"`).
  * - **Tenants** (`guard`): an instance belongs to the tenant that
- *   registered it; UNREGISTER, transfers, PING_REGISTERED and CB ops naming
+ *   registered it — its owner lives in each of its registry entries,
+ *   inserted with the entry and released with it by the entry's one
+ *   finalizer (issue 25 item 1, InstanceOwner.ts), so no reap, fault or
+ *   UNREGISTER can leave an entry without its owner or an owner without its
+ *   entry; UNREGISTER, transfers, PING_REGISTERED and CB ops naming
  *   another tenant's instance are `forbidden` and change nothing; a PING of
  *   it answers `true` and touches nothing; CLEAR needs `admin`; every
  *   CacheKey's `cache_salt` and every `request_id` is prefixed with the
  *   tenant's salt group, so tenants of different groups never share a chunk
  *   or a lookup session.
  * - **Released ids** (issue 24 item 13, `ReleasedIds.ts`): once nothing
- *   holds an instance any more (its last UNREGISTER, or a reap), its id
+ *   holds an instance any more (its last UNREGISTER, a reap or a fault
+ *   release, told by the finalizer of its last entry), its id
  *   stays bound to that tenant for the registration grace: another tenant's
  *   REGISTER of it is `forbidden`, saying when it frees; its own tenant gets
  *   it back.
  * - **Limits** per tenant: registered instances, REGISTERs per second (a
- *   bucket refilled on the Clock), bytes of worker memory mapped; over one,
+ *   bucket refilled on the Clock), bytes of worker memory mapped (the sum
+ *   of its entries' owners: one per registration kind); over one,
  *   `overloaded` naming its flag.
  * - **Reload**: SIGHUP rereads the authorized-keys file (a malformed file
  *   keeps the old list, logged at ERROR); connections bound with a key no
@@ -39,17 +45,18 @@
 import { randomBytes } from "node:crypto"
 import { Clock, Context, Effect, Layer, Metric, Queue } from "effect"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
-import { opById, type Op } from "../../schema/Op.ts"
+import type { Op } from "../../schema/Op.ts"
 import { Clear, Hello, HelloChallenge, Ping } from "../../schema/Op.ts"
+import { instanceIdOf, opFields } from "../../schema/OpMeta.ts"
 import { memfdSegmentKey, type TensorDescriptor } from "../../schema/TensorDescriptor.ts"
 import { Forbidden, Overloaded, type WireError } from "../../schema/WireError.ts"
+import type { InstanceOwner, ReleaseReason as EntryReleaseReason } from "../liveness/InstanceOwner.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
-import { noopTarget } from "../liveness/LivenessTarget.ts"
 import { type HandlerRow, type HandlerTable, row, type RequestContext, type ServerModule } from "../server/Handler.ts"
 import { ServerConfig, type TenantLimits } from "../server/ServerConfig.ts"
 import type { HandshakeFailure, ZapReply, ZapRequest } from "../zmq/Sockets.ts"
 import { type AuthorizedKeys, AuthorizedKeysInvalid, readAuthorizedKeys, type TenantGrant } from "./AuthorizedKeys.ts"
-import { makeReleasedIds, RELEASED_IDS_MAX, type ReleasedBinding, type ReleaseReason } from "./ReleasedIds.ts"
+import { makeReleasedIds, RELEASED_IDS_MAX, type ReleasedBinding } from "./ReleasedIds.ts"
 import { helloProof, KeyFileInvalid, NONCE_BYTES, publicKeyOf, readKeyFile, sameBytes, z85Encode } from "./Curve.ts"
 
 /** Why a client got no service, the `reason` of `mpcache_auth_failures_total`. */
@@ -63,37 +70,6 @@ const failureMetric = (reason: AuthFailureReason) => Metric.withAttributes(authF
 
 /** One WARNING per (reason, address) and window. */
 const WARN_WINDOW_MS = 10_000
-
-/** Register ops (a new instance, or its memory): rate- and count-limited, and they claim the instance. */
-const REGISTER_OPS: ReadonlySet<number> = new Set([1, 14, 25])
-/** Unregister ops: after one, an instance nobody holds any more is no one's. */
-const UNREGISTER_OPS: ReadonlySet<number> = new Set([2, 15, 26])
-
-/** Where a request's payload names its instance (`instance_id`, or `context.instance_id`), per op id. */
-const instanceField = new Map<number, { readonly index: number; readonly nested: boolean }>()
-/** Payload positions of CacheKeys and of bare request ids, per op id. */
-const keyFields = new Map<number, ReadonlyArray<number>>()
-const requestIdFields = new Map<number, ReadonlyArray<number>>()
-/** Payload position of the descriptors a REGISTER maps, per op id. */
-const mappedFields = new Map<number, number>()
-for (const op of opById.values()) {
-  const names = op.payload.map(([name]) => name)
-  const direct = names.indexOf("instance_id")
-  if (direct >= 0) instanceField.set(op.id, { index: direct, nested: false })
-  else if (names.includes("context")) instanceField.set(op.id, { index: names.indexOf("context"), nested: true })
-  keyFields.set(op.id, names.flatMap((n, i) => (n === "key" ? [i] : [])))
-  requestIdFields.set(op.id, names.flatMap((n, i) => (n === "request_id" ? [i] : [])))
-  const mapped = names.findIndex((n) => n === "kv_caches" || n === "cos_sin_caches")
-  if (mapped >= 0) mappedFields.set(op.id, mapped)
-}
-
-/** The instance a decoded payload of `op` names, if any. */
-export const instanceIdOf = (op: Op, payload: ReadonlyArray<unknown>): InstanceId | undefined => {
-  const at = instanceField.get(op.id)
-  if (at === undefined) return undefined
-  const v = at.nested ? (payload[at.index] as { readonly instance_id?: unknown } | undefined)?.instance_id : payload[at.index]
-  return typeof v === "bigint" ? v as InstanceId : undefined
-}
 
 /** Bytes of worker memory `descriptors` map: each distinct segment (shm name, passed memfd or IPC handle) once. */
 export const mappedBytesOf = (descriptors: ReadonlyArray<TensorDescriptor>): number => {
@@ -113,12 +89,6 @@ export const mappedBytesOf = (descriptors: ReadonlyArray<TensorDescriptor>): num
 
 /** What the server's storage keys see of a tenant's `cache_salt` / `request_id`: its salt group first. */
 export const namespaced = (saltGroup: string, value: string): string => `${saltGroup}|${value}`
-
-/** Who holds an instance and what its registrations map, by registration op id. */
-interface Ownership {
-  readonly tenant: string
-  readonly mappedBytes: Map<number, number>
-}
 
 /** The `tenants` block of `/api/status`, one row per tenant holding instances or connections. */
 export interface TenantStatus {
@@ -146,10 +116,10 @@ export class Tenancy extends Context.Service<Tenancy, {
   readonly disconnected: (peer: string) => Effect.Effect<void>
   /** The table with every row behind the tenant checks (the identity with CURVE off). */
   readonly guard: (table: HandlerTable, targets: ReadonlyArray<LivenessTarget>) => HandlerTable
-  /** HELLO_CHALLENGE and HELLO rows, and the target that forgets a reaped instance's owner. */
+  /** HELLO_CHALLENGE and HELLO rows (no liveness target: the owners live in the other targets' entries). */
   readonly module: ServerModule
-  /** The tenant owning `id`, or undefined (none, or CURVE off). */
-  readonly tenantOf: (id: InstanceId) => string | undefined
+  /** The tenant owning `id` (the owner of any of its entries), or undefined (none, or CURVE off). */
+  readonly tenantOf: (id: InstanceId) => Effect.Effect<string | undefined>
   /** The `auth` and `tenants` blocks of `/api/status`. */
   readonly status: () => Effect.Effect<Record<string, unknown>>
 }>()("mpcache/services/auth/Tenancy") {
@@ -171,8 +141,7 @@ const make = Effect.gen(function*() {
     rows: [
       row(HelloChallenge, "NORMAL", () => Effect.fail(curveOff(HelloChallenge.name))),
       row(Hello, "NORMAL", () => Effect.fail(curveOff(Hello.name)))
-    ],
-    target: noopTarget("tenancy")
+    ]
   }
   if (curveFiles === undefined) {
     return Tenancy.of({
@@ -184,7 +153,7 @@ const make = Effect.gen(function*() {
       disconnected: () => Effect.void,
       guard: (table) => table,
       module: offModule,
-      tenantOf: () => undefined,
+      tenantOf: () => Effect.succeed(undefined),
       status: () => Effect.succeed({ auth: { curve: false, authorized_keys: 0 } })
     })
   }
@@ -204,7 +173,6 @@ const make = Effect.gen(function*() {
   const bound = new Map<string, string>()
   /** peer → the nonce its next HELLO proves over. */
   const nonces = new Map<string, Buffer>()
-  const owners = new Map<InstanceId, Ownership>()
   const graceSeconds = config.workerRegistrationGraceSeconds
   /** Ids nothing holds any more, bound to their last tenant for the registration grace (issue 24 item 13). */
   const released = makeReleasedIds({ graceMs: graceSeconds * 1000, maxRecords: RELEASED_IDS_MAX })
@@ -321,22 +289,56 @@ const make = Effect.gen(function*() {
   const anyHolds = (id: InstanceId) =>
     Effect.map(Effect.forEach(targets, (t) => t.holdsInstance(id)), (held) => held.some(Boolean))
 
-  /**
-   * Forgets the owner of `id` when no target holds it any more; with a `reason` (its last UNREGISTER, a
-   * reap) the id stays bound to that owner for the registration grace. Without one (a REGISTER that
-   * failed on a fresh claim) nothing is remembered: the tenant never held it.
-   */
-  const forgetIfGone = (id: InstanceId, reason?: ReleaseReason) =>
+  /** The owner of `id`: its entries' (every entry of an id has the same tenant: the guard lets no other register one). */
+  const ownerOf = (id: InstanceId) =>
     Effect.gen(function*() {
-      if (yield* anyHolds(id)) return
-      const owner = owners.get(id)
-      owners.delete(id)
-      if (owner !== undefined && reason !== undefined) released.remember(id, owner.tenant, reason, yield* Clock.currentTimeMillis)
+      for (const t of targets) {
+        const o = yield* t.ownerOf(id)
+        if (o !== undefined) return o
+      }
+      return undefined
     })
 
-  const instancesOf = (tenant: string) => [...owners.values()].filter((o) => o.tenant === tenant)
-  const mappedBytesOfTenant = (tenant: string) =>
-    instancesOf(tenant).reduce((n, o) => n + [...o.mappedBytes.values()].reduce((a, b) => a + b, 0), 0)
+  /** The owner of `id`'s entry of `kind`, if it holds one. */
+  const ownerOfKind = (id: InstanceId, kind: string) =>
+    Effect.gen(function*() {
+      for (const t of targets) if (t.kind === kind) return yield* t.ownerOf(id)
+      return undefined
+    })
+
+  /** Every owned entry of every target. */
+  const allOwned = Effect.map(Effect.forEach(targets, (t) => t.owners()), (all) => all.flat())
+
+  /** `tenant`'s instances (distinct ids) and mapped bytes (every entry's), as the entries' owners say. */
+  const holdingsOf = (tenant: string) =>
+    Effect.map(allOwned, (owned) => {
+      const ids = new Set<InstanceId>()
+      let mappedBytes = 0
+      for (const { id, owner } of owned) {
+        if (owner.tenant !== tenant) continue
+        ids.add(id)
+        mappedBytes += owner.mappedBytes
+      }
+      return { ids, mappedBytes }
+    })
+
+  /**
+   * The owner a REGISTER's new entry is inserted with. Its `release`, run by
+   * the entry's one finalizer: when nothing holds `id` any more, the id
+   * stays bound to `tenant` for the registration grace (issue 24 item 13);
+   * at shutdown nothing is remembered.
+   */
+  const ownerFor = (tenant: string, mappedBytes: number): InstanceOwner => ({
+    tenant,
+    mappedBytes,
+    release: (id: InstanceId, reason: EntryReleaseReason) =>
+      reason === "shutdown"
+        ? Effect.void
+        : Effect.gen(function*() {
+          if (yield* anyHolds(id)) return
+          released.remember(id, tenant, reason, yield* Clock.currentTimeMillis)
+        })
+  })
 
   /** Takes one REGISTER token of `tenant`'s bucket; false when empty. */
   const takeRegisterToken = (tenant: string, nowMs: number): boolean => {
@@ -361,7 +363,7 @@ const make = Effect.gen(function*() {
 
   /** Another tenant released `id` within the grace: its REGISTER is refused, saying when the id frees. */
   const boundElsewhere = (op: string, id: InstanceId, b: ReleasedBinding, nowMs: number) => {
-    const what = b.reason === "reap" ? "was reaped" : "was unregistered"
+    const what = b.reason === "reap" ? "was reaped" : b.reason === "fault" ? "was released after a fault in its memory" : "was unregistered"
     const ago = `${(nowMs - b.releasedAtMs) / 1000} s ago`
     return new Forbidden({
       op,
@@ -384,8 +386,7 @@ const make = Effect.gen(function*() {
 
   /** `payload` with every CacheKey's cache_salt and every request id in the tenant's salt group. */
   const rewrite = (op: Op, payload: ReadonlyArray<unknown>, group: string): ReadonlyArray<unknown> => {
-    const keyAt = keyFields.get(op.id)!
-    const ridAt = requestIdFields.get(op.id)!
+    const { keys: keyAt, requestIds: ridAt } = opFields(op)
     if (keyAt.length === 0 && ridAt.length === 0) return payload
     const out = [...payload]
     for (const i of keyAt) {
@@ -399,9 +400,8 @@ const make = Effect.gen(function*() {
   const guardRow = (r: HandlerRow): HandlerRow => {
     if (r.op.id === HelloChallenge.id || r.op.id === Hello.id) return r
     const op = r.op
-    const isRegister = REGISTER_OPS.has(op.id)
-    const isUnregister = UNREGISTER_OPS.has(op.id)
-    const mappedAt = mappedFields.get(op.id)
+    const registers = op.registers
+    const mappedAt = opFields(op).mapped
     const unbound = () =>
       new Forbidden({
         op: op.name,
@@ -410,30 +410,27 @@ const make = Effect.gen(function*() {
       })
     // Before the payload is decoded (issue 24 item 3): a peer without a tenant gets nothing decoded for it.
     const admit = (ctx: RequestContext): WireError | undefined => grantOf(ctx.peer) === undefined ? unbound() : undefined
-    const handle = (payload: ReadonlyArray<unknown>, ctx: RequestContext): Effect.Effect<unknown, WireError> => {
-      const grant = grantOf(ctx.peer)
-      if (grant === undefined) return Effect.fail(unbound())
-      if (op.id === Clear.id && !grant.admin) {
-        return Effect.fail(
-          new Forbidden({ op: op.name, field: "tenant", expected: "admin", actual: grant.tenant, message: `clear: tenant ${grant.tenant} is not admin` })
-        )
-      }
-      const id = instanceIdOf(op, payload)
-      const owner = id === undefined ? undefined : owners.get(id)
-      if (id !== undefined && owner !== undefined && owner.tenant !== grant.tenant) {
-        if (op.id === Ping.id) {
-          // A stranger's PING answers like any PING but touches nothing and binds nothing (it cannot keep
-          // another tenant's dead instance alive).
-          ctx.skipBinding = true
-          return Effect.succeed(true)
+    const handle = (payload: ReadonlyArray<unknown>, ctx: RequestContext): Effect.Effect<unknown, WireError> =>
+      Effect.gen(function*() {
+        const grant = grantOf(ctx.peer)
+        if (grant === undefined) return yield* unbound()
+        if (op.id === Clear.id && !grant.admin) {
+          return yield* new Forbidden({ op: op.name, field: "tenant", expected: "admin", actual: grant.tenant, message: `clear: tenant ${grant.tenant} is not admin` })
         }
-        return Effect.fail(notYours(op.name, id))
-      }
-      const run = r.handle(rewrite(op, payload, grant.saltGroup), ctx)
-      if (id === undefined) return run
-      if (isUnregister) return Effect.tap(run, () => forgetIfGone(id, "unregister"))
-      if (!isRegister) return run
-      return Effect.gen(function*() {
+        const id = instanceIdOf(op, payload)
+        const owner = id === undefined ? undefined : yield* ownerOf(id)
+        if (id !== undefined && owner !== undefined && owner.tenant !== grant.tenant) {
+          if (op.id === Ping.id) {
+            // A stranger's PING answers like any PING but touches nothing and binds nothing (it cannot keep
+            // another tenant's dead instance alive).
+            ctx.skipBinding = true
+            return true
+          }
+          return yield* notYours(op.name, id)
+        }
+        const rewritten = rewrite(op, payload, grant.saltGroup)
+        // An UNREGISTER needs nothing more: the entry's finalizer tells its owner, which binds the released id.
+        if (id === undefined || registers === undefined) return yield* r.handle(rewritten, ctx)
         const now = yield* Clock.currentTimeMillis
         if (owner === undefined) {
           const binding = released.bindingOf(id, now)
@@ -447,15 +444,16 @@ const make = Effect.gen(function*() {
             `tenant ${grant.tenant} registered faster`
           )
         }
+        const holdings = yield* holdingsOf(grant.tenant)
         if (owner === undefined) {
-          let held = 0
-          for (const [other, o] of owners) if (o.tenant === grant.tenant && other !== id && (yield* anyHolds(other))) held++
+          const held = holdings.ids.size - (holdings.ids.has(id) ? 1 : 0)
           if (held >= limits.maxInstances) {
             return yield* overloaded(op.name, "tenant-max-instances", `${limits.maxInstances} instances`, `tenant ${grant.tenant} holds ${held}`)
           }
         }
         const bytes = mappedAt === undefined ? 0 : mappedBytesOf(payload[mappedAt] as ReadonlyArray<TensorDescriptor>)
-        const others = mappedBytesOfTenant(grant.tenant) - (owner?.mappedBytes.get(op.id) ?? 0)
+        // This kind's entry of the id, if held, is what this REGISTER refreshes or replaces: not counted twice.
+        const others = holdings.mappedBytes - ((yield* ownerOfKind(id, registers))?.mappedBytes ?? 0)
         if (others + bytes > limits.maxMappedBytes) {
           return yield* overloaded(
             op.name,
@@ -464,24 +462,12 @@ const make = Effect.gen(function*() {
             `tenant ${grant.tenant} maps ${others} and asks for ${bytes} more`
           )
         }
-        // Claimed before the handler runs, so nobody else's op slips in between registration and claim.
-        const claim: Ownership = owner ?? { tenant: grant.tenant, mappedBytes: new Map() }
-        const before = claim.mappedBytes.get(op.id)
-        owners.set(id, claim)
-        claim.mappedBytes.set(op.id, bytes)
-        return yield* run.pipe(
-          // Held again by its tenant: the binding's work is done (a failed REGISTER keeps it).
-          Effect.tap(() => Effect.sync(() => released.forget(id))),
-          Effect.onError(() =>
-            Effect.gen(function*() {
-              if (before === undefined) claim.mappedBytes.delete(op.id)
-              else claim.mappedBytes.set(op.id, before)
-              if (owner === undefined) yield* forgetIfGone(id)
-            })
-          )
-        )
+        // The owner goes in with the entry the module inserts (one step; InstanceModule.ts): no claim beside it.
+        const result = yield* r.handle(rewritten, { ...ctx, owner: ownerFor(grant.tenant, bytes) })
+        // Held again by its tenant: the binding's work is done (a failed REGISTER keeps it).
+        released.forget(id)
+        return result
       })
-    }
     // No fast answer under tenancy (issue 16): every request passes the HELLO and owner checks above.
     return { op: r.op, pool: r.pool, handle, admit }
   }
@@ -496,22 +482,24 @@ const make = Effect.gen(function*() {
     rows: [
       row(HelloChallenge, "NORMAL", (_payload, ctx) => challenge(ctx)),
       row(Hello, "NORMAL", ([publicKey, proof], ctx) => hello(publicKey, proof, ctx))
-    ],
-    // Last among the targets: when a reap tells it to drop an instance, the others already dropped theirs.
-    target: { ...noopTarget("tenancy"), dropInstanceState: (id) => forgetIfGone(id, "reap") }
+    ]
   }
 
   const status = () =>
-    Effect.sync(() => {
+    Effect.map(allOwned, (owned) => {
       const rows = new Map<string, TenantStatus>()
       const rowOf = (tenant: string): TenantStatus => {
         const grant = [...keys.keys.values()].find((g) => g.tenant === tenant)
         return rows.get(tenant) ??
           { tenant, admin: grant?.admin ?? false, salt_group: grant?.saltGroup ?? tenant, instances: 0, mapped_bytes: 0, connections: 0 }
       }
-      for (const o of owners.values()) {
-        const r = rowOf(o.tenant)
-        rows.set(o.tenant, { ...r, instances: r.instances + 1, mapped_bytes: r.mapped_bytes + [...o.mappedBytes.values()].reduce((a, b) => a + b, 0) })
+      const counted = new Set<string>()
+      for (const { id, owner } of owned) {
+        const r = rowOf(owner.tenant)
+        // An instance once, however many kinds it registered; its bytes per kind.
+        const first = !counted.has(`${owner.tenant}\u0000${id}`)
+        counted.add(`${owner.tenant}\u0000${id}`)
+        rows.set(owner.tenant, { ...r, instances: r.instances + (first ? 1 : 0), mapped_bytes: r.mapped_bytes + owner.mappedBytes })
       }
       for (const peer of bound.keys()) {
         const g = grantOf(peer)
@@ -543,7 +531,7 @@ const make = Effect.gen(function*() {
       }),
     guard,
     module,
-    tenantOf: (id) => owners.get(id)?.tenant,
+    tenantOf: (id) => Effect.map(ownerOf(id), (o) => o?.tenant),
     status
   })
 })

@@ -113,14 +113,14 @@ describe("tenant REGISTER limits (TestClock)", () => {
             "register_kv_cache_engine_driven_context: over the tenant limit --tenant-max-registers-per-second (20 per second; tenant tenantA registered faster); retry later or raise the limit"
         })
       )
-      assert.strictEqual(tenancy.tenantOf(makeInstanceId(21n)), undefined, "the refused REGISTER claimed nothing")
+      assert.strictEqual(yield* tenancy.tenantOf(makeInstanceId(21n)), undefined, "the refused REGISTER claimed nothing")
       // Half a second refills ten tokens, not enough for eleven.
       yield* TestClock.adjust("500 millis")
       for (let i = 22; i <= 31; i++) yield* call(RegisterKvCacheEngineDrivenContext, [context(i)])
       assert.instanceOf(yield* Effect.flip(call(RegisterKvCacheEngineDrivenContext, [context(32)])), Overloaded)
       yield* TestClock.adjust("1 second")
       yield* call(RegisterKvCacheEngineDrivenContext, [context(21)])
-      assert.strictEqual(tenancy.tenantOf(makeInstanceId(21n)), "tenantA")
+      assert.strictEqual(yield* tenancy.tenantOf(makeInstanceId(21n)), "tenantA")
     }).pipe(Effect.provide(env())))
 
   it.effect("a REGISTER over --tenant-max-mapped-bytes is overloaded naming the limit; nothing is mapped or registered", () =>
@@ -144,7 +144,7 @@ describe("tenant REGISTER limits (TestClock)", () => {
       )
       assert.deepStrictEqual(native.stats(), before, "nothing mapped")
       assert.isFalse(yield* (yield* LmcacheDrivenTransfer).isRegistered(makeInstanceId(7n)))
-      assert.strictEqual((yield* Tenancy).tenantOf(makeInstanceId(7n)), undefined)
+      assert.strictEqual(yield* (yield* Tenancy).tenantOf(makeInstanceId(7n)), undefined)
     }).pipe(Effect.provide(env({ tenantMaxMappedBytes: LIMIT }))))
 
   it.effect("a peer that has not said HELLO is refused by every guarded row before its payload is decoded; once bound it is admitted", () =>
@@ -195,19 +195,19 @@ describe("a released instance id stays its tenant's for the registration grace (
       const tenancy = yield* Tenancy
       yield* call(RegisterKvCacheEngineDrivenContext, [context(4242)])
       yield* call(UnregisterKvCacheEngineDrivenContext, [X])
-      assert.strictEqual(tenancy.tenantOf(X), undefined, "nothing holds X")
+      assert.strictEqual(yield* tenancy.tenantOf(X), undefined, "nothing holds X")
       yield* TestClock.adjust("1000 seconds")
       assert.deepStrictEqual(yield* Effect.flip(call(RegisterKvCacheEngineDrivenContext, [context(4242)], PEER_B)), squat("was unregistered", 1000, 2600))
-      assert.strictEqual(tenancy.tenantOf(X), undefined, "the refused REGISTER claimed nothing")
+      assert.strictEqual(yield* tenancy.tenantOf(X), undefined, "the refused REGISTER claimed nothing")
       // A gets its id back, and releases it again: the grace starts over from this UNREGISTER.
       assert.deepStrictEqual(yield* call(RegisterKvCacheEngineDrivenContext, [context(4242)]), { shm_name: "", pool_size: 0 })
-      assert.strictEqual(tenancy.tenantOf(X), "tenantA")
+      assert.strictEqual(yield* tenancy.tenantOf(X), "tenantA")
       yield* call(UnregisterKvCacheEngineDrivenContext, [X])
       yield* TestClock.adjust("3600 seconds")
       assert.deepStrictEqual(yield* Effect.flip(call(RegisterKvCacheEngineDrivenContext, [context(4242)], PEER_B)), squat("was unregistered", 3600, 0))
       yield* TestClock.adjust("1 millis")
       yield* call(RegisterKvCacheEngineDrivenContext, [context(4242)], PEER_B)
-      assert.strictEqual(tenancy.tenantOf(X), "tenantB")
+      assert.strictEqual(yield* tenancy.tenantOf(X), "tenantB")
       // Now X is B's: A's REGISTER of it is the plain "belongs to another tenant".
       const a = yield* Effect.flip(call(RegisterKvCacheEngineDrivenContext, [context(4242)]))
       assert.strictEqual(a.message, "register_kv_cache_engine_driven_context: instance 4242 belongs to another tenant; nothing was changed")
@@ -223,11 +223,11 @@ describe("a released instance id stays its tenant's for the registration grace (
       yield* TestClock.adjust("3600001 millis")
       const reaped = yield* (yield* Reaper).scan(3_600_001)
       assert.deepStrictEqual(reaped.map((r) => r.id), [X])
-      assert.strictEqual(tenancy.tenantOf(X), undefined)
+      assert.strictEqual(yield* tenancy.tenantOf(X), undefined)
       yield* TestClock.adjust("30 seconds")
       assert.deepStrictEqual(yield* Effect.flip(call(RegisterKvCacheEngineDrivenContext, [context(4242)], PEER_B)), squat("was reaped", 30, 3570))
       yield* call(RegisterKvCacheEngineDrivenContext, [context(4242)])
-      assert.strictEqual(tenancy.tenantOf(X), "tenantA")
+      assert.strictEqual(yield* tenancy.tenantOf(X), "tenantA")
     }).pipe(Effect.provide(env())))
 
   it.effect("a REGISTER of X by A that fails keeps X bound to A", () =>
