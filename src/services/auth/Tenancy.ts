@@ -307,7 +307,7 @@ const make = Effect.gen(function*() {
     })
 
   /** Every owned entry of every target. */
-  const allOwned = Effect.map(Effect.forEach(targets, (t) => t.owners()), (all) => all.flat())
+  const allOwned = Effect.suspend(() => Effect.map(Effect.forEach(targets, (t) => t.owners()), (all) => all.flat()))
 
   /** `tenant`'s instances (distinct ids) and mapped bytes (every entry's), as the entries' owners say. */
   const holdingsOf = (tenant: string) =>

@@ -18,13 +18,28 @@
  * And admission before decoding (issue 24 item 3): every guarded row refuses a
  *   peer that has not said HELLO from the peer alone, so the MQ server never
  *   decodes an unbound peer's payload; HELLO itself is always admitted.
+ *
+ * And ownership in the entry (issue 25 item 1):
+ * - a reap whose fan-out runs while the same worker's re-REGISTER is
+ *   mapping (driven by latches: the fan-out held in a target, the acquire
+ *   held in the module) leaves the new entry owned by its tenant: the other
+ *   tenant's UNREGISTER is `forbidden`;
+ * - a tenant at `--tenant-max-mapped-bytes` whose worker's memory faults
+ *   (a STORE's copy hits a shrunk segment) registers again at once, and the
+ *   faulted id stays bound to it for the grace;
+ * - the tenant's mapped bytes, exact after each of REGISTER_KV_CACHE,
+ *   CB_REGISTER_ROPE, UNREGISTER_KV_CACHE (the RoPE state's bytes remain)
+ *   and CB_UNREGISTER_ROPE.
  */
+import { truncateSync } from "node:fs"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Deferred, Effect, Exit, Fiber, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { NativeMemory } from "../../../src/native/Native.ts"
 import { makeInstanceId } from "../../../src/schema/InstanceId.ts"
 import {
+  CbRegisterRope,
+  CbUnregisterRope,
   Hello,
   HelloChallenge,
   type Op,
@@ -33,17 +48,23 @@ import {
   RegisterKvCache,
   RegisterKvCacheEngineDrivenContext,
   type ResponseOf,
+  Store,
+  UnregisterKvCache,
   UnregisterKvCacheEngineDrivenContext
 } from "../../../src/schema/Op.ts"
 import { Forbidden, Overloaded, type WireError } from "../../../src/schema/WireError.ts"
-import { layerModulesTest } from "../../../src/layers/Server.ts"
+import { layerModulesTest, layerModulesTestBare } from "../../../src/layers/Server.ts"
 import { helloProof } from "../../../src/services/auth/Curve.ts"
 import { mappedBytesOf, Tenancy } from "../../../src/services/auth/Tenancy.ts"
+import { noopTarget } from "../../../src/services/liveness/LivenessTarget.ts"
 import { Reaper } from "../../../src/services/liveness/Reaper.ts"
+import { row, type ServerModule } from "../../../src/services/server/Handler.ts"
+import { makeTrackedInstances } from "../../../src/services/server/InstanceModule.ts"
 import { LmcacheDrivenTransfer } from "../../../src/services/server/LmcacheDrivenTransfer.ts"
 import { Handlers } from "../../../src/services/server/MqServer.ts"
 import { makeTestKeys } from "../../support/CurveKeys.ts"
 import { workerCache } from "../../support/LivenessEnv.ts"
+import { makeTableSegment } from "../../support/RopeReference.ts"
 
 const keys = makeTestKeys({ a: "tenantA", b: "tenantB" })
 const env = (config: Record<string, number> = {}) =>
@@ -91,6 +112,9 @@ const context = (id: number) => ({
   dtype_str: "float16" as const,
   use_mla: false
 })
+
+/** Bytes one `workerCache` maps: 1 layer × K and V × 4 blocks × 16 tokens × 1 head × 8 × 2 bytes (float16). */
+const WORKER_CACHE_BYTES = 2 * 4 * 16 * 8 * 2
 
 /** The mapped-bytes limit of the second test: below one worker cache's segment. */
 const LIMIT = 1_000
@@ -240,5 +264,135 @@ describe("a released instance id stays its tenant's for the registration grace (
       const bad = yield* Effect.flip(call(RegisterKvCacheEngineDrivenContext, [{ ...context(4242), block_size: 48 }]))
       assert.strictEqual(bad._tag, "InvalidArgument")
       assert.deepStrictEqual(yield* Effect.flip(call(RegisterKvCacheEngineDrivenContext, [context(4242)], PEER_B)), squat("was unregistered", 0, 3600))
+    }).pipe(Effect.provide(env())))
+})
+
+describe("an instance's owner lives in its entries (issue 25 item 1, TestClock)", () => {
+  const X = makeInstanceId(4242n)
+  const curve = { chunkSize: 32, curveSecretKeyFile: keys.serverSecretFile, curveAuthorizedKeys: keys.authorizedKeysFile }
+  /** The `tenants` rows of /api/status: instances and mapped bytes per tenant. */
+  const holdings = Effect.flatMap(Tenancy, (t) => t.status()).pipe(
+    Effect.map((s) => (s["tenants"] as ReadonlyArray<{ tenant: string; instances: number; mapped_bytes: number }>).map((r) => [r.tenant, r.instances, r.mapped_bytes]))
+  )
+
+  it.effect("a reap's fan-out during the same worker's re-REGISTER leaves the new entry owned: another tenant's UNREGISTER is forbidden", () =>
+    Effect.gen(function*() {
+      const scope = yield* Scope.make()
+      const fanOut = yield* Deferred.make<void>()
+      const resumeFanOut = yield* Deferred.make<void>()
+      const mapping = yield* Deferred.make<void>()
+      const mapped = yield* Deferred.make<void>()
+      let acquires = 0
+      // A module on the real per-instance core whose second acquire (the re-REGISTER's mapping) waits on a latch.
+      const core = yield* makeTrackedInstances<{ readonly scope: Scope.Closeable }>({
+        name: "latched",
+        kind: "engine_driven",
+        registerOp: RegisterKvCacheEngineDrivenContext.name,
+        differs: "another context",
+        missing: "is not registered",
+        remedy: "register it again",
+        details: () => ({})
+      }).pipe(Scope.provide(scope))
+      const latched: ServerModule = {
+        name: "latched",
+        target: core.target,
+        rows: [
+          row(RegisterKvCacheEngineDrivenContext, "SYNC", ([c], ctx) =>
+            core.register(c.instance_id, {
+              owner: ctx.owner,
+              same: () => true,
+              acquire: (entryScope) =>
+                ++acquires === 1
+                  ? Effect.succeed({ scope: entryScope })
+                  : Effect.as(Effect.andThen(Deferred.succeed(mapping, undefined), Deferred.await(mapped)), { scope: entryScope })
+            }).pipe(Effect.as({ shm_name: "", pool_size: 0 }))),
+          row(UnregisterKvCacheEngineDrivenContext, "SYNC", ([id]) => Effect.asVoid(core.unregister(id)))
+        ]
+      }
+      // A target after it whose drop, in the reap's fan-out, waits on a latch.
+      const fanOutLatch: ServerModule = {
+        name: "fan-out latch",
+        rows: [],
+        target: {
+          ...noopTarget("fan-out latch"),
+          dropInstanceState: () => Effect.andThen(Deferred.succeed(fanOut, undefined), Deferred.await(resumeFanOut))
+        }
+      }
+      yield* Effect.gen(function*() {
+        yield* bindTenantA
+        yield* bindTenant("b", "tenantB", PEER_B)
+        const tenancy = yield* Tenancy
+        yield* call(RegisterKvCacheEngineDrivenContext, [context(4242)])
+        assert.strictEqual(yield* tenancy.tenantOf(X), "tenantA")
+        // Never pinged: 1 ms past the registration grace the scan pops X, then waits in its fan-out.
+        yield* TestClock.adjust("3600001 millis")
+        const scan = yield* Effect.forkChild((yield* Reaper).scan(3_600_001))
+        yield* Deferred.await(fanOut)
+        assert.strictEqual(yield* tenancy.tenantOf(X), undefined, "popped")
+        // A's worker registers X again; its mapping waits while the fan-out finishes.
+        const again = yield* Effect.forkChild(call(RegisterKvCacheEngineDrivenContext, [context(4242)]))
+        yield* Deferred.await(mapping)
+        yield* Deferred.succeed(resumeFanOut, undefined)
+        assert.deepStrictEqual((yield* Fiber.join(scan)).map((r) => r.id), [X])
+        yield* Deferred.succeed(mapped, undefined)
+        assert.deepStrictEqual(yield* Fiber.join(again), { shm_name: "", pool_size: 0 })
+        assert.strictEqual(yield* tenancy.tenantOf(X), "tenantA")
+        const stranger = yield* Effect.flip(call(UnregisterKvCacheEngineDrivenContext, [X], PEER_B))
+        assert.deepStrictEqual(
+          stranger,
+          new Forbidden({
+            op: "unregister_kv_cache_engine_driven_context",
+            instance_id: "4242",
+            field: "instance_id",
+            message: "unregister_kv_cache_engine_driven_context: instance 4242 belongs to another tenant; nothing was changed"
+          })
+        )
+        assert.isTrue(yield* core.isRegistered(X), "B's UNREGISTER changed nothing")
+        assert.deepStrictEqual(yield* holdings, [["tenantA", 1, 0], ["tenantB", 0, 0]])
+      }).pipe(Effect.provide(layerModulesTestBare({ config: curve, plugins: [latched, fanOutLatch] })))
+      yield* Scope.close(scope, Exit.void)
+    }))
+
+  it.effect("a tenant at --tenant-max-mapped-bytes whose worker's memory faults registers again at once; the faulted id stays its own", () =>
+    Effect.gen(function*() {
+      yield* bindTenantA
+      yield* bindTenant("b", "tenantB", PEER_B)
+      const cache = yield* workerCache
+      const bytes = mappedBytesOf(cache.descriptors)
+      assert.strictEqual(bytes, WORKER_CACHE_BYTES, "the limit is one worker cache")
+      yield* call(RegisterKvCacheEngineDrivenContext, [context(1)]) // maps nothing: 0 bytes
+      yield* call(RegisterKvCache, [X, cache.descriptors, "m", 1, "vllm", {}, []])
+      assert.deepStrictEqual(yield* holdings, [["tenantA", 2, bytes], ["tenantB", 0, 0]])
+      // The worker shrinks its segment: the STORE's gather faults and the context is released.
+      truncateSync(`/dev/shm/${cache.segmentNames[0]!}`, 0)
+      const key = { model_name: "m", world_size: 1, worker_id: 0, token_ids: Array.from({ length: 32 }, (_, i) => i), start: 0, end: 32, request_id: "r", cache_salt: "" }
+      const fault = yield* Effect.flip(call(Store, [key, X, [[1, 2]], new Uint8Array(1)]))
+      assert.strictEqual(fault._tag, "InvalidArgument")
+      assert.deepStrictEqual(yield* holdings, [["tenantA", 1, 0], ["tenantB", 0, 0]], "the faulted context's bytes went with it")
+      const fresh = yield* workerCache
+      yield* call(RegisterKvCache, [makeInstanceId(4243n), fresh.descriptors, "m", 1, "vllm", {}, []])
+      assert.deepStrictEqual(yield* holdings, [["tenantA", 2, bytes], ["tenantB", 0, 0]])
+      // Nothing holds X now: it stays bound to A for the grace, like an UNREGISTER's.
+      const squatted = yield* Effect.flip(call(RegisterKvCacheEngineDrivenContext, [context(4242)], PEER_B))
+      assert.strictEqual(squatted.message.split(":").slice(0, 2).join(":"), "register_kv_cache_engine_driven_context: instance 4242 belongs to another tenant")
+      assert.include(squatted.message, "it was released after a fault in its memory 0 s ago")
+    }).pipe(Effect.provide(env({ tenantMaxMappedBytes: WORKER_CACHE_BYTES }))))
+
+  it.effect("mapped bytes, exact after REGISTER_KV_CACHE, CB_REGISTER_ROPE, UNREGISTER_KV_CACHE (the RoPE state's remain) and CB_UNREGISTER_ROPE", () =>
+    Effect.gen(function*() {
+      yield* bindTenantA
+      const cache = yield* workerCache
+      const kv = mappedBytesOf(cache.descriptors)
+      const table = yield* makeTableSegment(32, 8) // 32 rows of 8 float32: 1024 bytes
+      const rope = mappedBytesOf([table])
+      assert.notStrictEqual(kv, rope)
+      yield* call(RegisterKvCache, [X, cache.descriptors, "m", 1, "vllm", {}, []])
+      assert.deepStrictEqual(yield* holdings, [["tenantA", 1, kv]])
+      yield* call(CbRegisterRope, [X, [table], 8, true, [0], [null]])
+      assert.deepStrictEqual(yield* holdings, [["tenantA", 1, kv + rope]])
+      yield* call(UnregisterKvCache, [X])
+      assert.deepStrictEqual(yield* holdings, [["tenantA", 1, rope]])
+      yield* call(CbUnregisterRope, [X])
+      assert.deepStrictEqual(yield* holdings, [["tenantA", 0, 0]])
     }).pipe(Effect.provide(env())))
 })
