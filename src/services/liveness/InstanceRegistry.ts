@@ -166,7 +166,14 @@ export const makeInstanceRegistry = <R>(): Effect.Effect<InstanceRegistry<R>> =>
         Effect.map(
           Effect.tx(Effect.gen(function*() {
             if (yield* TxHashMap.has(map, id)) return false
-            yield* TxHashMap.set(map, id, { id, resource, owner, lastSeenMs: nowMs, hasLivenessSignal: false, hasTransferActivity: false })
+            yield* TxHashMap.set(map, id, {
+              id,
+              resource,
+              ...(owner === undefined ? {} : { owner }),
+              lastSeenMs: nowMs,
+              hasLivenessSignal: false,
+              hasTransferActivity: false
+            })
             return true
           })),
           (inserted) => {
