@@ -611,7 +611,7 @@ export interface NativeAddon {
   scanAcceptedSockets(address: { readonly port: number } | { readonly path: string }): Promise<ReadonlyArray<readonly [number, number]>>
   /** shutdown(fd, SHUT_RDWR) if `fd` is still the socket of `inode`; whether it was. */
   shutdownSocket(fd: number, inode: number): boolean
-  /** copyBatch with the shm copies outside the fault guard: bench/transfer.ts only, to measure the guard's cost. */
+  /** copyBatch with the shm copies outside the fault guard: bench/transfer/transfer.ts only, to measure the guard's cost. */
   copyBatchUnguarded(
     direction: "gather" | "scatter",
     mappings: ReadonlyArray<AddonMapping>,

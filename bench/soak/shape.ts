@@ -1,6 +1,6 @@
 /**
- * The shapes bench:soak's load processes share (bench/soak-load.ts,
- * bench/soak-worker.ts): a tiny model, so that the run measures the
+ * The shapes bench:soak's load processes share (bench/soak/load.ts,
+ * bench/soak/worker.ts): a tiny model, so that the run measures the
  * server's bookkeeping per request and not its copies. 2 layers × 2 heads ×
  * 16 head size, float16, 16-token blocks and chunks: one chunk object is
  * 2 × 2 × 16 × 32 × 2 B = 4 KiB.

@@ -5,7 +5,7 @@
  * test/support/TestServer.ts `bareServer`) whose management module drives a
  * LivenessTarget around an InstanceRegistry holding `--n` fresh contexts.
  *
- *   node bench/liveness-server.ts --endpoint ipc:///tmp/x.sock --n 100000
+ *   node bench/liveness/server-child.ts --endpoint ipc:///tmp/x.sock --n 100000
  *
  * Once listening it prints `{"ready":true,"endpoint":…,"pingId":"<decimal>"}`
  * on stdout (pingId: one of the tracked ids, for named PINGs). Then, on
@@ -20,19 +20,19 @@
  * - `quit` (or end of input): shuts the server down and exits.
  *
  * Logs go to stderr as JSON, like the server's. The configured windows are
- * long (bench/liveness-common.ts WINDOWS), so the management module's own
+ * long (bench/liveness/fixture.ts WINDOWS), so the management module's own
  * reaper never scans during a run and every entry stays fresh.
  */
-import { layerTestBare } from "../src/layers/Server.ts"
+import { layerTestBare } from "../../src/layers/Server.ts"
 import { createInterface } from "node:readline"
 import { parseArgs } from "node:util"
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect } from "effect"
-import { loggerLayer } from "../src/layers/Logging.ts"
-import { formatInstanceId } from "../src/schema/InstanceId.ts"
-import { Reaper } from "../src/services/liveness/Reaper.ts"
-import { MqServer } from "../src/services/server/MqServer.ts"
-import { fillRegistry, nextTurn, registryTarget, WINDOWS } from "./liveness-common.ts"
+import { loggerLayer } from "../../src/layers/Logging.ts"
+import { formatInstanceId } from "../../src/schema/InstanceId.ts"
+import { Reaper } from "../../src/services/liveness/Reaper.ts"
+import { MqServer } from "../../src/services/server/MqServer.ts"
+import { fillRegistry, nextTurn, registryTarget, WINDOWS } from "./fixture.ts"
 
 const { values: args } = parseArgs({
   options: { endpoint: { type: "string" }, n: { type: "string", default: "100000" } }

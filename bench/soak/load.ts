@@ -3,7 +3,7 @@
  * channel (`startSoakLoad`); the child sets its role up, says `ready`, then
  * runs exactly the number of operations each `run` message asks for and
  * answers `done` with what it saw; `stop` closes everything it opened
- * (UNREGISTER, sockets) and exits. Roles (shapes in bench/lib/soakShape.ts):
+ * (UNREGISTER, sockets) and exits. Roles (shapes in bench/soak/shape.ts):
  *
  * - `ping`: raw PING [nil] through the benches' DEALER client
  *   (bench/lib/pingClient.ts `pingLoop`), 2 DEALERs each with one PING in
@@ -24,19 +24,19 @@
  */
 import { fork, type ChildProcess } from "node:child_process"
 import { Effect, Exit, Layer, ManagedRuntime, References, Scope } from "effect"
-import { ClientLive } from "../src/layers/Client.ts"
-import { loggerLayer } from "../src/layers/Logging.ts"
-import type { NativeMemory } from "../src/native/Native.ts"
-import type { CacheKey } from "../src/schema/CacheKey.ts"
-import { PrepareStore } from "../src/schema/Op.ts"
-import { makeEngineDrivenWorkerAdapterWith } from "../src/services/client/EngineDrivenWorkerAdapter.ts"
-import { makeMqClient } from "../src/services/client/MqClient.ts"
-import { makePagedKvCache } from "../src/services/client/PagedKvCache.ts"
-import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/services/client/SchedulerAdapter.ts"
-import { makeWorkerAdapter } from "../src/services/client/WorkerAdapter.ts"
-import type { ZmqSockets } from "../src/services/zmq/Sockets.ts"
-import type { Tracker } from "./lib/children.ts"
-import { pingLoop, type PingRun } from "./lib/pingClient.ts"
+import { ClientLive } from "../../src/layers/Client.ts"
+import { loggerLayer } from "../../src/layers/Logging.ts"
+import type { NativeMemory } from "../../src/native/Native.ts"
+import type { CacheKey } from "../../src/schema/CacheKey.ts"
+import { PrepareStore } from "../../src/schema/Op.ts"
+import { makeEngineDrivenWorkerAdapterWith } from "../../src/services/client/EngineDrivenWorkerAdapter.ts"
+import { makeMqClient } from "../../src/services/client/MqClient.ts"
+import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
+import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../../src/services/client/SchedulerAdapter.ts"
+import { makeWorkerAdapter } from "../../src/services/client/WorkerAdapter.ts"
+import type { ZmqSockets } from "../../src/services/zmq/Sockets.ts"
+import type { Tracker } from "../lib/children.ts"
+import { pingLoop, type PingRun } from "../lib/pingClient.ts"
 import {
   BLOCK_TOKENS,
   CHUNK_TOKENS,
@@ -52,8 +52,8 @@ import {
   PREFIX_TOKENS,
   PREFIXES,
   prefixTokens
-} from "./lib/soakShape.ts"
-import { summarizeUs, type LatencySummary } from "./lib/stats.ts"
+} from "./shape.ts"
+import { summarizeUs, type LatencySummary } from "../lib/stats.ts"
 
 export type SoakRole = "ping" | "sessions" | "unended" | "prepare" | "register"
 

@@ -1,19 +1,19 @@
 /**
  * A worker process bench:soak SIGKILLs: registers a real POSIX-shm KV cache
- * (PagedKvCache, the soak's tiny model of bench/lib/soakShape.ts) through the
+ * (PagedKvCache, the soak's tiny model of bench/soak/shape.ts) through the
  * WorkerAdapter, heartbeat every second, prints one line
  * `{"event":"registered","instanceId","pid"}` on stdout and waits to be
  * killed. SIGKILL skips every cleanup: the soak unlinks its segments and the
  * server must reap it (disconnect grace) and unmap them.
  *
- *   node bench/soak-worker.ts <endpoint> <namePrefix>
+ *   node bench/soak/worker.ts <endpoint> <namePrefix>
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect } from "effect"
-import { ClientLive } from "../src/layers/Client.ts"
-import { makePagedKvCache } from "../src/services/client/PagedKvCache.ts"
-import { makeWorkerAdapter } from "../src/services/client/WorkerAdapter.ts"
-import { KV_GEOMETRY, MODEL_LM } from "./lib/soakShape.ts"
+import { ClientLive } from "../../src/layers/Client.ts"
+import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
+import { makeWorkerAdapter } from "../../src/services/client/WorkerAdapter.ts"
+import { KV_GEOMETRY, MODEL_LM } from "./shape.ts"
 
 const endpoint = process.argv[2]!
 const namePrefix = process.argv[3]!

@@ -2,7 +2,7 @@
  * Child program of bench:liveness (part 3, heap per tracked context); needs
  * `--expose-gc`:
  *
- *   node --expose-gc bench/liveness-heap.ts --n 100000 --case registry
+ *   node --expose-gc bench/liveness/heap-child.ts --n 100000 --case registry
  *
  * Each case builds N tracked contexts between two full collections and
  * reports `(heapUsed after − heapUsed before) / N` in bytes; the ids (63-bit
@@ -28,10 +28,10 @@
 import { randomUUID } from "node:crypto"
 import { parseArgs } from "node:util"
 import { Effect, Scope } from "effect"
-import type { TensorDescriptor } from "../src/schema/TensorDescriptor.ts"
-import { makeInstanceRegistry, type Tracked } from "../src/services/liveness/InstanceRegistry.ts"
-import { validateKvCaches } from "../src/services/kv/KvCacheLayout.ts"
-import { randomIds } from "./liveness-common.ts"
+import type { TensorDescriptor } from "../../src/schema/TensorDescriptor.ts"
+import { makeInstanceRegistry, type Tracked } from "../../src/services/liveness/InstanceRegistry.ts"
+import { validateKvCaches } from "../../src/services/kv/KvCacheLayout.ts"
+import { randomIds } from "./fixture.ts"
 
 const { values: args } = parseArgs({
   options: { n: { type: "string", default: "100000" }, case: { type: "string", default: "registry" } }
@@ -40,7 +40,7 @@ const N = Number(args.n)
 
 const gcFn = (globalThis as { gc?: () => void }).gc
 if (gcFn === undefined) {
-  process.stderr.write("bench/liveness-heap.ts needs node --expose-gc\n")
+  process.stderr.write("bench/liveness/heap-child.ts needs node --expose-gc\n")
   process.exit(2)
 }
 const fullGc = (): void => {

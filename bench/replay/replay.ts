@@ -1,5 +1,5 @@
 /**
- * `node bench/replay.ts [-- --quick | --full] [-- --summary FILE]` (run by
+ * `node bench/replay/replay.ts [-- --quick | --full] [-- --summary FILE]` (run by
  * `npm run bench`; `npm run replay` runs the replay alone, without this report)
  *
  * `mpcache replay` of the Mooncake conversation trace, small model,
@@ -11,11 +11,11 @@
  * A benchmark, never a test: exits 0 when the replay exited 0, 1 otherwise
  * (its row, when it printed its JSON, says whether it was clean).
  */
-import { parseBenchArgs } from "./lib/args.ts"
-import { runNode } from "./lib/children.ts"
-import { measuredDate } from "./lib/machine.ts"
-import { DOC_NAME, writeDocSection } from "./lib/report.ts"
-import { writeSummary } from "./lib/summary.ts"
+import { parseBenchArgs } from "../lib/args.ts"
+import { runNode } from "../lib/children.ts"
+import { measuredDate } from "../lib/machine.ts"
+import { DOC_NAME, writeDocSection } from "../lib/report.ts"
+import { writeSummary } from "../lib/summary.ts"
 
 const HEADING = "## Replay (mpcache replay)"
 

@@ -2,7 +2,7 @@
 // Pipelined SET then GET of `count` binary values of 512 KiB and 2 MiB against one redis-server,
 // rounds interleaved between the clients so both see the same machine load. Reports GB/s per client
 // and the ratio node-redis / ioredis. ioredis is not a dependency: point IOREDIS_DIR at an install.
-//   IOREDIS_DIR=/tmp/l2bench/node_modules/ioredis node bench/l2-clients.mjs 6390
+//   IOREDIS_DIR=/tmp/l2bench/node_modules/ioredis node bench/l2/clients.mjs 6390
 import { createClient, RESP_TYPES } from "redis"
 import { randomBytes } from "node:crypto"
 

@@ -17,7 +17,7 @@
  * both jobs of a round alike), and GB/s of each variant's median job.
  */
 import type { AddonMapping, NativeAddon } from "../../src/native/Native.ts"
-import { median } from "./stats.ts"
+import { median } from "../lib/stats.ts"
 
 /** One direction's result. */
 export interface GuardCostDirection {

@@ -13,12 +13,12 @@
  *   until `--lookup-lock-ttl-seconds`), half ask for a model no one registered;
  * - 50,000 PREPARE_STOREs never committed (an engine-driven context);
  * - 2,000 REGISTER/UNREGISTER cycles (a new WorkerAdapter each);
- * - 500 worker processes (bench/soak-worker.ts) that register a real POSIX-shm
+ * - 500 worker processes (bench/soak/worker.ts) that register a real POSIX-shm
  *   KV cache and are SIGKILLed (their segments unlinked here; the server reaps them).
  *
- * The load runs in child processes (bench/soak-load.ts, one per kind) in ten
+ * The load runs in child processes (bench/soak/load.ts, one per kind) in ten
  * equal steps; after each step (every 10 % of the run) the bench samples the
- * server's heap after a full GC (bench/heap-probe.ts, preloaded with
+ * server's heap after a full GC (bench/lib/heap-probe.ts, preloaded with
  * `--expose-gc`), its RSS (/proc/<pid>/status) and its `/api/status` counters.
  *
  * Figures: the slope of heap used and of RSS against requests after the
@@ -40,19 +40,19 @@
  */
 import { readdirSync, rmSync } from "node:fs"
 import os from "node:os"
-import { parseBenchArgs, usageError } from "./lib/args.ts"
-import { startLineChild } from "./lib/children.ts"
-import { withDeadline } from "./lib/deadline.ts"
-import { int } from "./lib/format.ts"
-import { loadText, measuredDate, nodeAndCpu } from "./lib/machine.ts"
-import { startProbedServer, serveHelpLists, type HeapSample, type ProbedServer } from "./lib/probedServer.ts"
-import { DOC_NAME, writeDocSection } from "./lib/report.ts"
-import { makeResources, runBench } from "./lib/resources.ts"
-import { CHUNK_TOKENS } from "./lib/soakShape.ts"
-import { writeSummary, type SummaryRow } from "./lib/summary.ts"
-import { secondsSince, sleep } from "./lib/time.ts"
-import { startSoakLoad, type RunDone, type SoakLoad, type SoakRole } from "./soak-load.ts"
-import type { StatusDocument } from "../src/schema/Status.ts"
+import { parseBenchArgs, usageError } from "../lib/args.ts"
+import { startLineChild } from "../lib/children.ts"
+import { withDeadline } from "../lib/deadline.ts"
+import { int } from "../lib/format.ts"
+import { loadText, measuredDate, nodeAndCpu } from "../lib/machine.ts"
+import { startProbedServer, serveHelpLists, type HeapSample, type ProbedServer } from "../lib/probedServer.ts"
+import { DOC_NAME, writeDocSection } from "../lib/report.ts"
+import { makeResources, runBench } from "../lib/resources.ts"
+import { CHUNK_TOKENS } from "./shape.ts"
+import { writeSummary, type SummaryRow } from "../lib/summary.ts"
+import { secondsSince, sleep } from "../lib/time.ts"
+import { startSoakLoad, type RunDone, type SoakLoad, type SoakRole } from "./load.ts"
+import type { StatusDocument } from "../../src/schema/Status.ts"
 
 const HEADING = "## Soak (bench:soak)"
 
@@ -182,7 +182,7 @@ const killWorkers = async (count: number, tally: KillTally): Promise<void> => {
     while (next < count) {
       next++
       const prefix = `${tag}-k${workerSerial++}`
-      const worker = startLineChild("soak worker", ["bench/soak-worker.ts", endpoint, prefix], resources.children)
+      const worker = startLineChild("soak worker", ["bench/soak/worker.ts", endpoint, prefix], resources.children)
       try {
         const m = await worker.waitFor(/"event":"registered","instanceId":"(\d+)"/, WORKER_READY_TIMEOUT_MS, "stdout")
         tally.instanceIds.add(m[1]!)
@@ -283,12 +283,12 @@ const section = (r: Report): string => {
     "",
     `Method: \`mpcache serve --chunk-size ${CHUNK_TOKENS} --l1-size-gb ${L1_SIZE_GB} --no-l1-prefault --lookup-lock-ttl-seconds ${LOCK_TTL_S} ` +
     `--worker-disconnect-grace-seconds ${DISCONNECT_GRACE_S}${r.prepareTtl ? ` --prepare-ttl-seconds ${PREPARE_TTL_S}` : ""}\` in a child process`,
-    "under `node --expose-gc` with `bench/heap-probe.ts` preloaded (on SIGWINCH: two full GCs, then `process.memoryUsage()`).",
-    "The load comes from one child process per kind (`bench/soak-load.ts`): raw PING DEALERs; the SchedulerAdapter",
+    "under `node --expose-gc` with `bench/lib/heap-probe.ts` preloaded (on SIGWINCH: two full GCs, then `process.memoryUsage()`).",
+    "The load comes from one child process per kind (`bench/soak/load.ts`): raw PING DEALERs; the SchedulerAdapter",
     "(triples, and lookups never ended: half hit a stored prefix and keep its read locks until the lock TTL, half ask",
     "for a model no one registered); an engine-driven context sending PREPARE_STORE of fresh one-chunk keys, never",
     "committed; new WorkerAdapters registering and unregistering one PagedKvCache; and worker processes",
-    `(\`bench/soak-worker.ts\`, ${KILL_CONCURRENCY} at a time) that register a POSIX-shm KV cache and are SIGKILLed (their`,
+    `(\`bench/soak/worker.ts\`, ${KILL_CONCURRENCY} at a time) that register a POSIX-shm KV cache and are SIGKILLed (their`,
     "segments unlinked by the bench). Tiny model (2 layers × 2 × 16, float16, 16-token chunks of 4 KiB), so the run",
     "measures the server's bookkeeping, not its copies. Ten equal steps, all kinds at once; after each step (every",
     "10 % of the run) the heap after GC, the RSS (/proc) and `/api/status` are sampled with the load idle. The",

@@ -12,7 +12,7 @@
  *
  * - Server: `mpcache serve` in a child process (ipc endpoint, HTTP port 0,
  *   `--l1-size-gb 4`, `--chunk-size 256`, JSON logs on stderr), with
- *   bench/loop-delay.ts preloaded to report its event-loop delay per window.
+ *   bench/transfer/loop-delay.ts preloaded to report its event-loop delay per window.
  * - Worker: in this process. A PagedKvCache in POSIX shm (one segment per
  *   layer, 257 blocks: block 0 is vLLM's null block and stays unused),
  *   registered through the WorkerAdapter, every block filled once with
@@ -35,7 +35,7 @@
  * - The fault guard's cost (issue 13, target under 5 %): one chunk's copy job
  *   of the server's own code (`copyBatch` with the server's copy plan) against
  *   the same job outside the guard (`copyBatchUnguarded`), in this process,
- *   on the cpu_shm cache (bench/lib/guardCost.ts).
+ *   on the cpu_shm cache (bench/transfer/guardCost.ts).
  * - PING: a raw zeromq DEALER (as in bench/ping.ts) with one PING [nil] in
  *   flight, in a child process of its own (bench/pingChild.ts), idle first
  *   and then through each measured transfer window.
@@ -55,19 +55,19 @@ import os from "node:os"
 import path from "node:path"
 import { monitorEventLoopDelay } from "node:perf_hooks"
 import { Effect, Exit, Layer, ManagedRuntime, References, Scope } from "effect"
-import { loggerLayer } from "../src/layers/Logging.ts"
-import { ClientLive } from "../src/layers/Client.ts"
-import { type AddonMapping, loadNativeAddon, type NativeError, NativeMemory } from "../src/native/Native.ts"
-import type { InvalidArgument } from "../src/schema/WireError.ts"
-import { validateKvCaches } from "../src/services/kv/KvCacheLayout.ts"
-import { chunkRanges, segmentPlan } from "../src/services/server/internal/CopyPlan.ts"
-import type { ZmqSockets } from "../src/services/zmq/Sockets.ts"
-import { Clear } from "../src/schema/Op.ts"
-import { makeMqClient, type RequestError } from "../src/services/client/MqClient.ts"
-import { makePagedKvCache, type PagedKvCache, type PagedKvCacheOptions } from "../src/services/client/PagedKvCache.ts"
-import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../src/services/client/SchedulerAdapter.ts"
-import { makeWorkerAdapter, type TransferRequest, type WorkerAdapterShape } from "../src/services/client/WorkerAdapter.ts"
-import { parseBenchArgs, positiveSeconds } from "./lib/args.ts"
+import { loggerLayer } from "../../src/layers/Logging.ts"
+import { ClientLive } from "../../src/layers/Client.ts"
+import { type AddonMapping, loadNativeAddon, type NativeError, NativeMemory } from "../../src/native/Native.ts"
+import type { InvalidArgument } from "../../src/schema/WireError.ts"
+import { validateKvCaches } from "../../src/services/kv/KvCacheLayout.ts"
+import { chunkRanges, segmentPlan } from "../../src/services/server/internal/CopyPlan.ts"
+import type { ZmqSockets } from "../../src/services/zmq/Sockets.ts"
+import { Clear } from "../../src/schema/Op.ts"
+import { makeMqClient, type RequestError } from "../../src/services/client/MqClient.ts"
+import { makePagedKvCache, type PagedKvCache, type PagedKvCacheOptions } from "../../src/services/client/PagedKvCache.ts"
+import { makeSchedulerAdapter, type SchedulerAdapterShape } from "../../src/services/client/SchedulerAdapter.ts"
+import { makeWorkerAdapter, type TransferRequest, type WorkerAdapterShape } from "../../src/services/client/WorkerAdapter.ts"
+import { parseBenchArgs, positiveSeconds } from "../lib/args.ts"
 import {
   BLOCK_BYTES,
   BLOCK_TOKENS,
@@ -83,19 +83,19 @@ import {
   NUM_LAYERS,
   segmentNamesOf,
   unlinkSegments
-} from "./lib/kvChunks.ts"
-import { spawnReady, startLineChild, stopChild } from "./lib/children.ts"
-import { awaitL1Prefault } from "./lib/l1Prefault.ts"
-import { SERVER_NODE_OPTIONS } from "./lib/serverNodeOptions.ts"
-import { int as intOf, orNa } from "./lib/format.ts"
-import { type GuardCost, measureGuardCost } from "./lib/guardCost.ts"
-import { freeGiB, machineJiffies, measuredDate, memAvailableGiB, nodeAndCpu, processMemoryGiB, threadCpu } from "./lib/machine.ts"
-import { DOC_NAME, writeDocSection } from "./lib/report.ts"
-import { makeResources } from "./lib/resources.ts"
-import { summarizeUs, type LatencySummary } from "./lib/stats.ts"
-import { writeSummary, type SummaryRow } from "./lib/summary.ts"
-import { secondsSince, sleep } from "./lib/time.ts"
-import { startPingChild, type PingChild } from "./pingChild.ts"
+} from "../lib/kvChunks.ts"
+import { spawnReady, startLineChild, stopChild } from "../lib/children.ts"
+import { awaitL1Prefault } from "../lib/l1Prefault.ts"
+import { SERVER_NODE_OPTIONS } from "../lib/serverNodeOptions.ts"
+import { int as intOf, orNa } from "../lib/format.ts"
+import { type GuardCost, measureGuardCost } from "./guardCost.ts"
+import { freeGiB, machineJiffies, measuredDate, memAvailableGiB, nodeAndCpu, processMemoryGiB, threadCpu } from "../lib/machine.ts"
+import { DOC_NAME, writeDocSection } from "../lib/report.ts"
+import { makeResources } from "../lib/resources.ts"
+import { summarizeUs, type LatencySummary } from "../lib/stats.ts"
+import { writeSummary, type SummaryRow } from "../lib/summary.ts"
+import { secondsSince, sleep } from "../lib/time.ts"
+import { startPingChild, type PingChild } from "../pingChild.ts"
 
 const HEADING = "## STORE and RETRIEVE throughput (bench:transfer)"
 
@@ -205,7 +205,7 @@ interface Server {
   readonly tail: () => string
   /** WARN/ERROR log lines so far and the first few of them. */
   readonly warnings: { count: number; readonly first: Array<string> }
-  /** The server's event-loop delay since the previous call (SIGUSR2 to bench/loop-delay.ts). */
+  /** The server's event-loop delay since the previous call (SIGUSR2 to bench/transfer/loop-delay.ts). */
   readonly loopDelay: () => Promise<LoopDelay>
   /** Rejects when the server exits: race anything that waits on it against this. */
   readonly exited: Promise<never>
@@ -217,7 +217,7 @@ const startServer = async (): Promise<Server> => {
     ...SERVER_NODE_OPTIONS,
     ...(serverProfDir === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${serverProfDir}`]),
     "--import",
-    "./bench/loop-delay.ts",
+    "./bench/transfer/loop-delay.ts",
     "src/cli/main.ts",
     "serve",
     "--endpoint",
@@ -675,7 +675,7 @@ const section = (r: Report): string => {
     `${ELEMENT_BYTES} B = **${CHUNK_BYTES / 2 ** 20} MiB** (one block of one layer's K or V: ${BLOCK_BYTES / 1024} KiB). GB = 10^9 bytes.`,
     "",
     `Method: \`mpcache serve --l1-size-gb ${L1_SIZE_GB} --chunk-size ${CHUNK_TOKENS}\` (default pools) in a child process, with`,
-    "`bench/loop-delay.ts` preloaded to report its event-loop delay per window. The worker runs in the bench process:",
+    "`bench/transfer/loop-delay.ts` preloaded to report its event-loop delay per window. The worker runs in the bench process:",
     `a PagedKvCache in POSIX shm (${NUM_LAYERS} segments × ${NUM_BLOCKS} blocks, ${f2((NUM_LAYERS * LAYER_BYTES) / 2 ** 30)} GiB, every block`,
     "non-zero; block 0, vLLM's null block, unused; block ids shuffled so that each 32 KiB block is its own copy range)",
     `registered through the WorkerAdapter. ${STREAMS} streams each keep one request of ${CHUNKS_PER_REQUEST} chunks`,

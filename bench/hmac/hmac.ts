@@ -13,10 +13,10 @@ import { createSecretKey, randomBytes } from "node:crypto"
 import { loadavg } from "node:os"
 import { monitorEventLoopDelay } from "node:perf_hooks"
 import { Effect } from "effect"
-import { makeHmacSha256Unsafe } from "../src/native/Hmac.ts"
-import { parseBenchArgs, usageError } from "./lib/args.ts"
-import { median } from "./lib/stats.ts"
-import { sleep } from "./lib/time.ts"
+import { makeHmacSha256Unsafe } from "../../src/native/Hmac.ts"
+import { parseBenchArgs, usageError } from "../lib/args.ts"
+import { median } from "../lib/stats.ts"
+import { sleep } from "../lib/time.ts"
 
 const args = parseBenchArgs({ values: { type: "string" }, mib: { type: "string" } })
 const positive = (flag: string, text: string | undefined, fallback: number): number => {

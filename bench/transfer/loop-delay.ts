@@ -1,6 +1,6 @@
 /**
  * Preloaded into the mpcache server by bench:transfer (`node --import
- * ./bench/loop-delay.ts src/cli/main.ts serve …`): measures the server's
+ * ./bench/transfer/loop-delay.ts src/cli/main.ts serve …`): measures the server's
  * event-loop delay without touching server code. On SIGUSR2 it writes one
  * line `{"bench_loop_delay":{"p50_ms","p99_ms","max_ms","count"}}` to stderr
  * (the delays since the previous SIGUSR2, beyond the sampler's own period)

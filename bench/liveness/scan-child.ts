@@ -1,7 +1,7 @@
 /**
  * Child program of bench:liveness (part 1, reaper scan time):
  *
- *   node bench/liveness-scan.ts --sizes 1000,10000,100000 --repeats 7
+ *   node bench/liveness/scan-child.ts --sizes 1000,10000,100000 --repeats 7
  *
  * For each size N: an InstanceRegistry with N fresh tracked contexts (a
  * small dummy resource owning its own Scope), then, each the median of
@@ -32,12 +32,12 @@
  */
 import { parseArgs } from "node:util"
 import { Context, Effect, Exit, Layer, Scope } from "effect"
-import { loggerLayer } from "../src/layers/Logging.ts"
-import type { InstanceId } from "../src/schema/InstanceId.ts"
-import { judge, type Reaped, type StaleRule, type Tracked } from "../src/services/liveness/InstanceRegistry.ts"
-import { Reaper } from "../src/services/liveness/Reaper.ts"
-import { fillRegistry, managementLayer, registryTarget, ruleAt, STALE_AGE_MS, timed, type DummyContext } from "./liveness-common.ts"
-import { median } from "./lib/stats.ts"
+import { loggerLayer } from "../../src/layers/Logging.ts"
+import type { InstanceId } from "../../src/schema/InstanceId.ts"
+import { judge, type Reaped, type StaleRule, type Tracked } from "../../src/services/liveness/InstanceRegistry.ts"
+import { Reaper } from "../../src/services/liveness/Reaper.ts"
+import { fillRegistry, managementLayer, registryTarget, ruleAt, STALE_AGE_MS, timed, type DummyContext } from "./fixture.ts"
+import { median } from "../lib/stats.ts"
 
 const { values: args } = parseArgs({
   options: { sizes: { type: "string", default: "1000,10000,100000" }, repeats: { type: "string", default: "7" } }

@@ -9,12 +9,12 @@
  *
  * - Server: one `mpcache serve` for the whole run, in a child process
  *   (`--chunk-size 256 --l1-size-gb 1 --worker-disconnect-grace-seconds 2`,
- *   as replay starts its own; bench/heap-probe.ts preloaded for its heap),
+ *   as replay starts its own; bench/lib/heap-probe.ts preloaded for its heap),
  *   so that its log names every instance it reaps.
  * - Replays: `mpcache replay --server …` in rounds against that server
  *   (one trace slice takes only so many cycles), each round sized from the
  *   kills per request of the rounds before, until the cycles are done.
- *   bench/chaos-preload.ts is preloaded into each replay: it logs every
+ *   bench/chaos/preload.ts is preloaded into each replay: it logs every
  *   signal the replay sends to a worker and each worker's instance id.
  * - Checks, totalled over the rounds: 0 failed requests, 0 leaked contexts,
  *   0 open mappings after shutdown, 0 data mismatches (every retrieved byte
@@ -31,17 +31,17 @@
 import { readdirSync, readFileSync, rmSync } from "node:fs"
 import os from "node:os"
 import path from "node:path"
-import { parseBenchArgs, usageError } from "./lib/args.ts"
-import { startLineChild } from "./lib/children.ts"
-import { withDeadline } from "./lib/deadline.ts"
-import { int } from "./lib/format.ts"
-import { loadText, measuredDate, nodeAndCpu } from "./lib/machine.ts"
-import { startProbedServer } from "./lib/probedServer.ts"
-import { DOC_NAME, writeDocSection } from "./lib/report.ts"
-import { makeResources, runBench } from "./lib/resources.ts"
-import { writeSummary } from "./lib/summary.ts"
-import { secondsSince, sleep } from "./lib/time.ts"
-import type { ReplaySummary } from "../src/replay/Driver.ts"
+import { parseBenchArgs, usageError } from "../lib/args.ts"
+import { startLineChild } from "../lib/children.ts"
+import { withDeadline } from "../lib/deadline.ts"
+import { int } from "../lib/format.ts"
+import { loadText, measuredDate, nodeAndCpu } from "../lib/machine.ts"
+import { startProbedServer } from "../lib/probedServer.ts"
+import { DOC_NAME, writeDocSection } from "../lib/report.ts"
+import { makeResources, runBench } from "../lib/resources.ts"
+import { writeSummary } from "../lib/summary.ts"
+import { secondsSince, sleep } from "../lib/time.ts"
+import type { ReplaySummary } from "../../src/replay/Driver.ts"
 
 const HEADING = "## Chaos replay (bench:chaos)"
 
@@ -90,7 +90,7 @@ resources.onCleanup(() => {
   }
 })
 
-/** One line of bench/chaos-preload.ts's log. */
+/** One line of bench/chaos/preload.ts's log. */
 type ChaosEvent =
   | { readonly at: number; readonly event: "signal"; readonly pid: number; readonly signal: string | number }
   | { readonly at: number; readonly event: "ready"; readonly pid: number; readonly instanceId: string }
@@ -179,7 +179,7 @@ interface Totals {
 const replayRound = async (requests: number, httpUrl: string): Promise<{ summary: ReplaySummary; code: number | null }> => {
   const argv = [
     "--import",
-    "./bench/chaos-preload.ts",
+    "./bench/chaos/preload.ts",
     "src/cli/main.ts",
     "replay",
     "--server",
@@ -247,7 +247,7 @@ const section = (r: Report): string => {
     `Method: one \`mpcache serve --chunk-size ${CHUNK_TOKENS} --l1-size-gb ${L1_SIZE_GB} --worker-disconnect-grace-seconds ${DISCONNECT_GRACE_S}\``,
     `for the whole run; \`mpcache replay --server … --workers ${WORKERS} --kill-every ${KILL_EVERY_S} --pause-every ${PAUSE_EVERY_S} --pause-seconds ${PAUSE_S}`,
     "--max-rate --model small` of the Mooncake conversation trace in rounds against it until the kill cycles are done",
-    "(each round sized from the kills per request so far), with `bench/chaos-preload.ts` logging every signal the",
+    "(each round sized from the kills per request so far), with `bench/chaos/preload.ts` logging every signal the",
     "replay sends and each worker's instance id, so that every reap in the server's log is matched to what had",
     "happened to that worker before it.",
     "",

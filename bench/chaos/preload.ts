@@ -1,6 +1,6 @@
 /**
  * Preloaded into `mpcache replay` by bench:chaos (`node --import
- * ./bench/chaos-preload.ts src/cli/main.ts replay …`, with
+ * ./bench/chaos/preload.ts src/cli/main.ts replay …`, with
  * MPCACHE_CHAOS_LOG=FILE): writes what the replay does to its worker
  * processes, one JSON line each, to FILE — every signal it sends
  * (`{"at","event":"signal","pid","signal"}`, written before the signal goes

@@ -1,6 +1,6 @@
 /**
- * Shared by the bench:liveness child programs (bench/liveness-scan.ts,
- * bench/liveness-heap.ts, bench/liveness-server.ts): random instance ids,
+ * Shared by the bench:liveness child programs (bench/liveness/scan-child.ts,
+ * bench/liveness/heap-child.ts, bench/liveness/server-child.ts): random instance ids,
  * an InstanceRegistry filled with N tracked contexts, a LivenessTarget
  * around it built the way LmcacheDrivenTransfer builds its own, the
  * management module over that target, and two Effect helpers (`timed`,
@@ -8,14 +8,14 @@
  *
  * Only for benchmarks.
  */
-import { layerModulesTestBare } from "../src/layers/Server.ts"
+import { layerModulesTestBare } from "../../src/layers/Server.ts"
 import { randomBytes } from "node:crypto"
 import { Clock, Effect, Exit, Scope } from "effect"
-import { formatInstanceId, makeInstanceId, type InstanceId } from "../src/schema/InstanceId.ts"
-import { makeInstanceRegistry, type InstanceRegistry, type StaleRule, type Tracked } from "../src/services/liveness/InstanceRegistry.ts"
-import type { LivenessTarget } from "../src/services/liveness/LivenessTarget.ts"
-import { RequestBarrier } from "../src/services/liveness/RequestBarrier.ts"
-import type { ServerConfigInput } from "../src/services/server/ServerConfig.ts"
+import { formatInstanceId, makeInstanceId, type InstanceId } from "../../src/schema/InstanceId.ts"
+import { makeInstanceRegistry, type InstanceRegistry, type StaleRule, type Tracked } from "../../src/services/liveness/InstanceRegistry.ts"
+import type { LivenessTarget } from "../../src/services/liveness/LivenessTarget.ts"
+import { RequestBarrier } from "../../src/services/liveness/RequestBarrier.ts"
+import type { ServerConfigInput } from "../../src/services/server/ServerConfig.ts"
 
 /**
  * Windows of every in-process scan of this bench (seconds). Long on purpose:

@@ -5,27 +5,28 @@
  *
  * Worker liveness (DESIGN §5) under load, each figure beside a reference
  * measured in the same run where one exists. This file runs the parts and
- * writes the report; each part is a module of bench/liveness/:
+ * writes the report; each part is a module beside it in bench/liveness/,
+ * with the child programs it runs (*-child.ts) and their fixture (fixture.ts):
  *
  * 1. Reaper scan time with 1k, 10k and 100k tracked contexts
- *    (liveness/scanTime.ts; the work in bench/liveness-scan.ts, its own
+ *    (scanTime.ts; the work in scan-child.ts, its own
  *    process): `InstanceRegistry.popStale` popping nothing and popping 1 %,
  *    the whole `Reaper.scan` over a LivenessTarget around that
  *    registry, and the reference — one pass of the same `judge` over the
  *    same records in a plain Map. Median of several timed runs,
  *    interleaved. Target: popStale under 50 ms at 100k.
  * 2. PING p99 while the management module scans 100k contexts back to back
- *    against PING p99 idle, same server, same run (liveness/pingUnderScans.ts):
- *    an in-process MQ server (bench/liveness-server.ts, its own process)
+ *    against PING p99 idle, same server, same run (pingUnderScans.ts):
+ *    an in-process MQ server (server-child.ts, its own process)
  *    and, here, a raw zeromq DEALER with one PING [id] in flight. Target:
  *    p99 during scans ≤ 3 × idle.
- * 3. Heap per tracked context (liveness/heapPerContext.ts; bench/liveness-heap.ts
+ * 3. Heap per tracked context (heapPerContext.ts; heap-child.ts
  *    under --expose-gc, one process per case): heapUsed growth / N for
  *    N = 100k registry entries, beside the same records in a plain Map, and
  *    for entries carrying a ContextEntry-shaped resource without mappings.
  *    Target: ≤ 2 KB per registry entry.
  * 4. SIGKILL → reaped with `--worker-disconnect-grace-seconds 1`
- *    (liveness/killToReap.ts): `mpcache serve` in a child process; worker
+ *    (killToReap.ts): `mpcache serve` in a child process; worker
  *    processes (test/support/worker-daemon.ts, heartbeat 1 s) started in
  *    batches, each SIGKILLed at its own moment once its first store
  *    succeeded; the latency is the server's timestamp of its "reaped
@@ -39,17 +40,17 @@
  * memory of the workers it killed.
  */
 import os from "node:os"
-import type { ScanRow } from "./liveness-scan.ts"
-import { parseBenchArgs, usageError } from "./lib/args.ts"
-import { loadText, measuredDate, nodeAndCpu } from "./lib/machine.ts"
-import { DOC_NAME, writeDocSection } from "./lib/report.ts"
-import { makeResources, runBench } from "./lib/resources.ts"
-import { writeSummary } from "./lib/summary.ts"
-import { heapSection, heapTargets, measureHeap, type HeapRow } from "./liveness/heapPerContext.ts"
-import { killSection, killTargets, measureKills, type KillResult } from "./liveness/killToReap.ts"
-import { measurePing, pingSection, pingTargets, type PingResult } from "./liveness/pingUnderScans.ts"
-import { summaryRow, targetTable, type TargetRow } from "./liveness/report.ts"
-import { measureScans, scanSection, scanTargets } from "./liveness/scanTime.ts"
+import type { ScanRow } from "./scan-child.ts"
+import { parseBenchArgs, usageError } from "../lib/args.ts"
+import { loadText, measuredDate, nodeAndCpu } from "../lib/machine.ts"
+import { DOC_NAME, writeDocSection } from "../lib/report.ts"
+import { makeResources, runBench } from "../lib/resources.ts"
+import { writeSummary } from "../lib/summary.ts"
+import { heapSection, heapTargets, measureHeap, type HeapRow } from "./heapPerContext.ts"
+import { killSection, killTargets, measureKills, type KillResult } from "./killToReap.ts"
+import { measurePing, pingSection, pingTargets, type PingResult } from "./pingUnderScans.ts"
+import { summaryRow, targetTable, type TargetRow } from "./report.ts"
+import { measureScans, scanSection, scanTargets } from "./scanTime.ts"
 
 const HEADING = "## Liveness (bench:liveness)"
 const STOP_TIMEOUT_MS = 5_000
