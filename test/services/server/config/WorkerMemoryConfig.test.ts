@@ -1,10 +1,13 @@
 /**
- * `--fd-socket`, `--fd-token-ttl-seconds` and the descriptor socket's default place (issue 13 item 2).
+ * How worker memory reaches the server (src/services/server/config/WorkerMemoryConfig.ts), through
+ * ServerConfig's validate: `--fd-socket`, `--fd-token-ttl-seconds` and the descriptor socket's default
+ * place (issue 13 item 2); `--named-segments` (allow | deny, default allow) and `--unlink-reaped-segments`
+ * (default off) (issue 13 item 3).
  */
 import { tmpdir } from "node:os"
 import { accessSync, constants } from "node:fs"
 import { assert, describe, it } from "@effect/vitest"
-import { defaultFdSocket, defaults, validate } from "../../../src/services/server/ServerConfig.ts"
+import { defaultFdSocket, defaults, formatIssue, validate } from "../../../../src/services/server/ServerConfig.ts"
 
 const runWritable = (() => {
   try {
@@ -34,5 +37,25 @@ describe("descriptor socket configuration", () => {
     ])
     const ok = validate({ ...defaults, fdSocket: "@mpcache", requireSealedMemfd: true })
     assert.deepStrictEqual("config" in ok ? [ok.config.fdSocket, ok.config.requireSealedMemfd, ok.config.fdTokenTtlSeconds] : [], ["@mpcache", true, 30])
+  })
+})
+
+describe("ServerConfig: --named-segments and --unlink-reaped-segments", () => {
+  it("default to allow and off, and carry through validate", () => {
+    const r = validate(defaults)
+    assert.isTrue("config" in r)
+    if (!("config" in r)) return
+    assert.deepStrictEqual([r.config.namedSegments, r.config.unlinkReapedSegments], ["allow", false])
+    const set = validate({ ...defaults, namedSegments: "deny", unlinkReapedSegments: true })
+    assert.isTrue("config" in set)
+    if (!("config" in set)) return
+    assert.deepStrictEqual([set.config.namedSegments, set.config.unlinkReapedSegments], ["deny", true])
+  })
+
+  it("a value other than allow or deny is named", () => {
+    const r = validate({ ...defaults, namedSegments: "sometimes" as never })
+    assert.deepStrictEqual("issues" in r ? r.issues.map(formatIssue) : [], [
+      "--named-segments: must be allow or deny (got \"sometimes\")"
+    ])
   })
 })

@@ -2,7 +2,7 @@
  * `--max-pending-lookups`, `--max-pending-lookups-per-peer` and `--max-lookup-locks` (issue 24 item 6).
  */
 import { assert, describe, it } from "@effect/vitest"
-import { defaults, formatIssue, validate } from "../../../src/services/server/ServerConfig.ts"
+import { defaults, formatIssue, validate } from "../../../../src/services/server/ServerConfig.ts"
 
 const issues = (over: Partial<typeof defaults>) => {
   const r = validate({ ...defaults, ...over })
