@@ -14,8 +14,8 @@
  *   keeping the samples of objects GC has since collected (Node's
  *   `--heap-prof` keeps only the live ones), and its 15 largest call sites.
  *
- * SIGURG because SIGWINCH is bench/heap-probe.ts's and SIGUSR2
- * bench/loop-delay.ts's; its default action is to be ignored, so a server
+ * SIGURG because SIGWINCH is bench/lib/heap-probe.ts's and SIGUSR2
+ * bench/transfer/loop-delay.ts's; its default action is to be ignored, so a server
  * without this preload shrugs it off. Only for benchmarks.
  */
 import { Session } from "node:inspector/promises"

@@ -4,11 +4,11 @@
  * The benchmark suite: runs each bench in its own child process, one after
  * the other (quick mode by default, `--full` for the long one) —
  *
- * - bench/ping.ts      PING req/s and p99 against a bare zeromq.js echo;
- * - bench/transfer.ts  STORE/RETRIEVE GB/s against memcpy, PING p99 under transfers;
- * - bench/liveness.ts  reaper scan, PING during scans, heap per context, SIGKILL → reaped;
- * - bench/replay.ts    `mpcache replay` of the conversation trace, small model,
- *                      `--max-rate`: requests/s and where a request's time goes;
+ * - ping      PING req/s and p99 against a bare zeromq.js echo;
+ * - transfer  STORE/RETRIEVE GB/s against memcpy, PING p99 under transfers;
+ * - liveness  reaper scan, PING during scans, heap per context, SIGKILL → reaped;
+ * - replay    `mpcache replay` of the conversation trace, small model,
+ *             `--max-rate`: requests/s and where a request's time goes;
  *
  * each bench rewriting its own section of docs/benchmarks.md and handing its
  * target rows back (`--summary FILE`). Then prints one table (figure,
@@ -31,9 +31,15 @@ import { DOC_NAME, writeDocSection, writeReadmeSummary } from "./lib/report.ts"
 import { readSummary, type SummaryRow } from "./lib/summary.ts"
 
 const SUMMARY_HEADING = "## Summary (npm run bench)"
-/** Each is `bench/<name>.ts`, run with the mode and `--summary FILE`. */
+/** The benches in the order they run; each one's program (its `npm run bench:<name>`) runs with the mode and `--summary FILE`. */
 const BENCHES = ["ping", "transfer", "liveness", "replay"] as const
 type Bench = (typeof BENCHES)[number]
+const PROGRAMS: Readonly<Record<Bench, string>> = {
+  ping: "bench/ping.ts",
+  transfer: "bench/transfer/transfer.ts",
+  liveness: "bench/liveness/liveness.ts",
+  replay: "bench/replay/replay.ts"
+}
 
 const { values: args } = parseArgs({
   options: { full: { type: "boolean", default: false }, quick: { type: "boolean", default: false }, only: { type: "string" } }
@@ -58,7 +64,7 @@ const log = (line: string): void => {
 /** Runs one bench in its own process; `ok`: it exited 0. Its rows are read back from `dir`. */
 const runBench = async (bench: Bench, dir: string): Promise<{ ok: boolean; rows: Array<SummaryRow> }> => {
   const file = path.join(dir, `${bench}.json`)
-  const { code } = await runNode([`bench/${bench}.ts`, mode, "--summary", file], false)
+  const { code } = await runNode([PROGRAMS[bench], mode, "--summary", file], false)
   return { ok: code === 0, rows: readSummary(file) }
 }
 

@@ -12,9 +12,9 @@
  *
  * zeromq and @node-rs/xxhash stay external (native addons with their own
  * loaders: each picks its platform's binary at run time), and so does
- * mpcache's addon, which Native.ts finds from the module's URL: the bundle
- * sits three folders deep, as dist/src/native/Native.js does, so the same
- * `../../../src/native/addon/…` path reaches it.
+ * mpcache's addon, which src/native/internal/AddonLoader.ts finds from the
+ * package's root (where `mpcache/package.json` resolves), from the bundle
+ * as from the sources and dist/.
  *
  * Only rebuilds when a source is newer than the bundle (src/**, package.json,
  * package-lock.json, this script); `--force` always. Used by `npm start`

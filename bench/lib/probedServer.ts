@@ -1,6 +1,6 @@
 /**
  * `mpcache serve` as the long-run benches (bench:soak, bench:chaos) run it:
- * a child process with bench/heap-probe.ts preloaded under `--expose-gc`,
+ * a child process with bench/lib/heap-probe.ts preloaded under `--expose-gc`,
  * so that its heap after a full GC can be read at any moment (SIGWINCH),
  * its RSS from /proc/<pid>/status, and its `GET /api/status` decoded with
  * the schema (src/schema/Status.ts). Nothing is added to the server.
@@ -24,7 +24,7 @@ export interface ProbedServer {
   readonly pid: number
   readonly endpoint: string
   readonly httpUrl: string
-  /** Full GC, then the heap (bench/heap-probe.ts); rejects after `timeoutMs` without an answer. */
+  /** Full GC, then the heap (bench/lib/heap-probe.ts); rejects after `timeoutMs` without an answer. */
   readonly heap: (timeoutMs?: number) => Promise<HeapSample>
   /** VmRSS and VmHWM of the server now, bytes (/proc). */
   readonly rss: () => { readonly rss: number; readonly peak: number }
@@ -68,7 +68,7 @@ export const startProbedServer = async (
   const argv = [
     "--expose-gc",
     "--import",
-    "./bench/heap-probe.ts",
+    "./bench/lib/heap-probe.ts",
     "src/cli/main.ts",
     "serve",
     "--endpoint",

@@ -1,5 +1,5 @@
 /**
- * bench:liveness part 3, heap per tracked context: bench/liveness-heap.ts
+ * bench:liveness part 3, heap per tracked context: bench/liveness/heap-child.ts
  * under `--expose-gc`, one process per case, reports heapUsed growth / N in
  * bytes for N registry entries, beside the same records in a plain Map, and
  * for entries carrying a ContextEntry-shaped resource without mappings.
@@ -15,7 +15,7 @@ const HEAP_N = 100_000
 const HEAP_N_LARGE = 10_000
 const TARGET_BYTES = 2048
 
-/** One case: its name (a `--case` of bench/liveness-heap.ts), N, and bytes of heap per entry. */
+/** One case: its name (a `--case` of bench/liveness/heap-child.ts), N, and bytes of heap per entry. */
 export interface HeapRow {
   readonly name: string
   readonly n: number
@@ -37,7 +37,7 @@ export const measureHeap = async (resources: Resources): Promise<ReadonlyArray<H
   for (const [name, n] of HEAP_CASES) {
     const { heap } = await runJson<{ heap: HeapRow }>(`heap ${name}`, [
       "--expose-gc",
-      "bench/liveness-heap.ts",
+      "bench/liveness/heap-child.ts",
       "--n",
       String(n),
       "--case",
@@ -77,7 +77,7 @@ const heapTable = (rows: ReadonlyArray<HeapRow>): string => {
 export const heapSection = (rows: ReadonlyArray<HeapRow>): ReadonlyArray<string> => [
   "### Heap per tracked context",
   "",
-  "`bench/liveness-heap.ts` under `--expose-gc`, one process per case: (heapUsed after − before) / N, full",
+  "`bench/liveness/heap-child.ts` under `--expose-gc`, one process per case: (heapUsed after − before) / N, full",
   "collections before and after, ids created inside the span. *registry*: InstanceRegistry entries all holding one",
   "shared resource (the registry's own cost); *pinged*: after one PING each (touch replaces the record);",
   "*plain Map*: the same records in a `Map<bigint, Tracked>` (reference); *ContextEntry*: the entry plus a resource",

@@ -1,7 +1,7 @@
 /**
  * bench:liveness part 2, PING latency while the management module scans
  * 100k contexts, against PING idle, same server, same run: an in-process MQ
- * server (bench/liveness-server.ts, its own process, driven on stdin) and,
+ * server (bench/liveness/server-child.ts, its own process, driven on stdin) and,
  * in the bench process, a raw zeromq DEALER sending PING [id of a tracked
  * context] (bench/lib/pingClient.ts `phasedPingLoop`), closed loop and open
  * loop. Round trips in µs, scan durations in ms (measured in the server).
@@ -77,7 +77,7 @@ export const measurePing = async (resources: Resources, plan: PingPlan): Promise
   const endpoint = resources.ipcEndpoint("scan-server")
   const server = startLineChild(
     "in-process server",
-    ["bench/liveness-server.ts", "--endpoint", endpoint, "--n", String(PING_TRACKED)],
+    ["bench/liveness/server-child.ts", "--endpoint", endpoint, "--n", String(PING_TRACKED)],
     resources.children,
     { stdin: true }
   )
@@ -194,7 +194,7 @@ const pingTable = (rows: PingResult): string => {
 export const pingSection = (rows: PingResult, plan: PingPlan): ReadonlyArray<string> => [
   "### PING latency while the reaper scans",
   "",
-  "An in-process MQ server (`bench/liveness-server.ts`: the real MqServer, handler table, management module,",
+  "An in-process MQ server (`bench/liveness/server-child.ts`: the real MqServer, handler table, management module,",
   `connection tracker and request barrier) whose management module drives one target holding ${int(PING_TRACKED)} fresh contexts;`,
   "a raw zeromq.js DEALER in the bench process sends PING [id of a tracked context] and times each round trip (µs):",
   `*1 in flight* sends the next PING on the reply (as bench:ping; what the target compares); *open* sends one every`,

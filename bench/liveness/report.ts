@@ -1,6 +1,6 @@
 /**
  * What the parts of bench:liveness (this folder) report through
- * bench/liveness.ts: one `TargetRow` per target they check, the table of
+ * bench/liveness/liveness.ts: one `TargetRow` per target they check, the table of
  * them at the top of the section, and the number formats of their tables.
  */
 import type { SummaryRow } from "../lib/summary.ts"

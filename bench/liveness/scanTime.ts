@@ -1,12 +1,12 @@
 /**
  * bench:liveness part 1, reaper scan time with 1k, 10k and 100k tracked
- * contexts: runs bench/liveness-scan.ts (its own process, `--expose-gc`) and
+ * contexts: runs bench/liveness/scan-child.ts (its own process, `--expose-gc`) and
  * reports `InstanceRegistry.popStale` popping nothing and popping 1 %, the
  * whole `Reaper.scan`, and the reference — one pass of the same `judge`
  * over the same records in a plain Map. Medians of interleaved timed runs,
  * ms. Target: popStale under 50 ms at 100k.
  */
-import type { ScanRow } from "../liveness-scan.ts"
+import type { ScanRow } from "./scan-child.ts"
 import { int, times } from "../lib/format.ts"
 import { runJson } from "../lib/children.ts"
 import type { Resources } from "../lib/resources.ts"
@@ -20,7 +20,7 @@ export const measureScans = async (resources: Resources, repeats: number): Promi
   process.stderr.write(`[1/4] reaper scan time: ${SCAN_SIZES.join(", ")} contexts, median of ${repeats}\n`)
   const result = await runJson<{ scan: ReadonlyArray<ScanRow> }>("scan", [
     "--expose-gc",
-    "bench/liveness-scan.ts",
+    "bench/liveness/scan-child.ts",
     "--sizes",
     SCAN_SIZES.join(","),
     "--repeats",
@@ -68,7 +68,7 @@ const scanTable = (rows: ReadonlyArray<ScanRow>): string =>
 export const scanSection = (rows: ReadonlyArray<ScanRow>, repeats: number): ReadonlyArray<string> => [
   "### Reaper scan time (ms, median)",
   "",
-  `In one process (\`bench/liveness-scan.ts\`), per size: an \`InstanceRegistry\` of N fresh contexts (random 63-bit ids,`,
+  `In one process (\`bench/liveness/scan-child.ts\`), per size: an \`InstanceRegistry\` of N fresh contexts (random 63-bit ids,`,
   "each holding a small resource with its own Scope). *popStale* is `InstanceRegistry.popStale(rule)`, one transaction;",
   "*plain Map* (the reference) is one pass of the same `judge` over the same records in a `Map<bigint, Tracked>`, then",
   "the deletes. *Reaper.scan* is the reaper's whole scan over a LivenessTarget built around the registry the way",

@@ -23,9 +23,9 @@ import {
   NativeError,
   NativeMemory,
   type NativeMemoryShape,
-  type ShmMapping,
-  toNativeError
+  type ShmMapping
 } from "../native/Native.ts"
+import { toNativeError } from "../native/internal/AddonErrors.ts"
 import { InvalidArgument } from "../schema/WireError.ts"
 
 /** A mapping this layer opened: the addon's object, its handle, its release. */

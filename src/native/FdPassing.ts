@@ -10,7 +10,8 @@
  */
 import { Effect, Queue } from "effect"
 import type { Scope } from "effect"
-import { type FdFacts, type FdListener, type FdListenOptions, type FdRequest, loadNativeAddon, NativeError, toNativeError } from "./Native.ts"
+import { toNativeError } from "./internal/AddonErrors.ts"
+import { type FdFacts, type FdListener, type FdListenOptions, type FdRequest, loadNativeAddon, NativeError } from "./Native.ts"
 
 /** Linux's F_SEAL_* bits (fcntl.h), as F_GET_SEALS reports them. */
 export const F_SEAL = { seal: 1, shrink: 2, grow: 4, write: 8, futureWrite: 16 } as const

@@ -4,7 +4,8 @@
  * /proc/self/fd to hold its cap on concurrent connections (issue 24 item 11).
  */
 import { Effect } from "effect"
-import { loadNativeAddon, NativeError, toNativeError } from "./Native.ts"
+import { toNativeError } from "./internal/AddonErrors.ts"
+import { loadNativeAddon, NativeError } from "./Native.ts"
 
 /** Where a listener accepts: a TCP port (any local address) or a Unix socket path. */
 export type ListenAddress = { readonly port: number } | { readonly path: string }

@@ -175,7 +175,7 @@ describe("mapping identity and unlinkSegmentIf (--unlink-reaped-segments)", () =
     }).pipe(Effect.provide(NativeMemoryLive)))
 })
 
-describe("copyBatchUnguarded (bench/transfer.ts's reference for the guard's cost)", () => {
+describe("copyBatchUnguarded (bench/transfer/transfer.ts's reference for the guard's cost)", () => {
   it.live("copies exactly what copyBatch copies, both directions, over several mappings", () =>
     Effect.gen(function*() {
       const mem = yield* NativeMemory

@@ -49,14 +49,6 @@ const sameBytes = (a: Uint8Array, b: Uint8Array): boolean => Buffer.compare(a, b
 const mapsLinesFor = (names: ReadonlyArray<string>): Array<string> =>
   readFileSync("/proc/self/maps", "utf8").split("\n").filter((line) => names.some((n) => line.includes(n)))
 
-describe("native addon build", () => {
-  it("is built and loads", () => {
-    const addon = loadNativeAddon()
-    assert.isTrue(addonPath.endsWith("src/native/addon/build/Release/mpcache_native.node"))
-    assert.strictEqual(typeof addon.openMapping, "function")
-  })
-})
-
 describe("NativeMemory", () => {
   it.effect("scatters non-contiguous ranges and gathers them back; stats return to 0 after the scope", () =>
     Effect.gen(function*() {

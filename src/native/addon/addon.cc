@@ -54,7 +54,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("openCudaIpcMapping", Napi::Function::New<Mapping::OpenCudaIpc>(env, "openCudaIpcMapping"));
   exports.Set("cudaAllocate", Napi::Function::New<Mapping::CudaAllocate>(env, "cudaAllocate"));
   exports.Set("copyBatch", Napi::Function::New<Mapping::CopyBatch>(env, "copyBatch"));
-  // bench/transfer.ts only: the same job without the fault guard, to measure the guard's cost.
+  // bench/transfer/transfer.ts only: the same job without the fault guard, to measure the guard's cost.
   exports.Set("copyBatchUnguarded", Napi::Function::New<Mapping::CopyBatchUnguarded>(env, "copyBatchUnguarded"));
   exports.Set("cudaProbe", Napi::Function::New<CudaProbe>(env, "cudaProbe"));
   exports.Set("cudaMemGetInfo", Napi::Function::New<CudaMemGetInfo>(env, "cudaMemGetInfo"));

@@ -125,7 +125,7 @@ class Mapping : public Napi::ObjectWrap<Mapping> {
   static Napi::Value CudaAllocate(const Napi::CallbackInfo& info);
   // copyBatch(direction, mappings[], ranges[], buffer) -> Promise<void>: one copy job over many mappings.
   static Napi::Value CopyBatch(const Napi::CallbackInfo& info);
-  // copyBatchUnguarded(...): the same job with the shm copies outside the fault guard. For bench/transfer.ts
+  // copyBatchUnguarded(...): the same job with the shm copies outside the fault guard. For bench/transfer/transfer.ts
   // only (it measures what the guard costs on this very code); a shrunk segment crashes the process here.
   static Napi::Value CopyBatchUnguarded(const Napi::CallbackInfo& info);
 
