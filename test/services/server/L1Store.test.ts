@@ -1,7 +1,8 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit } from "effect"
+import { Effect, Exit, Scope } from "effect"
 import { L1Store, type Reservation } from "../../../src/services/server/L1Store.ts"
 import type { ObjectKey } from "../../../src/services/server/ObjectKey.ts"
+import * as L1Handles from "../../../src/services/server/internal/L1Handles.ts"
 
 const key = (n: number, rank = 0): ObjectKey => ({
   hash: new Uint8Array(32).fill(n),
@@ -183,5 +184,145 @@ describe("L1Store", () => {
       const r2 = yield* reserve(l1, key(2), 8)
       const exit = yield* Effect.exit(l1.fill(r2, new Uint8Array(7)))
       assert.isTrue(Exit.hasDies(exit))
+    }))
+
+  it.effect("a placement that cannot fit after eviction evicts nothing (free bytes enough, but fragmented around a locked object)", () =>
+    Effect.gen(function*() {
+      const l1 = yield* L1Store.make(300)
+      yield* put(l1, key(1), 100)
+      yield* put(l1, key(2), 100)
+      yield* put(l1, key(3), 100)
+      const middle = l1.lockRead(key(2))!
+      // 200 bytes are evictable (objects 1 and 3), but never contiguous while object 2 is locked between them.
+      assert.deepStrictEqual(yield* l1.reserveWrite(key(4), 200), { _tag: "Full" })
+      assert.deepStrictEqual([1, 2, 3].map((n) => l1.contains(key(n))), [true, true, true])
+      assert.strictEqual(l1.stats().evictions, 0)
+      // Room for 100: only the least recently used goes.
+      yield* put(l1, key(5), 100)
+      assert.deepStrictEqual([1, 2, 3, 5].map((n) => l1.contains(key(n))), [false, true, true, true])
+      assert.strictEqual(l1.stats().evictions, 1)
+      l1.unlockRead(middle)
+    }))
+
+  it.effect("eviction takes the shortest LRU run that leaves a contiguous extent, not just enough bytes", () =>
+    Effect.gen(function*() {
+      const l1 = yield* L1Store.make(600)
+      for (let n = 1; n <= 6; n++) yield* put(l1, key(n), 100) // offsets 0, 100, …, 500; LRU order 1..6
+      const locked = l1.lockRead(key(3))!
+      // LRU: 1, 2, 4, 5, 6 evictable (3 locked at 200). 200 contiguous: [0, 200) after evicting 1 and 2.
+      const r = yield* reserve(l1, key(7), 200)
+      assert.strictEqual(r.offset, 0)
+      assert.deepStrictEqual([1, 2, 3, 4, 5, 6].map((n) => l1.contains(key(n))), [false, false, true, true, true, true])
+      assert.strictEqual(l1.stats().evictions, 2)
+      // Touch 4 (now most recent): 300 contiguous needs 4, 5 and 6 ([300, 600)); the LRU order is 5, 6, 4.
+      l1.unlockRead(l1.lockRead(key(4))!)
+      const r2 = yield* reserve(l1, key(8), 300)
+      assert.strictEqual(r2.offset, 300)
+      assert.deepStrictEqual([3, 4, 5, 6].map((n) => l1.contains(key(n))), [true, false, false, false])
+      assert.strictEqual(l1.stats().evictions, 5)
+      l1.unlockRead(locked)
+    }))
+})
+
+describe("L1Handles", () => {
+  const counts = (l1: L1Store["Service"]) => {
+    const s = l1.stats()
+    return { reserved: s.reservedObjects, locked: s.lockedObjects, used: s.usedBytes }
+  }
+
+  it.effect("a held reservation is aborted when its scope closes, by success, failure, defect or interruption, unless committed", () =>
+    Effect.gen(function*() {
+      const l1 = yield* L1Store.make(1000)
+      const ends = [
+        Effect.void,
+        Effect.fail("wire error"),
+        Effect.die(new Error("defect")),
+        Effect.interrupt
+      ] as const
+      for (const [i, end] of ends.entries()) {
+        const exit = yield* Effect.exit(Effect.scoped(Effect.gen(function*() {
+          const r = yield* L1Handles.reserve(l1, key(i), 100)
+          assert.strictEqual(r._tag, "Reserved")
+          assert.deepStrictEqual(counts(l1), { reserved: 1, locked: 0, used: 100 })
+          yield* end
+        })))
+        assert.strictEqual(Exit.isSuccess(exit), i === 0)
+        assert.deepStrictEqual(counts(l1), { reserved: 0, locked: 0, used: 0 })
+        assert.isFalse(l1.contains(key(i)))
+      }
+      // Committed through the handle: published, and the close aborts nothing.
+      yield* Effect.scoped(Effect.gen(function*() {
+        const r = yield* L1Handles.reserve(l1, key(9), 100)
+        if (r._tag !== "Reserved") return assert.fail(r._tag)
+        assert.isTrue(yield* L1Handles.commit(l1, r.hold))
+        assert.isFalse(yield* L1Handles.commit(l1, r.hold))
+      }))
+      assert.isTrue(l1.contains(key(9)))
+      assert.deepStrictEqual(counts(l1), { reserved: 0, locked: 0, used: 100 })
+    }))
+
+  it.effect("a held read lock is unlocked when its scope closes; a moved one passes to its new owner", () =>
+    Effect.gen(function*() {
+      const l1 = yield* L1Store.make(1000)
+      yield* put(l1, key(1), 100)
+      const exit = yield* Effect.exit(Effect.scoped(Effect.gen(function*() {
+        assert.isDefined(yield* L1Handles.readLock(l1, key(1)))
+        assert.isUndefined(yield* L1Handles.readLock(l1, key(2)))
+        assert.strictEqual(l1.stats().lockedObjects, 1)
+        return yield* Effect.die(new Error("defect"))
+      })))
+      assert.isTrue(Exit.hasDies(exit))
+      assert.strictEqual(l1.stats().lockedObjects, 0)
+      const moved = yield* Effect.scoped(Effect.gen(function*() {
+        const lock = yield* L1Handles.readLock(l1, key(1))
+        const h = L1Handles.moveRead(lock!)
+        assert.isUndefined(L1Handles.moveRead(lock!))
+        return h!
+      }))
+      assert.strictEqual(l1.stats().lockedObjects, 1)
+      l1.unlockRead(moved)
+      assert.strictEqual(l1.stats().lockedObjects, 0)
+    }))
+
+  it.effect("holdFor: holds pass to the record that adopts them; a failed, dead, interrupted or refused use leaves nothing", () =>
+    Effect.gen(function*() {
+      const l1 = yield* L1Store.make(1000)
+      const owner = yield* Scope.make()
+      const records = new Map<string, L1Handles.Held>()
+      const use = (end: Effect.Effect<void, string>) =>
+        Effect.gen(function*() {
+          yield* L1Handles.reserve(l1, key(1), 100)
+          yield* end
+        })
+      const adopt = (accept: boolean) => (_: void, holds: Scope.Closeable) => {
+        if (!accept) return [holds]
+        const displaced = records.get("k")
+        records.set("k", { holds })
+        return displaced === undefined ? [] : [displaced.holds]
+      }
+      for (const end of [Effect.fail("wire error"), Effect.die(new Error("defect")), Effect.interrupt]) {
+        yield* Effect.exit(L1Handles.holdFor(owner, use(end), adopt(true)))
+        assert.deepStrictEqual([counts(l1).reserved, records.size], [0, 0])
+      }
+      yield* L1Handles.holdFor(owner, use(Effect.void), adopt(false))
+      assert.deepStrictEqual([counts(l1).reserved, records.size], [0, 0])
+      yield* L1Handles.holdFor(owner, use(Effect.void), adopt(true))
+      assert.deepStrictEqual([counts(l1).reserved, records.size], [1, 1])
+      // A COMMIT takes the record into its scope: released however the COMMIT ends.
+      yield* Effect.exit(Effect.scoped(Effect.gen(function*() {
+        const taken = yield* L1Handles.takeHeld(() => {
+          const r = records.get("k")
+          records.delete("k")
+          return r
+        })
+        assert.isDefined(taken)
+        return yield* Effect.die(new Error("defect mid-commit"))
+      })))
+      assert.deepStrictEqual([counts(l1).reserved, records.size], [0, 0])
+      // The owner's close releases what is still pending.
+      yield* L1Handles.holdFor(owner, use(Effect.void), adopt(true))
+      assert.strictEqual(counts(l1).reserved, 1)
+      yield* Scope.close(owner, Exit.void)
+      assert.deepStrictEqual(counts(l1), { reserved: 0, locked: 0, used: 0 })
     }))
 })
