@@ -207,14 +207,15 @@ describe("Lookup", () => {
       yield* putChunks(2, 0)
       yield* lookup.lookup(key({ worker_id: 0 }))
       const [k0, k1] = objectKeysOf(key(), chunkHashes(tokens, CHUNK, 2), 0)
-      const h0 = yield* lookup.acquireForRetrieve("req-1", k0!)
-      assert.isDefined(h0)
-      assert.strictEqual(lookup.stats().heldLocks, 1)
-      const other = yield* lookup.acquireForRetrieve("req-2", k1!)
-      assert.isDefined(other)
-      assert.strictEqual(l1.stats().lockedObjects, 2)
-      lookup.release(h0!)
-      lookup.release(other!)
+      // The RETRIEVE's locks are held by its scope: released when it closes.
+      yield* Effect.scoped(Effect.gen(function*() {
+        const h0 = yield* lookup.acquireForRetrieve("req-1", k0!)
+        assert.isDefined(h0)
+        assert.strictEqual(lookup.stats().heldLocks, 1)
+        const other = yield* lookup.acquireForRetrieve("req-2", k1!)
+        assert.isDefined(other)
+        assert.strictEqual(l1.stats().lockedObjects, 2)
+      }))
       assert.strictEqual(l1.stats().lockedObjects, 1)
       const absent = { hash: new Uint8Array(32), modelName: "m", kvRank: 0, cacheSalt: "" }
       assert.strictEqual(yield* lookup.acquireForRetrieve("req-1", absent), undefined)
