@@ -36,7 +36,7 @@
  *   RETRIEVE or a prefetch takes is a scoped handle (internal/L1Handles.ts):
  *   released by whatever ends it, a defect or an interruption included.
  */
-import { Clock, Context, Duration, Effect, Fiber, Layer, Metric, Schedule, type Scope } from "effect"
+import { Clock, Context, Duration, Effect, Exit, Fiber, Layer, Metric, Schedule, type Scope } from "effect"
 import { ServerConfig } from "./ServerConfig.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import { EndSession, FreeLookupLocks, Lookup as LookupOp, QueryPrefetchStatus } from "../../schema/Op.ts"
@@ -221,7 +221,13 @@ export class Lookup extends Context.Service<Lookup, {
           )
           if (keep) job.hits = from + fits
           if (fits < count) yield* Effect.logInfo(`lookup ${entry.requestId}: L2 prefetch got ${fits} of ${count} chunk(s); prefix ${from + fits}`)
-        }))
+        })).pipe(
+          // A prefetch that died or was interrupted got nothing: the count is the L1 prefix it started from,
+          // never nil forever (what it fetched is released by its scope).
+          Effect.onExit((exit) => Effect.sync(() => {
+            if (Exit.isFailure(exit) && job.hits === null) job.hits = from
+          }))
+        )
 
       /** How many of chunks [from, …) every rank of `key` has in L2 (at most L2_EXISTS_MAX_KEYS keys asked). */
       const inL2From = (key: CacheKey, hashes: ReadonlyArray<Uint8Array>, from: number, layout: KvLayout) =>

@@ -1,8 +1,7 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Scope } from "effect"
+import { Effect, Exit } from "effect"
 import { L1Store, type Reservation } from "../../../src/services/server/L1Store.ts"
 import type { ObjectKey } from "../../../src/services/server/ObjectKey.ts"
-import * as L1Handles from "../../../src/services/server/internal/L1Handles.ts"
 
 const key = (n: number, rank = 0): ObjectKey => ({
   hash: new Uint8Array(32).fill(n),
@@ -224,105 +223,3 @@ describe("L1Store", () => {
     }))
 })
 
-describe("L1Handles", () => {
-  const counts = (l1: L1Store["Service"]) => {
-    const s = l1.stats()
-    return { reserved: s.reservedObjects, locked: s.lockedObjects, used: s.usedBytes }
-  }
-
-  it.effect("a held reservation is aborted when its scope closes, by success, failure, defect or interruption, unless committed", () =>
-    Effect.gen(function*() {
-      const l1 = yield* L1Store.make(1000)
-      const ends = [
-        Effect.void,
-        Effect.fail("wire error"),
-        Effect.die(new Error("defect")),
-        Effect.interrupt
-      ] as const
-      for (const [i, end] of ends.entries()) {
-        const exit = yield* Effect.exit(Effect.scoped(Effect.gen(function*() {
-          const r = yield* L1Handles.reserve(l1, key(i), 100)
-          assert.strictEqual(r._tag, "Reserved")
-          assert.deepStrictEqual(counts(l1), { reserved: 1, locked: 0, used: 100 })
-          yield* end
-        })))
-        assert.strictEqual(Exit.isSuccess(exit), i === 0)
-        assert.deepStrictEqual(counts(l1), { reserved: 0, locked: 0, used: 0 })
-        assert.isFalse(l1.contains(key(i)))
-      }
-      // Committed through the handle: published, and the close aborts nothing.
-      yield* Effect.scoped(Effect.gen(function*() {
-        const r = yield* L1Handles.reserve(l1, key(9), 100)
-        if (r._tag !== "Reserved") return assert.fail(r._tag)
-        assert.isTrue(yield* L1Handles.commit(l1, r.hold))
-        assert.isFalse(yield* L1Handles.commit(l1, r.hold))
-      }))
-      assert.isTrue(l1.contains(key(9)))
-      assert.deepStrictEqual(counts(l1), { reserved: 0, locked: 0, used: 100 })
-    }))
-
-  it.effect("a held read lock is unlocked when its scope closes; a moved one passes to its new owner", () =>
-    Effect.gen(function*() {
-      const l1 = yield* L1Store.make(1000)
-      yield* put(l1, key(1), 100)
-      const exit = yield* Effect.exit(Effect.scoped(Effect.gen(function*() {
-        assert.isDefined(yield* L1Handles.readLock(l1, key(1)))
-        assert.isUndefined(yield* L1Handles.readLock(l1, key(2)))
-        assert.strictEqual(l1.stats().lockedObjects, 1)
-        return yield* Effect.die(new Error("defect"))
-      })))
-      assert.isTrue(Exit.hasDies(exit))
-      assert.strictEqual(l1.stats().lockedObjects, 0)
-      const moved = yield* Effect.scoped(Effect.gen(function*() {
-        const lock = yield* L1Handles.readLock(l1, key(1))
-        const h = L1Handles.moveRead(lock!)
-        assert.isUndefined(L1Handles.moveRead(lock!))
-        return h!
-      }))
-      assert.strictEqual(l1.stats().lockedObjects, 1)
-      l1.unlockRead(moved)
-      assert.strictEqual(l1.stats().lockedObjects, 0)
-    }))
-
-  it.effect("holdFor: holds pass to the record that adopts them; a failed, dead, interrupted or refused use leaves nothing", () =>
-    Effect.gen(function*() {
-      const l1 = yield* L1Store.make(1000)
-      const owner = yield* Scope.make()
-      const records = new Map<string, L1Handles.Held>()
-      const use = (end: Effect.Effect<void, string>) =>
-        Effect.gen(function*() {
-          yield* L1Handles.reserve(l1, key(1), 100)
-          yield* end
-        })
-      const adopt = (accept: boolean) => (_: void, holds: Scope.Closeable) => {
-        if (!accept) return [holds]
-        const displaced = records.get("k")
-        records.set("k", { holds })
-        return displaced === undefined ? [] : [displaced.holds]
-      }
-      for (const end of [Effect.fail("wire error"), Effect.die(new Error("defect")), Effect.interrupt]) {
-        yield* Effect.exit(L1Handles.holdFor(owner, use(end), adopt(true)))
-        assert.deepStrictEqual([counts(l1).reserved, records.size], [0, 0])
-      }
-      yield* L1Handles.holdFor(owner, use(Effect.void), adopt(false))
-      assert.deepStrictEqual([counts(l1).reserved, records.size], [0, 0])
-      yield* L1Handles.holdFor(owner, use(Effect.void), adopt(true))
-      assert.deepStrictEqual([counts(l1).reserved, records.size], [1, 1])
-      // A COMMIT takes the record into its scope: released however the COMMIT ends.
-      yield* Effect.exit(Effect.scoped(Effect.gen(function*() {
-        const taken = yield* L1Handles.takeHeld(() => {
-          const r = records.get("k")
-          records.delete("k")
-          return r
-        })
-        assert.isDefined(taken)
-        return yield* Effect.die(new Error("defect mid-commit"))
-      })))
-      assert.deepStrictEqual([counts(l1).reserved, records.size], [0, 0])
-      // The owner's close releases what is still pending.
-      yield* L1Handles.holdFor(owner, use(Effect.void), adopt(true))
-      assert.strictEqual(counts(l1).reserved, 1)
-      yield* Scope.close(owner, Exit.void)
-      assert.deepStrictEqual(counts(l1), { reserved: 0, locked: 0, used: 0 })
-    }))
-})

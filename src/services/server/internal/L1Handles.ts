@@ -78,15 +78,19 @@ export const abort = (l1: L1, hold: WriteHold): Effect.Effect<void> =>
 
 /**
  * Publishes a held reservation (L1Store.commit), once: false when it was
- * dropped meanwhile (CLEAR force) or already settled. Uninterruptible, so a
- * commit is never half done (settled but not published).
+ * dropped meanwhile (CLEAR force) or already settled. Settled only once the
+ * commit has run (a commit that dies leaves the reservation to the Scope's
+ * abort; an abort of a committed object does nothing), and uninterruptible,
+ * so it is never published but still aborted at the close.
  */
 export const commit = (l1: L1, hold: WriteHold): Effect.Effect<boolean> =>
   Effect.uninterruptible(Effect.suspend(() => {
     const h = hold as WriteHoldState
     if (h.done) return Effect.succeed(false)
-    h.done = true
-    return l1.commit(h.reservation)
+    return Effect.tap(l1.commit(h.reservation), () =>
+      Effect.sync(() => {
+        h.done = true
+      }))
   }))
 
 /** A read lock held by a Scope (its object's bytes stay valid while held). */

@@ -25,6 +25,7 @@ import { L2Store, makeMemoryL2, type MemoryL2 } from "../../../../src/services/s
 import { L2Tier, layerL2Tier } from "../../../../src/services/server/l2/L2Tier.ts"
 import { macKeyOf } from "../../../../src/services/server/l2/L2Mac.ts"
 import { authenticated, checksummed, HEADER_BYTES, l2KeyOf, layoutFingerprint, MAC_HEADER_BYTES } from "../../../../src/services/server/l2/L2Value.ts"
+import { eventually } from "../../../support/Eventually.ts"
 
 const CHUNK = 4
 const BYTES = 64
@@ -86,22 +87,6 @@ const putL2 = (memory: MemoryL2, chunk: number, rank: number, format = checksumm
   const k = l2KeyOf("mpc", fp, keysOf(rank)[chunk]!)
   memory.values.set(k, format.encode(k, fp, bytesOf(chunk, rank)))
 }
-
-/**
- * Yields to the tier's fibers until `poll` answers something other than undefined, and returns it. With a
- * secret the MAC runs on the libuv pool (src/native/Hmac.ts), which TestClock does not drive: after the first
- * hundred turns each wait is a real millisecond, up to 10 s of real time (a bound on a hang, not a timing).
- */
-const eventually = <A>(what: string, poll: Effect.Effect<A | undefined>) =>
-  Effect.gen(function*() {
-    const deadline = Date.now() + 10_000
-    for (let turn = 0; ; turn++) {
-      const a = yield* poll
-      if (a !== undefined) return a
-      if (Date.now() > deadline) return assert.fail(`${what} did not happen within 10 s`)
-      yield* turn < 100 ? Effect.yieldNow : TestClock.withLive(Effect.sleep("1 millis"))
-    }
-  })
 
 /** QUERY_PREFETCH_STATUS once the prefetch fiber has run (it is nil until then). */
 const prefetched = (requestId: string) =>
