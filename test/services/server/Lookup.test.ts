@@ -161,6 +161,25 @@ describe("Lookup", () => {
       assert.strictEqual(l1.stats().lockedObjects, 0)
     }).pipe(Effect.provide(Env)))
 
+  it.effect("a repeated LOOKUP replaces the request's locks: a shorter one leaves the rest unlocked, and old locks never ride on a new TTL (issue 25 item 2)", () =>
+    Effect.gen(function*() {
+      const lookup = yield* Lookup
+      const l1 = yield* L1Store
+      yield* registerLayout()
+      yield* putChunks(3, 0)
+      yield* lookup.lookup(key({ worker_id: 0 }))
+      assert.deepStrictEqual([lookup.stats().heldLocks, l1.stats().lockedObjects], [3, 3])
+      yield* TestClock.adjust("50 seconds")
+      // Again for chunks [0, 2): chunk 2's lock goes now, not 60 s after this LOOKUP.
+      yield* lookup.lookup(key({ worker_id: 0, end: 2 * CHUNK }))
+      assert.deepStrictEqual([lookup.stats().heldLocks, l1.stats().lockedObjects], [2, 2])
+      assert.strictEqual(yield* lookup.queryPrefetchStatus("req-1"), 2)
+      // Again, finding nothing (no layout for the model): nothing is kept.
+      yield* lookup.lookup(key({ worker_id: 0, model_name: "unregistered" }))
+      assert.deepStrictEqual([lookup.stats().sessions, l1.stats().lockedObjects], [0, 0])
+      assert.deepStrictEqual(lookup.stats().released, { ttl: 0, max_pending_lookups_per_peer: 0, max_pending_lookups: 0, max_lookup_locks: 0 })
+    }).pipe(Effect.provide(Env)))
+
   it.effect("locked chunks survive eviction; FREE_LOOKUP_LOCKS releases exactly its range; END_SESSION the rest", () =>
     Effect.gen(function*() {
       const lookup = yield* Lookup

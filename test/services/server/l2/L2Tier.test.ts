@@ -11,7 +11,7 @@ import { afterAll, assert, describe, it } from "@effect/vitest"
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Effect, Fiber, Layer } from "effect"
+import { Effect, Exit, Fiber, Layer } from "effect"
 import { TestClock } from "effect/testing"
 import { NativeMemoryLive } from "../../../../src/layers/NativeMemory.ts"
 import type { CacheKey } from "../../../../src/schema/CacheKey.ts"
@@ -26,6 +26,7 @@ import { L2Tier, layerL2Tier } from "../../../../src/services/server/l2/L2Tier.t
 import { macKeyOf } from "../../../../src/services/server/l2/L2Mac.ts"
 import { authenticated, checksummed, HEADER_BYTES, l2KeyOf, layoutFingerprint, MAC_HEADER_BYTES } from "../../../../src/services/server/l2/L2Value.ts"
 import { eventually } from "../../../support/Eventually.ts"
+import { atEveryStep, type FaultSteps, faultyL1, faultyL2Store, makeFaultSteps } from "../../../support/FaultSteps.ts"
 
 const CHUNK = 4
 const BYTES = 64
@@ -55,12 +56,19 @@ const breakerClosed = Layer.effectDiscard(Effect.gen(function*() {
   }
 }))
 
-const envOf = (memory: MemoryL2, l2 = {}) =>
+/** The tier over `memory`; with `faults`, L1's calls and L2's GETs are fault steps (test/support/FaultSteps.ts). */
+const envOf = (memory: MemoryL2, l2 = {}, faults?: FaultSteps) =>
   Layer.mergeAll(Lookup.layer, layerL2Tier).pipe(
     Layer.provideMerge(breakerClosed),
     Layer.provideMerge(layerL2Tier),
-    Layer.provideMerge(L2Store.layerMemory(memory)),
-    Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provide(NativeMemoryLive))),
+    Layer.provideMerge(
+      faults === undefined ? L2Store.layerMemory(memory) : faultyL2Store(faults).pipe(Layer.provide(L2Store.layerMemory(memory)))
+    ),
+    Layer.provideMerge(
+      Layer.mergeAll(faults === undefined ? L1Store.layer : faultyL1(faults).pipe(Layer.provide(L1Store.layer)), LayoutRegistry.layer).pipe(
+        Layer.provide(NativeMemoryLive)
+      )
+    ),
     Layer.provideMerge(
       ServerConfig.layerTest({
         chunkSize: CHUNK,
@@ -187,6 +195,69 @@ describe("LOOKUP with L2", () => {
       assert.strictEqual(yield* prefetched("req-1"), 3)
       assert.deepInclude(l1.stats(), { objects: 6, lockedObjects: 4 })
       assert.deepInclude(lookup.stats(), { heldLocks: 4 })
+    }).pipe(Effect.provide(envOf(memory)))
+  })
+
+  it.effect("a defect or an interruption at every step of the LOOKUP, its prefetch and each L2 fetch leaves L1 holding nothing (issue 25 item 2)", () => {
+    const memory = makeMemoryL2()
+    const faults = makeFaultSteps()
+    return Effect.gen(function*() {
+      yield* (yield* LayoutRegistry).register("m", 2, layout)
+      const lookup = yield* Lookup
+      const l1 = yield* L1Store
+      for (const c of [1, 2]) for (const r of [0, 1]) putL2(memory, c, r)
+      const steps = yield* atEveryStep(faults, {
+        setup: Effect.gen(function*() {
+          yield* l1.clear(false)
+          yield* putL1(0, 0)
+          yield* putL1(0, 1)
+        }),
+        path: Effect.andThen(lookup.lookup(cacheKey()), prefetched("req-1")),
+        check: (exit, run) =>
+          Effect.gen(function*() {
+            // Whatever the session kept goes with it; a prefetch still running finds it gone and keeps nothing.
+            yield* lookup.endSession("req-1")
+            yield* eventually(
+              `L1 holding nothing after a ${run.label}`,
+              Effect.sync(() => l1.stats().reservedObjects + l1.stats().lockedObjects === 0 ? true : undefined)
+            )
+            if (!run.fired) assert.isTrue(Exit.isSuccess(exit) && exit.value === 3, run.label)
+          })
+      })
+      // The L1 prefix (2 locks), then per fetched object: L1 asked first, GET, reserve, fill, commit, lock.
+      assert.strictEqual(steps.length, 2 + 4 * 6)
+      assert.deepStrictEqual(
+        [...new Set(steps)].sort(),
+        ["l1.commit", "l1.fill", "l1.lockRead", "l1.reserveWrite", "l2.get"]
+      )
+    }).pipe(Effect.provide(envOf(memory, {}, faults)))
+  })
+
+  it.effect("a repeated LOOKUP of a request id replaces what it held, a prefetch still running included", () => {
+    const memory = makeMemoryL2()
+    return Effect.gen(function*() {
+      yield* (yield* LayoutRegistry).register("m", 2, layout)
+      const lookup = yield* Lookup
+      const l1 = yield* L1Store
+      yield* putL1(0, 0)
+      yield* putL1(0, 1)
+      for (const c of [1, 2]) for (const r of [0, 1]) putL2(memory, c, r)
+      memory.delayMs = 10
+      const first = yield* Effect.forkChild(lookup.lookup(cacheKey()))
+      yield* TestClock.adjust("10 millis") // its EXISTS; its GETs are now in flight
+      yield* Fiber.join(first)
+      assert.strictEqual(yield* lookup.queryPrefetchStatus("req-1"), null)
+      // Again, for chunks [0, 2) only: L1 holds chunk 0, L2 chunk 1.
+      const again = yield* Effect.forkChild(lookup.lookup(cacheKey({ end: 2 * CHUNK })))
+      yield* TestClock.adjust("10 millis")
+      yield* Fiber.join(again)
+      yield* TestClock.adjust("10 millis") // the second prefetch's GETs
+      assert.strictEqual(yield* prefetched("req-1"), 2)
+      // Only the second LOOKUP's locks: chunks 0 and 1 of both ranks; the first's chunk 2 is not held.
+      assert.deepInclude(lookup.stats(), { sessions: 1, heldLocks: 4, pendingJobs: 0 })
+      assert.deepInclude(l1.stats(), { lockedObjects: 4, reservedObjects: 0 })
+      yield* lookup.endSession("req-1")
+      assert.deepInclude(l1.stats(), { lockedObjects: 0, reservedObjects: 0 })
     }).pipe(Effect.provide(envOf(memory)))
   })
 
