@@ -96,6 +96,15 @@ const putL2 = (memory: MemoryL2, chunk: number, rank: number, format = checksumm
   memory.values.set(k, format.encode(k, fp, bytesOf(chunk, rank)))
 }
 
+/** The layout registered; chunk 0 of both ranks in L1 and `l2Chunks` of both ranks in L2. */
+const seeded = (memory: MemoryL2, l2Chunks: ReadonlyArray<number>) =>
+  Effect.gen(function*() {
+    yield* (yield* LayoutRegistry).register("m", 2, layout)
+    yield* putL1(0, 0)
+    yield* putL1(0, 1)
+    for (const c of l2Chunks) for (const r of [0, 1]) putL2(memory, c, r)
+  })
+
 /** QUERY_PREFETCH_STATUS once the prefetch fiber has run (it is nil until then). */
 const prefetched = (requestId: string) =>
   Effect.gen(function*() {
@@ -181,12 +190,9 @@ describe("LOOKUP with L2", () => {
   it.effect("FREE_LOOKUP_LOCKS while the prefetch runs: the freed chunks arrive unlocked, the count stands", () => {
     const memory = makeMemoryL2()
     return Effect.gen(function*() {
-      yield* (yield* LayoutRegistry).register("m", 2, layout)
+      yield* seeded(memory, [1, 2])
       const lookup = yield* Lookup
       const l1 = yield* L1Store
-      yield* putL1(0, 0)
-      yield* putL1(0, 1)
-      for (const c of [1, 2]) for (const r of [0, 1]) putL2(memory, c, r)
       yield* lookup.lookup(cacheKey())
       memory.delayMs = 10 // the GETs are in flight when the scheduler frees chunks 2 and 3
       yield* Effect.yieldNow
@@ -202,10 +208,9 @@ describe("LOOKUP with L2", () => {
     const memory = makeMemoryL2()
     const faults = makeFaultSteps()
     return Effect.gen(function*() {
-      yield* (yield* LayoutRegistry).register("m", 2, layout)
+      yield* seeded(memory, [1, 2])
       const lookup = yield* Lookup
       const l1 = yield* L1Store
-      for (const c of [1, 2]) for (const r of [0, 1]) putL2(memory, c, r)
       const steps = yield* atEveryStep(faults, {
         setup: Effect.gen(function*() {
           yield* l1.clear(false)
@@ -236,12 +241,9 @@ describe("LOOKUP with L2", () => {
   it.effect("a repeated LOOKUP of a request id replaces what it held, a prefetch still running included", () => {
     const memory = makeMemoryL2()
     return Effect.gen(function*() {
-      yield* (yield* LayoutRegistry).register("m", 2, layout)
+      yield* seeded(memory, [1, 2])
       const lookup = yield* Lookup
       const l1 = yield* L1Store
-      yield* putL1(0, 0)
-      yield* putL1(0, 1)
-      for (const c of [1, 2]) for (const r of [0, 1]) putL2(memory, c, r)
       memory.delayMs = 10
       const first = yield* Effect.forkChild(lookup.lookup(cacheKey()))
       yield* TestClock.adjust("10 millis") // its EXISTS; its GETs are now in flight
