@@ -455,7 +455,8 @@ const make = Effect.gen(function*() {
       const tokenBytes = g.hiddenDim * g.elementBytes
       const objectBytes = 2 * g.numLayers * chunk * tokenBytes
       const handles = new Map<string, ReadHandle>()
-      return yield* Effect.gen(function*() {
+      // The read locks are held by this scope (L1Handles, issue 25 item 2): released by whatever ends it.
+      return yield* Effect.scoped(Effect.gen(function*() {
         // 1. The cached chunks: all of them, or nothing is written.
         for (const m of plan) {
           if (handles.has(m.hashHex)) continue
@@ -570,7 +571,7 @@ const make = Effect.gen(function*() {
         yield* Metric.update(cbMatchesTotal, plan.length)
         yield* Metric.update(cbTokensTotal, plan.reduce((n, m) => n + m.numTokens, 0))
         return true
-      }).pipe(Effect.ensuring(Effect.sync(() => handles.forEach((h) => lookup.release(h)))))
+      }))
     })
 
   const ropeInstances = () => [...states.ids()].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0))

@@ -99,7 +99,7 @@
  * - COMMIT_RETRIEVE releases them → true; false when none are pending
  *   (never prepared, already committed, expired).
  */
-import { Clock, Context, Duration, Effect, Layer, Metric, Scope } from "effect"
+import { Clock, Context, Duration, Effect, Exit, Layer, Metric, Scope } from "effect"
 import { type EngineDrivenTransport, ServerConfig, SHM_UNDER_TENANCY } from "./ServerConfig.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import { dtypeBytes } from "../../schema/Dtype.ts"
@@ -122,7 +122,9 @@ import {
 import { InvalidArgument, type WireError } from "../../schema/WireError.ts"
 import { type EngineDrivenLayout, validateLayout } from "../kv/EngineDrivenLayout.ts"
 import { row, type ServerModule } from "./Handler.ts"
-import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
+import { L1Store, type ReadHandle } from "./L1Store.ts"
+import * as L1Handles from "./internal/L1Handles.ts"
+import type { WriteHold } from "./internal/L1Handles.ts"
 import { type KvLayout, LayoutRegistry } from "./LayoutRegistry.ts"
 import { L2Tier } from "./l2/L2Tier.ts"
 import type { InstanceOwner } from "../liveness/InstanceOwner.ts"
@@ -147,13 +149,16 @@ interface Pending {
   readonly preparedAtMs: number
 }
 
-/** A PREPARE_STORE waiting for its COMMIT_STORE: reservations in chunk order. */
-interface PendingWrite extends Pending {
-  readonly reservations: ReadonlyArray<Reservation>
+/**
+ * A PREPARE_STORE waiting for its COMMIT_STORE: reservations in chunk order, held by `holds`
+ * (L1Handles.holdFor, issue 25 item 2): closing it aborts every one not committed.
+ */
+interface PendingWrite extends Pending, L1Handles.Held {
+  readonly reservations: ReadonlyArray<WriteHold>
 }
 
-/** A PREPARE_RETRIEVE (shm) waiting for its COMMIT_RETRIEVE: read locks in chunk order. */
-interface PendingRead extends Pending {
+/** A PREPARE_RETRIEVE (shm) waiting for its COMMIT_RETRIEVE: read locks in chunk order, held by `holds`. */
+interface PendingRead extends Pending, L1Handles.Held {
   readonly handles: ReadonlyArray<ReadHandle>
 }
 
@@ -253,10 +258,18 @@ export const makeTransferStrategy = (
   const ttlSeconds = expiry.ttlMs / 1000
 
   const slotOf = (offset: number): Slot => ({ offset, length: chunkBytes, shape: layout.objectShape, dtype: layout.dtype })
-  // A pending record leaves its map before it is dropped, so each is dropped once.
-  const abortAll = (w: { readonly reservations: ReadonlyArray<Reservation> }) =>
-    Effect.forEach(w.reservations, (r) => l1.abort(r), { discard: true })
-  const unlockAll = (r: { readonly handles: ReadonlyArray<ReadHandle> }) => Effect.sync(() => r.handles.forEach((h) => lookup.release(h)))
+  // Every pending record's holds are a child of this scope: the strategy's release closes it, and with it
+  // whatever a PREPARE in flight has acquired so far (what it acquires after is released at once).
+  const held = Scope.forkUnsafe(expiry.scope)
+  // A pending record leaves its map before it is released; closing its holds twice does nothing more.
+  const releaseHolds = (p: L1Handles.Held) => Scope.close(p.holds, Exit.void)
+  /** Takes the pending record of `pendingKey` out of `map` into the current Scope (released when it closes). */
+  const takePending = <P extends L1Handles.Held>(map: Map<string, P>, pendingKey: string) =>
+    L1Handles.takeHeld(() => {
+      const p = map.get(pendingKey)
+      map.delete(pendingKey)
+      return p
+    })
   const describe = (pendingKey: string) => {
     const [requestId, rank, start, end] = pendingKey.split("\u0000")
     return `request ${requestId} (rank ${rank}, tokens [${start}, ${end}))`
@@ -310,7 +323,7 @@ export const makeTransferStrategy = (
   const expireWrite = (pendingKey: string, w: PendingWrite) =>
     Effect.gen(function*() {
       expired.stores++
-      yield* abortAll(w)
+      yield* releaseHolds(w)
       yield* Metric.update(expiredStores, 1)
       yield* Effect.logWarning(
         `prepare_store: ${label}: ${describe(pendingKey)} was not committed within ${ttlSeconds} s (--prepare-ttl-seconds); its ${w.reservations.length} reservation(s) are dropped, nothing published`
@@ -320,7 +333,7 @@ export const makeTransferStrategy = (
   const expireRead = (pendingKey: string, r: PendingRead) =>
     Effect.gen(function*() {
       expired.retrieves++
-      yield* unlockAll(r)
+      yield* releaseHolds(r)
       yield* Metric.update(expiredRetrieves, 1)
       yield* Effect.logWarning(
         `prepare_retrieve: ${label}: ${describe(pendingKey)} was not committed within ${ttlSeconds} s (--prepare-ttl-seconds); its ${r.handles.length} read lock(s) are released`
@@ -331,64 +344,70 @@ export const makeTransferStrategy = (
 
   const prepareStore = (pendingKey: string, objectKeys: ReadonlyArray<ObjectKey>) =>
     Effect.gen(function*() {
-      const replaced = writes.get(pendingKey)
+      // An earlier PREPARE of the key is released first, so that its chunks are not "already cached" now.
+      const replaced = yield* Effect.scoped(takePending(writes, pendingKey))
       if (replaced !== undefined) {
-        writes.delete(pendingKey)
-        yield* abortAll(replaced)
         yield* Effect.logWarning(`prepare_store: ${label}: ${describe(pendingKey)} was prepared again before its commit; the first reservation is dropped`)
       }
-      const reservations: Array<Reservation> = []
+      const clock = yield* Clock.clockWith(Effect.succeed)
       const indices: Array<number> = []
-      for (let i = 0; i < objectKeys.length; i++) {
-        const r = yield* l1.reserveWrite(objectKeys[i]!, chunkBytes)
-        if (r._tag === "Full") {
-          yield* Effect.logWarning(
-            `prepare_store: ${label}: L1 is full of locked or reserved objects; ${describe(pendingKey)} gets ${reservations.length} slot(s) for chunks before chunk ${i} of ${objectKeys.length}`
-          )
-          break
+      let accepted = false
+      const reservations = yield* L1Handles.holdFor(
+        held,
+        Effect.gen(function*() {
+          const holds: Array<WriteHold> = []
+          for (let i = 0; i < objectKeys.length; i++) {
+            const r = yield* L1Handles.reserve(l1, objectKeys[i]!, chunkBytes)
+            if (r._tag === "Full") {
+              yield* Effect.logWarning(
+                `prepare_store: ${label}: L1 is full of locked or reserved objects; ${describe(pendingKey)} gets ${holds.length} slot(s) for chunks before chunk ${i} of ${objectKeys.length}`
+              )
+              break
+            }
+            if (r._tag === "Reserved") {
+              holds.push(r.hold)
+              indices.push(i)
+            }
+          }
+          return holds
+        }),
+        // Recorded in one uninterruptible synchronous step with the open check: a release either ran before
+        // (the holds are closed here) or sees the record. The time is read in that step too, so the map's order
+        // is the order of preparedAtMs (see expiryTimer).
+        (reservations, holds) => {
+          if (!open) return [holds]
+          accepted = true
+          const displaced = writes.get(pendingKey)
+          // Deleted first so that the record goes to the end of the map's order (see expiryTimer).
+          writes.delete(pendingKey)
+          const toClose = displaced === undefined ? [] : [displaced.holds]
+          if (reservations.length === 0) return [...toClose, holds]
+          writes.set(pendingKey, { holds, reservations, preparedAtMs: clock.currentTimeMillisUnsafe() })
+          return toClose
         }
-        if (r._tag === "Reserved") {
-          reservations.push(r.reservation)
-          indices.push(i)
-        }
-      }
-      // Inserted in the same synchronous step as the open check: a release either ran before (abort here) or sees it.
-      // The time is read in that step too, so the map's order is the order of preparedAtMs (see expiryTimer).
-      const inserted = yield* Clock.clockWith((clock) => Effect.sync(() => {
-        if (!open) return { accepted: false, displaced: undefined }
-        const preparedAtMs = clock.currentTimeMillisUnsafe()
-        const displaced = writes.get(pendingKey)
-        // Deleted first so that the record goes to the end of the map's order (see expiryTimer).
-        writes.delete(pendingKey)
-        if (reservations.length > 0) writes.set(pendingKey, { reservations, preparedAtMs })
-        return { accepted: true, displaced }
-      }))
-      if (inserted.displaced !== undefined) yield* abortAll(inserted.displaced)
-      if (!inserted.accepted) {
-        yield* abortAll({ reservations })
-        return undefined
-      }
+      )
+      if (!accepted) return undefined
       yield* writeExpiry
-      return { context: { slots: reservations.map((r) => slotOf(r.offset)), chunk_indices: indices } }
+      return { context: { slots: reservations.map((r) => slotOf(r.reservation.offset)), chunk_indices: indices } }
     })
 
+  // A COMMIT takes its record into the request's scope: whatever ends the COMMIT, the reservations it did not
+  // publish are aborted when it closes (L1Handles.takeHeld).
   const commitStore = (pendingKey: string, cpuData: Uint8Array) =>
-    Effect.gen(function*() {
+    Effect.scoped(Effect.gen(function*() {
       if (!open) return undefined
       const now = yield* Clock.currentTimeMillis
-      const w = writes.get(pendingKey)
+      const w = yield* takePending(writes, pendingKey)
       if (w === undefined) {
         yield* Effect.logWarning(`commit_store: ${label}: no pending store for ${describe(pendingKey)} (never prepared, already committed, aborted or expired); nothing published`)
         return false
       }
-      writes.delete(pendingKey)
       if (isExpired(w, now)) {
         // The expiry timer is due but has not run yet: the COMMIT is late all the same.
         yield* expireWrite(pendingKey, w)
         return false
       }
       if (cpuData.length === 0 && transport === "inline") {
-        yield* abortAll(w)
         yield* Effect.logWarning(
           `commit_store: ${label}: ${describe(pendingKey)} carries no bytes, but this server's engine-driven transport is inline; nothing published`
         )
@@ -397,8 +416,7 @@ export const makeTransferStrategy = (
       if (cpuData.length > 0) {
         const expected = w.reservations.length * chunkBytes
         if (cpuData.length !== expected) {
-          yield* abortAll(w)
-          // Shorter than one chunk object: bytes of no chunk at all, the worker's abort (Op.ts CommitStore).
+            // Shorter than one chunk object: bytes of no chunk at all, the worker's abort (Op.ts CommitStore).
           if (cpuData.length < chunkBytes) {
             yield* Effect.logInfo(
               `commit_store: ${label}: the worker aborted ${describe(pendingKey)}; its ${w.reservations.length} reservation(s) are dropped, nothing published`
@@ -413,14 +431,14 @@ export const makeTransferStrategy = (
         // Write only into reservations still pending, in the same synchronous step as the check (CLEAR force may
         // have dropped one and handed its extent to another object meanwhile).
         w.reservations.forEach((r, j) => {
-          if (l1.isPending(r)) r.bytes.set(cpuData.subarray(j * chunkBytes, (j + 1) * chunkBytes))
+          if (l1.isPending(r.reservation)) r.reservation.bytes.set(cpuData.subarray(j * chunkBytes, (j + 1) * chunkBytes))
         })
       }
       let committed = 0
       for (const r of w.reservations) {
-        if (!(yield* l1.commit(r))) continue
+        if (!(yield* L1Handles.commit(l1, r))) continue
         committed++
-        yield* onCommit(r.key)
+        yield* onCommit(r.reservation.key)
       }
       yield* Metric.update(stored.chunks, committed)
       yield* Metric.update(stored.bytes, committed * chunkBytes)
@@ -430,93 +448,103 @@ export const makeTransferStrategy = (
         )
       }
       return committed === w.reservations.length
-    })
+    }))
 
   const prepareRetrieve = (pendingKey: string, requestId: string, objectKeys: ReadonlyArray<ObjectKey>) =>
     Effect.gen(function*() {
-      const handles: Array<ReadHandle> = []
-      const releaseTaken = Effect.sync(() => handles.forEach((h) => lookup.release(h)))
-      for (let i = 0; i < objectKeys.length; i++) {
-        const h = yield* lookup.acquireForRetrieve(requestId, objectKeys[i]!)
-        if (h === undefined) {
-          yield* releaseTaken
-          yield* Effect.logWarning(`prepare_retrieve: ${label}: chunk ${i} of ${describe(pendingKey)} is not in L1; nothing locked`)
-          return { success: false, data: EMPTY, context: {} } satisfies PrepareRetrieveResponse
+      const clock = yield* Clock.clockWith(Effect.succeed)
+      let closed = false
+      let replaced: PendingRead | undefined
+      const prepared = yield* L1Handles.holdFor(
+        held,
+        Effect.gen(function*() {
+          const handles: Array<ReadHandle> = []
+          for (let i = 0; i < objectKeys.length; i++) {
+            const h = yield* lookup.acquireForRetrieve(requestId, objectKeys[i]!)
+            if (h === undefined) {
+              yield* Effect.logWarning(`prepare_retrieve: ${label}: chunk ${i} of ${describe(pendingKey)} is not in L1; nothing locked`)
+              return { response: { success: false, data: EMPTY, context: {} } satisfies PrepareRetrieveResponse, keep: undefined }
+            }
+            handles.push(h)
+            if (h.bytes.length !== chunkBytes) {
+              return yield* new InvalidArgument({
+                message: `prepare_retrieve: chunk ${i} of ${describe(pendingKey)} is cached as an object of ${h.bytes.length} bytes, but this context's layout [${layout.objectShape.join(", ")}] ${layout.dtype} needs ${chunkBytes}`
+              })
+            }
+          }
+          yield* Metric.update(retrieved.chunks, handles.length)
+          yield* Metric.update(retrieved.bytes, handles.length * chunkBytes)
+          const chunkIndices = handles.map((_, i) => i)
+          if (transport === "inline") {
+            // Copied while locked, then released with the holds: nothing stays pending.
+            const data = Buffer.allocUnsafeSlow(handles.length * chunkBytes)
+            handles.forEach((h, i) => data.set(h.bytes, i * chunkBytes))
+            return {
+              response: { success: true, data, context: { slots: [], chunk_indices: chunkIndices } } satisfies PrepareRetrieveResponse,
+              keep: undefined
+            }
+          }
+          return {
+            response: {
+              success: true,
+              data: EMPTY,
+              context: { slots: handles.map((h) => slotOf(h.offset)), chunk_indices: chunkIndices }
+            } satisfies PrepareRetrieveResponse,
+            keep: handles
+          }
+        }),
+        // Recorded in the same synchronous step as the open check, at that step's time (see prepareStore).
+        ({ keep }, holds) => {
+          if (keep === undefined) return [holds]
+          if (!open) {
+            closed = true
+            return [holds]
+          }
+          replaced = reads.get(pendingKey)
+          reads.delete(pendingKey)
+          reads.set(pendingKey, { holds, handles: keep, preparedAtMs: clock.currentTimeMillisUnsafe() })
+          return replaced === undefined ? [] : [replaced.holds]
         }
-        handles.push(h)
-        if (h.bytes.length !== chunkBytes) {
-          yield* releaseTaken
-          return yield* new InvalidArgument({
-            message: `prepare_retrieve: chunk ${i} of ${describe(pendingKey)} is cached as an object of ${h.bytes.length} bytes, but this context's layout [${layout.objectShape.join(", ")}] ${layout.dtype} needs ${chunkBytes}`
-          })
-        }
-      }
-      yield* Metric.update(retrieved.chunks, handles.length)
-      yield* Metric.update(retrieved.bytes, handles.length * chunkBytes)
-      const chunkIndices = handles.map((_, i) => i)
-      if (transport === "inline") {
-        // Copied while locked, then released: nothing stays pending.
-        const data = Buffer.allocUnsafeSlow(handles.length * chunkBytes)
-        handles.forEach((h, i) => data.set(h.bytes, i * chunkBytes))
-        yield* releaseTaken
-        return { success: true, data, context: { slots: [], chunk_indices: chunkIndices } } satisfies PrepareRetrieveResponse
-      }
-      // Recorded in the same synchronous step as the open check, at that step's time (see prepareStore).
-      const recorded = yield* Clock.clockWith((clock) => Effect.sync(() => {
-        if (!open) return { accepted: false, replaced: undefined }
-        const replaced = reads.get(pendingKey)
-        reads.delete(pendingKey)
-        reads.set(pendingKey, { handles, preparedAtMs: clock.currentTimeMillisUnsafe() })
-        return { accepted: true, replaced }
-      }))
-      if (!recorded.accepted) {
-        yield* releaseTaken
-        return undefined
-      }
-      yield* readExpiry
-      if (recorded.replaced !== undefined) {
-        yield* unlockAll(recorded.replaced)
+      )
+      if (closed) return undefined
+      if (prepared.keep !== undefined) yield* readExpiry
+      if (replaced !== undefined) {
         yield* Effect.logWarning(`prepare_retrieve: ${label}: ${describe(pendingKey)} was prepared again before its commit; the first locks are released`)
       }
-      return {
-        success: true,
-        data: EMPTY,
-        context: { slots: handles.map((h) => slotOf(h.offset)), chunk_indices: chunkIndices }
-      } satisfies PrepareRetrieveResponse
+      return prepared.response
     })
 
   const commitRetrieve = (pendingKey: string) =>
-    Effect.gen(function*() {
+    Effect.scoped(Effect.gen(function*() {
       if (!open) return undefined
       if (transport === "inline") return true
       const now = yield* Clock.currentTimeMillis
-      const r = reads.get(pendingKey)
+      const r = yield* takePending(reads, pendingKey)
       if (r === undefined) {
         yield* Effect.logWarning(`commit_retrieve: ${label}: no pending retrieve for ${describe(pendingKey)} (never prepared, already committed or expired)`)
         return false
       }
-      reads.delete(pendingKey)
       if (isExpired(r, now)) {
         // Late: the locks were due for release, so the bytes copied out may have changed meanwhile.
         yield* expireRead(pendingKey, r)
         return false
       }
-      yield* unlockAll(r)
+      // The locks are released when this scope closes.
       return true
-    })
+    }))
 
   const release = Effect.suspend(() => {
     open = false
-    const w = [...writes.values()]
-    const r = [...reads.values()]
+    const stores = writes.size
+    const retrieves = reads.size
     writes.clear()
     reads.clear()
-    return Effect.forEach(w, abortAll, { discard: true }).pipe(
-      Effect.andThen(Effect.forEach(r, unlockAll, { discard: true })),
+    // Every pending record's holds, and those of a PREPARE in flight, are children of `held`.
+    return Scope.close(held, Exit.void).pipe(
       Effect.andThen(
-        w.length + r.length === 0
+        stores + retrieves === 0
           ? Effect.void
-          : Effect.logInfo(`${label}: released ${w.length} pending store(s) (nothing published) and ${r.length} pending retrieve(s)`)
+          : Effect.logInfo(`${label}: released ${stores} pending store(s) (nothing published) and ${retrieves} pending retrieve(s)`)
       )
     )
   })

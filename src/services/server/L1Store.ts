@@ -18,7 +18,13 @@
  *   pool, without copying the object (issue 15 item 3; src/services/server/l2/L2Value.ts).
  * - Eviction takes committed, unlocked objects in LRU order and never touches
  *   a locked or reserved one; when nothing more can be evicted the
- *   reservation is refused — capacity is never exceeded.
+ *   reservation is refused — capacity is never exceeded. What to evict is
+ *   planned before anything goes: a placement that cannot fit even after
+ *   evicting (free space fragmented around locked or reserved objects)
+ *   evicts nothing.
+ * - Requests hold reservations and read locks as scoped handles
+ *   (internal/L1Handles.ts, issue 25 item 2): whatever ends a request
+ *   releases what it held.
  * - CLEAR force removes locked and reserved objects from the index at once,
  *   but their extents return to the free list only when the last lock is
  *   released or the reservation is committed (refused) or aborted: a copy
@@ -301,25 +307,45 @@ const makeL1 = (
     releaseExtent(o)
   }
 
-  /** An extent of `needed` bytes, evicting LRU committed unlocked objects as needed; undefined when impossible. */
+  /**
+   * An extent of `needed` bytes, evicting LRU committed unlocked objects as needed; undefined when impossible.
+   * What to evict is planned first (issue 25 item 2): the shortest run of evictable objects, LRU first, whose
+   * extents and the free ones leave a contiguous extent of `needed`. When even all of them would not (free bytes
+   * enough, but fragmented around locked or reserved objects), nothing is evicted.
+   */
   const place = (needed: number): number | undefined => {
     const direct = extents.allocate(needed)
     if (direct !== undefined) return direct
-    let evictable = 0
+    const evictable: Array<L1Object> = []
+    let evictableBytes = 0
     // forEach, not for…of: this runs for every placement once L1 is full, and an iterator allocates per step.
     objects.forEach((o) => {
-      if (o.committed && o.readLocks === 0) evictable += o.extent.length
+      if (o.committed && o.readLocks === 0) {
+        evictable.push(o)
+        evictableBytes += o.extent.length
+      }
     })
-    if (extents.freeBytes() + evictable < needed) return undefined
-    // Deleting the entry just visited does not disturb a Map's iteration, so no copy of the index is needed.
-    for (const o of objects.values()) {
-      if (!o.committed || o.readLocks > 0) continue
-      drop(o)
-      evictions++
-      const offset = extents.allocate(needed)
-      if (offset !== undefined) return offset
+    if (extents.freeBytes() + evictableBytes < needed) return undefined
+    const extentsOf = (n: number) => evictable.slice(0, n).map((o) => ({ offset: o.offset - headroomBytes, length: o.extent.length }))
+    // Usually the first few LRU objects make room (objects of one size): try them one by one, then search.
+    let count = 0
+    const quick = Math.min(evictable.length, 4)
+    for (let n = 1; n <= quick && count === 0; n++) if (extents.wouldFit(needed, extentsOf(n))) count = n
+    if (count === 0) {
+      if (!extents.wouldFit(needed, extentsOf(evictable.length))) return undefined
+      // Fitting is monotone in how many are evicted: the smallest count that fits, by bisection.
+      let lo = quick + 1
+      let hi = evictable.length
+      while (lo < hi) {
+        const mid = (lo + hi) >>> 1
+        if (extents.wouldFit(needed, extentsOf(mid))) hi = mid
+        else lo = mid + 1
+      }
+      count = lo
     }
-    return undefined
+    for (let n = 0; n < count; n++) drop(evictable[n]!)
+    evictions += count
+    return extents.allocate(needed)
   }
 
   const reserveWrite = (key: ObjectKey, sizeBytes: number) =>

@@ -80,7 +80,9 @@ import {
   type ValidatedKvCaches
 } from "../kv/KvCacheLayout.ts"
 import { MappingBudget } from "./MappingBudget.ts"
-import { L1Store, type ReadHandle, type Reservation } from "./L1Store.ts"
+import { L1Store, type ReadHandle } from "./L1Store.ts"
+import * as L1Handles from "./internal/L1Handles.ts"
+import type { WriteHold } from "./internal/L1Handles.ts"
 import { LayoutRegistry } from "./LayoutRegistry.ts"
 import type { InstanceOwner } from "../liveness/InstanceOwner.ts"
 import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
@@ -648,8 +650,10 @@ const make = Effect.gen(function*() {
     return { perChunk, list }
   }
 
+  // STORE and RETRIEVE hold their reservations and read locks in the request's scope (L1Handles, issue 25
+  // item 2): whatever ends the request — an answer, a wire error, a defect, an interruption — releases them.
   const store = (key: CacheKey, id: InstanceId, blockIds: ReadonlyArray<ReadonlyArray<number>>) =>
-    Effect.gen(function*() {
+    Effect.scoped(Effect.gen(function*() {
       const entry = yield* resolveForTransfer("store", id)
       const { first, count, rank } = yield* chunkRange("store", key)
       if (count === 0) return true
@@ -663,27 +667,27 @@ const make = Effect.gen(function*() {
       const g = entry.geometry
       const layout = kvLayoutOf(g, chunk)
       const objectBytes = layout.chunkBytes
-      const reserved: Array<{ readonly reservation: Reservation; readonly chunkBlocks: ReadonlyArray<number> }> = []
+      const reserved: Array<{ readonly hold: WriteHold; readonly chunkBlocks: ReadonlyArray<number> }> = []
       let full = false
       for (let i = 0; i < count; i++) {
         const chunkBlocks = blocks.list.slice(i * blocks.perChunk, (i + 1) * blocks.perChunk)
         if (chunkBlocks.every((b) => b === 0)) continue // vLLM's null block: nothing computed here
-        const r = yield* l1.reserveWrite(objectKeys[i]!, objectBytes)
+        const r = yield* L1Handles.reserve(l1, objectKeys[i]!, objectBytes)
         if (r._tag === "Full") {
           full = true
           break
         }
-        if (r._tag === "Reserved") reserved.push({ reservation: r.reservation, chunkBlocks })
+        if (r._tag === "Reserved") reserved.push({ hold: r.hold, chunkBlocks })
       }
       // One copy job per chunk (every layer of it), the chunks in parallel on the libuv pool.
       const copied = yield* Effect.exit(Effect.forEach(
         reserved,
-        ({ reservation, chunkBlocks }) =>
-          native.gatherAll(copyParts(entry, chunkBlocks), reservation.bytes),
+        ({ hold, chunkBlocks }) =>
+          native.gatherAll(copyParts(entry, chunkBlocks), hold.reservation.bytes),
         { concurrency: "unbounded", discard: true }
       ))
       if (Exit.isFailure(copied)) {
-        yield* Effect.forEach(reserved, ({ reservation }) => l1.abort(reservation), { discard: true })
+        // The reservations are aborted when the request's scope closes.
         return yield* copyFailed(
           "store",
           id,
@@ -693,16 +697,16 @@ const make = Effect.gen(function*() {
         )
       }
       let committed = 0
-      for (const { reservation } of reserved) {
-        if (!(yield* l1.commit(reservation))) continue
+      for (const { hold } of reserved) {
+        if (!(yield* L1Handles.commit(l1, hold))) continue
         committed++
-        yield* l2.writeThrough(reservation.key, layout) // returns at once (issue 15 item 4)
+        yield* l2.writeThrough(hold.reservation.key, layout) // returns at once (issue 15 item 4)
       }
       yield* Metric.update(storedChunksTotal, committed)
       yield* Metric.update(storedBytesTotal, committed * objectBytes)
       if (full) yield* Effect.logWarning(`store: L1 is full of locked or reserved objects; stored ${committed} of ${count} chunk(s)`)
       return !full
-    })
+    }))
 
   const retrieve = (
     key: CacheKey,
@@ -710,7 +714,7 @@ const make = Effect.gen(function*() {
     blockIds: ReadonlyArray<ReadonlyArray<number>>,
     skipFirstNTokens: number
   ) =>
-    Effect.gen(function*() {
+    Effect.scoped(Effect.gen(function*() {
       const entry = yield* resolveForTransfer("retrieve", id)
       const { first, count, rank } = yield* chunkRange("retrieve", key)
       if (count === 0) return true
@@ -722,31 +726,29 @@ const make = Effect.gen(function*() {
       const hashes = chunkHashes(key.token_ids, chunk, first + count).slice(first)
       const objectKeys = objectKeysOf(key, hashes, rank)
       const handles: Array<ReadHandle> = []
-      return yield* Effect.gen(function*() {
-        for (let i = 0; i < count; i++) {
-          const h = yield* lookup.acquireForRetrieve(key.request_id, objectKeys[i]!)
-          if (h === undefined) {
-            yield* Effect.logWarning(`retrieve: chunk ${first + i} of request ${key.request_id} is not in L1; nothing read`)
-            return false
-          }
-          handles.push(h)
+      for (let i = 0; i < count; i++) {
+        const h = yield* lookup.acquireForRetrieve(key.request_id, objectKeys[i]!)
+        if (h === undefined) {
+          yield* Effect.logWarning(`retrieve: chunk ${first + i} of request ${key.request_id} is not in L1; nothing read`)
+          return false
         }
-        yield* Effect.forEach(handles, (h, i) =>
-          native.scatterAll(
-            copyParts(
-              entry,
-              blocks.list.slice(i * blocks.perChunk, (i + 1) * blocks.perChunk),
-              Math.max(0, Math.min(chunk, skipFirstNTokens - i * chunk))
-            ),
-            h.bytes
-          ), { concurrency: "unbounded", discard: true }).pipe(
-            Effect.catch((e) => copyFailed("retrieve", id, entry, e, Effect.fail(new InvalidArgument({ message: `retrieve: ${e.message}` }))))
-          )
-        yield* Metric.update(retrievedChunksTotal, count)
-        yield* Metric.update(retrievedBytesTotal, handles.reduce((n, h) => n + h.bytes.length, 0))
-        return true
-      }).pipe(Effect.ensuring(Effect.sync(() => handles.forEach((h) => lookup.release(h)))))
-    })
+        handles.push(h)
+      }
+      yield* Effect.forEach(handles, (h, i) =>
+        native.scatterAll(
+          copyParts(
+            entry,
+            blocks.list.slice(i * blocks.perChunk, (i + 1) * blocks.perChunk),
+            Math.max(0, Math.min(chunk, skipFirstNTokens - i * chunk))
+          ),
+          h.bytes
+        ), { concurrency: "unbounded", discard: true }).pipe(
+          Effect.catch((e) => copyFailed("retrieve", id, entry, e, Effect.fail(new InvalidArgument({ message: `retrieve: ${e.message}` }))))
+        )
+      yield* Metric.update(retrievedChunksTotal, count)
+      yield* Metric.update(retrievedBytesTotal, handles.reduce((n, h) => n + h.bytes.length, 0))
+      return true
+    }))
 
   const target = contexts.target
 

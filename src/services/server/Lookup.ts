@@ -29,8 +29,14 @@
  *   while it runs, then the L1 prefix plus the chunks it got in order — a
  *   failed or corrupt GET shortens the count, so a RETRIEVE is never
  *   promised bytes it cannot get.
+ * - A repeated LOOKUP of a request id replaces what it held (issue 25 item
+ *   2): the earlier LOOKUP's locks are released and its prefetch, if still
+ *   running, interrupted (releasing what it fetched) before the new one
+ *   locks; a repeated LOOKUP that finds nothing leaves nothing. Every lock a
+ *   RETRIEVE or a prefetch takes is a scoped handle (internal/L1Handles.ts):
+ *   released by whatever ends it, a defect or an interruption included.
  */
-import { Clock, Context, Duration, Effect, Layer, Metric, Schedule } from "effect"
+import { Clock, Context, Duration, Effect, Exit, Fiber, Layer, Metric, Schedule, type Scope } from "effect"
 import { ServerConfig } from "./ServerConfig.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import { EndSession, FreeLookupLocks, Lookup as LookupOp, QueryPrefetchStatus } from "../../schema/Op.ts"
@@ -41,6 +47,7 @@ import { objectKeyString, type ObjectKey } from "./ObjectKey.ts"
 import { chunkHashes } from "../kv/TokenHasher.ts"
 import { L2Tier } from "./l2/L2Tier.ts"
 import { makeWarnWindow } from "./internal/WarnWindow.ts"
+import * as L1Handles from "./internal/L1Handles.ts"
 import {
   type LookupJob,
   makePendingLookups,
@@ -106,13 +113,12 @@ export class Lookup extends Context.Service<Lookup, {
   readonly freeLookupLocks: (key: CacheKey) => Effect.Effect<void>
   readonly endSession: (requestId: string) => Effect.Effect<void>
   /**
-   * A read handle on `key` for a RETRIEVE of `requestId`: the session's
-   * prefetch lock when it holds one (it passes to the caller), else a fresh
-   * lock if the object is in L1; undefined when it is not. The caller
-   * releases it with `release`.
+   * A read lock on `key` for a RETRIEVE of `requestId`, held by the current
+   * Scope (released when it closes, by any exit): the session's prefetch
+   * lock when it holds one (it passes to the caller), else a fresh lock if
+   * the object is in L1; undefined (nothing held) when it is not.
    */
-  readonly acquireForRetrieve: (requestId: string, key: ObjectKey) => Effect.Effect<ReadHandle | undefined>
-  readonly release: (handle: ReadHandle) => void
+  readonly acquireForRetrieve: (requestId: string, key: ObjectKey) => Effect.Effect<ReadHandle | undefined, never, Scope.Scope>
   /**
    * Pending lookups (`sessions`: request ids the server keeps state for), the
    * read locks they hold, the unreported counts among them, the peers they
@@ -152,6 +158,12 @@ export class Lookup extends Context.Service<Lookup, {
       // At most one WARNING per kind per window; the next line says how many were not logged.
       const warnings = makeWarnWindow(WARN_WINDOW_MS)
       const warnThrottled = (kind: string, message: string) => warnings.warn(kind, message)
+      // The running L2 prefetch of a pending lookup: interrupted when a LOOKUP of its id replaces it.
+      const prefetches = new WeakMap<Pending, Fiber.Fiber<void>>()
+      const stopPrefetch = (p: Pending | undefined) => {
+        const fiber = p === undefined ? undefined : prefetches.get(p)
+        return fiber === undefined ? Effect.void : Fiber.interrupt(fiber)
+      }
 
       /** Counts the releases the table made since the last call, and warns about them (throttled). */
       const reportReleases = Effect.gen(function*() {
@@ -177,12 +189,13 @@ export class Lookup extends Context.Service<Lookup, {
 
       /**
        * The L2 prefetch of chunks [from, from + count) for every rank of `key`: GETs into L1 objects,
-       * then the handles of the contiguous run that arrived go to the pending lookup and the job's count
-       * is set; the rest are released (their objects stay in L1, unlocked). A lookup ended, released or
-       * looked up again meanwhile gets nothing: every handle is released.
+       * each read-locked in the prefetch's scope; then the locks of the contiguous run that arrived move
+       * to the pending lookup and the job's count is set; the scope's close releases the rest (their
+       * objects stay in L1, unlocked). A lookup ended, released or looked up again meanwhile gets
+       * nothing, and a prefetch interrupted or dead at any step leaves nothing locked or reserved.
        */
       const prefetch = (entry: Pending, job: LookupJob, key: CacheKey, hashes: ReadonlyArray<Uint8Array>, from: number, count: number, layout: KvLayout) =>
-        Effect.gen(function*() {
+        Effect.scoped(Effect.gen(function*() {
           const ranks = rankCountOf(key)
           const keyAt = (i: number, j: number) => chunkKey(key, hashes, i, j)
           const fetched = yield* Effect.forEach(
@@ -196,19 +209,25 @@ export class Lookup extends Context.Service<Lookup, {
           // The locks of the run must fit under --max-lookup-locks; a run cut short is a shorter prefix.
           const fits = keep ? Math.min(got, Math.floor(pending.lockRoom() / ranks)) : 0
           if (keep && fits < got) totals.cappedLookups++
-          fetched.forEach((handles, n) =>
-            handles.forEach((h, j) => {
-              if (h === undefined) return
+          // One synchronous step: each lock kept moves to the pending lookup; the others stay the scope's.
+          fetched.forEach((locks, n) =>
+            locks.forEach((lock, j) => {
+              if (lock === undefined) return
               const i = from + n
               const rank = rankAt(key, j)
               const freed = job.freed.some((f) => i >= f.first && i < f.last && (f.rank === null ? rank < f.ranksBelow : f.rank === rank))
-              if (keep && n < fits && !freed) pending.hold(entry, keyAt(i, j), i, rank, h)
-              else l1.unlockRead(h)
+              if (keep && n < fits && !freed) pending.hold(entry, keyAt(i, j), i, rank, L1Handles.moveRead(lock)!)
             })
           )
           if (keep) job.hits = from + fits
           if (fits < count) yield* Effect.logInfo(`lookup ${entry.requestId}: L2 prefetch got ${fits} of ${count} chunk(s); prefix ${from + fits}`)
-        })
+        })).pipe(
+          // A prefetch that died or was interrupted got nothing: the count is the L1 prefix it started from,
+          // never nil forever (what it fetched is released by its scope).
+          Effect.onExit((exit) => Effect.sync(() => {
+            if (Exit.isFailure(exit) && job.hits === null) job.hits = from
+          }))
+        )
 
       /** How many of chunks [from, …) every rank of `key` has in L2 (at most L2_EXISTS_MAX_KEYS keys asked). */
       const inL2From = (key: CacheKey, hashes: ReadonlyArray<Uint8Array>, from: number, layout: KvLayout) =>
@@ -227,9 +246,9 @@ export class Lookup extends Context.Service<Lookup, {
           yield* Metric.update(lookupsTotal, 1)
           totals.lookups++
           if (layout === undefined) {
-            // Keeps nothing (issue 24 item 6): an earlier count for this id no longer stands (0 is the answer
-            // now, as for an unknown id), and locks of an earlier LOOKUP stay theirs.
-            forgetJob(key.request_id, now)
+            // Keeps nothing (issue 24 item 6) and replaces what an earlier LOOKUP of the id held (issue 25
+            // item 2): 0 is the answer now, as for an unknown id.
+            yield* forget(key.request_id)
             return yield* warnThrottled(
               "no-layout",
               `lookup: no registered layout for model ${key.model_name} (world size ${key.world_size}); 0 hits`
@@ -250,10 +269,9 @@ export class Lookup extends Context.Service<Lookup, {
           totals.lookedUpChunks += hashes.length * ranks
           totals.hitChunks += hits * ranks
           const inL2First = hits === 0 ? yield* inL2From(key, hashes, 0, layout) : 0
-          if (hits === 0 && inL2First === 0) {
-            forgetJob(key.request_id, now)
-            return
-          }
+          if (hits === 0 && inL2First === 0) return yield* forget(key.request_id)
+          // Replaces an earlier LOOKUP of the id: its locks are unlocked here, its prefetch stopped below.
+          const earlier = pending.get(key.request_id)
           const entry = pending.admit(key.request_id, peer, now)
           const room = pending.makeRoomForLocks(hits * ranks, entry)
           const locked = Math.min(hits, Math.floor(room / ranks))
@@ -265,6 +283,7 @@ export class Lookup extends Context.Service<Lookup, {
               if (handle !== undefined) pending.hold(entry, k, i, k.kvRank, handle)
             }
           }
+          yield* stopPrefetch(earlier)
           yield* reportReleases
           if (locked < hits) {
             yield* warnThrottled("capped", `lookup: --max-lookup-locks ${limits.maxLookupLocks} reached; request ${key.request_id} locked ${locked} of ${hits} hit chunk(s)`)
@@ -280,17 +299,17 @@ export class Lookup extends Context.Service<Lookup, {
           }
           const job: LookupJob = { hits: inL2 > 0 ? null : locked, freed: [] }
           entry.job = job
-          if (inL2 > 0) yield* Effect.forkIn(prefetch(entry, job, key, hashes, locked, inL2, layout), scope)
+          if (inL2 > 0) prefetches.set(entry, yield* Effect.forkIn(prefetch(entry, job, key, hashes, locked, inL2, layout), scope))
         })
 
-      /** A LOOKUP that found nothing: an earlier unreported count for the id goes (0 is the answer now). */
-      const forgetJob = (requestId: string, now: number) => {
-        const p = pending.get(requestId)
-        if (p === undefined) return
-        p.job = undefined
-        p.lastActivityMs = now
-        pending.dropIfIdle(p)
-      }
+      /** A LOOKUP that found nothing: what an earlier LOOKUP of the id held goes (0 is the answer now). */
+      const forget = (requestId: string) =>
+        Effect.suspend(() => {
+          const p = pending.get(requestId)
+          if (p === undefined) return Effect.void
+          pending.end(p)
+          return stopPrefetch(p)
+        })
 
       const queryPrefetchStatus = (requestId: string) =>
         Effect.gen(function*() {
@@ -331,16 +350,23 @@ export class Lookup extends Context.Service<Lookup, {
         })
 
       const acquireForRetrieve = (requestId: string, key: ObjectKey) =>
-        Effect.gen(function*() {
-          const now = yield* Clock.currentTimeMillis
-          const p = pending.get(requestId)
-          if (p !== undefined) {
-            p.lastActivityMs = now
-            const handle = pending.take(p, objectKeyString(key))
-            if (handle !== undefined) return handle
-          }
-          return l1.lockRead(key)
-        })
+        Effect.map(
+          L1Handles.holdRead(
+            l1,
+            Clock.clockWith((clock) =>
+              Effect.sync(() => {
+                const p = pending.get(requestId)
+                if (p !== undefined) {
+                  p.lastActivityMs = clock.currentTimeMillisUnsafe()
+                  const handle = pending.take(p, objectKeyString(key))
+                  if (handle !== undefined) return handle
+                }
+                return l1.lockRead(key)
+              })
+            )
+          ),
+          (lock) => lock?.handle
+        )
 
       const sweepExpired = () =>
         Effect.gen(function*() {
@@ -395,7 +421,6 @@ export class Lookup extends Context.Service<Lookup, {
         freeLookupLocks,
         endSession,
         acquireForRetrieve,
-        release: (h) => l1.unlockRead(h),
         stats,
         sweepExpired,
         module

@@ -19,6 +19,7 @@ import { EngineDrivenTransfer } from "../../../src/services/server/EngineDrivenT
 import { L1Store } from "../../../src/services/server/L1Store.ts"
 import { LayoutRegistry } from "../../../src/services/server/LayoutRegistry.ts"
 import { Lookup } from "../../../src/services/server/Lookup.ts"
+import { atEveryStep, faultyL1, makeFaultSteps } from "../../support/FaultSteps.ts"
 
 const CHUNK = 32
 /** [2, 2 layers, 32 tokens, 8] float16. */
@@ -557,4 +558,70 @@ describe("prepare TTL (issue 18)", () => {
       yield* TestClock.adjust("61 seconds")
       assert.deepStrictEqual(context.strategy.expired(), { stores: 0, retrieves: 0 })
     }).pipe(Effect.provide(env())))
+})
+
+describe("a defect or an interruption at every step of PREPARE/COMMIT leaves L1 holding nothing (issue 25 item 2)", () => {
+  const faults = makeFaultSteps()
+  const faultyEnv = (config: Partial<ServerConfigInput> = {}) =>
+    EngineDrivenTransfer.layer.pipe(
+      Layer.provideMerge(Lookup.layer),
+      Layer.provideMerge(
+        Layer.mergeAll(faultyL1(faults).pipe(Layer.provide(L1Store.layer)), LayoutRegistry.layer).pipe(Layer.provideMerge(NativeMemoryLive))
+      ),
+      Layer.provideMerge(ServerConfig.layerTest({ chunkSize: CHUNK, l1SizeGb: (32 * CHUNK_BYTES) / 2 ** 30, ...config }))
+    )
+  /** 4 chunks: [0, 128). */
+  const k = key()
+  const inlineBytes = new Uint8Array(4 * CHUNK_BYTES).fill(7)
+
+  const holdsNothing = (label: string) =>
+    Effect.gen(function*() {
+      const s = (yield* L1Store).stats()
+      assert.deepStrictEqual({ reserved: s.reservedObjects, locked: s.lockedObjects }, { reserved: 0, locked: 0 }, label)
+    })
+  const cleared = Effect.gen(function*() {
+    yield* (yield* L1Store).clear(false)
+  })
+
+  for (const transport of ["shm", "inline"] as const) {
+    const cpuData = transport === "inline" ? inlineBytes : new Uint8Array(0)
+
+    it.effect(`${transport}: PREPARE_STORE then COMMIT_STORE`, () =>
+      Effect.gen(function*() {
+        const ed = yield* EngineDrivenTransfer
+        yield* ed.register(registration(1))
+        const steps = yield* atEveryStep(faults, {
+          setup: cleared,
+          path: Effect.andThen(ed.prepareStore(k, id(1)), ed.commitStore(k, id(1), cpuData)),
+          check: (exit, run) =>
+            Effect.gen(function*() {
+              yield* holdsNothing(run.label)
+              if (!run.fired) assert.isTrue(Exit.isSuccess(exit) && exit.value, run.label)
+              else if (run.kind === "defect") assert.isTrue(Exit.hasDies(exit), run.label)
+            })
+        })
+        assert.deepStrictEqual(steps, [...Array(4).fill("l1.reserveWrite"), ...Array(4).fill("l1.commit")])
+      }).pipe(Effect.provide(faultyEnv({ engineDrivenTransport: transport }))))
+
+    it.effect(`${transport}: PREPARE_RETRIEVE then COMMIT_RETRIEVE`, () =>
+      Effect.gen(function*() {
+        const ed = yield* EngineDrivenTransfer
+        yield* ed.register(registration(1))
+        const steps = yield* atEveryStep(faults, {
+          setup: Effect.gen(function*() {
+            yield* cleared
+            yield* ed.prepareStore(k, id(1))
+            assert.isTrue(yield* ed.commitStore(k, id(1), cpuData))
+          }),
+          path: Effect.andThen(ed.prepareRetrieve(k, id(1)), ed.commitRetrieve(k, id(1))),
+          check: (exit, run) =>
+            Effect.gen(function*() {
+              yield* holdsNothing(run.label)
+              if (!run.fired) assert.isTrue(Exit.isSuccess(exit) && exit.value, run.label)
+              else if (run.kind === "defect") assert.isTrue(Exit.hasDies(exit), run.label)
+            })
+        })
+        assert.deepStrictEqual(steps, Array(4).fill("l1.lockRead"))
+      }).pipe(Effect.provide(faultyEnv({ engineDrivenTransport: transport }))))
+  }
 })

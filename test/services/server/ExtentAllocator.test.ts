@@ -17,6 +17,26 @@ describe("ExtentAllocator", () => {
     assert.strictEqual(a.largestFree(), 1024, "all neighbours merged back")
   })
 
+  it("wouldFit answers what allocate would after releasing some extents, and changes nothing", () => {
+    const a = makeExtentAllocator(256)
+    const offsets = [0, 1, 2, 3].map(() => a.allocate(64)!) // 0, 64, 128, 192: full
+    assert.isFalse(a.wouldFit(64, []))
+    assert.isTrue(a.wouldFit(64, [{ offset: 128, length: 64 }]))
+    // Two extents with a used one between: 128 free bytes, never 128 contiguous.
+    assert.isFalse(a.wouldFit(128, [{ offset: 0, length: 64 }, { offset: 128, length: 64 }]))
+    // Touching ones merge, in any order given; with a free neighbour too.
+    assert.isTrue(a.wouldFit(128, [{ offset: 128, length: 64 }, { offset: 64, length: 64 }]))
+    a.release(offsets[3]!, 64)
+    assert.isTrue(a.wouldFit(192, [{ offset: 64, length: 64 }, { offset: 128, length: 64 }]))
+    // Alignment: 64 bytes (a multiple of 64) need a 64-aligned start; 63 bytes do not.
+    const b = makeExtentAllocator(180)
+    b.allocate(10)
+    b.allocate(100)
+    assert.isFalse(b.wouldFit(128, [{ offset: 10, length: 100 }]))
+    assert.isTrue(b.wouldFit(127, [{ offset: 10, length: 100 }]))
+    assert.deepStrictEqual([a.freeBytes(), b.freeBytes()], [64, 70])
+  })
+
   it("refuses what does not fit, even when enough bytes are free in pieces", () => {
     const a = makeExtentAllocator(256)
     const x = a.allocate(64)!

@@ -184,4 +184,42 @@ describe("L1Store", () => {
       const exit = yield* Effect.exit(l1.fill(r2, new Uint8Array(7)))
       assert.isTrue(Exit.hasDies(exit))
     }))
+
+  it.effect("a placement that cannot fit after eviction evicts nothing (free bytes enough, but fragmented around a locked object)", () =>
+    Effect.gen(function*() {
+      const l1 = yield* L1Store.make(300)
+      yield* put(l1, key(1), 100)
+      yield* put(l1, key(2), 100)
+      yield* put(l1, key(3), 100)
+      const middle = l1.lockRead(key(2))!
+      // 200 bytes are evictable (objects 1 and 3), but never contiguous while object 2 is locked between them.
+      assert.deepStrictEqual(yield* l1.reserveWrite(key(4), 200), { _tag: "Full" })
+      assert.deepStrictEqual([1, 2, 3].map((n) => l1.contains(key(n))), [true, true, true])
+      assert.strictEqual(l1.stats().evictions, 0)
+      // Room for 100: only the least recently used goes.
+      yield* put(l1, key(5), 100)
+      assert.deepStrictEqual([1, 2, 3, 5].map((n) => l1.contains(key(n))), [false, true, true, true])
+      assert.strictEqual(l1.stats().evictions, 1)
+      l1.unlockRead(middle)
+    }))
+
+  it.effect("eviction takes the shortest LRU run that leaves a contiguous extent, not just enough bytes", () =>
+    Effect.gen(function*() {
+      const l1 = yield* L1Store.make(600)
+      for (let n = 1; n <= 6; n++) yield* put(l1, key(n), 100) // offsets 0, 100, …, 500; LRU order 1..6
+      const locked = l1.lockRead(key(3))!
+      // LRU: 1, 2, 4, 5, 6 evictable (3 locked at 200). 200 contiguous: [0, 200) after evicting 1 and 2.
+      const r = yield* reserve(l1, key(7), 200)
+      assert.strictEqual(r.offset, 0)
+      assert.deepStrictEqual([1, 2, 3, 4, 5, 6].map((n) => l1.contains(key(n))), [false, false, true, true, true, true])
+      assert.strictEqual(l1.stats().evictions, 2)
+      // Touch 4 (now most recent): 300 contiguous needs 4, 5 and 6 ([300, 600)); the LRU order is 5, 6, 4.
+      l1.unlockRead(l1.lockRead(key(4))!)
+      const r2 = yield* reserve(l1, key(8), 300)
+      assert.strictEqual(r2.offset, 300)
+      assert.deepStrictEqual([3, 4, 5, 6].map((n) => l1.contains(key(n))), [true, false, false, false])
+      assert.strictEqual(l1.stats().evictions, 5)
+      l1.unlockRead(locked)
+    }))
 })
+

@@ -161,6 +161,25 @@ describe("Lookup", () => {
       assert.strictEqual(l1.stats().lockedObjects, 0)
     }).pipe(Effect.provide(Env)))
 
+  it.effect("a repeated LOOKUP replaces the request's locks: a shorter one leaves the rest unlocked, and old locks never ride on a new TTL (issue 25 item 2)", () =>
+    Effect.gen(function*() {
+      const lookup = yield* Lookup
+      const l1 = yield* L1Store
+      yield* registerLayout()
+      yield* putChunks(3, 0)
+      yield* lookup.lookup(key({ worker_id: 0 }))
+      assert.deepStrictEqual([lookup.stats().heldLocks, l1.stats().lockedObjects], [3, 3])
+      yield* TestClock.adjust("50 seconds")
+      // Again for chunks [0, 2): chunk 2's lock goes now, not 60 s after this LOOKUP.
+      yield* lookup.lookup(key({ worker_id: 0, end: 2 * CHUNK }))
+      assert.deepStrictEqual([lookup.stats().heldLocks, l1.stats().lockedObjects], [2, 2])
+      assert.strictEqual(yield* lookup.queryPrefetchStatus("req-1"), 2)
+      // Again, finding nothing (no layout for the model): nothing is kept.
+      yield* lookup.lookup(key({ worker_id: 0, model_name: "unregistered" }))
+      assert.deepStrictEqual([lookup.stats().sessions, l1.stats().lockedObjects], [0, 0])
+      assert.deepStrictEqual(lookup.stats().released, { ttl: 0, max_pending_lookups_per_peer: 0, max_pending_lookups: 0, max_lookup_locks: 0 })
+    }).pipe(Effect.provide(Env)))
+
   it.effect("locked chunks survive eviction; FREE_LOOKUP_LOCKS releases exactly its range; END_SESSION the rest", () =>
     Effect.gen(function*() {
       const lookup = yield* Lookup
@@ -207,14 +226,15 @@ describe("Lookup", () => {
       yield* putChunks(2, 0)
       yield* lookup.lookup(key({ worker_id: 0 }))
       const [k0, k1] = objectKeysOf(key(), chunkHashes(tokens, CHUNK, 2), 0)
-      const h0 = yield* lookup.acquireForRetrieve("req-1", k0!)
-      assert.isDefined(h0)
-      assert.strictEqual(lookup.stats().heldLocks, 1)
-      const other = yield* lookup.acquireForRetrieve("req-2", k1!)
-      assert.isDefined(other)
-      assert.strictEqual(l1.stats().lockedObjects, 2)
-      lookup.release(h0!)
-      lookup.release(other!)
+      // The RETRIEVE's locks are held by its scope: released when it closes.
+      yield* Effect.scoped(Effect.gen(function*() {
+        const h0 = yield* lookup.acquireForRetrieve("req-1", k0!)
+        assert.isDefined(h0)
+        assert.strictEqual(lookup.stats().heldLocks, 1)
+        const other = yield* lookup.acquireForRetrieve("req-2", k1!)
+        assert.isDefined(other)
+        assert.strictEqual(l1.stats().lockedObjects, 2)
+      }))
       assert.strictEqual(l1.stats().lockedObjects, 1)
       const absent = { hash: new Uint8Array(32), modelName: "m", kvRank: 0, cacheSalt: "" }
       assert.strictEqual(yield* lookup.acquireForRetrieve("req-1", absent), undefined)

@@ -96,6 +96,21 @@ describe("PendingLookups", () => {
     assert.strictEqual(table.stats().released.max_lookup_locks, 2)
   })
 
+  it("re-admission replaces: the earlier lookup of the id is ended (its locks unlocked, its count gone), not counted as a release", () => {
+    const { table, unlocked, lookup } = tableOf()
+    const first = lookup("x", "a", ["k0", "k1"])
+    const second = table.admit("x", "a", 5)
+    assert.notStrictEqual(second, first)
+    assert.deepStrictEqual([unlocked, second.locks.size, second.job, second.lastActivityMs], [["k0", "k1"], 0, undefined, 5])
+    assert.deepStrictEqual(table.stats(), {
+      pending: 1,
+      heldLocks: 0,
+      pendingJobs: 0,
+      peers: 1,
+      released: { ttl: 0, max_pending_lookups_per_peer: 0, max_pending_lookups: 0, max_lookup_locks: 0 }
+    })
+  })
+
   it("one lock per object: a second handle on an object already held is given back at once", () => {
     const { table, unlocked } = tableOf()
     const p = table.admit("x", "a", 0)

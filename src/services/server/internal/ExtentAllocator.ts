@@ -20,6 +20,12 @@ export interface ExtentAllocator {
   readonly freeBytes: () => number
   /** The largest single free extent. */
   readonly largestFree: () => number
+  /**
+   * Whether `allocate(length)` would succeed once `released` (extents now in
+   * use, not overlapping) were released too. Changes nothing: L1 asks it
+   * before evicting, so a placement that cannot fit evicts nothing.
+   */
+  readonly wouldFit: (length: number, released: ReadonlyArray<{ readonly offset: number; readonly length: number }>) => boolean
 }
 
 const alignmentOf = (length: number): number => (length % 64 === 0 ? 64 : 1)
@@ -72,9 +78,34 @@ export const makeExtentAllocator = (capacityBytes: number): ExtentAllocator => {
     }
   }
 
+  /** Whether some run of touching extents (sorted by offset) holds `length` bytes at its alignment. */
+  const fitsIn = (extents: ReadonlyArray<Extent>, length: number): boolean => {
+    const align = alignmentOf(length)
+    let runStart = -1
+    let runEnd = -1
+    for (const e of extents) {
+      if (e.offset === runEnd) runEnd += e.length
+      else {
+        runStart = e.offset
+        runEnd = e.offset + e.length
+      }
+      if (runEnd - Math.ceil(runStart / align) * align >= length) return true
+    }
+    return false
+  }
+
+  const wouldFit = (length: number, released: ReadonlyArray<{ readonly offset: number; readonly length: number }>): boolean => {
+    if (length <= 0) return false
+    const all: Array<Extent> = free.map((e) => ({ offset: e.offset, length: e.length }))
+    for (const r of released) all.push({ offset: r.offset, length: r.length })
+    all.sort((a, b) => a.offset - b.offset)
+    return fitsIn(all, length)
+  }
+
   return {
     allocate,
     release,
+    wouldFit,
     freeBytes: () => freeTotal,
     largestFree: () => free.reduce((m, e) => Math.max(m, e.length), 0)
   }

@@ -13,9 +13,12 @@
  * locks the chunks afresh if they are still in L1.
  *
  * Age is the order of the latest LOOKUP naming the request id (a repeated
- * LOOKUP makes it the newest, under the peer that sent it). One request id
- * holds at most one lock per L1 object, whatever number of LOOKUPs named it,
- * so a request's locks never outnumber the distinct objects it found.
+ * LOOKUP makes it the newest, under the peer that sent it). A repeated
+ * LOOKUP **replaces** what the request id held (issue 25 item 2): the
+ * earlier lookup's locks are unlocked and its count forgotten before the new
+ * one locks, so repeating a LOOKUP never adds locks, and never keeps locks
+ * the latest LOOKUP did not find. One request id holds at most one lock per
+ * L1 object, so its locks never outnumber the distinct objects it found.
  *
  * @internal Pure bookkeeping: no Effect, no clock; the caller passes times in
  * Clock milliseconds and an `unlock` for the handles it hands over.
@@ -88,8 +91,10 @@ export interface PendingLookups<K, H extends LockHandle> {
   /** The pending lookup of `requestId`, if any. */
   readonly get: (requestId: string) => PendingLookup<K, H> | undefined
   /**
-   * Makes `requestId`'s pending lookup the newest, under `peer` (created
-   * empty when absent), then releases the oldest ones over the per-peer and
+   * A fresh, empty pending lookup for `requestId`, the newest, under `peer`:
+   * an earlier one of the id is ended first (its locks unlocked, its count
+   * forgotten; not counted as a release), so a repeated LOOKUP replaces and
+   * never adds. Then releases the oldest ones over the per-peer and
    * per-server counts. Returns it; it is never the one released (bounds ≥ 1).
    */
   readonly admit: (requestId: string, peer: string, nowMs: number) => PendingLookup<K, H>
@@ -192,11 +197,9 @@ export const makePendingLookups = <K, H extends LockHandle>(
     get: (requestId) => all.get(requestId),
 
     admit: (requestId, peer, nowMs) => {
-      let p = all.get(requestId)
-      if (p === undefined) p = { requestId, peer, locks: new Map(), job: undefined, lastActivityMs: nowMs }
-      else unlink(p)
-      p.peer = peer
-      p.lastActivityMs = nowMs
+      const earlier = all.get(requestId)
+      if (earlier !== undefined) end(earlier)
+      const p: PendingLookup<K, H> = { requestId, peer, locks: new Map(), job: undefined, lastActivityMs: nowMs }
       all.set(requestId, p)
       let mine = byPeer.get(peer)
       if (mine === undefined) byPeer.set(peer, mine = new Map())

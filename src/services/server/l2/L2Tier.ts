@@ -23,7 +23,9 @@
  */
 import { Context, Duration, Effect, Layer, Metric, Scope } from "effect"
 import { ServerConfig } from "../ServerConfig.ts"
-import { L1Store, type ReadHandle } from "../L1Store.ts"
+import { L1Store } from "../L1Store.ts"
+import * as L1Handles from "../internal/L1Handles.ts"
+import type { ReadLock } from "../internal/L1Handles.ts"
 import type { KvLayout } from "../LayoutRegistry.ts"
 import type { ObjectKey } from "../ObjectKey.ts"
 import type { ServerModule } from "../Handler.ts"
@@ -87,12 +89,15 @@ export interface L2TierShape {
    */
   readonly existsPrefix: (chunks: ReadonlyArray<ReadonlyArray<ObjectKey>>, layout: KvLayout) => Effect.Effect<number>
   /**
-   * `key` as a read-locked L1 object: the L1 one when it is already there,
-   * else GET from L2 into a fresh L1 object (committed, then locked).
-   * Undefined when absent, corrupt or (with a secret) without a valid MAC (deleted, counted), failed, past
+   * `key` as a read-locked L1 object, the lock held by the current Scope
+   * (L1Handles): the L1 one when it is already there, else GET from L2 into
+   * a fresh L1 object (reserved in a scope of its own, filled, committed,
+   * then locked: a fetch interrupted or dead at any step leaves nothing
+   * reserved). Undefined (nothing held) when absent, corrupt or (with a
+   * secret) without a valid MAC (deleted, counted), failed, past
    * `--l2-transfer-timeout-ms`, or L1 has no room.
    */
-  readonly fetch: (key: ObjectKey, layout: KvLayout) => Effect.Effect<ReadHandle | undefined>
+  readonly fetch: (key: ObjectKey, layout: KvLayout) => Effect.Effect<ReadLock | undefined, never, Scope.Scope>
   readonly status: () => L2Status | null
 }
 
@@ -186,8 +191,10 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, format: ValueFormat, l1
       return Metric.update(Metric.withAttributes(l2DroppedWritesTotal, { reason }), 1)
     }
 
+    // Uninterruptible from the lock to the fork (started at once, so its `ensuring` is in place): a STORE
+    // interrupted meanwhile never leaves the lock behind (issue 25 item 2).
     const writeThrough = (key: ObjectKey, layout: KvLayout) =>
-      Effect.suspend(() => {
+      Effect.uninterruptible(Effect.suspend(() => {
         if (!breaker.isClosed()) return dropped("open")
         const k = keyOf(key, layout)
         if (inflight.has(k)) return Effect.void // joined: the same bytes are on their way
@@ -205,7 +212,9 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, format: ValueFormat, l1
         // bytes, on the libuv pool (src/native/Hmac.ts) while this fiber waits, the lock held until it
         // ends (the hash is uninterruptible, and the lock is released only in the `ensuring` below).
         const fp = fingerprintOf(layout)
-        const write = format.seal(k, fp, handle.extent, handle.bytes).pipe(
+        // The fiber yields first, so its checksum runs after the STORE's step, not inside it.
+        const write = Effect.yieldNow.pipe(
+          Effect.andThen(format.seal(k, fp, handle.extent, handle.bytes)),
           Effect.flatMap((value) =>
             timed("SET", store.setNx(k, value, l2.ttlSeconds, l2.transferTimeoutMs)).pipe(
               Effect.tap(() => Metric.update(l2BytesOutTotal, value.length))
@@ -223,8 +232,11 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, format: ValueFormat, l1
             return Metric.update(l2InflightBytes, inflightBytes)
           }))
         )
-        return Metric.update(l2InflightBytes, inflightBytes).pipe(Effect.andThen(Effect.forkIn(write, scope)), Effect.asVoid)
-      })
+        return Metric.update(l2InflightBytes, inflightBytes).pipe(
+          Effect.andThen(Effect.forkIn(write, scope, { startImmediately: true })),
+          Effect.asVoid
+        )
+      }))
 
     const existsPrefix = (chunks: ReadonlyArray<ReadonlyArray<ObjectKey>>, layout: KvLayout) =>
       Effect.gen(function*() {
@@ -245,7 +257,7 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, format: ValueFormat, l1
 
     const fetch = (key: ObjectKey, layout: KvLayout) =>
       Effect.gen(function*() {
-        const cached = l1.lockRead(key)
+        const cached = yield* L1Handles.readLock(l1, key)
         if (cached !== undefined) return cached
         if (!breaker.isClosed()) return undefined
         const k = keyOf(key, layout)
@@ -272,17 +284,17 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, format: ValueFormat, l1
           yield* store.del(k, l2.transferTimeoutMs).pipe(Effect.catch(failed))
           return undefined
         }
-        const r = yield* l1.reserveWrite(key, layout.chunkBytes)
-        if (r._tag === "Full") return undefined
-        if (r._tag === "Reserved") {
-          const { reservation } = r
-          // A fetch interrupted (its prefetch's scope closing) must not leave the reservation behind.
-          yield* l1.fill(reservation, decoded.payload).pipe(
-            Effect.andThen(l1.commit(reservation)),
-            Effect.onInterrupt(() => l1.abort(reservation))
-          )
-        }
-        return l1.lockRead(key)
+        // The reservation lives in a scope of its own: aborted unless committed, whatever ends the fill.
+        const placed = yield* Effect.scoped(Effect.gen(function*() {
+          const r = yield* L1Handles.reserve(l1, key, layout.chunkBytes)
+          if (r._tag === "Full") return false
+          if (r._tag === "Reserved") {
+            yield* l1.fill(r.hold.reservation, decoded.payload)
+            yield* L1Handles.commit(l1, r.hold)
+          }
+          return true
+        }))
+        return placed ? yield* L1Handles.readLock(l1, key) : undefined
       })
 
     const status = (): L2Status => {

@@ -11,7 +11,7 @@ import { afterAll, assert, describe, it } from "@effect/vitest"
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Effect, Fiber, Layer } from "effect"
+import { Effect, Exit, Fiber, Layer } from "effect"
 import { TestClock } from "effect/testing"
 import { NativeMemoryLive } from "../../../../src/layers/NativeMemory.ts"
 import type { CacheKey } from "../../../../src/schema/CacheKey.ts"
@@ -25,6 +25,8 @@ import { L2Store, makeMemoryL2, type MemoryL2 } from "../../../../src/services/s
 import { L2Tier, layerL2Tier } from "../../../../src/services/server/l2/L2Tier.ts"
 import { macKeyOf } from "../../../../src/services/server/l2/L2Mac.ts"
 import { authenticated, checksummed, HEADER_BYTES, l2KeyOf, layoutFingerprint, MAC_HEADER_BYTES } from "../../../../src/services/server/l2/L2Value.ts"
+import { eventually } from "../../../support/Eventually.ts"
+import { atEveryStep, type FaultSteps, faultyL1, faultyL2Store, makeFaultSteps } from "../../../support/FaultSteps.ts"
 
 const CHUNK = 4
 const BYTES = 64
@@ -54,12 +56,19 @@ const breakerClosed = Layer.effectDiscard(Effect.gen(function*() {
   }
 }))
 
-const envOf = (memory: MemoryL2, l2 = {}) =>
+/** The tier over `memory`; with `faults`, L1's calls and L2's GETs are fault steps (test/support/FaultSteps.ts). */
+const envOf = (memory: MemoryL2, l2 = {}, faults?: FaultSteps) =>
   Layer.mergeAll(Lookup.layer, layerL2Tier).pipe(
     Layer.provideMerge(breakerClosed),
     Layer.provideMerge(layerL2Tier),
-    Layer.provideMerge(L2Store.layerMemory(memory)),
-    Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer).pipe(Layer.provide(NativeMemoryLive))),
+    Layer.provideMerge(
+      faults === undefined ? L2Store.layerMemory(memory) : faultyL2Store(faults).pipe(Layer.provide(L2Store.layerMemory(memory)))
+    ),
+    Layer.provideMerge(
+      Layer.mergeAll(faults === undefined ? L1Store.layer : faultyL1(faults).pipe(Layer.provide(L1Store.layer)), LayoutRegistry.layer).pipe(
+        Layer.provide(NativeMemoryLive)
+      )
+    ),
     Layer.provideMerge(
       ServerConfig.layerTest({
         chunkSize: CHUNK,
@@ -87,20 +96,13 @@ const putL2 = (memory: MemoryL2, chunk: number, rank: number, format = checksumm
   memory.values.set(k, format.encode(k, fp, bytesOf(chunk, rank)))
 }
 
-/**
- * Yields to the tier's fibers until `poll` answers something other than undefined, and returns it. With a
- * secret the MAC runs on the libuv pool (src/native/Hmac.ts), which TestClock does not drive: after the first
- * hundred turns each wait is a real millisecond, up to 10 s of real time (a bound on a hang, not a timing).
- */
-const eventually = <A>(what: string, poll: Effect.Effect<A | undefined>) =>
+/** The layout registered; chunk 0 of both ranks in L1 and `l2Chunks` of both ranks in L2. */
+const seeded = (memory: MemoryL2, l2Chunks: ReadonlyArray<number>) =>
   Effect.gen(function*() {
-    const deadline = Date.now() + 10_000
-    for (let turn = 0; ; turn++) {
-      const a = yield* poll
-      if (a !== undefined) return a
-      if (Date.now() > deadline) return assert.fail(`${what} did not happen within 10 s`)
-      yield* turn < 100 ? Effect.yieldNow : TestClock.withLive(Effect.sleep("1 millis"))
-    }
+    yield* (yield* LayoutRegistry).register("m", 2, layout)
+    yield* putL1(0, 0)
+    yield* putL1(0, 1)
+    for (const c of l2Chunks) for (const r of [0, 1]) putL2(memory, c, r)
   })
 
 /** QUERY_PREFETCH_STATUS once the prefetch fiber has run (it is nil until then). */
@@ -188,12 +190,9 @@ describe("LOOKUP with L2", () => {
   it.effect("FREE_LOOKUP_LOCKS while the prefetch runs: the freed chunks arrive unlocked, the count stands", () => {
     const memory = makeMemoryL2()
     return Effect.gen(function*() {
-      yield* (yield* LayoutRegistry).register("m", 2, layout)
+      yield* seeded(memory, [1, 2])
       const lookup = yield* Lookup
       const l1 = yield* L1Store
-      yield* putL1(0, 0)
-      yield* putL1(0, 1)
-      for (const c of [1, 2]) for (const r of [0, 1]) putL2(memory, c, r)
       yield* lookup.lookup(cacheKey())
       memory.delayMs = 10 // the GETs are in flight when the scheduler frees chunks 2 and 3
       yield* Effect.yieldNow
@@ -202,6 +201,65 @@ describe("LOOKUP with L2", () => {
       assert.strictEqual(yield* prefetched("req-1"), 3)
       assert.deepInclude(l1.stats(), { objects: 6, lockedObjects: 4 })
       assert.deepInclude(lookup.stats(), { heldLocks: 4 })
+    }).pipe(Effect.provide(envOf(memory)))
+  })
+
+  it.effect("a defect or an interruption at every step of the LOOKUP, its prefetch and each L2 fetch leaves L1 holding nothing (issue 25 item 2)", () => {
+    const memory = makeMemoryL2()
+    const faults = makeFaultSteps()
+    return Effect.gen(function*() {
+      yield* seeded(memory, [1, 2])
+      const lookup = yield* Lookup
+      const l1 = yield* L1Store
+      const steps = yield* atEveryStep(faults, {
+        setup: Effect.gen(function*() {
+          yield* l1.clear(false)
+          yield* putL1(0, 0)
+          yield* putL1(0, 1)
+        }),
+        path: Effect.andThen(lookup.lookup(cacheKey()), prefetched("req-1")),
+        check: (exit, run) =>
+          Effect.gen(function*() {
+            // Whatever the session kept goes with it; a prefetch still running finds it gone and keeps nothing.
+            yield* lookup.endSession("req-1")
+            yield* eventually(
+              `L1 holding nothing after a ${run.label}`,
+              Effect.sync(() => l1.stats().reservedObjects + l1.stats().lockedObjects === 0 ? true : undefined)
+            )
+            if (!run.fired) assert.isTrue(Exit.isSuccess(exit) && exit.value === 3, run.label)
+          })
+      })
+      // The L1 prefix (2 locks), then per fetched object: L1 asked first, GET, reserve, fill, commit, lock.
+      assert.strictEqual(steps.length, 2 + 4 * 6)
+      assert.deepStrictEqual(
+        [...new Set(steps)].sort(),
+        ["l1.commit", "l1.fill", "l1.lockRead", "l1.reserveWrite", "l2.get"]
+      )
+    }).pipe(Effect.provide(envOf(memory, {}, faults)))
+  })
+
+  it.effect("a repeated LOOKUP of a request id replaces what it held, a prefetch still running included", () => {
+    const memory = makeMemoryL2()
+    return Effect.gen(function*() {
+      yield* seeded(memory, [1, 2])
+      const lookup = yield* Lookup
+      const l1 = yield* L1Store
+      memory.delayMs = 10
+      const first = yield* Effect.forkChild(lookup.lookup(cacheKey()))
+      yield* TestClock.adjust("10 millis") // its EXISTS; its GETs are now in flight
+      yield* Fiber.join(first)
+      assert.strictEqual(yield* lookup.queryPrefetchStatus("req-1"), null)
+      // Again, for chunks [0, 2) only: L1 holds chunk 0, L2 chunk 1.
+      const again = yield* Effect.forkChild(lookup.lookup(cacheKey({ end: 2 * CHUNK })))
+      yield* TestClock.adjust("10 millis")
+      yield* Fiber.join(again)
+      yield* TestClock.adjust("10 millis") // the second prefetch's GETs
+      assert.strictEqual(yield* prefetched("req-1"), 2)
+      // Only the second LOOKUP's locks: chunks 0 and 1 of both ranks; the first's chunk 2 is not held.
+      assert.deepInclude(lookup.stats(), { sessions: 1, heldLocks: 4, pendingJobs: 0 })
+      assert.deepInclude(l1.stats(), { lockedObjects: 4, reservedObjects: 0 })
+      yield* lookup.endSession("req-1")
+      assert.deepInclude(l1.stats(), { lockedObjects: 0, reservedObjects: 0 })
     }).pipe(Effect.provide(envOf(memory)))
   })
 
