@@ -17,10 +17,11 @@ import type { InstanceId } from "../../schema/InstanceId.ts"
 import { LivenessTargets } from "./LivenessTarget.ts"
 import { PeerEvents } from "./PeerEvents.ts"
 import { disconnectReapingOn, windowsOf } from "./Rule.ts"
+import { fromStart } from "../metrics/Series.ts"
 
-const suspectGauge = Metric.gauge("mpcache_suspect_instances", {
+const suspectGauge = fromStart(Metric.gauge("mpcache_suspect_instances", {
   description: "Instances with no connected routing id left (waiting out the disconnect grace)"
-})
+}))
 
 export class Connections extends Context.Service<Connections, {
   /** What the MQ server reports to (provided as the PeerEvents service). */

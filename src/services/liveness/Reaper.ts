@@ -33,19 +33,16 @@ import { LivenessTargets, type InstanceSummary, type ReapedInstance } from "./Li
 import { makeRecentReaps } from "./RecentReaps.ts"
 import { RequestBarrier } from "./RequestBarrier.ts"
 import { formatStallSeconds, ServerStalls, watchEventLoop } from "./Stalls.ts"
-import { disconnectReapingOn, stateOf, timeReapingOn, windowsOf, type InstanceState, type ReapReason, type Windows } from "./Rule.ts"
+import { disconnectReapingOn, REAP_REASONS, stateOf, timeReapingOn, windowsOf, type InstanceState, type ReapReason, type Windows } from "./Rule.ts"
+import { byLabel, fromStart } from "../metrics/Series.ts"
 
 const reapsTotal = Metric.counter("mpcache_reaps_total", { description: "Instances reaped, by reason", incremental: true })
-const reapsBy: Record<ReapReason, Metric.Metric<number, unknown>> = {
-  timeout: Metric.withAttributes(reapsTotal, { reason: "timeout" }),
-  grace: Metric.withAttributes(reapsTotal, { reason: "grace" }),
-  disconnect: Metric.withAttributes(reapsTotal, { reason: "disconnect" })
-}
-const trackedGauge = Metric.gauge("mpcache_tracked_instances", { description: "Registered contexts tracked for liveness" })
-const scanSeconds = Metric.histogram("mpcache_reaper_scan_seconds", {
+const reapsBy: Readonly<Record<ReapReason, Metric.Metric<number, unknown>>> = byLabel(reapsTotal, "reason", REAP_REASONS)
+const trackedGauge = fromStart(Metric.gauge("mpcache_tracked_instances", { description: "Registered contexts tracked for liveness" }))
+const scanSeconds = fromStart(Metric.histogram("mpcache_reaper_scan_seconds", {
   description: "Duration of one reaper scan",
   boundaries: Metric.exponentialBoundaries({ start: 0.0001, factor: 2, count: 16 })
-})
+}))
 
 /** How long a scan waits for the requests received before it (DESIGN §5). */
 const BARRIER_TIMEOUT = "1 second"
