@@ -27,13 +27,13 @@
  */
 import { Clock, Context, Effect, Layer, Metric, Queue } from "effect"
 import { formatInstanceId } from "../../schema/InstanceId.ts"
-import { ServerConfig } from "../server/ServerConfig.ts"
 import { Connections } from "./Connections.ts"
+import { LivenessSettings } from "./LivenessSettings.ts"
 import { LivenessTargets, type InstanceSummary, type ReapedInstance } from "./LivenessTarget.ts"
 import { makeRecentReaps } from "./RecentReaps.ts"
 import { RequestBarrier } from "./RequestBarrier.ts"
 import { formatStallSeconds, ServerStalls, watchEventLoop } from "./Stalls.ts"
-import { disconnectReapingOn, REAP_REASONS, stateOf, timeReapingOn, windowsOf, type InstanceState, type ReapReason, type Windows } from "./Rule.ts"
+import { REAP_REASONS, stateOf, type InstanceState, type ReapReason } from "./Rule.ts"
 import { byLabel, fromStart } from "../metrics/Series.ts"
 
 const reapsTotal = Metric.counter("mpcache_reaps_total", { description: "Instances reaped, by reason", incremental: true })
@@ -53,10 +53,6 @@ const windowName: Record<ReapReason, string> = {
   grace: "registration grace",
   disconnect: "disconnect grace"
 }
-
-/** The reaper's period, ms: `timeout / 4`, at most `disconnect_grace / 2`; Infinity when both are off. */
-export const scanPeriodMs = (w: Windows): number =>
-  Math.min(timeReapingOn(w) ? w.reapTimeoutMs / 4 : Infinity, disconnectReapingOn(w) ? w.disconnectGraceMs / 2 : Infinity)
 
 /** An instance in `/api/status` (DESIGN §5). */
 export interface InstanceStatus extends Omit<InstanceSummary, "details"> {
@@ -85,12 +81,11 @@ export class Reaper extends Context.Service<Reaper, {
 }
 
 const make = Effect.gen(function*() {
-  const config = yield* ServerConfig
   const targets = yield* LivenessTargets
   const connections = yield* Connections
   const barrier = yield* RequestBarrier
   const stalls = yield* ServerStalls
-  const windows = windowsOf(config)
+  const { windows, scanPeriodMs: everyMs } = yield* LivenessSettings
   const recentReaps = makeRecentReaps()
 
   const trackedCount = Effect.map(
@@ -133,7 +128,6 @@ const make = Effect.gen(function*() {
       return reaped
     })
 
-  const everyMs = scanPeriodMs(windows)
   const reaperEnabled = Number.isFinite(everyMs)
 
   /**
@@ -181,7 +175,7 @@ const make = Effect.gen(function*() {
     // Only with the reaper: the WARNING speaks of liveness deadlines.
     yield* Effect.forkScoped(watchEventLoop.pipe(Effect.annotateLogs({ fiber: "event-loop-watch" })))
     yield* Effect.logInfo(
-      `reaper: scanning every ${everyMs / 1000} s (reap timeout ${config.workerReapTimeoutSeconds} s, registration grace ${config.workerRegistrationGraceSeconds} s, disconnect grace ${config.workerDisconnectGraceSeconds} s)`
+      `reaper: scanning every ${everyMs / 1000} s (reap timeout ${windows.reapTimeoutMs / 1000} s, registration grace ${windows.registrationGraceMs / 1000} s, disconnect grace ${windows.disconnectGraceMs / 1000} s)`
     )
   } else {
     yield* Effect.logWarning("reaper disabled: --worker-reap-timeout-seconds and --worker-disconnect-grace-seconds are both 0")
@@ -204,9 +198,9 @@ const make = Effect.gen(function*() {
       return {
         worker_liveness: {
           enabled: reaperEnabled,
-          reap_timeout_seconds: config.workerReapTimeoutSeconds,
-          registration_grace_seconds: config.workerRegistrationGraceSeconds,
-          disconnect_grace_seconds: config.workerDisconnectGraceSeconds,
+          reap_timeout_seconds: windows.reapTimeoutMs / 1000,
+          registration_grace_seconds: windows.registrationGraceMs / 1000,
+          disconnect_grace_seconds: windows.disconnectGraceMs / 1000,
           tracked_instances: tracked
         },
         instances,
