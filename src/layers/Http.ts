@@ -3,7 +3,8 @@
  *   GET /                 the live status page (StatusPage.ts, issue 17): HTML polling /api/status every second
  *   GET /api/healthcheck  200 {"status":"healthy"} while the server runs
  *   GET /api/status       version, endpoint, chunk size, pools, uptime (+ module blocks)
- *   GET /metrics          Prometheus text
+ *   GET /metrics          Prometheus text: every declared series from the start, at 0 until it moves
+ *                         (services/metrics/Series.ts, issue 25 item 6)
  * Bound to `--http-host`/`--http-port` (port 0 picks a free one; the bound
  * address is logged). Its connections are bounded (HttpConnectionGuard.ts,
  * issue 24 item 11): `--max-http-connections` at once, each closed when it
@@ -19,9 +20,10 @@ import { bearerCheck, readTokenFile } from "../services/auth/BearerToken.ts"
 import { MqServer, SEND_HIGH_WATER_MARK } from "../services/server/MqServer.ts"
 import { PROTOCOL_VERSION, VERSION } from "../version.ts"
 import { ServerConfig } from "../services/server/ServerConfig.ts"
-import { httpConnectionsClosedMetric } from "../services/server/ServerMetrics.ts"
+import { byLabel, existFromStart } from "../services/metrics/Series.ts"
+import { httpConnectionsClosedTotal } from "../services/server/ServerMetrics.ts"
 import { makeWindowedWarnings } from "../services/server/internal/WindowedWarnings.ts"
-import { type GuardedHttpServer, type HttpCloseReason, makeGuardedHttpServer, MAX_HEADER_BYTES } from "./HttpConnectionGuard.ts"
+import { type GuardedHttpServer, HTTP_CLOSE_REASONS, type HttpCloseReason, makeGuardedHttpServer, MAX_HEADER_BYTES } from "./HttpConnectionGuard.ts"
 import { STATUS_PAGE_CSP, STATUS_PAGE_HTML } from "./StatusPage.ts"
 
 /** Extra blocks merged into `/api/status` by modules (liveness, native memory, instances …). */
@@ -53,6 +55,9 @@ const closeText = (reason: HttpCloseReason, cap: number, idleSeconds: number): s
   }
 }
 
+/** `mpcache_http_connections_closed_total`, one handle per reason, each at 0 from the start. */
+const closedBy = byLabel(httpConnectionsClosedTotal, "reason", HTTP_CLOSE_REASONS)
+
 /**
  * The HTTP frontend's `http.Server` with its connections bounded (HttpConnectionGuard.ts), each close counted in
  * `mpcache_http_connections_closed_total{reason}` and logged, one WARNING per reason per 10 s (keep-alive idle
@@ -76,7 +81,7 @@ export class HttpConnections extends Context.Service<HttpConnections, GuardedHtt
         maxConnections: cap,
         idleTimeoutMs: idleSeconds * 1000,
         onClose: (reason) => {
-          httpConnectionsClosedMetric(reason).updateUnsafe(1, services)
+          closedBy[reason].updateUnsafe(1, services)
           if (reason !== "keep_alive_idle") warnings.record(reason)
         }
       })
@@ -205,6 +210,8 @@ const LogAddress = Layer.effectDiscard(
 export const HttpLive = Layer.unwrap(
   Effect.gen(function*() {
     const config = yield* ServerConfig
+    // Before the first scrape can arrive: every declared series at 0 (issue 25 item 6).
+    yield* existFromStart
     const routes = config.httpTokenFile === undefined ? Routes : Layer.mergeAll(Routes, bearerGuard(config.httpTokenFile))
     const { server } = yield* HttpConnections
     return HttpRouter.serve(routes, { disableLogger: true, disableListenLog: true }).pipe(

@@ -33,6 +33,7 @@ import { Connections } from "../services/liveness/Connections.ts"
 import { RequestBarrier } from "../services/liveness/RequestBarrier.ts"
 import { ServerConfig, type ServerConfigInput, type ServerConfigShape } from "../services/server/ServerConfig.ts"
 import type { StatusBlocks } from "./Http.ts"
+import { LivenessSettingsLive } from "./LivenessSettings.ts"
 import { NativeMemoryLive } from "./NativeMemory.ts"
 import { ZmqSocketsLive } from "./Zmq.ts"
 import { Tenancy } from "../services/auth/Tenancy.ts"
@@ -119,6 +120,7 @@ const ControlLive = Layer.effect(
 ).pipe(
   Layer.provideMerge(Layer.mergeAll(Management.layer, Reaper.layer)),
   Layer.provideMerge(Connections.layer),
+  Layer.provideMerge(LivenessSettingsLive),
   Layer.provideMerge(
     Layer.effect(
       LivenessTargets,

@@ -19,6 +19,7 @@ import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
 import { runJsonScript } from "../support/Cli.ts"
 import { eventually, getText, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
 import { samplesOf } from "../support/PromQl.ts"
+import { REFUSAL_REASONS } from "../../src/services/server/internal/ReplyOutbox.ts"
 import { rawDealer, type RawDealer } from "../support/RawDealer.ts"
 
 const WORKER = fileURLToPath(new URL("../support/engine-driven-worker-main.ts", import.meta.url))
@@ -204,6 +205,8 @@ describe("replies nobody reads (issue 24 item 10)", () => {
       // The bound was passed many times over: each time, probes proved the reader had drained its pipe.
       assert.isAbove(s.send_queue.drain_probes, 0)
       assert.strictEqual(s.undeliverable_replies, 0)
-      assert.isTrue(samplesOf(yield* getText(`http://127.0.0.1:${httpPort}/metrics`)).every((x) => x.name !== "mpcache_refused_replies_total"))
+      // Every reason's series exists from the start (issue 25 item 6), each still at 0.
+      const refusedSeries = samplesOf(yield* getText(`http://127.0.0.1:${httpPort}/metrics`)).filter((x) => x.name === "mpcache_refused_replies_total")
+      assert.deepStrictEqual(refusedSeries.map((x) => [x.labels["reason"], x.value]), REFUSAL_REASONS.map((r) => [r, 0]))
     }).pipe(Effect.provide(ZmqSocketsLive))), 120_000)
 })

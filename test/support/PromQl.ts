@@ -39,17 +39,53 @@ export const literalMatchers = (expr: string): Array<{ readonly metric: string; 
   return out
 }
 
-/** One sample line of Prometheus text: its name and labels. */
+/** One sample line of Prometheus text: its name, labels and value (NaN when it does not parse). */
 export interface Sample {
   readonly name: string
   readonly labels: Record<string, string>
+  readonly value: number
 }
 
 /** The samples of a scrape (comments and blank lines skipped). */
 export const samplesOf = (text: string): Array<Sample> =>
   text.split("\n").filter((l) => l !== "" && !l.startsWith("#")).map((line) => {
-    const m = line.match(/^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s/)
+    const m = line.match(/^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)/)
     const labels: Record<string, string> = {}
     for (const l of (m?.[2] ?? "").matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]!] = l[2]!
-    return { name: m?.[1] ?? line, labels }
+    return { name: m?.[1] ?? line, labels, value: m === null ? Number.NaN : Number(m[3]) }
   })
+
+/** A Grafana dashboard, as far as its queries go. */
+export interface Dashboard {
+  readonly uid: string
+  readonly panels: ReadonlyArray<{ readonly title: string; readonly targets: ReadonlyArray<{ readonly expr: string }> }>
+  readonly templating: { readonly list: ReadonlyArray<{ readonly name: string; readonly query: unknown }> }
+}
+
+/** Every PromQL expression of `dashboard`: panel targets and query variables. */
+export const expressionsOf = (dashboard: Dashboard): Array<string> => [
+  ...dashboard.panels.flatMap((p) => p.targets.map((t) => t.expr)),
+  ...dashboard.templating.list.flatMap((v) =>
+    typeof v.query === "object" && v.query !== null && "query" in v.query ? [String((v.query as { query: unknown }).query)] : []
+  )
+]
+
+/**
+ * What `expressions` query that `samples` lack, one line each: a metric name
+ * no sample has, or a literal label matcher no sample of that metric meets.
+ */
+export const missingSeries = (samples: ReadonlyArray<Sample>, expressions: ReadonlyArray<string>): Array<string> => {
+  const names = new Set(samples.map((s) => s.name))
+  const missing: Array<string> = []
+  for (const expr of expressions) {
+    for (const name of metricNames(expr)) if (!names.has(name)) missing.push(`${name} (in ${expr})`)
+    for (const m of literalMatchers(expr)) {
+      if (!samples.some((s) => s.name === m.metric && s.labels[m.label] === m.value)) missing.push(`${m.metric}{${m.label}="${m.value}"} (in ${expr})`)
+    }
+  }
+  return missing
+}
+
+/** The values of `label` among the samples of `name`, sorted, unique. */
+export const labelValues = (samples: ReadonlyArray<Sample>, name: string, label: string): Array<string | undefined> =>
+  [...new Set(samples.filter((s) => s.name === name).map((s) => s.labels[label]))].sort()

@@ -58,15 +58,18 @@ import type { HandshakeFailure, ZapReply, ZapRequest } from "../zmq/Sockets.ts"
 import { type AuthorizedKeys, AuthorizedKeysInvalid, readAuthorizedKeys, type TenantGrant } from "./AuthorizedKeys.ts"
 import { makeReleasedIds, RELEASED_IDS_MAX, type ReleasedBinding } from "./ReleasedIds.ts"
 import { helloProof, KeyFileInvalid, NONCE_BYTES, publicKeyOf, readKeyFile, sameBytes, z85Encode } from "./Curve.ts"
+import { byLabel } from "../metrics/Series.ts"
 
 /** Why a client got no service, the `reason` of `mpcache_auth_failures_total`. */
-export type AuthFailureReason = "unknown_key" | "mechanism" | "protocol" | "hello"
+export const AUTH_FAILURE_REASONS = ["unknown_key", "mechanism", "protocol", "hello"] as const
+export type AuthFailureReason = typeof AUTH_FAILURE_REASONS[number]
 
 const authFailuresTotal = Metric.counter("mpcache_auth_failures_total", {
   description: "Clients refused: unknown_key (ZAP), mechanism (no CURVE), protocol (other handshake errors), hello (a failed HELLO)",
   incremental: true
 })
-const failureMetric = (reason: AuthFailureReason) => Metric.withAttributes(authFailuresTotal, { reason })
+const failureBy = byLabel(authFailuresTotal, "reason", AUTH_FAILURE_REASONS)
+const failureMetric = (reason: AuthFailureReason) => failureBy[reason]
 
 /** One WARNING per (reason, address) and window. */
 const WARN_WINDOW_MS = 10_000

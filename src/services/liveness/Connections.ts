@@ -12,15 +12,16 @@
  * and ipc a disconnect means a closed socket or a dead process.
  */
 import { Clock, Context, Effect, Layer, Metric, Queue } from "effect"
-import { ServerConfig } from "../server/ServerConfig.ts"
+import { LivenessSettings } from "./LivenessSettings.ts"
 import type { InstanceId } from "../../schema/InstanceId.ts"
 import { LivenessTargets } from "./LivenessTarget.ts"
 import { PeerEvents } from "./PeerEvents.ts"
-import { disconnectReapingOn, windowsOf } from "./Rule.ts"
+import { disconnectReapingOn } from "./Rule.ts"
+import { fromStart } from "../metrics/Series.ts"
 
-const suspectGauge = Metric.gauge("mpcache_suspect_instances", {
+const suspectGauge = fromStart(Metric.gauge("mpcache_suspect_instances", {
   description: "Instances with no connected routing id left (waiting out the disconnect grace)"
-})
+}))
 
 export class Connections extends Context.Service<Connections, {
   /** What the MQ server reports to (provided as the PeerEvents service). */
@@ -44,8 +45,7 @@ export class Connections extends Context.Service<Connections, {
     this,
     Effect.gen(function*() {
       const targets = yield* LivenessTargets
-      const config = yield* ServerConfig
-      const windows = windowsOf(config)
+      const { windows } = yield* LivenessSettings
       const graceExpired = yield* Queue.unbounded<void>()
       const scope = yield* Effect.scope
       const connected = new Set<string>()

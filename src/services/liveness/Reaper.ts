@@ -27,25 +27,22 @@
  */
 import { Clock, Context, Effect, Layer, Metric, Queue } from "effect"
 import { formatInstanceId } from "../../schema/InstanceId.ts"
-import { ServerConfig } from "../server/ServerConfig.ts"
 import { Connections } from "./Connections.ts"
+import { LivenessSettings } from "./LivenessSettings.ts"
 import { LivenessTargets, type InstanceSummary, type ReapedInstance } from "./LivenessTarget.ts"
 import { makeRecentReaps } from "./RecentReaps.ts"
 import { RequestBarrier } from "./RequestBarrier.ts"
 import { formatStallSeconds, ServerStalls, watchEventLoop } from "./Stalls.ts"
-import { disconnectReapingOn, stateOf, timeReapingOn, windowsOf, type InstanceState, type ReapReason, type Windows } from "./Rule.ts"
+import { REAP_REASONS, stateOf, type InstanceState, type ReapReason } from "./Rule.ts"
+import { byLabel, fromStart } from "../metrics/Series.ts"
 
 const reapsTotal = Metric.counter("mpcache_reaps_total", { description: "Instances reaped, by reason", incremental: true })
-const reapsBy: Record<ReapReason, Metric.Metric<number, unknown>> = {
-  timeout: Metric.withAttributes(reapsTotal, { reason: "timeout" }),
-  grace: Metric.withAttributes(reapsTotal, { reason: "grace" }),
-  disconnect: Metric.withAttributes(reapsTotal, { reason: "disconnect" })
-}
-const trackedGauge = Metric.gauge("mpcache_tracked_instances", { description: "Registered contexts tracked for liveness" })
-const scanSeconds = Metric.histogram("mpcache_reaper_scan_seconds", {
+const reapsBy: Readonly<Record<ReapReason, Metric.Metric<number, unknown>>> = byLabel(reapsTotal, "reason", REAP_REASONS)
+const trackedGauge = fromStart(Metric.gauge("mpcache_tracked_instances", { description: "Registered contexts tracked for liveness" }))
+const scanSeconds = fromStart(Metric.histogram("mpcache_reaper_scan_seconds", {
   description: "Duration of one reaper scan",
   boundaries: Metric.exponentialBoundaries({ start: 0.0001, factor: 2, count: 16 })
-})
+}))
 
 /** How long a scan waits for the requests received before it (DESIGN §5). */
 const BARRIER_TIMEOUT = "1 second"
@@ -56,10 +53,6 @@ const windowName: Record<ReapReason, string> = {
   grace: "registration grace",
   disconnect: "disconnect grace"
 }
-
-/** The reaper's period, ms: `timeout / 4`, at most `disconnect_grace / 2`; Infinity when both are off. */
-export const scanPeriodMs = (w: Windows): number =>
-  Math.min(timeReapingOn(w) ? w.reapTimeoutMs / 4 : Infinity, disconnectReapingOn(w) ? w.disconnectGraceMs / 2 : Infinity)
 
 /** An instance in `/api/status` (DESIGN §5). */
 export interface InstanceStatus extends Omit<InstanceSummary, "details"> {
@@ -88,12 +81,11 @@ export class Reaper extends Context.Service<Reaper, {
 }
 
 const make = Effect.gen(function*() {
-  const config = yield* ServerConfig
   const targets = yield* LivenessTargets
   const connections = yield* Connections
   const barrier = yield* RequestBarrier
   const stalls = yield* ServerStalls
-  const windows = windowsOf(config)
+  const { windows, scanPeriodMs: everyMs } = yield* LivenessSettings
   const recentReaps = makeRecentReaps()
 
   const trackedCount = Effect.map(
@@ -136,7 +128,6 @@ const make = Effect.gen(function*() {
       return reaped
     })
 
-  const everyMs = scanPeriodMs(windows)
   const reaperEnabled = Number.isFinite(everyMs)
 
   /**
@@ -184,7 +175,7 @@ const make = Effect.gen(function*() {
     // Only with the reaper: the WARNING speaks of liveness deadlines.
     yield* Effect.forkScoped(watchEventLoop.pipe(Effect.annotateLogs({ fiber: "event-loop-watch" })))
     yield* Effect.logInfo(
-      `reaper: scanning every ${everyMs / 1000} s (reap timeout ${config.workerReapTimeoutSeconds} s, registration grace ${config.workerRegistrationGraceSeconds} s, disconnect grace ${config.workerDisconnectGraceSeconds} s)`
+      `reaper: scanning every ${everyMs / 1000} s (reap timeout ${windows.reapTimeoutMs / 1000} s, registration grace ${windows.registrationGraceMs / 1000} s, disconnect grace ${windows.disconnectGraceMs / 1000} s)`
     )
   } else {
     yield* Effect.logWarning("reaper disabled: --worker-reap-timeout-seconds and --worker-disconnect-grace-seconds are both 0")
@@ -207,9 +198,9 @@ const make = Effect.gen(function*() {
       return {
         worker_liveness: {
           enabled: reaperEnabled,
-          reap_timeout_seconds: config.workerReapTimeoutSeconds,
-          registration_grace_seconds: config.workerRegistrationGraceSeconds,
-          disconnect_grace_seconds: config.workerDisconnectGraceSeconds,
+          reap_timeout_seconds: windows.reapTimeoutMs / 1000,
+          registration_grace_seconds: windows.registrationGraceMs / 1000,
+          disconnect_grace_seconds: windows.disconnectGraceMs / 1000,
           tracked_instances: tracked
         },
         instances,

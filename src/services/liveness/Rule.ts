@@ -45,7 +45,8 @@ export interface Liveness {
 }
 
 /** Why an instance was reaped: the edge it took into the release. */
-export type ReapReason = "timeout" | "grace" | "disconnect"
+export const REAP_REASONS = ["timeout", "grace", "disconnect"] as const
+export type ReapReason = typeof REAP_REASONS[number]
 /** Every way into the single release (the entry's one finalizer, run once). */
 export type ReleaseEdge = ReapReason | "unregister" | "shutdown"
 /** An instance's state, as `/api/status` shows it. */

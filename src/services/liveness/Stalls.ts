@@ -19,9 +19,11 @@
  * tick was due first, its period being shorter).
  */
 import { Clock, Context, Effect, Layer, Metric } from "effect"
+import { byLabel, fromStart } from "../metrics/Series.ts"
 
 /** Which detector saw a stall: the metric's `source` label. */
-export type StallSource = "reaper" | "event_loop"
+export const STALL_SOURCES = ["reaper", "event_loop"] as const
+export type StallSource = typeof STALL_SOURCES[number]
 
 /** One stall as a detector saw it. */
 export interface Stall {
@@ -38,14 +40,11 @@ const stallsTotal = Metric.counter("mpcache_server_stalls_total", {
   description: "Stalls of the server itself (reaper scan late by more than a period, event loop late by more than 1 s), by detector",
   incremental: true
 })
-const stallsBy: Record<StallSource, Metric.Metric<number, unknown>> = {
-  reaper: Metric.withAttributes(stallsTotal, { source: "reaper" }),
-  event_loop: Metric.withAttributes(stallsTotal, { source: "event_loop" })
-}
-const stallSeconds = Metric.histogram("mpcache_server_stall_seconds", {
+const stallsBy: Readonly<Record<StallSource, Metric.Metric<number, unknown>>> = byLabel(stallsTotal, "source", STALL_SOURCES)
+const stallSeconds = fromStart(Metric.histogram("mpcache_server_stall_seconds", {
   description: "How long each reported stall of the server lasted",
   boundaries: Metric.exponentialBoundaries({ start: 1, factor: 2, count: 10 })
-})
+}))
 
 /** Seconds with millisecond precision, as the WARNINGs print them. */
 export const formatStallSeconds = (ms: number): string => (ms / 1000).toFixed(3)

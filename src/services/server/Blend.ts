@@ -111,6 +111,7 @@ import {
   type ValidatedRope
 } from "./internal/Rope.ts"
 import { HASH_BYTES, hashHex } from "../kv/TokenHasher.ts"
+import { fromStart } from "../metrics/Series.ts"
 
 // ---------------------------------------------------------------------------
 // models
@@ -240,14 +241,14 @@ const yieldToEventLoop = Effect.callback<void>((resume) => {
   return Effect.sync(() => clearImmediate(handle))
 })
 
-const cbMatchesTotal = Metric.counter("mpcache_cb_retrieved_matches_total", {
+const cbMatchesTotal = fromStart(Metric.counter("mpcache_cb_retrieved_matches_total", {
   description: "CBMatch ranges written by CB_RETRIEVE_PRE_COMPUTED",
   incremental: true
-})
-const cbTokensTotal = Metric.counter("mpcache_cb_retrieved_tokens_total", {
+}))
+const cbTokensTotal = fromStart(Metric.counter("mpcache_cb_retrieved_tokens_total", {
   description: "Tokens (all layers, K and V) written by CB_RETRIEVE_PRE_COMPUTED",
   incremental: true
-})
+}))
 
 // ---------------------------------------------------------------------------
 // service

@@ -133,6 +133,7 @@ import { makeTrackedInstances } from "./InstanceModule.ts"
 import { Lookup, objectKeysOf } from "./Lookup.ts"
 import type { ObjectKey } from "./ObjectKey.ts"
 import { chunkHashes } from "../kv/TokenHasher.ts"
+import { byLabel } from "../metrics/Series.ts"
 
 // ---------------------------------------------------------------------------
 // models
@@ -218,18 +219,20 @@ const bytesTotal = Metric.counter("mpcache_engine_driven_bytes_total", {
   description: "Bytes published by COMMIT_STORE / handed out by PREPARE_RETRIEVE (engine-driven), by direction",
   incremental: true
 })
-const stored = { chunks: Metric.withAttributes(chunksTotal, { direction: "store" }), bytes: Metric.withAttributes(bytesTotal, { direction: "store" }) }
-const retrieved = {
-  chunks: Metric.withAttributes(chunksTotal, { direction: "retrieve" }),
-  bytes: Metric.withAttributes(bytesTotal, { direction: "retrieve" })
-}
+/** The `direction` label's values. */
+const DIRECTIONS = ["store", "retrieve"] as const
+const chunksBy = byLabel(chunksTotal, "direction", DIRECTIONS)
+const bytesBy = byLabel(bytesTotal, "direction", DIRECTIONS)
+const stored = { chunks: chunksBy.store, bytes: bytesBy.store }
+const retrieved = { chunks: chunksBy.retrieve, bytes: bytesBy.retrieve }
 
 const expiredTotal = Metric.counter("mpcache_engine_driven_prepare_expired_total", {
   description: "Engine-driven PREPAREs released because no COMMIT came within --prepare-ttl-seconds, by direction",
   incremental: true
 })
-const expiredStores = Metric.withAttributes(expiredTotal, { direction: "store" })
-const expiredRetrieves = Metric.withAttributes(expiredTotal, { direction: "retrieve" })
+const expiredBy = byLabel(expiredTotal, "direction", DIRECTIONS)
+const expiredStores = expiredBy.store
+const expiredRetrieves = expiredBy.retrieve
 
 const EMPTY = new Uint8Array(0)
 

@@ -46,6 +46,7 @@ import { CacheControl } from "./CacheControl.ts"
 import { makeExtentAllocator } from "./internal/ExtentAllocator.ts"
 import { objectKeyString, type ObjectKey } from "./ObjectKey.ts"
 import type { ServerModule } from "./Handler.ts"
+import { fromStart } from "../metrics/Series.ts"
 
 interface L1Object {
   readonly key: ObjectKey
@@ -107,8 +108,8 @@ export interface L1Pool {
 /** The L1 pool cannot be created (no room in /dev/shm, …). */
 export class L1PoolError extends Schema.TaggedError<L1PoolError>()("L1PoolError", { message: Schema.String }) {}
 
-const usedBytesGauge = Metric.gauge("mpcache_l1_used_bytes", { description: "Bytes held by L1 objects (committed and reserved)" })
-const evictionsTotal = Metric.counter("mpcache_l1_evictions_total", { description: "L1 objects evicted (LRU)", incremental: true })
+const usedBytesGauge = fromStart(Metric.gauge("mpcache_l1_used_bytes", { description: "Bytes held by L1 objects (committed and reserved)" }))
+const evictionsTotal = fromStart(Metric.counter("mpcache_l1_evictions_total", { description: "L1 objects evicted (LRU)", incremental: true }))
 
 /** Bytes prefaulted per background step (each step is one job on the libuv pool). */
 const PREFAULT_STEP_BYTES = 64 * 2 ** 20

@@ -93,6 +93,7 @@ import { L2Tier } from "./l2/L2Tier.ts"
 import type { KvLayout } from "./LayoutRegistry.ts"
 import { type ClaimedFds, FdExchange } from "./FdExchange.ts"
 import { sealNames } from "../../native/FdPassing.ts"
+import { fromStart } from "../metrics/Series.ts"
 
 /** One registered worker context (upstream ContextEntry); its liveness fields live in the registry. */
 export interface ContextEntry {
@@ -119,10 +120,10 @@ export interface MemfdOrigin {
   readonly segments: ReadonlyArray<{ readonly segment: string; readonly bytes: number; readonly seals: ReadonlyArray<string> }>
 }
 
-const storedChunksTotal = Metric.counter("mpcache_stored_chunks_total", { description: "Chunks copied into L1 by STORE", incremental: true })
-const retrievedChunksTotal = Metric.counter("mpcache_retrieved_chunks_total", { description: "Chunks copied out of L1 by RETRIEVE", incremental: true })
-const storedBytesTotal = Metric.counter("mpcache_stored_bytes_total", { description: "Bytes copied into L1 by STORE", incremental: true })
-const retrievedBytesTotal = Metric.counter("mpcache_retrieved_bytes_total", { description: "Bytes copied out of L1 by RETRIEVE", incremental: true })
+const storedChunksTotal = fromStart(Metric.counter("mpcache_stored_chunks_total", { description: "Chunks copied into L1 by STORE", incremental: true }))
+const retrievedChunksTotal = fromStart(Metric.counter("mpcache_retrieved_chunks_total", { description: "Chunks copied out of L1 by RETRIEVE", incremental: true }))
+const storedBytesTotal = fromStart(Metric.counter("mpcache_stored_bytes_total", { description: "Bytes copied into L1 by STORE", incremental: true }))
+const retrievedBytesTotal = fromStart(Metric.counter("mpcache_retrieved_bytes_total", { description: "Bytes copied out of L1 by RETRIEVE", incremental: true }))
 
 export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer, {
   /**

@@ -55,21 +55,19 @@ import {
   RELEASE_REASONS,
   type ReleaseReason
 } from "./internal/PendingLookups.ts"
+import { byLabel, fromStart } from "../metrics/Series.ts"
 
-const lookupsTotal = Metric.counter("mpcache_lookups_total", { description: "LOOKUP requests", incremental: true })
-const lookupChunksTotal = Metric.counter("mpcache_lookup_chunks_total", { description: "Chunks looked up (per rank)", incremental: true })
-const lookupHitChunksTotal = Metric.counter("mpcache_lookup_hit_chunks_total", { description: "Chunks found in L1 by LOOKUP (per rank)", incremental: true })
+const lookupsTotal = fromStart(Metric.counter("mpcache_lookups_total", { description: "LOOKUP requests", incremental: true }))
+const lookupChunksTotal = fromStart(Metric.counter("mpcache_lookup_chunks_total", { description: "Chunks looked up (per rank)", incremental: true }))
+const lookupHitChunksTotal = fromStart(
+  Metric.counter("mpcache_lookup_hit_chunks_total", { description: "Chunks found in L1 by LOOKUP (per rank)", incremental: true })
+)
 const releasedTotal = Metric.counter("mpcache_lookup_sessions_released_total", {
   description:
     "Pending lookups released before their end, by reason: ttl (idle past --lookup-lock-ttl-seconds), or the bound they were the oldest over (max_pending_lookups_per_peer, max_pending_lookups, max_lookup_locks)",
   incremental: true
 })
-const releasedMetric: Readonly<Record<ReleaseReason, Metric.Metric<number, unknown>>> = {
-  ttl: Metric.withAttributes(releasedTotal, { reason: "ttl" }),
-  max_pending_lookups_per_peer: Metric.withAttributes(releasedTotal, { reason: "max_pending_lookups_per_peer" }),
-  max_pending_lookups: Metric.withAttributes(releasedTotal, { reason: "max_pending_lookups" }),
-  max_lookup_locks: Metric.withAttributes(releasedTotal, { reason: "max_lookup_locks" })
-}
+const releasedMetric: Readonly<Record<ReleaseReason, Metric.Metric<number, unknown>>> = byLabel(releasedTotal, "reason", RELEASE_REASONS)
 
 /**
  * L2 keys one LOOKUP asks EXISTS about: 65,536 (chunks × ranks; 8 ranks of a

@@ -28,14 +28,16 @@ import { CacheControl } from "./CacheControl.ts"
 import { row, type ServerModule } from "./Handler.ts"
 import { makeMetricBatch } from "./internal/MetricBatch.ts"
 import { LivenessTargets } from "../liveness/LivenessTarget.ts"
+import { byLabel } from "../metrics/Series.ts"
 
 const pingsTotal = Metric.counter("mpcache_pings_total", {
   description: "PING / PING_REGISTERED received, by form",
   incremental: true
 })
-const pingsNamed = Metric.withAttributes(pingsTotal, { form: "instance" })
-const pingsNil = Metric.withAttributes(pingsTotal, { form: "nil" })
-const pingsRegistered = Metric.withAttributes(pingsTotal, { form: "ping_registered" })
+const pingsBy = byLabel(pingsTotal, "form", ["instance", "nil", "ping_registered"])
+const pingsNamed = pingsBy.instance
+const pingsNil = pingsBy.nil
+const pingsRegistered = pingsBy.ping_registered
 
 /** MessagePack nil: the PING payload of a scheduler or an untracked prober. */
 const NIL = 0xc0

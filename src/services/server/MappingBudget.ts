@@ -33,14 +33,20 @@ import { Overloaded } from "../../schema/WireError.ts"
 import { type SegmentDemand, segmentDemand } from "../kv/KvCacheLayout.ts"
 import type { ServerModule } from "./Handler.ts"
 import { ServerConfig } from "./ServerConfig.ts"
+import { byLabel } from "../metrics/Series.ts"
 
 /** The flags a registration can be refused by, as `Overloaded.field`. */
-export type MappingFlag = "max-segments-per-register" | "max-mappings" | "max-mapped-bytes"
+export const MAPPING_FLAGS = ["max-segments-per-register", "max-mappings", "max-mapped-bytes"] as const
+export type MappingFlag = typeof MAPPING_FLAGS[number]
 
-const refusalsTotal = Metric.counter("mpcache_mapping_refusals_total", {
-  description: "Registrations refused (overloaded) before mapping anything, by the flag they would exceed",
-  incremental: true
-})
+const refusalsBy = byLabel(
+  Metric.counter("mpcache_mapping_refusals_total", {
+    description: "Registrations refused (overloaded) before mapping anything, by the flag they would exceed",
+    incremental: true
+  }),
+  "flag",
+  MAPPING_FLAGS
+)
 
 /**
  * Lines of /proc/self/maps (the memory maps the kernel's cap counts); null when unreadable. Read on the
@@ -98,7 +104,7 @@ const make = Effect.gen(function*() {
   const refuse = (flag: MappingFlag, fields: { op: string; instance_id: string; expected: string; actual: string; message: string }) =>
     Effect.gen(function*() {
       refused[flag]++
-      yield* Metric.update(Metric.withAttributes(refusalsTotal, { flag }), 1)
+      yield* Metric.update(refusalsBy[flag], 1)
       const error = new Overloaded({ ...fields, field: flag })
       yield* Effect.logWarning(error.message)
       return yield* error

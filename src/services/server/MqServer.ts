@@ -186,8 +186,8 @@ const make = (options: MqServerOptions) =>
       },
       onRefused: (peer, reason) => {
         refusedReplies++
-        M.refusedReplyMetric(reason).updateUnsafe(1, services)
-        M.errorMetric("overloaded").updateUnsafe(1, services)
+        M.refusedReplyMetric[reason].updateUnsafe(1, services)
+        M.errorMetric.overloaded.updateUnsafe(1, services)
         refusals.record(peer, reason)
       }
     })
@@ -221,7 +221,7 @@ const make = (options: MqServerOptions) =>
       error: WireError
     ): Effect.Effect<void> =>
       Effect.sync(() => reply(routingId, encodeErrorReply(uidFrame, opFrame, error))).pipe(
-        Effect.andThen(Metric.update(M.errorMetric(error.code), 1))
+        Effect.andThen(Metric.update(M.errorMetric[error.code], 1))
       )
 
     /**

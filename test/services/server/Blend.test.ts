@@ -17,6 +17,7 @@ import type { TensorDescriptor } from "../../../src/schema/TensorDescriptor.ts"
 import { InvalidArgument, NotRegistered, Overloaded } from "../../../src/schema/WireError.ts"
 import { Blend, planMatches } from "../../../src/services/server/Blend.ts"
 import { Connections } from "../../../src/services/liveness/Connections.ts"
+import { LivenessSettingsLive } from "../../../src/layers/LivenessSettings.ts"
 import { L1Store } from "../../../src/services/server/L1Store.ts"
 import { LayoutRegistry } from "../../../src/services/server/LayoutRegistry.ts"
 import { MappingBudget } from "../../../src/services/server/MappingBudget.ts"
@@ -63,6 +64,7 @@ const blendEnv = (config: Partial<ServerConfigInput> = {}) => {
   )
   const layer = Layer.mergeAll(Management.layer, Reaper.layer).pipe(
     Layer.provideMerge(Connections.layer),
+    Layer.provideMerge(LivenessSettingsLive),
     Layer.provideMerge(Layer.mergeAll(targets, L1Store.layerCacheControl, RequestBarrier.layerNoop)),
     Layer.provideMerge(modules),
     Layer.provideMerge(ServerConfig.layerTest({ chunkSize: 32, ...config })),

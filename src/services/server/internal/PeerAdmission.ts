@@ -18,6 +18,7 @@ import { Effect, Metric } from "effect"
 import type { Scope } from "effect"
 import { Forbidden } from "../../../schema/WireError.ts"
 import type { BoundRouter } from "../../zmq/Sockets.ts"
+import { byLabel } from "../../metrics/Series.ts"
 import { routingIdRefusalsTotal } from "../ServerMetrics.ts"
 import { generatedCounterOf, makeRoutingIdCounter } from "../../zmq/RoutingIds.ts"
 import { makeWarnWindow } from "./WarnWindow.ts"
@@ -35,7 +36,11 @@ export const REFUSAL_LOG_INTERVAL_MS = 10_000
 const PROBE_DEADLINE_MS = 5_000
 
 /** Why a routing id is refused: the peer chose it, or chose one the counter has not generated yet (then kicked). */
-export type RoutingIdRefusal = "chosen" | "ahead"
+export const ROUTING_ID_REFUSALS = ["chosen", "ahead"] as const
+export type RoutingIdRefusal = typeof ROUTING_ID_REFUSALS[number]
+
+/** `mpcache_routing_id_refusals_total`, one handle per reason, each at 0 from the start. */
+const refusalMetric = byLabel(routingIdRefusalsTotal, "reason", ROUTING_ID_REFUSALS)
 
 /** The `forbidden` error a refused peer's requests get. */
 export const chosenRoutingIdError = (op: string): Forbidden =>
@@ -98,7 +103,7 @@ export const makePeerAdmission = (
         if (refused.size >= MAX_REFUSED_PEERS) refused.delete(refused.values().next().value!)
         refused.add(peer)
       }
-      return Metric.update(Metric.withAttributes(routingIdRefusalsTotal, { reason }), 1).pipe(
+      return Metric.update(refusalMetric[reason], 1).pipe(
         Effect.andThen(warnings.warn(
           reason,
           reason === "chosen"
