@@ -42,6 +42,12 @@ export interface LivenessTarget {
   readonly kind: RegistrationKind | undefined
   /** PING naming `id`: refresh last_seen and latch the liveness signal. An unknown id never inserts. */
   readonly touchInstance: (id: InstanceId) => Effect.Effect<void>
+  /**
+   * `touchInstance` done synchronously at `nowMs` (Clock millis), for the MQ server's fast path (issue 25
+   * item 4): true when done (touched, or nothing held for `id`), false when it cannot be done now; then
+   * `touchInstance` must run. A target that overrides `touchInstance` overrides this too.
+   */
+  readonly touchInstanceNow: (id: InstanceId, nowMs: number) => boolean
   /** Whether it holds state for `id`. */
   readonly holdsInstance: (id: InstanceId) => Effect.Effect<boolean>
   /** Pops the entries stale under `rule`, releases each through the UNREGISTER finalizer, returns them. */
@@ -59,6 +65,7 @@ export const noopTarget = (name: string): LivenessTarget => ({
   name,
   kind: undefined,
   touchInstance: () => Effect.void,
+  touchInstanceNow: () => true,
   holdsInstance: () => Effect.succeed(false),
   reapStaleInstances: () => Effect.succeed([]),
   trackedInstanceCount: () => Effect.succeed(0),
@@ -93,6 +100,7 @@ export const registryTarget = <R>(options: {
     name: options.name,
     kind: options.kind,
     touchInstance: (id) => Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.asVoid(registry.touch(id, now))),
+    touchInstanceNow: (id, nowMs) => registry.touchNow(id, nowMs) !== undefined,
     holdsInstance: (id) => Effect.map(registry.get(id), (t) => t !== undefined),
     reapStaleInstances: (rule) =>
       Effect.gen(function*() {
