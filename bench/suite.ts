@@ -4,7 +4,7 @@
  * The benchmark suite: runs each bench in its own child process, one after
  * the other (quick mode by default, `--full` for the long one) —
  *
- * - bench/ping.ts      PING req/s and p99 against a bare zeromq.js echo;
+ * - bench/ping/ping.ts PING req/s and p99 against a bare zeromq.js echo;
  * - bench/transfer.ts  STORE/RETRIEVE GB/s against memcpy, PING p99 under transfers;
  * - bench/liveness.ts  reaper scan, PING during scans, heap per context, SIGKILL → reaped;
  * - bench/replay.ts    `mpcache replay` of the conversation trace, small model,

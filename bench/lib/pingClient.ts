@@ -7,7 +7,7 @@
  *
  * - `pingLoop`: one PING in flight, the next sent on its reply (bench:ping).
  * - `pacedPingLoop`: one PING every N ms whatever the replies do, recording
- *   while a flag is set (bench/pingChild.ts, for bench:transfer).
+ *   while a flag is set (bench/lib/pingChild.ts, for bench:transfer).
  * - `phasedPingLoop`: closed or open loop, each round trip recorded into the
  *   phase its PING was sent in (bench:liveness part 2).
  *
@@ -27,7 +27,7 @@ import { sleep } from "./time.ts"
 
 /**
  * What answers the PINGs: `mpcache` replies with PING's response (`true`);
- * `echo` (bench/echo-router.ts) sends the request back, so its "response" is
+ * `echo` (bench/lib/echo-router.ts) sends the request back, so its "response" is
  * the request's own payload frame (nil).
  */
 export type Responder = "mpcache" | "echo"

@@ -3,7 +3,7 @@
  *
  * PING round trips per second and p50/p99 latency with 1, 4 and 16
  * concurrent clients, against (a) the real mpcache server and (b) a bare
- * zeromq.js ROUTER that echoes every message (bench/echo-router.ts), both in
+ * zeromq.js ROUTER that echoes every message (bench/lib/echo-router.ts), both in
  * child processes, in the same run. The same raw DEALER client code drives
  * both, so the only difference is the server. The two servers alternate
  * round by round, so a change in the machine's load hits both alike. Prints
@@ -19,10 +19,10 @@
  * under 15 % of the round trips per second at 16 clients.
  *
  * Then, in the same run (issue 16): the bytes the server allocates per PING
- * over 100k PINGs from 16 clients (bench/alloc-probe.ts preloaded; the bare
+ * over 100k PINGs from 16 clients (bench/ping/alloc-probe.ts preloaded; the bare
  * echo measured the same way is the floor), and spawn → first reply of
  * `mpcache serve` (npm start's bundled entry, and from source) beside a
- * plain `node -e` that binds a zeromq.js ROUTER (bench/lib/startup.ts),
+ * plain `node -e` that binds a zeromq.js ROUTER (bench/ping/startup.ts),
  * alternately. The round trips are measured against the bundled entry
  * (scripts/bundle-serve.mjs, rebuilt first when stale), as `npm start` runs
  * it; the allocation window against `src/cli/main.ts serve` (the same code,
@@ -38,22 +38,22 @@ import type { ChildProcess } from "node:child_process"
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import os from "node:os"
 import path from "node:path"
-import { newKeyPair } from "../src/services/auth/Curve.ts"
-import type { DealerCurve } from "../src/services/zmq/Sockets.ts"
-import { bundleServe } from "../scripts/bundle-serve.mjs"
-import { Ping } from "../src/schema/Op.ts"
-import { ALLOC_PROBE_ARGV, measureAllocation, type AllocWindow } from "./lib/allocWindow.ts"
-import { parseBenchArgs, positiveSeconds, usageError } from "./lib/args.ts"
-import { isRunning, spawnReady, startLineChild, stopChild } from "./lib/children.ts"
-import { int } from "./lib/format.ts"
-import { measuredDate, nodeAndCpu } from "./lib/machine.ts"
-import { pingLoop, type PingRun, type Responder } from "./lib/pingClient.ts"
-import { DOC_NAME, writeDocSection } from "./lib/report.ts"
-import { makeResources, runBench } from "./lib/resources.ts"
-import { PLAIN_ECHO_SCRIPT, spawnToFirstReply } from "./lib/startup.ts"
-import { median, summarizeUs } from "./lib/stats.ts"
-import { writeSummary, type SummaryRow } from "./lib/summary.ts"
-import { secondsSince, sleep } from "./lib/time.ts"
+import { newKeyPair } from "../../src/services/auth/Curve.ts"
+import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
+import { bundleServe } from "../../scripts/bundle-serve.mjs"
+import { Ping } from "../../src/schema/Op.ts"
+import { ALLOC_PROBE_ARGV, measureAllocation, type AllocWindow } from "./allocWindow.ts"
+import { parseBenchArgs, positiveSeconds, usageError } from "../lib/args.ts"
+import { isRunning, spawnReady, startLineChild, stopChild } from "../lib/children.ts"
+import { int } from "../lib/format.ts"
+import { measuredDate, nodeAndCpu } from "../lib/machine.ts"
+import { pingLoop, type PingRun, type Responder } from "../lib/pingClient.ts"
+import { DOC_NAME, writeDocSection } from "../lib/report.ts"
+import { makeResources, runBench } from "../lib/resources.ts"
+import { PLAIN_ECHO_SCRIPT, spawnToFirstReply } from "./startup.ts"
+import { median, summarizeUs } from "../lib/stats.ts"
+import { writeSummary, type SummaryRow } from "../lib/summary.ts"
+import { secondsSince, sleep } from "../lib/time.ts"
 
 const HEADING = "## PING round trips (bench:ping)"
 const CURVE_HEADING = "## PING with CURVE (bench:ping --curve)"
@@ -208,7 +208,7 @@ const section = (rows: readonly Row[], more: string): string =>
     "",
     `Each client is a raw zeromq.js DEALER keeping exactly one PING (op ${Ping.id}, nil instance id) in flight.`,
     "*mpcache* is `mpcache serve` (npm start's bundled entry) with default pools; *echo* is a bare zeromq.js ROUTER that",
-    "sends every message back undecoded (`bench/echo-router.ts`), the ceiling of this stack. Each server",
+    "sends every message back undecoded (`bench/lib/echo-router.ts`), the ceiling of this stack. Each server",
     "runs in its own child process. Latencies are round trips in microseconds;",
     "req/s ratio = mpcache / echo (1.00 = as fast as the echo), p99 ratio = mpcache / echo (1.00 = no added tail).",
     "All clients share the bench's one event loop: on a machine with few cores the client side, not the server,",
@@ -232,7 +232,7 @@ const allocSection = (m: AllocWindow, e: AllocWindow): string =>
   [
     "### Bytes allocated per PING",
     "",
-    `${int(m.pings)} PINGs [nil] from ${ALLOC_CLIENTS} clients, counted on the server by bench/alloc-probe.ts: the heap statistics`,
+    `${int(m.pings)} PINGs [nil] from ${ALLOC_CLIENTS} clients, counted on the server by bench/ping/alloc-probe.ts: the heap statistics`,
     "deltas (what every GC freed plus the used heap's growth, `v8.GCProfiler`) and V8's allocation sampling",
     "(keeping collected objects) over the same window. The bare echo, measured the same way, is the floor of",
     "this stack: zeromq.js allocates the received frames, the message array and the promises of `receive` and `send`.",
@@ -257,7 +257,7 @@ const startupSection = (st: Startup): string =>
     "### Spawn → first reply",
     "",
     `Time from \`spawn()\` to the reply of a PING queued before the spawn on a DEALER that retries its connection every`,
-    `millisecond (bench/lib/startup.ts), median of ${st.plain.length} spawns each, the three alternating. *plain node*: \`node -e\``,
+    `millisecond (bench/ping/startup.ts), median of ${st.plain.length} spawns each, the three alternating. *plain node*: \`node -e\``,
     "binding a zeromq.js ROUTER that echoes, the floor (Node's own start plus loading zeromq). *bundled*: `npm start`'s",
     "entry (build/cli/bin/serve.mjs, scripts/bundle-serve.mjs). *source*: `node src/cli/main.ts serve`.",
     "",
@@ -394,7 +394,7 @@ const measureAllocations = async (): Promise<{ readonly m: AllocWindow; readonly
   const eEndpoint = resources.ipcEndpoint("alloc-echo")
   // From source, so that the sites read as src/ names (the bundle runs the same code, minified).
   const m = await run("mpcache", ["src/cli/main.ts", "serve", ...SERVE_FLAGS(mEndpoint)], /MQ server listening on/, mEndpoint)
-  const e = await run("echo", ["bench/echo-router.ts", eEndpoint], /echo router listening on/, eEndpoint)
+  const e = await run("echo", ["bench/lib/echo-router.ts", eEndpoint], /echo router listening on/, eEndpoint)
   return { m, e }
 }
 
@@ -465,7 +465,7 @@ const main = async (): Promise<void> => {
   const echoEndpoint = resources.ipcEndpoint("echo")
   const [mpcache, echo] = await Promise.all([
     startServer("mpcache", mpcacheEndpoint, mpcacheArgv(mpcacheEndpoint), "MQ server listening on"),
-    startServer("echo", echoEndpoint, ["bench/echo-router.ts", echoEndpoint], "echo router listening on")
+    startServer("echo", echoEndpoint, ["bench/lib/echo-router.ts", echoEndpoint], "echo router listening on")
   ])
   const rows = (await compare(mpcache, echo)).map((r) => ({ clients: r.clients, mpcache: r.subject, echo: r.reference }))
   await Promise.all([mpcache.child, echo.child].map((child) => stopChild(child, STOP_TIMEOUT_MS)))
