@@ -4,7 +4,9 @@
  * PING round trips per second and p50/p99 latency with 1, 4 and 16
  * concurrent clients, against (a) the real mpcache server and (b) a bare
  * zeromq.js ROUTER that echoes every message (bench/lib/echo-router.ts), both in
- * child processes, in the same run. The same raw DEALER client code drives
+ * child processes, in the same run; for PING [nil] (a scheduler's probe) and
+ * PING [id] naming the instance of a registered worker (bench/ping/worker.ts,
+ * a real KV cache registered through the WorkerAdapter; issue 25 item 4). The same raw DEALER client code drives
  * both, so the only difference is the server. The two servers alternate
  * round by round, so a change in the machine's load hits both alike. Prints
  * a table and writes the section "## PING round trips (bench:ping)" of
@@ -41,6 +43,7 @@ import path from "node:path"
 import { newKeyPair } from "../../src/services/auth/Curve.ts"
 import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
 import { bundleServe } from "../../scripts/bundle-serve.mjs"
+import { type InstanceId, makeInstanceId } from "../../src/schema/InstanceId.ts"
 import { Ping } from "../../src/schema/Op.ts"
 import { ALLOC_PROBE_ARGV, measureAllocation, type AllocWindow } from "./allocWindow.ts"
 import { parseBenchArgs, positiveSeconds, usageError } from "../lib/args.ts"
@@ -145,10 +148,18 @@ const result = (p: Pooled): Result => {
   return { rps: samples / p.seconds, p50Us, p99Us }
 }
 
-/** One round: `clients` clients for WARMUP_S, then `seconds` measured into `into`. */
-const measure = async (server: Server, clients: number, seconds: number, into: Pooled): Promise<void> => {
+/** What the PINGs carry: nil, or the id of the registered worker's instance. */
+interface Form {
+  readonly name: string
+  readonly instanceId: InstanceId | null
+}
+const NIL_FORM: Form = { name: "[nil]", instanceId: null }
+
+/** One round: `clients` clients sending PING `form` for WARMUP_S, then `seconds` measured into `into`. */
+const measure = async (server: Server, form: Form, clients: number, seconds: number, into: Pooled): Promise<void> => {
   const run: PingRun = { measuring: false, stopped: false, latenciesUs: into.latenciesUs }
-  const all = Promise.all(Array.from({ length: clients }, () => pingLoop(server.endpoint, run, server.responder, server.curve))).catch(
+  const client = () => pingLoop(server.endpoint, run, server.responder, server.curve, form.instanceId)
+  const all = Promise.all(Array.from({ length: clients }, client)).catch(
     (error: unknown) => {
       const { exitCode, signalCode } = server.child
       const state = isRunning(server.child) ? "running" : `exited (code ${exitCode}, signal ${signalCode})`
@@ -179,6 +190,7 @@ const measure = async (server: Server, clients: number, seconds: number, into: P
 // ------------------------------------------------------------------ report
 
 interface Row {
+  readonly form: string
   readonly clients: number
   readonly mpcache: Result
   readonly echo: Result
@@ -187,12 +199,12 @@ interface Row {
 const table = (rows: readonly Row[]): string => {
   const ratio = (n: number): string => n.toFixed(2)
   const lines = [
-    "| clients | mpcache req/s | echo req/s | req/s ratio | mpcache p50 µs | echo p50 µs | mpcache p99 µs | echo p99 µs | p99 ratio |",
-    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "| PING | clients | mpcache req/s | echo req/s | req/s ratio | mpcache p50 µs | echo p50 µs | mpcache p99 µs | echo p99 µs | p99 ratio |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   ]
-  for (const { clients, mpcache: m, echo: e } of rows) {
+  for (const { form, clients, mpcache: m, echo: e } of rows) {
     lines.push(
-      `| ${clients} | ${int(m.rps)} | ${int(e.rps)} | ${ratio(m.rps / e.rps)} | ${int(m.p50Us)} | ${int(e.p50Us)} | ${int(m.p99Us)} | ${int(e.p99Us)} | ${ratio(m.p99Us / e.p99Us)} |`
+      `| ${form} | ${clients} | ${int(m.rps)} | ${int(e.rps)} | ${ratio(m.rps / e.rps)} | ${int(m.p50Us)} | ${int(e.p50Us)} | ${int(m.p99Us)} | ${int(e.p99Us)} | ${ratio(m.p99Us / e.p99Us)} |`
     )
   }
   return lines.join("\n")
@@ -206,7 +218,10 @@ const section = (rows: readonly Row[], more: string): string =>
     `${durationS} s measured per server and configuration, in ${rounds} rounds that alternate the two servers ` +
     `(each round after a ${WARMUP_S} s warm-up); percentiles over all the rounds' round trips.`,
     "",
-    `Each client is a raw zeromq.js DEALER keeping exactly one PING (op ${Ping.id}, nil instance id) in flight.`,
+    `Each client is a raw zeromq.js DEALER keeping exactly one PING (op ${Ping.id}) in flight: *[nil]* a scheduler's probe,`,
+    "*[id]* naming the instance of a worker registered for the run (bench/ping/worker.ts: a real KV cache registered",
+    "through the WorkerAdapter); each client's first named PING binds its connection to the instance (pooled path), the",
+    "rest take the fast path (docs/architecture.md, \"The PING path\").",
     "*mpcache* is `mpcache serve` (npm start's bundled entry) with default pools; *echo* is a bare zeromq.js ROUTER that",
     "sends every message back undecoded (`bench/lib/echo-router.ts`), the ceiling of this stack. Each server",
     "runs in its own child process. Latencies are round trips in microseconds;",
@@ -271,8 +286,9 @@ const startupSection = (st: Startup): string =>
   ].join("\n")
 
 /** The issue's targets (issue 16): req/s at 4 and 16 clients, p99 at 1, 4 and 16, bytes per PING, start-up. */
-const summaryRows = (rows: ReadonlyArray<Row>, alloc: { readonly m: AllocWindow; readonly e: AllocWindow }, st: Startup): Array<SummaryRow> => {
+const summaryRows = (all: ReadonlyArray<Row>, alloc: { readonly m: AllocWindow; readonly e: AllocWindow }, st: Startup): Array<SummaryRow> => {
   const out: Array<SummaryRow> = []
+  const rows = all.filter((r) => r.form === NIL_FORM.name)
   for (const r of rows.filter((r) => r.clients === 4 || r.clients === 16)) {
     const ratio = r.mpcache.rps / r.echo.rps
     out.push({
@@ -295,6 +311,18 @@ const summaryRows = (rows: ReadonlyArray<Row>, alloc: { readonly m: AllocWindow;
       ratio,
       target: "≤ 1.3 × echo",
       met: ratio <= 1.3
+    })
+  }
+  // Named PINGs (issue 25 item 4): reported beside the nil ones, against the echo of the same PINGs.
+  for (const r of all.filter((r) => r.form !== NIL_FORM.name && r.clients === 16)) {
+    out.push({
+      bench: "ping",
+      figure: `PING ${r.form} round trips/s, ${r.clients} clients`,
+      measured: `${int(r.mpcache.rps)} /s`,
+      reference: `echo ${int(r.echo.rps)} /s`,
+      ratio: r.mpcache.rps / r.echo.rps,
+      target: "reported",
+      met: null
     })
   }
   out.push({
@@ -417,22 +445,31 @@ const measureStartups = async (): Promise<Startup> => {
  * `subject` against `reference` at each concurrency: the servers alternate round by round (and which goes
  * first), so that a drift in machine load hits both alike.
  */
-const compare = async (subject: Server, reference: Server) => {
+const compare = async (subject: Server, reference: Server, forms: ReadonlyArray<Form> = [NIL_FORM]) => {
   process.stderr.write(`servers up (${subject.endpoint}, ${reference.endpoint}); ${durationS} s per configuration\n`)
-  const rows: Array<{ readonly clients: number; readonly subject: Result; readonly reference: Result }> = []
-  for (const clients of CONCURRENCY) {
-    const pooledSubject: Pooled = { latenciesUs: [], seconds: 0 }
-    const pooledReference: Pooled = { latenciesUs: [], seconds: 0 }
-    for (let r = 0; r < rounds; r++) {
-      const referenceRound = () => measure(reference, clients, durationS / rounds, pooledReference)
-      const subjectRound = () => measure(subject, clients, durationS / rounds, pooledSubject)
-      if (r % 2 === 0) await referenceRound().then(subjectRound)
-      else await subjectRound().then(referenceRound)
+  const rows: Array<{ readonly form: string; readonly clients: number; readonly subject: Result; readonly reference: Result }> = []
+  for (const form of forms) {
+    for (const clients of CONCURRENCY) {
+      const pooledSubject: Pooled = { latenciesUs: [], seconds: 0 }
+      const pooledReference: Pooled = { latenciesUs: [], seconds: 0 }
+      for (let r = 0; r < rounds; r++) {
+        const referenceRound = () => measure(reference, form, clients, durationS / rounds, pooledReference)
+        const subjectRound = () => measure(subject, form, clients, durationS / rounds, pooledSubject)
+        if (r % 2 === 0) await referenceRound().then(subjectRound)
+        else await subjectRound().then(referenceRound)
+      }
+      rows.push({ form: form.name, clients, subject: result(pooledSubject), reference: result(pooledReference) })
+      process.stderr.write(`  PING ${form.name}, ${clients} client(s) done\n`)
     }
-    rows.push({ clients, subject: result(pooledSubject), reference: result(pooledReference) })
-    process.stderr.write(`  ${clients} client(s) done\n`)
   }
   return rows
+}
+
+/** Starts the worker the named PINGs name (bench/ping/worker.ts) against `endpoint`; resolves with its instance id once registered. */
+const startWorker = async (endpoint: string): Promise<{ readonly instanceId: InstanceId; readonly child: ChildProcess }> => {
+  const worker = startLineChild("worker", ["bench/ping/worker.ts", endpoint], resources.children, { stdin: true })
+  const m = await worker.waitFor(/"registered":"(\d+)"/, READY_TIMEOUT_MS, "stdout")
+  return { instanceId: makeInstanceId(BigInt(m[1]!)), child: worker.process }
 }
 
 const report = (heading: string, body: string, summary: Array<SummaryRow>): void => {
@@ -467,7 +504,16 @@ const main = async (): Promise<void> => {
     startServer("mpcache", mpcacheEndpoint, mpcacheArgv(mpcacheEndpoint), "MQ server listening on"),
     startServer("echo", echoEndpoint, ["bench/lib/echo-router.ts", echoEndpoint], "echo router listening on")
   ])
-  const rows = (await compare(mpcache, echo)).map((r) => ({ clients: r.clients, mpcache: r.subject, echo: r.reference }))
+  const worker = await startWorker(mpcacheEndpoint)
+  const named: Form = { name: "[id]", instanceId: worker.instanceId }
+  const rows = (await compare(mpcache, echo, [NIL_FORM, named])).map((r) => ({
+    form: r.form,
+    clients: r.clients,
+    mpcache: r.subject,
+    echo: r.reference
+  }))
+  // The worker first (it unregisters), then the servers.
+  await stopChild(worker.child, STOP_TIMEOUT_MS)
   await Promise.all([mpcache.child, echo.child].map((child) => stopChild(child, STOP_TIMEOUT_MS)))
   const alloc = await measureAllocations()
   process.stderr.write(`  allocation: ${int(alloc.m.gcBytesPerPing)} B per PING (echo ${int(alloc.e.gcBytesPerPing)} B)\n`)
