@@ -105,7 +105,7 @@ export const registryTarget = (registry: InstanceRegistry<DummyContext>): Livene
   name: "bench_registry",
   kind: "kv_cache",
   touchInstance: (id) => Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.asVoid(registry.touch(id, now))),
-  touchInstanceNow: (id, nowMs) => registry.touchNow(id, nowMs) !== undefined,
+  touchInstanceNow: registry.touchNow,
   holdsInstance: (id) => Effect.map(registry.get(id), (t) => t !== undefined),
   reapStaleInstances: (rule) =>
     Effect.gen(function*() {

@@ -221,7 +221,7 @@ const section = (rows: readonly Row[], more: string): string =>
     `Each client is a raw zeromq.js DEALER keeping exactly one PING (op ${Ping.id}) in flight: *[nil]* a scheduler's probe,`,
     "*[id]* naming the instance of a worker registered for the run (bench/ping/worker.ts: a real KV cache registered",
     "through the WorkerAdapter); each client's first named PING binds its connection to the instance (pooled path), the",
-    "rest take the fast path (docs/architecture.md, \"The PING path\").",
+    "rest take the fast path (src/services/server/internal/FastPath.ts, \"The PING path\").",
     "*mpcache* is `mpcache serve` (npm start's bundled entry) with default pools; *echo* is a bare zeromq.js ROUTER that",
     "sends every message back undecoded (`bench/lib/echo-router.ts`), the ceiling of this stack. Each server",
     "runs in its own child process. Latencies are round trips in microseconds;",

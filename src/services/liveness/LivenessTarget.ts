@@ -44,10 +44,10 @@ export interface LivenessTarget {
   readonly touchInstance: (id: InstanceId) => Effect.Effect<void>
   /**
    * `touchInstance` done synchronously at `nowMs` (Clock millis), for the MQ server's fast path (issue 25
-   * item 4): true when done (touched, or nothing held for `id`), false when it cannot be done now; then
-   * `touchInstance` must run. A target that overrides `touchInstance` overrides this too.
+   * item 4): true when it touched, false when it holds nothing for `id` (done either way), undefined when it
+   * cannot be done now; then `touchInstance` must run. A target that overrides `touchInstance` overrides this too.
    */
-  readonly touchInstanceNow: (id: InstanceId, nowMs: number) => boolean
+  readonly touchInstanceNow: (id: InstanceId, nowMs: number) => boolean | undefined
   /** Whether it holds state for `id`. */
   readonly holdsInstance: (id: InstanceId) => Effect.Effect<boolean>
   /** Pops the entries stale under `rule`, releases each through the UNREGISTER finalizer, returns them. */
@@ -65,7 +65,7 @@ export const noopTarget = (name: string): LivenessTarget => ({
   name,
   kind: undefined,
   touchInstance: () => Effect.void,
-  touchInstanceNow: () => true,
+  touchInstanceNow: () => false,
   holdsInstance: () => Effect.succeed(false),
   reapStaleInstances: () => Effect.succeed([]),
   trackedInstanceCount: () => Effect.succeed(0),
@@ -100,7 +100,8 @@ export const registryTarget = <R>(options: {
     name: options.name,
     kind: options.kind,
     touchInstance: (id) => Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.asVoid(registry.touch(id, now))),
-    touchInstanceNow: (id, nowMs) => registry.touchNow(id, nowMs) !== undefined,
+    // The registry's own: no call in between (the fast path's chain is counted, MqServer internal/FastPath.ts).
+    touchInstanceNow: registry.touchNow,
     holdsInstance: (id) => Effect.map(registry.get(id), (t) => t !== undefined),
     reapStaleInstances: (rule) =>
       Effect.gen(function*() {

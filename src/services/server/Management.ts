@@ -20,8 +20,8 @@
  * (`touchInstanceNow`, the registry's `touchNow`); the first PING of a
  * connection, an id in a rarer encoding, or a target that cannot touch now
  * take the pooled path, which binds and touches in its transaction. The
- * chain from the receive loop to `last_seen` is written down in
- * docs/architecture.md ("The PING path").
+ * chain from the receive loop to `last_seen`, counted before and after, is
+ * written down in internal/FastPath.ts ("The PING path").
  */
 import { Clock, Context, Effect, Layer, Metric } from "effect"
 import { decodeInstanceIdFrame, encodeFrame } from "../../schema/Frame.ts"
@@ -102,11 +102,6 @@ const make = Effect.gen(function*() {
   const trueFrame = yield* Effect.orDie(encodeFrame(Ping.response, true, "ping: response"))
   const okFrame = yield* Effect.orDie(encodeFrame(Noop.response, "OK", "noop: response"))
   const chunkSizeFrame = yield* Effect.orDie(encodeFrame(GetChunkSize.response, config.chunkSizeTokens, "get_chunk_size: response"))
-  /** `touchAll` synchronously; false when a target cannot (those before it touched: the pooled retry repeats them, which changes nothing). */
-  const touchAllNow = (id: InstanceId, nowMs: number): boolean => {
-    for (const t of targets) if (!t.touchInstanceNow(id, nowMs)) return false
-    return true
-  }
   const fastPing: FastHandler = (message, start, isBound) => {
     const frame = message[start]!
     if (frame.length === 1 && frame[0] === NIL) {
@@ -114,7 +109,11 @@ const make = Effect.gen(function*() {
       return trueFrame
     }
     const id = decodeInstanceIdFrame(frame)
-    if (id === undefined || !isBound(message[0]!, id) || !touchAllNow(id, clock.currentTimeMillisUnsafe())) return undefined
+    if (id === undefined || !isBound(message[0]!, id)) return undefined
+    // `touchAll`, synchronously (inline: the chain to last_seen is counted). Where a target cannot, the pooled
+    // path runs instead and touches again those before it, which changes nothing (last_seen only moves forward).
+    const nowMs = clock.currentTimeMillisUnsafe()
+    for (const t of targets) if (t.touchInstanceNow(id, nowMs) === undefined) return undefined
     pingsNamedBatched.add(1)
     return trueFrame
   }

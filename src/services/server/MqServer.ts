@@ -528,7 +528,15 @@ const make = (options: MqServerOptions) =>
           continue
         }
         if (!receiving) return
-        if (!(inboxed === 0 && fastPath.onReceived(received))) hand({ _tag: "message", received })
+        // The fast path only when nothing received before it is still on its way to `onMessage`.
+        let served = false
+        try {
+          const fast = inboxed === 0 ? fastPath.rowOf(received) : undefined
+          served = fast !== undefined && fastPath.serve(fast, received)
+        } catch {
+          // Not reached (the fast path never throws); kept so that a bug there cannot end the receive loop.
+        }
+        if (!served) hand({ _tag: "message", received })
       }
     }
     const receiveFiber = Queue.take(inbox).pipe(

@@ -19,8 +19,39 @@
  * loop only when nothing received before it is still on its way to the
  * server's `onMessage` (which serves it here too, after its checks).
  *
- * The chain from the receive loop to `last_seen` for a named PING, counted,
- * is in docs/architecture.md ("The PING path").
+ * The PING path (issue 25 item 4), counted: every call of ours from the
+ * receive loop to the write of `last_seen`, for a named PING of a bound
+ * peer (calls beside the chain, which return before it goes on, in
+ * parentheses; Effect's runtime steps are not ours and not counted).
+ *
+ * Before (e2777e6), 14 calls and two hand-offs: receive loop (`answerFast`
+ * declines: `fastPing` reads no nil) → `hand` → [inbox Queue] → receive fiber:
+ * 1 `onMessage` → 2 `admission.admit` → 3 `onAdmitted` → 4 `dispatcher.submit`
+ * → [NORMAL Queue] → worker: 5 `job` → 6 `jobNow` (decodePayload) → 7
+ * `row.handle` → 8 `ping` → 9 `touchAll` → 10 `Effect.forEach` → 11
+ * `touchInstance` → 12 `registry.touch` → 13 `update` → 14 the transaction
+ * body (`TxHashMap.set`), committed when it ends.
+ *
+ * Now, its pool free, nothing ahead in the inbox — 6 calls, no hand-off:
+ * receive loop (`rowOf`: isServed, decodeHeaderInt × 2, the table) →
+ * 1 `serve` (hasFreeSlot) → 2 `answerNow` → 3 `row.fast` = Management's
+ * `fastPing` (decodeInstanceIdFrame, `isBound` → Connections' isBound, the
+ * clock) → 4 `touchInstanceNow` = `registry.touchNow` (HashMap.get) →
+ * 5 `touched` (the new entry: last_seen = max(last_seen, now)) → 6
+ * `HashMap.set`, committed in the same step (then the index, the reply,
+ * the batched counters).
+ *
+ * Its pool busy — one hand-off, then 6 calls: receive loop → `rowOf` →
+ * 1 `serve` → 2 `dispatcher.submit` → [the pool's Queue] → worker: 1 the
+ * fast job → 2 `answerNow` → 3 `fastPing` → 4 `registry.touchNow` → 5
+ * `touched` → 6 `HashMap.set`.
+ *
+ * Where messages received before it are still in the inbox (a burst the
+ * receive fiber has not handed on yet), the PING waits in the inbox behind
+ * them to keep arrival order: then `onMessage` → `admit` → `onAdmitted` →
+ * `serve` and the chain above, answered there when its pool is free (one
+ * hand-off), else queued (two). The first PING of a connection naming an
+ * instance (its peer not bound yet) takes the pooled path, which binds it.
  */
 import { Effect } from "effect"
 import { decodeHeaderInt } from "../../../schema/Frame.ts"
@@ -61,14 +92,15 @@ export interface FastPathStats {
 /** The fast path of one MQ server. */
 export interface FastPath {
   /**
-   * A message straight from the receive loop: true when it is answered or queued here; false when it must go
-   * to `onMessage` (not a well-formed request of a `fast` row from an admitted peer, its pool's queue full, or
-   * a fast answer declined while its pool was free). Never throws.
+   * The row of a message straight from the receive loop when the fast path may serve it: a request of a
+   * `fast` row from an admitted peer, uid and op headers and payload count right; undefined otherwise (it goes
+   * to `onMessage`). Never throws.
    */
-  readonly onReceived: (received: Array<Buffer>) => boolean
+  readonly rowOf: (received: Array<Buffer>) => HandlerRow | undefined
   /**
-   * A request `onMessage` has checked (an admitted peer, headers and payload count right) whose row has
-   * `fast`: true when answered or queued here; false when the caller queues it the pooled way.
+   * Serves a request of a `fast` row whose checks passed (`rowOf`, or `onMessage`'s own): true when answered or
+   * queued here; false when the caller must queue it the pooled way (the fast answer declined while its pool
+   * was free, or its pool's queue is full: the pooled path answers `overloaded`). Never throws.
    */
   readonly serve: (row: HandlerRow, received: Array<Buffer>) => boolean
   readonly stats: () => FastPathStats
@@ -134,14 +166,13 @@ export const makeFastPath = (options: FastPathOptions): FastPath => {
     return true
   }
 
-  const onReceived = (received: Array<Buffer>): boolean => {
-    if (received.length < 3 || !options.isServed(received[0]!)) return false
+  const rowOf = (received: Array<Buffer>): HandlerRow | undefined => {
+    if (received.length < 3 || !options.isServed(received[0]!)) return undefined
     const opId = decodeHeaderInt(received[2]!)
     const row = opId === undefined ? undefined : table.byId.get(opId)
-    if (row?.fast === undefined || received.length - 3 !== row.op.payload.length) return false
-    if (decodeHeaderInt(received[1]!) === undefined) return false
-    return serve(row, received)
+    if (row?.fast === undefined || received.length - 3 !== row.op.payload.length) return undefined
+    return decodeHeaderInt(received[1]!) === undefined ? undefined : row
   }
 
-  return { onReceived, serve, stats: () => ({ answered, queued }) }
+  return { rowOf, serve, stats: () => ({ answered, queued }) }
 }
