@@ -210,13 +210,17 @@ const table = (rows: readonly Row[]): string => {
   return lines.join("\n")
 }
 
+/** The first line of both sections: when, where, and how long each server was measured. */
+const measuredLine = (): string =>
+  `Measured ${measuredDate()} · ${nodeAndCpu()} · transport ipc · ` +
+  `${durationS} s measured per server and configuration, in ${rounds} rounds that alternate the two servers ` +
+  `(each round after a ${WARMUP_S} s warm-up); percentiles over all the rounds' round trips.`
+
 const section = (rows: readonly Row[], more: string): string =>
   [
     HEADING,
     "",
-    `Measured ${measuredDate()} · ${nodeAndCpu()} · transport ipc · ` +
-    `${durationS} s measured per server and configuration, in ${rounds} rounds that alternate the two servers ` +
-    `(each round after a ${WARMUP_S} s warm-up); percentiles over all the rounds' round trips.`,
+    measuredLine(),
     "",
     `Each client is a raw zeromq.js DEALER keeping exactly one PING (op ${Ping.id}) in flight: *[nil]* a scheduler's probe,`,
     "*[id]* naming the instance of a worker registered for the run (bench/ping/worker.ts: a real KV cache registered",
@@ -374,9 +378,7 @@ const curveSection = (rows: ReadonlyArray<CurveRow>): string =>
   [
     CURVE_HEADING,
     "",
-    `Measured ${measuredDate()} · ${nodeAndCpu()} · transport ipc · ` +
-    `${durationS} s measured per server and configuration, in ${rounds} rounds that alternate the two servers ` +
-    `(each round after a ${WARMUP_S} s warm-up); percentiles over all the rounds' round trips.`,
+    measuredLine(),
     "",
     "Two `mpcache serve` processes in the same run: one with CURVE off, one with CURVE on (per-run keys,",
     "`--curve-secret-key-file`, `--curve-authorized-keys`; the ZAP handler and the tenant guard on every request).",
