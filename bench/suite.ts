@@ -35,7 +35,7 @@ const SUMMARY_HEADING = "## Summary (npm run bench)"
 const BENCHES = ["ping", "transfer", "liveness", "replay"] as const
 type Bench = (typeof BENCHES)[number]
 const PROGRAMS: Readonly<Record<Bench, string>> = {
-  ping: "bench/ping.ts",
+  ping: "bench/ping/ping.ts",
   transfer: "bench/transfer/transfer.ts",
   liveness: "bench/liveness/liveness.ts",
   replay: "bench/replay/replay.ts"

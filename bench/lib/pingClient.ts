@@ -7,7 +7,7 @@
  *
  * - `pingLoop`: one PING in flight, the next sent on its reply (bench:ping).
  * - `pacedPingLoop`: one PING every N ms whatever the replies do, recording
- *   while a flag is set (bench/pingChild.ts, for bench:transfer).
+ *   while a flag is set (bench/lib/pingChild.ts, for bench:transfer).
  * - `phasedPingLoop`: closed or open loop, each round trip recorded into the
  *   phase its PING was sent in (bench:liveness part 2).
  *
@@ -27,8 +27,8 @@ import { sleep } from "./time.ts"
 
 /**
  * What answers the PINGs: `mpcache` replies with PING's response (`true`);
- * `echo` (bench/echo-router.ts) sends the request back, so its "response" is
- * the request's own payload frame (nil).
+ * `echo` (bench/lib/echo-router.ts) sends the request back, so its "response" is
+ * the request's own payload frame (nil, or the instance id of a named PING).
  */
 export type Responder = "mpcache" | "echo"
 
@@ -47,13 +47,13 @@ const show = (frames: ReadonlyArray<Uint8Array>): string =>
 
 /**
  * Checks `reply` is PING's success reply `[uid, op, response]` with the
- * response `responder` sends, and returns its uid; throws, showing the
- * decoded frames, on anything else (an error reply, another op, another
- * response).
+ * response `responder` sends (the echo: the PING's `instanceId`), and returns
+ * its uid; throws, showing the decoded frames, on anything else (an error
+ * reply, another op, another response).
  */
-export const readPingReply = (reply: ReadonlyArray<Uint8Array>, responder: Responder): number => {
+export const readPingReply = (reply: ReadonlyArray<Uint8Array>, responder: Responder, instanceId: InstanceId | null = null): number => {
   const header = decodeReplyHeader(reply)
-  const expected = responder === "mpcache" ? true : null
+  const expected = responder === "mpcache" ? true : instanceId
   if (header === undefined || header._tag !== "Ok" || header.opId !== Ping.id || header.body.length !== 1) {
     throw new Error(`unexpected reply to a PING: ${show(reply)}`)
   }
@@ -103,13 +103,19 @@ const benchDealer = (timeouts: { readonly sendTimeout: number; readonly receiveT
   })
 
 /**
- * One client: a DEALER with exactly one PING [nil] in flight until
- * `run.stopped`. A reply other than `responder`'s throws. With `curve`, it
- * speaks CURVE and says HELLO first.
+ * One client: a DEALER with exactly one PING [`instanceId`] (default nil) in
+ * flight until `run.stopped`. A reply other than `responder`'s throws. With
+ * `curve`, it speaks CURVE and says HELLO first.
  */
-export const pingLoop = async (endpoint: string, run: PingRun, responder: Responder, curve?: DealerCurve): Promise<void> => {
+export const pingLoop = async (
+  endpoint: string,
+  run: PingRun,
+  responder: Responder,
+  curve?: DealerCurve,
+  instanceId: InstanceId | null = null
+): Promise<void> => {
   const dealer = benchDealer({ sendTimeout: TIMEOUT_MS, receiveTimeout: TIMEOUT_MS }, curve)
-  const tail = pingTail(null)
+  const tail = pingTail(instanceId)
   try {
     dealer.connect(endpoint)
     if (curve !== undefined) await hello(dealer, curve)
@@ -118,7 +124,7 @@ export const pingLoop = async (endpoint: string, run: PingRun, responder: Respon
       await dealer.send(pingRequest(uid, tail))
       const reply = await dealer.receive()
       const end = process.hrtime.bigint()
-      const got = readPingReply(reply, responder)
+      const got = readPingReply(reply, responder, instanceId)
       if (got !== uid) throw new Error(`reply to PING ${got} while PING ${uid} was in flight`)
       if (run.measuring) run.latenciesUs.push(Number(end - start) / 1000)
     }

@@ -105,6 +105,7 @@ export const registryTarget = (registry: InstanceRegistry<DummyContext>): Livene
   name: "bench_registry",
   kind: "kv_cache",
   touchInstance: (id) => Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.asVoid(registry.touch(id, now))),
+  touchInstanceNow: registry.touchNow,
   holdsInstance: (id) => Effect.map(registry.get(id), (t) => t !== undefined),
   ownerOf: () => Effect.succeed(undefined),
   owners: () => Effect.succeed([]),

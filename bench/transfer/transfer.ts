@@ -36,8 +36,8 @@
  *   of the server's own code (`copyBatch` with the server's copy plan) against
  *   the same job outside the guard (`copyBatchUnguarded`), in this process,
  *   on the cpu_shm cache (bench/transfer/guardCost.ts).
- * - PING: a raw zeromq DEALER (as in bench/ping.ts) with one PING [nil] in
- *   flight, in a child process of its own (bench/pingChild.ts), idle first
+ * - PING: a raw zeromq DEALER (as in bench/ping/ping.ts) with one PING [nil] in
+ *   flight, in a child process of its own (bench/lib/pingChild.ts), idle first
  *   and then through each measured transfer window.
  * - Measuring starts once the server's background L1 prefault is done.
  * - Beside each window: the server's event-loop delay, its JS-thread and
@@ -95,7 +95,7 @@ import { makeResources } from "../lib/resources.ts"
 import { summarizeUs, type LatencySummary } from "../lib/stats.ts"
 import { writeSummary, type SummaryRow } from "../lib/summary.ts"
 import { secondsSince, sleep } from "../lib/time.ts"
-import { startPingChild, type PingChild } from "../pingChild.ts"
+import { startPingChild, type PingChild } from "../lib/pingChild.ts"
 
 const HEADING = "## STORE and RETRIEVE throughput (bench:transfer)"
 
@@ -272,9 +272,9 @@ const startServer = async (): Promise<Server> => {
   return { child: child.process, pid, httpUrl: http[1]!, tail: child.tail, warnings, loopDelay, exited }
 }
 
-/** Starts bench/echo-router.ts on `echoEndpoint`; resolves once it listens. */
+/** Starts bench/lib/echo-router.ts on `echoEndpoint`; resolves once it listens. */
 const startEcho = async (): Promise<void> => {
-  await spawnReady("echo router", ["bench/echo-router.ts", echoEndpoint], "echo router listening on", READY_TIMEOUT_MS, resources.children)
+  await spawnReady("echo router", ["bench/lib/echo-router.ts", echoEndpoint], "echo router listening on", READY_TIMEOUT_MS, resources.children)
 }
 
 /** SIGTERM (graceful: the server unmaps and writes its CPU profile), SIGKILL if it hangs. */
@@ -440,7 +440,7 @@ const measure = async (
 
 /**
  * The two PING probes of a window, each a process of its own at the same pace: one against the server, one
- * against a bare zeromq.js echo (bench/echo-router.ts) on the same machine under the same load — what any
+ * against a bare zeromq.js echo (bench/lib/echo-router.ts) on the same machine under the same load — what any
  * ZeroMQ responder gets from this machine at that moment, the reference for the server's PING under load.
  */
 interface Probes {
@@ -692,8 +692,8 @@ const section = (r: Report): string => {
     `*Kinds*: the phases run once per descriptor kind (${r.kinds.map((k) => k.kind).join(", ")}), each with its own worker`,
     "and instance, after a CLEAR.",
     `*PING*: a raw zeromq DEALER sending one PING [nil] every ${PING_INTERVAL_MS} ms whatever the replies do (several may be in`,
-    "flight; each timed from its own send), in a process of its own (`bench/pingChild.ts`), idle before the transfers",
-    "and through each measured window. Beside it, the same probe against a bare zeromq.js echo (`bench/echo-router.ts`,",
+    "flight; each timed from its own send), in a process of its own (`bench/lib/pingChild.ts`), idle before the transfers",
+    "and through each measured window. Beside it, the same probe against a bare zeromq.js echo (`bench/lib/echo-router.ts`,",
     "its own process) in the same windows: what any ZeroMQ responder gets from this machine under that load. Event-loop delay: lateness",
     "of a 2 ms timer (`monitorEventLoopDelay`) in the server and in the bench process (which runs the worker).",
     `The bench starts measuring once the server's background L1 prefault is done (waited ${f1(prefaultSeconds)} s here),`,

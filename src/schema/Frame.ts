@@ -16,6 +16,7 @@
  */
 import { Cause, Exit, Option, Schema } from "effect"
 import { Packr } from "msgpackr"
+import type { InstanceId } from "./InstanceId.ts"
 import type { Op, PayloadOf, ResponseOf, WireSchema } from "./Op.ts"
 import { type FrameProblem, scanPlain } from "./PlainMsgpack.ts"
 import { describeValue } from "./ValueDescription.ts"
@@ -76,6 +77,29 @@ export const decodeHeaderInt = (frame: Uint8Array): number | undefined => {
   const v = u.value
   if (typeof v === "number") return Number.isSafeInteger(v) && v >= 0 ? v : undefined
   if (typeof v === "bigint") return v >= 0n && v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : undefined
+  return undefined
+}
+
+/**
+ * Reads an instance id frame in place (the MQ server's fast path for a named PING, issue 25 item 4): the
+ * encodings of a non-negative int other stacks and msgpackr send (fixint, uint 8/16/32/64, int64), whole frame,
+ * value in [0, 2^63 − 1]. Undefined for anything else, including valid ids in rarer encodings (the signed
+ * 8/16/32-bit formats): the caller then decodes the frame with the op's Schema (`InstanceIdWire`), which
+ * accepts exactly what this accepts and more, and answers its errors.
+ */
+export const decodeInstanceIdFrame = (frame: Uint8Array): InstanceId | undefined => {
+  const n = frame.length
+  const b0 = frame[0]
+  if (n === 1 && b0 !== undefined && b0 <= 0x7f) return BigInt(b0) as InstanceId
+  if (n === 2 && b0 === 0xcc) return BigInt(frame[1]!) as InstanceId
+  if (n === 3 && b0 === 0xcd) return BigInt((frame[1]! << 8) | frame[2]!) as InstanceId
+  if (n === 5 && b0 === 0xce) return BigInt(((frame[1]! << 24) >>> 0) + ((frame[2]! << 16) | (frame[3]! << 8) | frame[4]!)) as InstanceId
+  // uint64 and int64 alike: the top bit clear is exactly [0, 2^63 − 1].
+  if (n === 9 && (b0 === 0xcf || b0 === 0xd3) && frame[1]! < 0x80) {
+    const hi = ((frame[1]! << 24) >>> 0) + ((frame[2]! << 16) | (frame[3]! << 8) | frame[4]!)
+    const lo = ((frame[5]! << 24) >>> 0) + ((frame[6]! << 16) | (frame[7]! << 8) | frame[8]!)
+    return ((BigInt(hi) << 32n) | BigInt(lo)) as InstanceId
+  }
   return undefined
 }
 

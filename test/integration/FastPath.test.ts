@@ -4,14 +4,19 @@
  * would start them at once, so DESIGN §3.1's back-pressure holds (a PING
  * waits behind a saturated NORMAL pool, a NOOP behind a busy SYNC lane, in
  * arrival order); and what they answer and count is what the pooled path
- * answers and counts.
+ * answers and counts. A named PING (issue 25 item 4) takes the fast path
+ * once its peer is bound to the instance: answered on the receive loop with
+ * last_seen set when its pool is idle, queued on the pool (one hand-off)
+ * with last_seen unchanged until its turn when the pool is busy.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Deferred, Effect, Exit, Layer, Metric, Scope } from "effect"
+import { Clock, Context, Deferred, Effect, Exit, Layer, Metric, Scope } from "effect"
 import { decodeReplyHeader, encodeRequest, unpack } from "../../src/schema/Frame.ts"
-import { makeInstanceId } from "../../src/schema/InstanceId.ts"
+import { formatInstanceId, makeInstanceId } from "../../src/schema/InstanceId.ts"
 import { GetChunkSize, Noop, Ping, QueryPrefetchStatus, UnregisterKvCache, type Op, type PayloadOf } from "../../src/schema/Op.ts"
 import { row, type ServerModule } from "../../src/services/server/Handler.ts"
+import { makeInstanceRegistry, type InstanceRegistry } from "../../src/services/liveness/InstanceRegistry.ts"
+import { registryTarget } from "../../src/services/liveness/LivenessTarget.ts"
 import { MqServer } from "../../src/services/server/MqServer.ts"
 import { rawDealer, type RawDealer } from "../support/RawDealer.ts"
 import { bareServer } from "../support/TestServer.ts"
@@ -50,18 +55,78 @@ const heldModule = (gate: Deferred.Deferred<void>, running: Deferred.Deferred<vo
   ]
 })
 
+/** The instance the tracked module holds. */
+const TRACKED = makeInstanceId(42n)
+
+/** A clock whose millis the test sets (sleeps are real: the sockets need them). */
+interface ManualClock {
+  readonly clock: Clock.Clock
+  set: (ms: number) => void
+}
+const manualClock = (live: Clock.Clock, startMs: number): ManualClock => {
+  let nowMs = startMs
+  return {
+    clock: {
+      currentTimeMillisUnsafe: () => nowMs,
+      currentTimeMillis: Effect.sync(() => nowMs),
+      currentTimeNanosUnsafe: () => BigInt(nowMs) * 1_000_000n,
+      currentTimeNanos: Effect.sync(() => BigInt(nowMs) * 1_000_000n),
+      monotonicTimeNanosUnsafe: () => live.monotonicTimeNanosUnsafe(),
+      monotonicTimeNanos: live.monotonicTimeNanos,
+      sleep: (duration) => live.sleep(duration)
+    },
+    set: (ms) => {
+      nowMs = ms
+    }
+  }
+}
+
+/** What a test sees of the server: its stats, a raw DEALER, the held op's gate, the tracked registry and the clock. */
+interface Env {
+  readonly server: MqServer["Service"]
+  readonly raw: RawDealer
+  readonly gate: Deferred.Deferred<void>
+  readonly running: Deferred.Deferred<void>
+  readonly registry: InstanceRegistry<void>
+  readonly clock: ManualClock
+}
+
 const withServer = <A>(
   config: { readonly maxCpuWorkers?: number },
-  body: (server: MqServer["Service"], raw: RawDealer, gate: Deferred.Deferred<void>, running: Deferred.Deferred<void>) => Effect.Effect<A>
+  body: (server: MqServer["Service"], raw: RawDealer, gate: Deferred.Deferred<void>, running: Deferred.Deferred<void>, env: Env) => Effect.Effect<A>
 ) =>
   Effect.gen(function*() {
     const gate = Deferred.makeUnsafe<void>()
     const running = Deferred.makeUnsafe<void>()
+    const clock = manualClock(yield* Clock.Clock, 1_000)
+    // A module tracking TRACKED in a real registry: PING touches it as it touches the transfer modules'.
+    const registry = yield* makeInstanceRegistry<void>()
+    assert.isTrue(yield* registry.insert(TRACKED, undefined, 1_000))
+    const tracked: ServerModule = {
+      name: "tracked",
+      rows: [],
+      target: registryTarget({
+        name: "tracked",
+        kind: "kv_cache",
+        registry,
+        release: () => Effect.void,
+        summary: (t) => ({
+          instance_id: formatInstanceId(t.id),
+          kind: "kv_cache",
+          last_seen_age_seconds: 0,
+          has_liveness_signal: t.hasLivenessSignal,
+          has_transfer_activity: t.hasTransferActivity,
+          details: {}
+        })
+      })
+    }
     const scope = yield* Scope.make()
-    const env = yield* Layer.buildWithScope(bareServer({ modules: [heldModule(gate, running)], config }), scope)
+    const env = yield* Layer.buildWithScope(bareServer({ modules: [heldModule(gate, running), tracked], config }), scope).pipe(
+      Effect.provideService(Clock.Clock, clock.clock)
+    )
     const server = Context.get(env, MqServer)
     const raw = yield* Scope.provide(scope)(rawDealer(server.endpoint))
-    const result = yield* body(server, raw, gate, running)
+    const result = yield* body(server, raw, gate, running, { server, raw, gate, running, registry, clock })
     yield* Deferred.succeed(gate, undefined)
     yield* Scope.close(scope, Exit.void)
     return result
@@ -165,14 +230,75 @@ describe("fast answers are counted like pooled ones", () => {
         )
       })))
 
-  it.live("a named PING takes the pooled path and is counted as form=instance", () =>
-    withServer({}, (_server, raw) =>
+  it.live("a named PING of an id nobody holds takes the pooled path and is counted as form=instance", () =>
+    withServer({}, (server, raw) =>
       Effect.gen(function*() {
         const before = yield* counter("mpcache_pings_total", { form: "instance" })
         const nilBefore = yield* counter("mpcache_pings_total", { form: "nil" })
-        yield* send(raw, Ping, 1, [makeInstanceId(42n)])
+        const fastBefore = server.stats().fastPath
+        yield* send(raw, Ping, 1, [makeInstanceId(43n)])
         assert.deepStrictEqual(yield* next(raw), { uid: 1, response: true })
         assert.strictEqual((yield* counter("mpcache_pings_total", { form: "instance" })) - before, 1)
         assert.strictEqual((yield* counter("mpcache_pings_total", { form: "nil" })) - nilBefore, 0)
+        // Nothing holds 43, so the peer cannot be bound to it: every such PING is pooled (it binds nothing either).
+        assert.deepStrictEqual(server.stats().fastPath, fastBefore)
+      })))
+})
+
+/** The tracked entry's liveness fields. */
+const liveness = (registry: InstanceRegistry<void>) =>
+  Effect.map(registry.get(TRACKED), (t) => t === undefined ? undefined : { lastSeenMs: t.lastSeenMs, hasLivenessSignal: t.hasLivenessSignal })
+
+describe("a named PING (issue 25 item 4)", () => {
+  it.live("the first binds its peer on the pooled path; the next is answered on the receive loop, last_seen set to the clock's time", () =>
+    withServer({}, (server, raw, _gate, _running, { registry, clock }) =>
+      Effect.gen(function*() {
+        const named = yield* counter("mpcache_pings_total", { form: "instance" })
+        const requests = yield* counter("mpcache_requests_total", { op: "ping" })
+        assert.deepStrictEqual(yield* liveness(registry), { lastSeenMs: 1_000, hasLivenessSignal: false })
+        const before = server.stats().fastPath
+        clock.set(2_000)
+        yield* send(raw, Ping, 1, [TRACKED])
+        assert.deepStrictEqual(yield* next(raw), { uid: 1, response: true })
+        // Pooled: the peer was not bound to 42 yet (the pooled path binds it).
+        assert.deepStrictEqual(server.stats().fastPath, before)
+        assert.deepStrictEqual(yield* liveness(registry), { lastSeenMs: 2_000, hasLivenessSignal: true })
+        clock.set(3_000)
+        yield* send(raw, Ping, 2, [TRACKED])
+        assert.deepStrictEqual(yield* next(raw), { uid: 2, response: true })
+        // Answered where it was received: no hand-off, nothing queued.
+        assert.deepStrictEqual(server.stats().fastPath, { answered: before.answered + 1, queued: before.queued })
+        assert.deepStrictEqual(yield* liveness(registry), { lastSeenMs: 3_000, hasLivenessSignal: true })
+        // A heartbeat from the past never moves last_seen back (the same rule as the pooled touch).
+        clock.set(2_500)
+        yield* send(raw, Ping, 3, [TRACKED])
+        assert.deepStrictEqual(yield* next(raw), { uid: 3, response: true })
+        assert.deepStrictEqual(server.stats().fastPath, { answered: before.answered + 2, queued: before.queued })
+        assert.deepStrictEqual(yield* liveness(registry), { lastSeenMs: 3_000, hasLivenessSignal: true })
+        // Counted as the pooled ones are.
+        assert.strictEqual((yield* counter("mpcache_pings_total", { form: "instance" })) - named, 3)
+        assert.strictEqual((yield* counter("mpcache_requests_total", { op: "ping" })) - requests, 3)
+      })))
+
+  it.live("behind a saturated NORMAL pool it waits in the pool (one hand-off), last_seen unchanged until its turn, answered after the job ahead", () =>
+    withServer({ maxCpuWorkers: 1 }, (server, raw, gate, running, { registry, clock }) =>
+      Effect.gen(function*() {
+        clock.set(2_000)
+        yield* send(raw, Ping, 1, [TRACKED])
+        assert.deepStrictEqual(yield* next(raw), { uid: 1, response: true })
+        const before = server.stats().fastPath
+        yield* send(raw, QueryPrefetchStatus, 2, ["r1"])
+        yield* Deferred.await(running)
+        clock.set(5_000)
+        yield* send(raw, Ping, 3, [TRACKED])
+        yield* until("the PING to be queued", () => server.stats().pools.normal.queued === 1)
+        // Queued straight from the receive loop as a fast job; not touched yet.
+        assert.deepStrictEqual(server.stats().fastPath, { answered: before.answered, queued: before.queued + 1 })
+        assert.deepStrictEqual(yield* liveness(registry), { lastSeenMs: 2_000, hasLivenessSignal: true })
+        yield* Deferred.succeed(gate, undefined)
+        assert.deepStrictEqual(yield* next(raw), { uid: 2, response: 7 })
+        assert.deepStrictEqual(yield* next(raw), { uid: 3, response: true })
+        assert.deepStrictEqual(yield* liveness(registry), { lastSeenMs: 5_000, hasLivenessSignal: true })
+        assert.strictEqual(server.stats().pools.normal.queued, 0)
       })))
 })

@@ -4,6 +4,7 @@ import fc from "fast-check"
 import { CacheKey, CacheKeyFields } from "../../src/schema/CacheKey.ts"
 import {
   decodeHeaderInt,
+  decodeInstanceIdFrame,
   decodePayload,
   decodeReplyHeader,
   decodeResponse,
@@ -107,6 +108,46 @@ describe("request frames", () => {
     assert.strictEqual(decodeHeaderInt(Buffer.from([0xc1])), undefined)
     assert.strictEqual(decodeHeaderInt(Buffer.from([0x01, 0x02])), undefined)
     assert.strictEqual(decodeHeaderInt(Buffer.alloc(0)), undefined)
+  })
+
+  it("instance id frames (the fast path's in-place reading): every id it reads is the one PING's Schema decodes", () => {
+    /** What PING's own decoding makes of `frame`: the id, or undefined for nil and errors. */
+    const bySchema = (frame: Uint8Array) => {
+      const decoded = decodePayload(Ping, [frame])
+      return Exit.isSuccess(decoded) ? decoded.value[0] ?? undefined : undefined
+    }
+    const u64 = (b0: number, n: bigint) => {
+      const frame = Buffer.alloc(9)
+      frame[0] = b0
+      frame.writeBigUInt64BE(n, 1)
+      return frame
+    }
+    const cases: ReadonlyArray<readonly [string, Uint8Array, bigint | undefined]> = [
+      ["fixint 0", pack(0), 0n],
+      ["fixint 127", Buffer.from([0x7f]), 127n],
+      ["uint8", Buffer.from([0xcc, 0xff]), 255n],
+      ["uint16", Buffer.from([0xcd, 0xbe, 0xef]), 0xbeefn],
+      ["uint32", Buffer.from([0xce, 0xff, 0xff, 0xff, 0xff]), 0xffffffffn],
+      ["uint64 (other stacks' large ids)", u64(0xcf, MAX_INSTANCE_ID), MAX_INSTANCE_ID],
+      ["int64 (msgpackr's bigint)", pack(MAX_INSTANCE_ID), MAX_INSTANCE_ID],
+      ["int64 small", u64(0xd3, 5n), 5n],
+      ["uint64 2^63 (out of range)", u64(0xcf, 1n << 63n), undefined],
+      ["int64 −1", pack(-1n), undefined],
+      ["nil", pack(null), undefined],
+      ["float", pack(1.5), undefined],
+      ["string", pack("42"), undefined],
+      ["a truncated uint64", u64(0xcf, 5n).subarray(0, 8), undefined],
+      ["two values in one frame", Buffer.from([0x01, 0x02]), undefined],
+      ["empty", Buffer.alloc(0), undefined]
+    ]
+    for (const [what, frame, expected] of cases) {
+      assert.strictEqual(decodeInstanceIdFrame(frame), expected, what)
+      // Where it reads an id, the Schema reads the same one; where it declines, the pooled path decides.
+      if (expected !== undefined) assert.strictEqual(bySchema(frame), expected, `${what} (Schema)`)
+    }
+    // The signed 8/16/32-bit formats are valid ids the in-place reading leaves to the Schema.
+    assert.strictEqual(decodeInstanceIdFrame(Buffer.from([0xd0, 0x05])), undefined)
+    assert.strictEqual(bySchema(Buffer.from([0xd0, 0x05])), 5n)
   })
 
   it("header ints: the in-place reading of uint 8/16/32 agrees with MessagePack for every width", () => {

@@ -112,7 +112,9 @@ export class Connections extends Context.Service<Connections, {
               yield* Effect.logInfo(`instance ${id} is connected again; no longer suspect`)
               yield* Metric.update(suspectGauge, suspects.size)
             }
-          })
+          }),
+        // The early returns of `instanceMessage` above, read synchronously.
+        isBound: (peer, id) => !connected.has(peer) || bindings.get(id)?.has(peer) === true
       }
 
       return {

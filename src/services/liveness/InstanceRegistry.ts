@@ -57,6 +57,13 @@ export interface InstanceRegistry<R> {
   readonly refresh: (id: InstanceId, nowMs: number) => Effect.Effect<Tracked<R> | undefined>
   /** PING naming the id: refreshes last_seen and latches the liveness signal. Never inserts. */
   readonly touch: (id: InstanceId, nowMs: number) => Effect.Effect<boolean>
+  /**
+   * `touch` done synchronously, for the MQ server's fast path (issue 25 item 4): true when it touched the entry,
+   * false when the id is not held, undefined when it cannot be done synchronously (a transaction is suspended
+   * waiting on the map, which only a transactional commit wakes): then `touch` must run. The write is a commit
+   * of its own (the map's version moves on), so a transaction that read the map before it runs again.
+   */
+  readonly touchNow: (id: InstanceId, nowMs: number) => boolean | undefined
   /** A transfer through the entry: refreshes last_seen and latches transfer activity. */
   readonly resolveForTransfer: (id: InstanceId, nowMs: number) => Effect.Effect<Tracked<R> | undefined>
   readonly get: (id: InstanceId) => Effect.Effect<Tracked<R> | undefined>
@@ -91,6 +98,30 @@ export const makeInstanceRegistry = <R>(): Effect.Effect<InstanceRegistry<R>> =>
     // By the slot's cached hash: hashing a bigint key (its decimal string) is most of a lookup's cost.
     const currentOf = (slot: Slot): Tracked<R> | undefined => Option.getOrUndefined(HashMap.getHash(committed(), slot.id, slot.hash))
     const heldSlot = (slot: Slot): boolean => HashMap.hasHash(committed(), slot.id, slot.hash)
+
+    /** What a PING does to an entry (both `touch` and `touchNow`). */
+    const touched = (t: Tracked<R>, nowMs: number): Tracked<R> => ({
+      ...t,
+      lastSeenMs: Math.max(t.lastSeenMs, nowMs),
+      hasLivenessSignal: true
+    })
+
+    /**
+     * PING outside a transaction: reads the committed map and commits the touched entry in one synchronous step,
+     * as a transaction's commit does (a new value, the version moved on), so any transaction that read the old
+     * value fails its consistency check and runs again; then the index mirrors it, as after `update`.
+     */
+    const touchNow = (id: InstanceId, nowMs: number): boolean | undefined => {
+      const ref = map.ref
+      if (ref.pending.size > 0) return undefined
+      const before = current(id)
+      if (before === undefined) return false
+      const after = touched(before, nowMs)
+      ref.value = HashMap.set(ref.value, id, after)
+      ref.version++
+      index.updated(id, before, after, currentOf)
+      return true
+    }
 
     /** Refresh, PING or transfer: one transaction, then (committed) the index mirrors the new value. */
     const update = (id: InstanceId, f: (t: Tracked<R>) => Tracked<R>) =>
@@ -188,11 +219,8 @@ export const makeInstanceRegistry = <R>(): Effect.Effect<InstanceRegistry<R>> =>
           }
         ),
       refresh: (id, nowMs) => update(id, (t) => ({ ...t, lastSeenMs: Math.max(t.lastSeenMs, nowMs) })),
-      touch: (id, nowMs) =>
-        Effect.map(
-          update(id, (t) => ({ ...t, lastSeenMs: Math.max(t.lastSeenMs, nowMs), hasLivenessSignal: true })),
-          (t) => t !== undefined
-        ),
+      touch: (id, nowMs) => Effect.map(update(id, (t) => touched(t, nowMs)), (t) => t !== undefined),
+      touchNow,
       resolveForTransfer: (id, nowMs) =>
         update(id, (t) => ({ ...t, lastSeenMs: Math.max(t.lastSeenMs, nowMs), hasTransferActivity: true })),
       get: (id) => Effect.map(TxHashMap.get(map, id), Option.getOrUndefined),

@@ -43,6 +43,12 @@ export interface LivenessTarget {
   readonly kind: RegistrationKind | undefined
   /** PING naming `id`: refresh last_seen and latch the liveness signal. An unknown id never inserts. */
   readonly touchInstance: (id: InstanceId) => Effect.Effect<void>
+  /**
+   * `touchInstance` done synchronously at `nowMs` (Clock millis), for the MQ server's fast path (issue 25
+   * item 4): true when it touched, false when it holds nothing for `id` (done either way), undefined when it
+   * cannot be done now; then `touchInstance` must run. A target that overrides `touchInstance` overrides this too.
+   */
+  readonly touchInstanceNow: (id: InstanceId, nowMs: number) => boolean | undefined
   /** Whether it holds state for `id`. */
   readonly holdsInstance: (id: InstanceId) => Effect.Effect<boolean>
   /** The owner of its entry for `id` (issue 25 item 1); undefined when it holds none or the entry has no owner. */
@@ -70,6 +76,7 @@ export const noopTarget = (name: string): LivenessTarget => ({
   name,
   kind: undefined,
   touchInstance: () => Effect.void,
+  touchInstanceNow: () => false,
   holdsInstance: () => Effect.succeed(false),
   ownerOf: () => Effect.succeed(undefined),
   owners: () => Effect.succeed([]),
@@ -110,6 +117,8 @@ export const registryTarget = <R>(options: {
     name: options.name,
     kind: options.kind,
     touchInstance: (id) => Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.asVoid(registry.touch(id, now))),
+    // The registry's own: no call in between (the fast path's chain is counted, MqServer internal/FastPath.ts).
+    touchInstanceNow: registry.touchNow,
     holdsInstance: (id) => Effect.map(registry.get(id), (t) => t !== undefined),
     ownerOf: (id) => Effect.map(registry.get(id), (t) => t?.owner),
     owners: () =>

@@ -16,11 +16,18 @@ export class PeerEvents extends Context.Service<PeerEvents, {
   readonly disconnected: (peer: string) => Effect.Effect<void>
   /** A request from `peer` naming instance `id` succeeded (an error reply binds nothing). */
   readonly instanceMessage: (peer: string, id: InstanceId) => Effect.Effect<void>
+  /**
+   * Whether `instanceMessage(peer, id)` would change nothing now: `peer` is bound to `id` already, or is not
+   * connected (it binds nothing). Synchronous: the MQ server's fast path answers a named PING on the receive
+   * loop only then, and skips `instanceMessage` (issue 25 item 4).
+   */
+  readonly isBound: (peer: string, id: InstanceId) => boolean
 }>()("mpcache/services/PeerEvents") {
   /** Nobody listens. */
   static readonly layerNoop = Layer.succeed(this, {
     connected: () => Effect.void,
     disconnected: () => Effect.void,
-    instanceMessage: () => Effect.void
+    instanceMessage: () => Effect.void,
+    isBound: () => true
   })
 }

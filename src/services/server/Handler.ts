@@ -6,6 +6,7 @@
  * table and refuses a duplicate op.
  */
 import { Effect, Schema } from "effect"
+import type { InstanceId } from "../../schema/InstanceId.ts"
 import type { Op, PayloadOf, ResponseOf } from "../../schema/Op.ts"
 import type { WireError } from "../../schema/WireError.ts"
 import type { InstanceOwner } from "../liveness/InstanceOwner.ts"
@@ -41,23 +42,33 @@ export interface RequestContext {
 }
 
 /**
- * The synchronous answer of a pure handler (issue 16's fast path for PING,
- * NOOP, GET_CHUNK_SIZE): reads the payload frames `frames[start …]` in place
- * and returns the encoded response frame, or undefined when this request
- * needs the pooled path (`handle`). For the requests it answers it must do
- * exactly what `handle` does, with no Effect, no await and no allocation it
- * can avoid; the MQ server runs it on its receive loop only when the row's
- * pool has a free slot and nothing is waiting (DESIGN §3.1), and never under
- * tenancy (its guarded rows carry no `fast`).
+ * The synchronous answer of a handler (issue 16's fast path for PING, NOOP,
+ * GET_CHUNK_SIZE; issue 25 item 4 for a named PING): reads the received
+ * message `[routing id, uid, op, payload…]` in place, its payload at
+ * `message[start …]`, and returns the encoded response frame, or undefined
+ * when this request needs the pooled path (`handle`). For the requests it
+ * answers it must do exactly what `handle` and the MQ server after it do
+ * (a request naming an instance binds its peer: it answers only where
+ * `isBound` says there is nothing to bind), with no Effect, no await and no
+ * allocation it can avoid. The MQ server runs it on its receive loop when
+ * the row's pool has a free slot and nothing is waiting, or as the pooled
+ * job itself otherwise (DESIGN §3.1), and never under tenancy (its guarded
+ * rows carry no `fast`).
  */
-export type FastHandler = (frames: ReadonlyArray<Uint8Array>, start: number) => Uint8Array | undefined
+export type FastHandler = (message: ReadonlyArray<Uint8Array>, start: number, isBound: PeerBound) => Uint8Array | undefined
+
+/**
+ * Whether the peer with routing id `routingId` needs no binding to instance
+ * `id` (bound already, or not connected): the MQ server's `PeerEvents.isBound`.
+ */
+export type PeerBound = (routingId: Uint8Array, id: InstanceId) => boolean
 
 /** A handler with its types erased, as the dispatcher stores it. */
 export interface HandlerRow {
   readonly op: Op
   readonly pool: Pool
   readonly handle: (payload: ReadonlyArray<unknown>, ctx: RequestContext) => Effect.Effect<unknown, WireError>
-  /** The fast path's answer, for the few pure, synchronous ops; absent: always pooled. */
+  /** The fast path's answer, for the few ops answered synchronously; absent: always pooled. */
   readonly fast?: FastHandler
   /**
    * A check of the peer alone, run before the payload is decoded: the error

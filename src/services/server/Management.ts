@@ -13,19 +13,24 @@
  * The reaper, and the liveness blocks of `/api/status`, are the liveness
  * room's (src/services/liveness/Reaper.ts): they drive the same targets.
  *
- * PING [nil], NOOP and GET_CHUNK_SIZE also have a fast answer (issue 16,
- * `FastHandler`): a pre-encoded response frame and a batched counter, no
- * Effect. A named PING touches the registry's transaction and binds the peer,
- * so it keeps the pooled path.
+ * PING, NOOP and GET_CHUNK_SIZE also have a fast answer (`FastHandler`): a
+ * pre-encoded response frame and a batched counter, no Effect (issue 16). A
+ * named PING (issue 25 item 4) is answered the same way once its peer is
+ * bound to the instance: every target touched synchronously
+ * (`touchInstanceNow`, the registry's `touchNow`); the first PING of a
+ * connection, an id in a rarer encoding, or a target that cannot touch now
+ * take the pooled path, which binds and touches in its transaction. The
+ * chain from the receive loop to `last_seen`, counted before and after, is
+ * written down in internal/FastPath.ts ("The PING path").
  */
-import { Context, Effect, Layer, Metric } from "effect"
-import { encodeFrame } from "../../schema/Frame.ts"
+import { Clock, Context, Effect, Layer, Metric } from "effect"
+import { decodeInstanceIdFrame, encodeFrame } from "../../schema/Frame.ts"
 import { ServerConfig } from "./ServerConfig.ts"
 import type { InstanceId } from "../../schema/InstanceId.ts"
 import { Clear, GetChunkSize, Noop, Ping, PingRegistered } from "../../schema/Op.ts"
 import type { RegistrationKind } from "../../schema/Registration.ts"
 import { CacheControl } from "./CacheControl.ts"
-import { row, type ServerModule } from "./Handler.ts"
+import { type FastHandler, row, type ServerModule } from "./Handler.ts"
 import { makeMetricBatch } from "./internal/MetricBatch.ts"
 import { LivenessTargets } from "../liveness/LivenessTarget.ts"
 import { byLabel } from "../metrics/Series.ts"
@@ -91,14 +96,27 @@ const make = Effect.gen(function*() {
     )
 
   // The fast answers: the frames their handlers' responses encode to, built once.
-  const pingsNilBatched = makeMetricBatch(yield* Effect.context<never>()).counter(pingsTotal, { form: "nil" })
+  const batch = makeMetricBatch(yield* Effect.context<never>())
+  const pingsNilBatched = batch.counter(pingsTotal, { form: "nil" })
+  const pingsNamedBatched = batch.counter(pingsTotal, { form: "instance" })
+  // The clock the pools' fibers read (they are forked from this context): a TestClock in tests.
+  const clock = yield* Clock.Clock
   const trueFrame = yield* Effect.orDie(encodeFrame(Ping.response, true, "ping: response"))
   const okFrame = yield* Effect.orDie(encodeFrame(Noop.response, "OK", "noop: response"))
   const chunkSizeFrame = yield* Effect.orDie(encodeFrame(GetChunkSize.response, config.chunkSizeTokens, "get_chunk_size: response"))
-  const fastPing = (frames: ReadonlyArray<Uint8Array>, start: number): Uint8Array | undefined => {
-    const id = frames[start]!
-    if (id.length !== 1 || id[0] !== NIL) return undefined
-    pingsNilBatched.add(1)
+  const fastPing: FastHandler = (message, start, isBound) => {
+    const frame = message[start]!
+    if (frame.length === 1 && frame[0] === NIL) {
+      pingsNilBatched.add(1)
+      return trueFrame
+    }
+    const id = decodeInstanceIdFrame(frame)
+    if (id === undefined || !isBound(message[0]!, id)) return undefined
+    // `touchAll`, synchronously (inline: the chain to last_seen is counted). Where a target cannot, the pooled
+    // path runs instead and touches again those before it, which changes nothing (last_seen only moves forward).
+    const nowMs = clock.currentTimeMillisUnsafe()
+    for (const t of targets) if (t.touchInstanceNow(id, nowMs) === undefined) return undefined
+    pingsNamedBatched.add(1)
     return trueFrame
   }
 

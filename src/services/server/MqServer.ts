@@ -5,10 +5,11 @@
  * socket).
  *
  * The receive loop and the send path are plain promise loops (the PING hot
- * path, issue 16): PING [nil], NOOP and GET_CHUNK_SIZE are answered on the
- * loop itself when their pool would start them at once (see "the fast
- * path" below); every other message goes, in arrival order, to the receive
- * fiber, which runs `onMessage`.
+ * path, issue 16): PING (nil, or named once its peer is bound: issue 25
+ * item 4), NOOP and GET_CHUNK_SIZE are answered on the loop itself when
+ * their pool would start them at once, and queued on their pool from there
+ * otherwise (internal/FastPath.ts); every other message goes, in arrival
+ * order, to the receive fiber, which runs `onMessage`.
  *
  * The receive loop never waits on a handler: it reads the uid and op frames,
  * answers what it can answer at once (unknown op, wrong payload count) and
@@ -36,6 +37,7 @@ import * as M from "./ServerMetrics.ts"
 import { makeMetricBatch } from "./internal/MetricBatch.ts"
 import { listenAddressOf, type ListenAddress, scanAcceptedSockets, shutdownSocket } from "../../native/OwnSockets.ts"
 import { makeConnectionCap } from "./internal/ConnectionCap.ts"
+import { type FastPathStats, makeFastPath } from "./internal/FastPath.ts"
 import { chosenRoutingIdError, makePeerAdmission, type RoutingIdRefusal } from "./internal/PeerAdmission.ts"
 import { makeReplyOutbox, type ReplyOutboxStats } from "./internal/ReplyOutbox.ts"
 import { makeRefusedReplies, makeUndeliveredReplies } from "./internal/UndeliveredReplies.ts"
@@ -83,6 +85,8 @@ export interface MqServerStats {
   readonly refusedReplies: number
   readonly outbox: ReplyOutboxStats
   readonly pools: DispatchStats
+  /** Requests the fast path answered where they were received, and queued on their busy pool (internal/FastPath.ts). */
+  readonly fastPath: FastPathStats
 }
 
 /** The running MQ server. */
@@ -320,6 +324,33 @@ const make = (options: MqServerOptions) =>
       )
     }
 
+    // ------------------------------------------------------------------ the fast path (internal/FastPath.ts)
+    // The receive loop is a plain promise loop, as the send path is: a request whose row has a `fast` answer
+    // (PING, NOOP, GET_CHUNK_SIZE) is answered right there when its pool would start it at once, or queued on
+    // its busy pool straight from there (DESIGN §3.1: a PING still waits behind a saturated NORMAL pool), as
+    // long as nothing received before it is still on its way to `onMessage` (so it never overtakes a connect
+    // notification, or a SYNC op on the SYNC lane). Everything else goes, in arrival order, through `inbox` to
+    // the receive fiber below, which runs `onMessage` (and serves a fast row the same way after its checks).
+    const batch = makeMetricBatch(services)
+    const fastPath = makeFastPath({
+      table,
+      dispatcher,
+      barrier,
+      isServed: (routingId) => admission.isServed(routingId),
+      isBound: events.isBound,
+      reply: (message) => outbox.reply(message),
+      metrics: new Map(
+        [...table.byId.values()].filter((r) => r.fast !== undefined).map((r) => [r.op.id, {
+          requests: batch.counter(M.requestsTotal, { op: r.op.name }),
+          latency: batch.histogram(M.requestDurationSeconds, { op: r.op.name })
+        }] as const)
+      ),
+      pooled: (row, received, receivedAtMs, seq) => {
+        const routingId = received[0]!
+        return job(row, routingId, routingId.toString("hex"), received.slice(1), receivedAtMs, seq)
+      }
+    })
+
     const connected = new Set<string>()
     // Peers whose connection is being probed (at most one probe sequence per peer at a time).
     const probing = new Set<string>()
@@ -440,6 +471,7 @@ const make = (options: MqServerOptions) =>
           Effect.andThen(replyError(routingId, uidFrame, opFrame, error))
         )
       }
+      if (row.fast !== undefined && fastPath.serve(row, received)) return Effect.void
       const seq = barrier.enter()
       const accepted = dispatcher.submit(row.pool, peer, job(row, routingId, peer, frames, Date.now(), seq))
       if (accepted) return Effect.void
@@ -455,44 +487,6 @@ const make = (options: MqServerOptions) =>
         Effect.annotateLogs({ op: row.op.name, peer }),
         Effect.andThen(replyError(routingId, uidFrame, opFrame, error))
       )
-    }
-
-    // ------------------------------------------------------------------ the fast path (issue 16)
-    // The receive loop is a plain promise loop, as the send path is: a request whose row has a `fast` answer
-    // (PING [nil], NOOP, GET_CHUNK_SIZE) is answered right there — no fiber, no Effect, metrics batched per
-    // burst — when its pool would start it at once (DESIGN §3.1: a PING still waits behind a saturated NORMAL
-    // pool) and nothing received before it is still on its way to `onMessage` (so it never overtakes a
-    // connect notification, or a SYNC op on the SYNC lane). Everything else goes, in arrival order, through
-    // `inbox` to the receive fiber below, which runs `onMessage` as before.
-    const batch = makeMetricBatch(services)
-    const fastMetrics = new Map(
-      [...table.byId.values()].filter((r) => r.fast !== undefined).map((r) => [r.op.id, {
-        requests: batch.counter(M.requestsTotal, { op: r.op.name }),
-        latency: batch.histogram(M.requestDurationSeconds, { op: r.op.name })
-      }] as const)
-    )
-    const answerFast = (received: Array<Buffer>): boolean => {
-      if (received.length < 3 || !admission.isServed(received[0]!)) return false
-      const opId = decodeHeaderInt(received[2]!)
-      const row = opId === undefined ? undefined : table.byId.get(opId)
-      const fast = row?.fast
-      if (fast === undefined || received.length - 3 !== row!.op.payload.length || !dispatcher.hasFreeSlot(row!.pool)) return false
-      if (decodeHeaderInt(received[1]!) === undefined) return false
-      const startedMs = performance.now()
-      const response = fast(received, 3)
-      if (response === undefined) return false
-      // [routing id, uid, op, response]: the request's own frames, echoed, in the request's array.
-      const message: Array<Uint8Array> = received
-      if (message.length === 4) message[3] = response
-      else {
-        message.length = 3
-        message.push(response)
-      }
-      outbox.reply(message)
-      const m = fastMetrics.get(opId!)!
-      m.requests.add(1)
-      m.latency.observe((performance.now() - startedMs) / 1000)
-      return true
     }
 
     type Inbound = { readonly _tag: "message"; readonly received: Array<Buffer> } | { readonly _tag: "error"; readonly cause: unknown }
@@ -516,13 +510,15 @@ const make = (options: MqServerOptions) =>
           continue
         }
         if (!receiving) return
-        let answered = false
+        // The fast path only when nothing received before it is still on its way to `onMessage`.
+        let served = false
         try {
-          answered = inboxed === 0 && answerFast(received)
+          const fast = inboxed === 0 ? fastPath.rowOf(received) : undefined
+          served = fast !== undefined && fastPath.serve(fast, received)
         } catch {
-          // A fast answer that throws is a bug; the pooled path answers (and logs) instead.
+          // Not reached (the fast path never throws); kept so that a bug there cannot end the receive loop.
         }
-        if (!answered) hand({ _tag: "message", received })
+        if (!served) hand({ _tag: "message", received })
       }
     }
     const receiveFiber = Queue.take(inbox).pipe(
@@ -561,7 +557,8 @@ const make = (options: MqServerOptions) =>
         undeliverableReplies,
         refusedReplies,
         outbox: outbox.stats(),
-        pools: dispatcher.stats()
+        pools: dispatcher.stats(),
+        fastPath: fastPath.stats()
       })
     }
   })

@@ -1,7 +1,8 @@
 /**
  * The InstanceRegistry's stale index (src/services/liveness/internal/StaleIndex.ts): a scan
  * that looks only at the entries the index hands it must pop exactly what
- * judging every entry pops. Property test against a reference model (a
+ * judging every entry pops (heartbeats both transactional, `touch`, and
+ * synchronous, `touchNow`: the fast path's, issue 25 item 4). Property test against a reference model (a
  * plain Map judged in full each scan), plus the cost claims: a scan with
  * nothing stale pops no heap node once the index is settled, and the heap
  * stays bounded under re-registration with time-based reaping off.
@@ -87,7 +88,7 @@ const configuredArb = fc.record({
 
 const opArb = fc.oneof(
   { weight: 4, arbitrary: fc.record({ _tag: fc.constant("insert" as const), id: idArb, ...step }) },
-  { weight: 5, arbitrary: fc.record({ _tag: fc.constantFrom("touch" as const, "refresh" as const, "transfer" as const), id: idArb, ...step }) },
+  { weight: 5, arbitrary: fc.record({ _tag: fc.constantFrom("touch" as const, "touchNow" as const, "refresh" as const, "transfer" as const), id: idArb, ...step }) },
   { weight: 2, arbitrary: fc.record({ _tag: fc.constant("pop" as const), id: idArb, ...step }) },
   {
     weight: 5,
@@ -139,6 +140,11 @@ const runOps = ({ scale, windows, ops }: Run) =>
         }
         case "touch":
           assert.strictEqual(yield* registry.touch(makeInstanceId(op.id), nowMs), model.touch(BigInt(op.id), nowMs), "touch")
+          break
+        case "touchNow":
+          // The fast path's synchronous touch: the same rule, the same index upkeep (false: not held, never undefined
+          // here: no transaction waits on the map).
+          assert.strictEqual(registry.touchNow(makeInstanceId(op.id), nowMs), model.touch(BigInt(op.id), nowMs), "touchNow")
           break
         case "refresh":
           assert.deepStrictEqual(yield* registry.refresh(makeInstanceId(op.id), nowMs), model.refresh(BigInt(op.id), nowMs), "refresh")
@@ -217,7 +223,7 @@ describe("InstanceRegistry stale index", () => {
       assert.deepStrictEqual(registry.indexStats(), { heapNodes: 0, slots: 0, lastScanPopped: 10_000 })
     }))
 
-  it.live("an entry touched while a scan yields stays, and keeps its place in the index", () =>
+  for (const how of ["touch", "touchNow"] as const) it.live(`an entry touched (${how}) while a scan yields stays, and keeps its place in the index`, () =>
     Effect.gen(function*() {
       const registry = yield* makeInstanceRegistry<number>()
       const windows = { reapTimeoutMs: 100, registrationGraceMs: 100, suspects: new Map(), disconnectGraceMs: 0 }
@@ -226,7 +232,8 @@ describe("InstanceRegistry stale index", () => {
       // The scan judges 4 slices, yielding to the event loop in between; the PINGs land meanwhile.
       const scan = yield* Effect.forkChild(registry.popStale({ ...windows, nowMs: 1_000 }))
       for (let i = n; i >= 1; i--) {
-        yield* registry.touch(makeInstanceId(i), 950)
+        if (how === "touch") yield* registry.touch(makeInstanceId(i), 950)
+        else registry.touchNow(makeInstanceId(i), 950)
         if (i % 64 === 0) yield* Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
       }
       const reaped = yield* Fiber.join(scan)

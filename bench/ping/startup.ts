@@ -8,8 +8,8 @@
  */
 import { spawn } from "node:child_process"
 import { Dealer } from "zeromq"
-import { ROOT, stopChild, type Tracker } from "./children.ts"
-import { pingTail, readPingReply, type Responder } from "./pingClient.ts"
+import { ROOT, stopChild, type Tracker } from "../lib/children.ts"
+import { pingTail, readPingReply, type Responder } from "../lib/pingClient.ts"
 import { pack } from "../../src/schema/Frame.ts"
 
 /** The reference server: bind, then echo every message back. */

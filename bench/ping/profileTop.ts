@@ -4,8 +4,8 @@
  * returns their top entries: self time per function (ms and share of the
  * non-idle samples) and bytes allocated per call site (V8's sampled sizes,
  * which it scales to the expected total), and the longest stretches the JS
- * thread was busy without a break. For bench/profile-ping.ts and by hand:
- * `node bench/lib/profileTop.ts FILE [N]`.
+ * thread was busy without a break. For bench/ping/profile.ts and by hand:
+ * `node bench/ping/profileTop.ts FILE [N]`.
  */
 import { readFileSync } from "node:fs"
 import path from "node:path"
@@ -161,7 +161,7 @@ export const formatTop = (entries: ReadonlyArray<TopEntry>, unit: (amount: numbe
 if (process.argv[1] === import.meta.filename) {
   const file = process.argv[2]
   if (file === undefined) {
-    process.stderr.write("usage: node bench/lib/profileTop.ts FILE.cpuprofile|FILE.heapprofile [N]\n")
+    process.stderr.write("usage: node bench/ping/profileTop.ts FILE.cpuprofile|FILE.heapprofile [N]\n")
     process.exit(2)
   }
   const n = Number(process.argv[3] ?? 25)

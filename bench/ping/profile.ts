@@ -1,5 +1,5 @@
 /**
- * `node bench/profile-ping.ts [--clients 16] [--duration 8] [--pings 100000] [--out DIR] [--parts cpu,heap,alloc]`
+ * `node bench/ping/profile.ts [--clients 16] [--duration 8] [--pings 100000] [--out DIR] [--parts cpu,heap,alloc]`
  *
  * Profiles the mpcache server under PING load from `--clients` raw clients
  * (bench/lib/pingClient.ts), three ways, one server each:
@@ -7,11 +7,11 @@
  * 1. `--cpu-prof`: the top self-time functions over `--duration` seconds
  *    (after a 1 s warm-up; start-up excluded), and the JS thread's busy
  *    time per round trip, for mpcache and for the bare echo
- *    (bench/echo-router.ts), the stack's own cost;
+ *    (bench/lib/echo-router.ts), the stack's own cost;
  * 2. `--heap-prof`: the allocation sites of what is still live at exit;
- * 3. bench/alloc-probe.ts: bytes allocated per PING over `--pings` PINGs
+ * 3. bench/ping/alloc-probe.ts: bytes allocated per PING over `--pings` PINGs
  *    (heap statistics deltas and allocation sampling) and its top sites, and
- *    the same for the bare echo (bench/echo-router.ts), the stack's floor.
+ *    the same for the bare echo (bench/lib/echo-router.ts), the stack's floor.
  *
  * Prints the three summaries; the profiles stay in `--out` (default: a
  * fresh directory under the OS's tmp) for Chrome DevTools. Not part of
@@ -21,12 +21,12 @@ import { mkdtempSync, readdirSync, readFileSync } from "node:fs"
 import os from "node:os"
 import path from "node:path"
 import { parseArgs } from "node:util"
-import { startLineChild, stopChild } from "./lib/children.ts"
-import { ALLOC_PROBE_ARGV, measureAllocation } from "./lib/allocWindow.ts"
-import { pingLoop, type PingRun, type Responder } from "./lib/pingClient.ts"
-import { cpuTop, formatTop, heapTop, type HeapProfile, type WindowUs } from "./lib/profileTop.ts"
-import { makeResources, runBench } from "./lib/resources.ts"
-import { sleep } from "./lib/time.ts"
+import { startLineChild, stopChild } from "../lib/children.ts"
+import { ALLOC_PROBE_ARGV, measureAllocation } from "./allocWindow.ts"
+import { pingLoop, type PingRun, type Responder } from "../lib/pingClient.ts"
+import { cpuTop, formatTop, heapTop, type HeapProfile, type WindowUs } from "./profileTop.ts"
+import { makeResources, runBench } from "../lib/resources.ts"
+import { sleep } from "../lib/time.ts"
 
 const { values } = parseArgs({
   options: {
@@ -108,7 +108,7 @@ const cpuPart = async (): Promise<void> => {
   const endpoint = resources.ipcEndpoint("cpu")
   await profileCpu("mpcache", serveArgv(endpoint), READY, endpoint, "mpcache")
   const echoEndpoint = resources.ipcEndpoint("cpu-echo")
-  await profileCpu("echo", ["bench/echo-router.ts", echoEndpoint], /echo router listening on/, echoEndpoint, "echo")
+  await profileCpu("echo", ["bench/lib/echo-router.ts", echoEndpoint], /echo router listening on/, echoEndpoint, "echo")
 }
 
 const heapPart = async (): Promise<void> => {
@@ -136,7 +136,7 @@ const allocPart = async (): Promise<void> => {
       `${formatTop(a.top.map((e) => ({ ...e, amount: e.amount / a.pings })), (b) => `${b.toFixed(0)} B`)}\n`
   )
   const echoEndpoint = resources.ipcEndpoint("echo")
-  const echo = startLineChild("echo", [...ALLOC_PROBE_ARGV, "bench/echo-router.ts", echoEndpoint], resources.children)
+  const echo = startLineChild("echo", [...ALLOC_PROBE_ARGV, "bench/lib/echo-router.ts", echoEndpoint], resources.children)
   await echo.waitFor(/echo router listening on/, 30_000)
   const e = await measureAllocation(echo, echoEndpoint, clients, pings, "echo")
   await stopChild(echo.process, 10_000)

@@ -1,9 +1,9 @@
 /**
- * The reference server of `bench/ping.ts`: a bare zeromq.js ROUTER that sends
+ * The reference server of bench:ping (`bench/ping/ping.ts`, `bench/ping/profile.ts`) and of bench:transfer's PING probe: a bare zeromq.js ROUTER that sends
  * every message straight back ([routingId, ...frames]) without decoding it,
  * i.e. the ceiling of this stack (Node + zeromq.js + libzmq).
  *
- * Usage: node bench/echo-router.ts ENDPOINT
+ * Usage: node bench/lib/echo-router.ts ENDPOINT
  * Prints "echo router listening on ENDPOINT" to stderr once bound; stops on
  * SIGTERM/SIGINT.
  */
@@ -11,7 +11,7 @@ import { Router } from "zeromq"
 
 const endpoint = process.argv[2]
 if (endpoint === undefined) {
-  process.stderr.write("usage: node bench/echo-router.ts ENDPOINT\n")
+  process.stderr.write("usage: node bench/lib/echo-router.ts ENDPOINT\n")
   process.exit(2)
 }
 

@@ -1,6 +1,6 @@
 /**
- * Preloaded into the mpcache server by bench:ping and bench/profile-ping.ts
- * (`node --import ./bench/alloc-probe.ts src/cli/main.ts serve …`): counts
+ * Preloaded into the mpcache server by bench:ping and bench/ping/profile.ts
+ * (`node --import ./bench/ping/alloc-probe.ts src/cli/main.ts serve …`): counts
  * the bytes the server's JS heap allocates in a window, without touching
  * server code. SIGURG opens the window (and writes `{"bench_alloc":
  * "started"}` to stderr), the next SIGURG closes it and writes one line
@@ -20,7 +20,7 @@
  */
 import { Session } from "node:inspector/promises"
 import v8 from "node:v8"
-import { heapTop, type HeapProfile } from "./lib/profileTop.ts"
+import { heapTop, type HeapProfile } from "./profileTop.ts"
 
 /** Mean bytes between allocation samples: small, so that the sampled total is close to the real one. */
 const SAMPLING_INTERVAL = 1024

@@ -1,17 +1,17 @@
 /**
  * Bytes the mpcache server allocates per PING: the server runs with
- * bench/alloc-probe.ts preloaded; `clients` raw PING clients warm it up,
+ * bench/ping/alloc-probe.ts preloaded; `clients` raw PING clients warm it up,
  * then the probe's window is opened, exactly `pings` PINGs are answered,
  * and the window is closed (issue 16: "bytes allocated per PING on the
  * server … over 100k PINGs"). The same works for the bare echo.
  */
-import { pingLoop, type PingRun, type Responder } from "./pingClient.ts"
-import type { LineChild } from "./children.ts"
+import { pingLoop, type PingRun, type Responder } from "../lib/pingClient.ts"
+import type { LineChild } from "../lib/children.ts"
 import type { TopEntry } from "./profileTop.ts"
-import { sleep } from "./time.ts"
+import { sleep } from "../lib/time.ts"
 
 /** The argv that preloads the probe into `node … src/cli/main.ts serve`. */
-export const ALLOC_PROBE_ARGV: ReadonlyArray<string> = ["--import", "./bench/alloc-probe.ts"]
+export const ALLOC_PROBE_ARGV: ReadonlyArray<string> = ["--import", "./bench/ping/alloc-probe.ts"]
 
 /** What one window measured. */
 export interface AllocWindow {
@@ -36,7 +36,7 @@ const LINE_TIMEOUT_MS = 30_000
 
 /**
  * Runs one window against `server` (started with ALLOC_PROBE_ARGV) listening on `endpoint`; `responder`:
- * which server it is (the bare echo, bench/echo-router.ts, takes the probe too: its bytes per round trip are
+ * which server it is (the bare echo, bench/lib/echo-router.ts, takes the probe too: its bytes per round trip are
  * the floor of this stack).
  */
 export const measureAllocation = async (

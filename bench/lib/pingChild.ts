@@ -5,12 +5,12 @@
  *
  * Parent side: `startPingChild(endpoint, intervalMs)` forks this file with an
  * IPC channel; the child sends one PING [nil] every `intervalMs`, whatever the
- * replies do (`pacedPingLoop` in bench/lib/pingClient.ts), from the start;
+ * replies do (`pacedPingLoop` in ./pingClient.ts), from the start;
  * `measure()` starts recording, `collect()` stops recording and returns the
  * round trips (µs) of the PINGs sent since, `stop()` ends the child.
  */
 import { fork, type ChildProcess } from "node:child_process"
-import { pacedPingLoop, type PingRun, type Responder } from "./lib/pingClient.ts"
+import { pacedPingLoop, type PingRun, type Responder } from "./pingClient.ts"
 
 type ToChild = { readonly type: "measure" } | { readonly type: "collect" } | { readonly type: "stop" }
 type FromChild = { readonly type: "latencies"; readonly us: ReadonlyArray<number> } | { readonly type: "failed"; readonly why: string }

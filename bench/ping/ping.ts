@@ -3,8 +3,10 @@
  *
  * PING round trips per second and p50/p99 latency with 1, 4 and 16
  * concurrent clients, against (a) the real mpcache server and (b) a bare
- * zeromq.js ROUTER that echoes every message (bench/echo-router.ts), both in
- * child processes, in the same run. The same raw DEALER client code drives
+ * zeromq.js ROUTER that echoes every message (bench/lib/echo-router.ts), both in
+ * child processes, in the same run; for PING [nil] (a scheduler's probe) and
+ * PING [id] naming the instance of a registered worker (bench/ping/worker.ts,
+ * a real KV cache registered through the WorkerAdapter; issue 25 item 4). The same raw DEALER client code drives
  * both, so the only difference is the server. The two servers alternate
  * round by round, so a change in the machine's load hits both alike. Prints
  * a table and writes the section "## PING round trips (bench:ping)" of
@@ -19,10 +21,10 @@
  * under 15 % of the round trips per second at 16 clients.
  *
  * Then, in the same run (issue 16): the bytes the server allocates per PING
- * over 100k PINGs from 16 clients (bench/alloc-probe.ts preloaded; the bare
+ * over 100k PINGs from 16 clients (bench/ping/alloc-probe.ts preloaded; the bare
  * echo measured the same way is the floor), and spawn → first reply of
  * `mpcache serve` (npm start's bundled entry, and from source) beside a
- * plain `node -e` that binds a zeromq.js ROUTER (bench/lib/startup.ts),
+ * plain `node -e` that binds a zeromq.js ROUTER (bench/ping/startup.ts),
  * alternately. The round trips are measured against the bundled entry
  * (scripts/bundle-serve.mjs, rebuilt first when stale), as `npm start` runs
  * it; the allocation window against `src/cli/main.ts serve` (the same code,
@@ -38,22 +40,23 @@ import type { ChildProcess } from "node:child_process"
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import os from "node:os"
 import path from "node:path"
-import { newKeyPair } from "../src/services/auth/Curve.ts"
-import type { DealerCurve } from "../src/services/zmq/Sockets.ts"
-import { bundleServe } from "../scripts/bundle-serve.mjs"
-import { Ping } from "../src/schema/Op.ts"
-import { ALLOC_PROBE_ARGV, measureAllocation, type AllocWindow } from "./lib/allocWindow.ts"
-import { parseBenchArgs, positiveSeconds, usageError } from "./lib/args.ts"
-import { isRunning, spawnReady, startLineChild, stopChild } from "./lib/children.ts"
-import { int } from "./lib/format.ts"
-import { measuredDate, nodeAndCpu } from "./lib/machine.ts"
-import { pingLoop, type PingRun, type Responder } from "./lib/pingClient.ts"
-import { DOC_NAME, writeDocSection } from "./lib/report.ts"
-import { makeResources, runBench } from "./lib/resources.ts"
-import { PLAIN_ECHO_SCRIPT, spawnToFirstReply } from "./lib/startup.ts"
-import { median, summarizeUs } from "./lib/stats.ts"
-import { writeSummary, type SummaryRow } from "./lib/summary.ts"
-import { secondsSince, sleep } from "./lib/time.ts"
+import { newKeyPair } from "../../src/services/auth/Curve.ts"
+import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
+import { bundleServe } from "../../scripts/bundle-serve.mjs"
+import { type InstanceId, makeInstanceId } from "../../src/schema/InstanceId.ts"
+import { Ping } from "../../src/schema/Op.ts"
+import { ALLOC_PROBE_ARGV, measureAllocation, type AllocWindow } from "./allocWindow.ts"
+import { parseBenchArgs, positiveSeconds, usageError } from "../lib/args.ts"
+import { isRunning, spawnReady, startLineChild, stopChild } from "../lib/children.ts"
+import { int } from "../lib/format.ts"
+import { measuredDate, nodeAndCpu } from "../lib/machine.ts"
+import { pingLoop, type PingRun, type Responder } from "../lib/pingClient.ts"
+import { DOC_NAME, writeDocSection } from "../lib/report.ts"
+import { makeResources, runBench } from "../lib/resources.ts"
+import { PLAIN_ECHO_SCRIPT, spawnToFirstReply } from "./startup.ts"
+import { median, summarizeUs } from "../lib/stats.ts"
+import { writeSummary, type SummaryRow } from "../lib/summary.ts"
+import { secondsSince, sleep } from "../lib/time.ts"
 
 const HEADING = "## PING round trips (bench:ping)"
 const CURVE_HEADING = "## PING with CURVE (bench:ping --curve)"
@@ -145,10 +148,18 @@ const result = (p: Pooled): Result => {
   return { rps: samples / p.seconds, p50Us, p99Us }
 }
 
-/** One round: `clients` clients for WARMUP_S, then `seconds` measured into `into`. */
-const measure = async (server: Server, clients: number, seconds: number, into: Pooled): Promise<void> => {
+/** What the PINGs carry: nil, or the id of the registered worker's instance. */
+interface Form {
+  readonly name: string
+  readonly instanceId: InstanceId | null
+}
+const NIL_FORM: Form = { name: "[nil]", instanceId: null }
+
+/** One round: `clients` clients sending PING `form` for WARMUP_S, then `seconds` measured into `into`. */
+const measure = async (server: Server, form: Form, clients: number, seconds: number, into: Pooled): Promise<void> => {
   const run: PingRun = { measuring: false, stopped: false, latenciesUs: into.latenciesUs }
-  const all = Promise.all(Array.from({ length: clients }, () => pingLoop(server.endpoint, run, server.responder, server.curve))).catch(
+  const client = () => pingLoop(server.endpoint, run, server.responder, server.curve, form.instanceId)
+  const all = Promise.all(Array.from({ length: clients }, client)).catch(
     (error: unknown) => {
       const { exitCode, signalCode } = server.child
       const state = isRunning(server.child) ? "running" : `exited (code ${exitCode}, signal ${signalCode})`
@@ -179,6 +190,7 @@ const measure = async (server: Server, clients: number, seconds: number, into: P
 // ------------------------------------------------------------------ report
 
 interface Row {
+  readonly form: string
   readonly clients: number
   readonly mpcache: Result
   readonly echo: Result
@@ -187,28 +199,35 @@ interface Row {
 const table = (rows: readonly Row[]): string => {
   const ratio = (n: number): string => n.toFixed(2)
   const lines = [
-    "| clients | mpcache req/s | echo req/s | req/s ratio | mpcache p50 µs | echo p50 µs | mpcache p99 µs | echo p99 µs | p99 ratio |",
-    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "| PING | clients | mpcache req/s | echo req/s | req/s ratio | mpcache p50 µs | echo p50 µs | mpcache p99 µs | echo p99 µs | p99 ratio |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   ]
-  for (const { clients, mpcache: m, echo: e } of rows) {
+  for (const { form, clients, mpcache: m, echo: e } of rows) {
     lines.push(
-      `| ${clients} | ${int(m.rps)} | ${int(e.rps)} | ${ratio(m.rps / e.rps)} | ${int(m.p50Us)} | ${int(e.p50Us)} | ${int(m.p99Us)} | ${int(e.p99Us)} | ${ratio(m.p99Us / e.p99Us)} |`
+      `| ${form} | ${clients} | ${int(m.rps)} | ${int(e.rps)} | ${ratio(m.rps / e.rps)} | ${int(m.p50Us)} | ${int(e.p50Us)} | ${int(m.p99Us)} | ${int(e.p99Us)} | ${ratio(m.p99Us / e.p99Us)} |`
     )
   }
   return lines.join("\n")
 }
 
+/** The first line of both sections: when, where, and how long each server was measured. */
+const measuredLine = (): string =>
+  `Measured ${measuredDate()} · ${nodeAndCpu()} · transport ipc · ` +
+  `${durationS} s measured per server and configuration, in ${rounds} rounds that alternate the two servers ` +
+  `(each round after a ${WARMUP_S} s warm-up); percentiles over all the rounds' round trips.`
+
 const section = (rows: readonly Row[], more: string): string =>
   [
     HEADING,
     "",
-    `Measured ${measuredDate()} · ${nodeAndCpu()} · transport ipc · ` +
-    `${durationS} s measured per server and configuration, in ${rounds} rounds that alternate the two servers ` +
-    `(each round after a ${WARMUP_S} s warm-up); percentiles over all the rounds' round trips.`,
+    measuredLine(),
     "",
-    `Each client is a raw zeromq.js DEALER keeping exactly one PING (op ${Ping.id}, nil instance id) in flight.`,
+    `Each client is a raw zeromq.js DEALER keeping exactly one PING (op ${Ping.id}) in flight: *[nil]* a scheduler's probe,`,
+    "*[id]* naming the instance of a worker registered for the run (bench/ping/worker.ts: a real KV cache registered",
+    "through the WorkerAdapter); each client's first named PING binds its connection to the instance (pooled path), the",
+    "rest take the fast path (src/services/server/internal/FastPath.ts, \"The PING path\").",
     "*mpcache* is `mpcache serve` (npm start's bundled entry) with default pools; *echo* is a bare zeromq.js ROUTER that",
-    "sends every message back undecoded (`bench/echo-router.ts`), the ceiling of this stack. Each server",
+    "sends every message back undecoded (`bench/lib/echo-router.ts`), the ceiling of this stack. Each server",
     "runs in its own child process. Latencies are round trips in microseconds;",
     "req/s ratio = mpcache / echo (1.00 = as fast as the echo), p99 ratio = mpcache / echo (1.00 = no added tail).",
     "All clients share the bench's one event loop: on a machine with few cores the client side, not the server,",
@@ -232,7 +251,7 @@ const allocSection = (m: AllocWindow, e: AllocWindow): string =>
   [
     "### Bytes allocated per PING",
     "",
-    `${int(m.pings)} PINGs [nil] from ${ALLOC_CLIENTS} clients, counted on the server by bench/alloc-probe.ts: the heap statistics`,
+    `${int(m.pings)} PINGs [nil] from ${ALLOC_CLIENTS} clients, counted on the server by bench/ping/alloc-probe.ts: the heap statistics`,
     "deltas (what every GC freed plus the used heap's growth, `v8.GCProfiler`) and V8's allocation sampling",
     "(keeping collected objects) over the same window. The bare echo, measured the same way, is the floor of",
     "this stack: zeromq.js allocates the received frames, the message array and the promises of `receive` and `send`.",
@@ -257,7 +276,7 @@ const startupSection = (st: Startup): string =>
     "### Spawn → first reply",
     "",
     `Time from \`spawn()\` to the reply of a PING queued before the spawn on a DEALER that retries its connection every`,
-    `millisecond (bench/lib/startup.ts), median of ${st.plain.length} spawns each, the three alternating. *plain node*: \`node -e\``,
+    `millisecond (bench/ping/startup.ts), median of ${st.plain.length} spawns each, the three alternating. *plain node*: \`node -e\``,
     "binding a zeromq.js ROUTER that echoes, the floor (Node's own start plus loading zeromq). *bundled*: `npm start`'s",
     "entry (build/cli/bin/serve.mjs, scripts/bundle-serve.mjs). *source*: `node src/cli/main.ts serve`.",
     "",
@@ -271,8 +290,9 @@ const startupSection = (st: Startup): string =>
   ].join("\n")
 
 /** The issue's targets (issue 16): req/s at 4 and 16 clients, p99 at 1, 4 and 16, bytes per PING, start-up. */
-const summaryRows = (rows: ReadonlyArray<Row>, alloc: { readonly m: AllocWindow; readonly e: AllocWindow }, st: Startup): Array<SummaryRow> => {
+const summaryRows = (all: ReadonlyArray<Row>, alloc: { readonly m: AllocWindow; readonly e: AllocWindow }, st: Startup): Array<SummaryRow> => {
   const out: Array<SummaryRow> = []
+  const rows = all.filter((r) => r.form === NIL_FORM.name)
   for (const r of rows.filter((r) => r.clients === 4 || r.clients === 16)) {
     const ratio = r.mpcache.rps / r.echo.rps
     out.push({
@@ -295,6 +315,18 @@ const summaryRows = (rows: ReadonlyArray<Row>, alloc: { readonly m: AllocWindow;
       ratio,
       target: "≤ 1.3 × echo",
       met: ratio <= 1.3
+    })
+  }
+  // Named PINGs (issue 25 item 4): reported beside the nil ones, against the echo of the same PINGs.
+  for (const r of all.filter((r) => r.form !== NIL_FORM.name && r.clients === 16)) {
+    out.push({
+      bench: "ping",
+      figure: `PING ${r.form} round trips/s, ${r.clients} clients`,
+      measured: `${int(r.mpcache.rps)} /s`,
+      reference: `echo ${int(r.echo.rps)} /s`,
+      ratio: r.mpcache.rps / r.echo.rps,
+      target: "reported",
+      met: null
     })
   }
   out.push({
@@ -346,9 +378,7 @@ const curveSection = (rows: ReadonlyArray<CurveRow>): string =>
   [
     CURVE_HEADING,
     "",
-    `Measured ${measuredDate()} · ${nodeAndCpu()} · transport ipc · ` +
-    `${durationS} s measured per server and configuration, in ${rounds} rounds that alternate the two servers ` +
-    `(each round after a ${WARMUP_S} s warm-up); percentiles over all the rounds' round trips.`,
+    measuredLine(),
     "",
     "Two `mpcache serve` processes in the same run: one with CURVE off, one with CURVE on (per-run keys,",
     "`--curve-secret-key-file`, `--curve-authorized-keys`; the ZAP handler and the tenant guard on every request).",
@@ -394,7 +424,7 @@ const measureAllocations = async (): Promise<{ readonly m: AllocWindow; readonly
   const eEndpoint = resources.ipcEndpoint("alloc-echo")
   // From source, so that the sites read as src/ names (the bundle runs the same code, minified).
   const m = await run("mpcache", ["src/cli/main.ts", "serve", ...SERVE_FLAGS(mEndpoint)], /MQ server listening on/, mEndpoint)
-  const e = await run("echo", ["bench/echo-router.ts", eEndpoint], /echo router listening on/, eEndpoint)
+  const e = await run("echo", ["bench/lib/echo-router.ts", eEndpoint], /echo router listening on/, eEndpoint)
   return { m, e }
 }
 
@@ -417,22 +447,31 @@ const measureStartups = async (): Promise<Startup> => {
  * `subject` against `reference` at each concurrency: the servers alternate round by round (and which goes
  * first), so that a drift in machine load hits both alike.
  */
-const compare = async (subject: Server, reference: Server) => {
+const compare = async (subject: Server, reference: Server, forms: ReadonlyArray<Form> = [NIL_FORM]) => {
   process.stderr.write(`servers up (${subject.endpoint}, ${reference.endpoint}); ${durationS} s per configuration\n`)
-  const rows: Array<{ readonly clients: number; readonly subject: Result; readonly reference: Result }> = []
-  for (const clients of CONCURRENCY) {
-    const pooledSubject: Pooled = { latenciesUs: [], seconds: 0 }
-    const pooledReference: Pooled = { latenciesUs: [], seconds: 0 }
-    for (let r = 0; r < rounds; r++) {
-      const referenceRound = () => measure(reference, clients, durationS / rounds, pooledReference)
-      const subjectRound = () => measure(subject, clients, durationS / rounds, pooledSubject)
-      if (r % 2 === 0) await referenceRound().then(subjectRound)
-      else await subjectRound().then(referenceRound)
+  const rows: Array<{ readonly form: string; readonly clients: number; readonly subject: Result; readonly reference: Result }> = []
+  for (const form of forms) {
+    for (const clients of CONCURRENCY) {
+      const pooledSubject: Pooled = { latenciesUs: [], seconds: 0 }
+      const pooledReference: Pooled = { latenciesUs: [], seconds: 0 }
+      for (let r = 0; r < rounds; r++) {
+        const referenceRound = () => measure(reference, form, clients, durationS / rounds, pooledReference)
+        const subjectRound = () => measure(subject, form, clients, durationS / rounds, pooledSubject)
+        if (r % 2 === 0) await referenceRound().then(subjectRound)
+        else await subjectRound().then(referenceRound)
+      }
+      rows.push({ form: form.name, clients, subject: result(pooledSubject), reference: result(pooledReference) })
+      process.stderr.write(`  PING ${form.name}, ${clients} client(s) done\n`)
     }
-    rows.push({ clients, subject: result(pooledSubject), reference: result(pooledReference) })
-    process.stderr.write(`  ${clients} client(s) done\n`)
   }
   return rows
+}
+
+/** Starts the worker the named PINGs name (bench/ping/worker.ts) against `endpoint`; resolves with its instance id once registered. */
+const startWorker = async (endpoint: string): Promise<{ readonly instanceId: InstanceId; readonly child: ChildProcess }> => {
+  const worker = startLineChild("worker", ["bench/ping/worker.ts", endpoint], resources.children, { stdin: true })
+  const m = await worker.waitFor(/"registered":"(\d+)"/, READY_TIMEOUT_MS, "stdout")
+  return { instanceId: makeInstanceId(BigInt(m[1]!)), child: worker.process }
 }
 
 const report = (heading: string, body: string, summary: Array<SummaryRow>): void => {
@@ -465,9 +504,18 @@ const main = async (): Promise<void> => {
   const echoEndpoint = resources.ipcEndpoint("echo")
   const [mpcache, echo] = await Promise.all([
     startServer("mpcache", mpcacheEndpoint, mpcacheArgv(mpcacheEndpoint), "MQ server listening on"),
-    startServer("echo", echoEndpoint, ["bench/echo-router.ts", echoEndpoint], "echo router listening on")
+    startServer("echo", echoEndpoint, ["bench/lib/echo-router.ts", echoEndpoint], "echo router listening on")
   ])
-  const rows = (await compare(mpcache, echo)).map((r) => ({ clients: r.clients, mpcache: r.subject, echo: r.reference }))
+  const worker = await startWorker(mpcacheEndpoint)
+  const named: Form = { name: "[id]", instanceId: worker.instanceId }
+  const rows = (await compare(mpcache, echo, [NIL_FORM, named])).map((r) => ({
+    form: r.form,
+    clients: r.clients,
+    mpcache: r.subject,
+    echo: r.reference
+  }))
+  // The worker first (it unregisters), then the servers.
+  await stopChild(worker.child, STOP_TIMEOUT_MS)
   await Promise.all([mpcache.child, echo.child].map((child) => stopChild(child, STOP_TIMEOUT_MS)))
   const alloc = await measureAllocations()
   process.stderr.write(`  allocation: ${int(alloc.m.gcBytesPerPing)} B per PING (echo ${int(alloc.e.gcBytesPerPing)} B)\n`)
