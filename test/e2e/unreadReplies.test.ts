@@ -19,7 +19,7 @@ import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
 import { runJsonScript } from "../support/Cli.ts"
 import { eventually, getText, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
 import { samplesOf } from "../support/PromQl.ts"
-import { REFUSAL_REASONS } from "../../src/services/server/internal/ReplyOutbox.ts"
+import { REFUSAL_REASONS } from "../../src/services/server/internal/ReplyRefusal.ts"
 import { rawDealer, type RawDealer } from "../support/RawDealer.ts"
 
 const WORKER = fileURLToPath(new URL("../support/engine-driven-worker-main.ts", import.meta.url))

@@ -9,7 +9,7 @@ import { Metric } from "effect"
 import { OPS } from "../../schema/Op.ts"
 import { ErrorCode } from "../../schema/WireError.ts"
 import { byLabel, fromStart } from "../metrics/Series.ts"
-import { REFUSAL_REASONS, type RefusalReason } from "./internal/ReplyOutbox.ts"
+import { REFUSAL_REASONS, type RefusalReason } from "./internal/ReplyRefusal.ts"
 
 /** The `op` label's values: every op of the table (DESIGN §3.1). */
 const OP_LABELS = { op: OPS.map((o) => o.name) }
@@ -90,7 +90,7 @@ export const opMetrics = (opName: string): OpMetrics => ({
 /** Counter handles, one per error code. */
 export const errorMetric = byLabel(errorsTotal, "code", ErrorCode.literals)
 
-/** Counter handles, one per reason a reply was refused (internal/ReplyOutbox.ts). */
+/** Counter handles, one per reason a reply was refused (internal/ReplyRefusal.ts). */
 export const refusedReplyMetric: Readonly<Record<RefusalReason, Metric.Metric<number, unknown>>> = byLabel(
   refusedRepliesTotal,
   "reason",

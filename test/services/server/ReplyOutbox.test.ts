@@ -15,10 +15,10 @@ import {
   OUTBOX_FULL_CODE,
   type OutboxClock,
   PROBE_FRAME,
-  type RefusalReason,
-  type ReplyOutbox,
-  SMALL_REPLY_BYTES
+  type ReplyOutbox
 } from "../../../src/services/server/internal/ReplyOutbox.ts"
+import { SMALL_REPLY_BYTES } from "../../../src/services/server/internal/OutboxPeer.ts"
+import type { RefusalReason } from "../../../src/services/server/internal/ReplyRefusal.ts"
 
 const H = 8
 const LIMIT = 1_000_000

@@ -44,12 +44,26 @@
  * The loop is plain promises, not Effects (the PING hot path, issue 16); its clock is injected so the timing
  * rules are unit-tested on a manual clock.
  */
-import { encodeErrorReply, decodeHeaderInt } from "../../../schema/Frame.ts"
-import { opById } from "../../../schema/Op.ts"
-import { Overloaded } from "../../../schema/WireError.ts"
-
-/** Replies of at most this many bytes (all frames) are never refused for bytes and not tracked in the window. */
-export const SMALL_REPLY_BYTES = 1024
+import {
+  bytesOf,
+  evictWindow,
+  exactFrames,
+  holdsNothing,
+  keyOf,
+  newPeer,
+  type Peer,
+  pushQueued,
+  type Queued,
+  queueLength,
+  recordSent,
+  replaceHead,
+  shiftQueued,
+  SMALL_REPLY_BYTES,
+  tellWaiters,
+  type Verdict,
+  verdictOf
+} from "./OutboxPeer.ts"
+import { type RefusalReason, refusalOf } from "./ReplyRefusal.ts"
 
 /** Messages one peer's outbox holds at most; past it a reply is dropped as undeliverable. */
 export const MAX_QUEUED_MESSAGES = 10_000
@@ -57,18 +71,6 @@ export const MAX_QUEUED_MESSAGES = 10_000
 /** First and largest pause before a peer whose pipe was full (EAGAIN) is tried again, ms. */
 const BACKOFF_FIRST_MS = 1
 const BACKOFF_MAX_MS = 64
-
-/** The flag that bounds the bytes queued to one peer (named in refusals). */
-export const PEER_QUEUED_BYTES_FLAG = "max-queued-reply-bytes-per-peer"
-
-/**
- * Why a reply was refused: one reply over the flag; the outbox of its peer would pass it; its peer's pipe never
- * drained; or the request was not served at all, its peer being stalled (see {@link ReplyOutbox.whenClear}).
- */
-export type RefusalReason = "reply_too_large" | "outbox_full" | "not_drained" | "not_served"
-
-/** The reasons, for metrics and status. */
-export const REFUSAL_REASONS: ReadonlyArray<RefusalReason> = ["reply_too_large", "outbox_full", "not_drained", "not_served"]
 
 /** The errno-like reason of a reply dropped because its peer's outbox held {@link MAX_QUEUED_MESSAGES}. */
 export const OUTBOX_FULL_CODE = "OUTBOX_FULL"
@@ -134,7 +136,7 @@ export interface ReplyOutbox {
    * ("or the request is not served": the garbage of replies built only to be refused is what grew its memory).
    * Synchronous for the common case: `undefined` means "clear" without a promise.
    */
-  readonly whenClear: (routingId: Uint8Array) => Promise<"clear" | "stalled"> | undefined
+  readonly whenClear: (routingId: Uint8Array) => Promise<Verdict> | undefined
   /** Counts a request refused unserved for a stalled peer (reason `not_served`) and returns its error reply. */
   readonly notServed: (message: Array<Uint8Array>) => Array<Uint8Array>
   /** The peer (hex) is gone: what waits for it is dropped (counted undeliverable) and its window forgotten. */
@@ -148,112 +150,6 @@ export interface ReplyOutbox {
   /** Resolves once every outbox is empty (a reply waits at most `replyWaitMs`). */
   readonly flushed: () => Promise<void>
   readonly stats: () => ReplyOutboxStats
-}
-
-interface Queued {
-  message: Array<Uint8Array>
-  readonly bytes: number
-}
-
-/** One peer's outbox and window. */
-interface Peer {
-  /** Its routing id as latin1 ({@link keyOf}). */
-  readonly key: string
-  /** Its routing id in hex, as logs and MqServer name peers. */
-  readonly hex: string
-  readonly routingId: Uint8Array
-  readonly queue: Array<Queued>
-  head: number
-  /** Bytes of the messages in `queue` from `head` on. */
-  queuedBytes: number
-  /** Messages sent to the peer so far (since this record was made). */
-  sent: number
-  /** The tracked (larger than SMALL_REPLY_BYTES) messages among the last H+1 sent: their sequence numbers and sizes. */
-  readonly bigSeq: Array<number>
-  readonly bigBytes: Array<number>
-  bigHead: number
-  windowBytes: number
-  /** When the head started waiting for the pipe (drain proof or EAGAIN); undefined when it has not. */
-  waitingSinceMs: number | undefined
-  backoffMs: number
-  /** Its pipe stayed full past replyWaitMs: each head gets one attempt until a send succeeds again. */
-  stalled: boolean
-  /** The message of its turn in progress is a drain probe. */
-  draining: boolean
-  /** idle: nothing queued; ready: in the rotation; backoff: waiting for its timer. */
-  state: "idle" | "ready" | "backoff"
-  gone: boolean
-  /** Bytes of the large (tracked) replies in `queue` from `head` on. */
-  queuedLargeBytes: number
-  /** Requests waiting for this peer to be clear or stalled ({@link ReplyOutbox.whenClear}). */
-  clearWaiters: Array<(verdict: "clear" | "stalled") => void>
-}
-
-/**
- * A peer's key: its routing id's bytes as a latin1 string, built in JS (no call into Buffer's C++ per reply: the
- * PING hot path). Hex only where a peer is named (logs, `forget`).
- */
-const keyOf = (routingId: Uint8Array): string => {
-  let key = ""
-  for (let i = 0; i < routingId.length; i++) key += String.fromCharCode(routingId[i]!)
-  return key
-}
-
-const bytesOf = (message: Array<Uint8Array>): number => {
-  let n = 0
-  for (let i = 1; i < message.length; i++) n += message[i]!.byteLength
-  return n
-}
-
-/**
- * A large frame that is a view into a larger buffer pins all of that buffer while libzmq holds it (zero-copy):
- * msgpackr packs a large value into a buffer of up to 4× its size and packs the next values into the rest. Such a
- * frame is copied into a buffer of its own, so that what a reply pins is what it is counted as.
- */
-const exactFrames = (message: Array<Uint8Array>): void => {
-  for (let i = 1; i < message.length; i++) {
-    const f = message[i]!
-    if (f.byteLength > SMALL_REPLY_BYTES && f.buffer.byteLength > f.byteLength + SMALL_REPLY_BYTES) {
-      const copy = Buffer.allocUnsafeSlow(f.byteLength)
-      copy.set(f)
-      message[i] = copy
-    }
-  }
-}
-
-const opNameOf = (opFrame: Uint8Array | undefined): string => {
-  const id = opFrame === undefined ? undefined : decodeHeaderInt(opFrame)
-  return (id === undefined ? undefined : opById.get(id)?.name) ?? `op ${String(id)}`
-}
-
-/**
- * The `overloaded` error reply that takes the place of a refused reply (same routing id, uid and op frames).
- * Its message says what was refused, the bound, and what the client can do.
- */
-export const refusalOf = (
-  message: Array<Uint8Array>,
-  reason: RefusalReason,
-  bytes: number,
-  held: number,
-  limit: number
-): Array<Uint8Array> => {
-  const op = opNameOf(message[2])
-  const what = reason === "reply_too_large"
-    ? `its reply of ${bytes} bytes is larger than one connection may have queued`
-    : reason === "not_served"
-    ? `not served: this connection has not read its earlier replies (its replies are being refused: up to ${held} bytes may still be queued to it)`
-    : reason === "outbox_full"
-    ? `${held} bytes of earlier replies to this connection are still waiting to be sent, and with this reply of ${bytes} bytes that is more than one connection may have queued`
-    : `this connection has not read its earlier replies (up to ${held} bytes may still be queued to it), and with this reply of ${bytes} bytes that is more than one connection may have queued`
-  const advice = reason === "reply_too_large" ? "ask for fewer chunks per request" : "read the replies, then retry"
-  const error = new Overloaded({
-    op,
-    field: PEER_QUEUED_BYTES_FLAG,
-    expected: `at most ${limit} bytes queued to one connection`,
-    actual: reason === "reply_too_large" ? `${bytes} bytes` : reason === "not_served" ? "a stalled connection" : `${held + bytes} bytes`,
-    message: `${op}: refused: ${what} (--${PEER_QUEUED_BYTES_FLAG} ${limit}); ${advice}`
-  })
-  return [message[0]!, ...encodeErrorReply(message[1]!, message[2]!, error)]
 }
 
 /** An outbox over `options.send`; see the module comment for the rules. */
@@ -276,87 +172,23 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
     const key = keyOf(routingId)
     let p = peers.get(key)
     if (p === undefined) {
-      p = {
-        key,
-        hex: Buffer.from(routingId.buffer, routingId.byteOffset, routingId.byteLength).toString("hex"),
-        routingId,
-        queue: [],
-        head: 0,
-        queuedBytes: 0,
-        sent: 0,
-        bigSeq: [],
-        bigBytes: [],
-        bigHead: 0,
-        windowBytes: 0,
-        waitingSinceMs: undefined,
-        backoffMs: 0,
-        stalled: false,
-        draining: false,
-        state: "idle",
-        gone: false,
-        queuedLargeBytes: 0,
-        clearWaiters: []
-      }
+      p = newPeer(key, routingId)
       peers.set(key, p)
     }
     return p
   }
 
-  const queueLength = (p: Peer): number => p.queue.length - p.head
-
-  /** Drops the window entries older than the last H+1 sends. */
-  const evict = (p: Peer): void => {
-    const oldest = p.sent - windowSize
-    while (p.bigHead < p.bigSeq.length && p.bigSeq[p.bigHead]! <= oldest) {
-      p.windowBytes -= p.bigBytes[p.bigHead]!
-      p.bigHead++
-    }
-    if (p.bigHead > 1024 && p.bigHead * 2 > p.bigSeq.length) {
-      p.bigSeq.splice(0, p.bigHead)
-      p.bigBytes.splice(0, p.bigHead)
-      p.bigHead = 0
-    }
-  }
-
-  const verdictOf = (p: Peer): "clear" | "stalled" | undefined =>
-    p.gone || (p.queuedLargeBytes === 0 && !p.stalled) ? "clear" : p.stalled ? "stalled" : undefined
-
-  /** Tells the peer's waiting requests once it is clear or stalled. */
-  const tellWaiters = (p: Peer): void => {
-    if (p.clearWaiters.length === 0) return
-    const verdict = verdictOf(p)
-    if (verdict === undefined) return
-    const waiters = p.clearWaiters
-    p.clearWaiters = []
-    for (const w of waiters) w(verdict)
-  }
+  const evict = (p: Peer): void => evictWindow(p, windowSize)
 
   const enqueue = (p: Peer, q: Queued): void => {
-    p.queue.push(q)
-    p.queuedBytes += q.bytes
+    pushQueued(p, q)
     queuedBytes += q.bytes
-    if (q.bytes > SMALL_REPLY_BYTES) p.queuedLargeBytes += q.bytes
     if (p.state === "idle") schedule(p)
     kick()
   }
 
   const dequeue = (p: Peer): void => {
-    const q = p.queue[p.head]!
-    p.queue[p.head] = undefined as unknown as Queued
-    p.head++
-    p.queuedBytes -= q.bytes
-    queuedBytes -= q.bytes
-    if (q.bytes > SMALL_REPLY_BYTES) {
-      p.queuedLargeBytes -= q.bytes
-      tellWaiters(p)
-    }
-    if (p.head === p.queue.length) {
-      p.queue.length = 0
-      p.head = 0
-    } else if (p.head > 1024 && p.head * 2 > p.queue.length) {
-      p.queue.splice(0, p.head)
-      p.head = 0
-    }
+    queuedBytes -= shiftQueued(p).bytes
   }
 
   const schedule = (p: Peer): void => {
@@ -383,11 +215,7 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
     p.backoffMs = 0
     if (q.bytes > SMALL_REPLY_BYTES) {
       evict(p)
-      const replacement = refuse(p, q, "not_drained", p.windowBytes)
-      p.queuedBytes += replacement.bytes - q.bytes
-      queuedBytes += replacement.bytes - q.bytes
-      p.queuedLargeBytes -= q.bytes
-      p.queue[p.head] = replacement
+      queuedBytes += replaceHead(p, refuse(p, q, "not_drained", p.windowBytes))
     } else {
       dequeue(p)
       options.onUndeliverable(p.hex, reason)
@@ -437,12 +265,7 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
         drainProbes++
         p.waitingSinceMs ??= clock.nowMs()
       } else {
-        const bytes = p.queue[p.head]!.bytes
-        if (bytes > SMALL_REPLY_BYTES) {
-          p.bigSeq.push(p.sent)
-          p.bigBytes.push(bytes)
-          p.windowBytes += bytes
-        }
+        recordSent(p, p.queue[p.head]!.bytes)
         dequeue(p)
         p.waitingSinceMs = undefined
       }
@@ -576,7 +399,7 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       let dropped = 0
       for (const p of peers.values()) {
         evict(p)
-        if (p.state === "idle" && queueLength(p) === 0 && p.windowBytes === 0 && !p.stalled && p.waitingSinceMs === undefined) {
+        if (holdsNothing(p)) {
           peers.delete(p.key)
           dropped++
         }
