@@ -21,26 +21,31 @@
  *
  * Shutdown (closing the layer's scope): stop receiving, let queued and
  * running requests finish (bounded), flush the replies, close the socket.
+ *
+ * What it holds is the receive loop and the wiring; its machinery is in
+ * internal/: the send path (SendPath.ts over ReplyOutbox.ts), the connected
+ * peers and their probes (ConnectedPeers.ts), the pooled job of a request
+ * (PooledJob.ts), the fast path (FastPath.ts), the door (PeerAdmission.ts).
  */
-import { Cause, Context, Duration, Effect, Exit, Layer, Metric, Queue } from "effect"
-import { decodeHeaderInt, decodePayload, encodeErrorReply, encodeReply, payloadCountMismatch } from "../../schema/Frame.ts"
-import { formatInstanceId } from "../../schema/InstanceId.ts"
+import { Context, Duration, Effect, Layer, Metric, Queue } from "effect"
+import { decodeHeaderInt, payloadCountMismatch } from "../../schema/Frame.ts"
 import { opById } from "../../schema/Op.ts"
-import { instanceIdOf } from "../../schema/OpMeta.ts"
-import { type BadRequest, Internal, isWireError, notServed, Overloaded, UnknownOp, type WireError } from "../../schema/WireError.ts"
+import { notServed, Overloaded, UnknownOp } from "../../schema/WireError.ts"
 import { type HandshakeFailure, type RouterCurve, ZmqError, ZmqSockets } from "../zmq/Sockets.ts"
 import { makeDispatcher, type DispatchStats } from "./Dispatch.ts"
-import type { HandlerRow, HandlerTable, RequestContext, TableRow } from "./Handler.ts"
+import { type HandlerTable, makeTable, type ServerModule, type TableRow } from "./Handler.ts"
 import { PeerEvents } from "../liveness/PeerEvents.ts"
 import { RequestBarrier } from "../liveness/RequestBarrier.ts"
 import * as M from "./ServerMetrics.ts"
 import { makeMetricBatch } from "./internal/MetricBatch.ts"
 import { listenAddressOf, type ListenAddress, scanAcceptedSockets, shutdownSocket } from "../../native/OwnSockets.ts"
+import { makeConnectedPeers } from "./internal/ConnectedPeers.ts"
 import { makeConnectionCap } from "./internal/ConnectionCap.ts"
 import { type FastPathStats, makeFastPath } from "./internal/FastPath.ts"
 import { chosenRoutingIdError, makePeerAdmission, type RoutingIdRefusal } from "./internal/PeerAdmission.ts"
-import { makeReplyOutbox, type ReplyOutboxStats } from "./internal/ReplyOutbox.ts"
-import { makeRefusedReplies, makeUndeliveredReplies } from "./internal/UndeliveredReplies.ts"
+import { makePooledJobs } from "./internal/PooledJob.ts"
+import type { ReplyOutboxStats } from "./internal/ReplyOutbox.ts"
+import { makeSendPath } from "./internal/SendPath.ts"
 
 /** The merged handler table of every server module. */
 export class Handlers extends Context.Service<Handlers, HandlerTable>()("mpcache/services/Handlers") {}
@@ -105,6 +110,18 @@ export class MqServer extends Context.Service<MqServer, {
    * `PeerEvents` listener.
    */
   static readonly layer = (options: MqServerOptions) => Layer.effect(this, make(options))
+
+  /**
+   * The MQ server on an ephemeral loopback port (`tcp://127.0.0.1:*`, 2 NORMAL workers, 2 AFFINITY lanes unless
+   * `options` say otherwise) serving the handler table of `modules` alone, with nobody listening for its
+   * connection events (`PeerEvents.layerNoop`) and a request barrier of its own. It still needs `ZmqSockets`:
+   * real sockets, provided by `ZmqSocketsLive` in src/layers, which no service imports (test/Layout.test.ts).
+   * Fails with `ZmqError` when the endpoint cannot be bound.
+   */
+  static readonly layerTest = (modules: ReadonlyArray<ServerModule>, options: Partial<MqServerOptions> = {}) =>
+    this.layer({ endpoint: "tcp://127.0.0.1:*", normalWorkers: 2, affinityLanes: 2, ...options }).pipe(
+      Layer.provide(Layer.mergeAll(Layer.effect(Handlers, makeTable(modules)), PeerEvents.layerNoop, RequestBarrier.layer))
+    )
 }
 
 const DEFAULT_QUEUE_CAPACITY = 65_536
@@ -112,32 +129,13 @@ const DEFAULT_QUEUE_CAPACITY = 65_536
  * SNDHWM: messages the ROUTER's pipe to one peer holds at most. The send path's byte bound is proven over the last
  * SNDHWM + 1 messages (internal/ReplyOutbox.ts), so a smaller mark lets a peer that reads prove drain sooner (fewer
  * probes); 1,000 is libzmq's default and leaves a pipelining client (MqClient reads into an unbounded queue, pyzmq
- * into its own 1,000) room. A peer past it waits its turn (EAGAIN, backoff) for up to REPLY_WAIT_MS.
+ * into its own 1,000) room. A peer past it waits its turn (EAGAIN, backoff) for up to a second (internal/SendPath.ts).
  */
 export const SEND_HIGH_WATER_MARK = 1_000
-/** How long a reply waits for its peer's pipe (drain proof, EAGAIN) before it is refused (large) or dropped (small). */
-const REPLY_WAIT_MS = 1_000
-/** `--max-queued-reply-bytes-per-peer` where MqServerOptions leaves it out (tests): 256 MiB. */
-const DEFAULT_MAX_QUEUED_REPLY_BYTES_PER_PEER = 256 * 1024 * 1024
 const CLOSE_LINGER_MS = 1_000
-/** How often the outbox drops the records of peers that hold nothing. */
-const OUTBOX_SWEEP_INTERVAL = Duration.seconds(10)
-
-const describeCause = (cause: Cause.Cause<unknown>): string => {
-  const squashed = Cause.squash(cause)
-  return squashed instanceof Error ? squashed.message : String(squashed)
-}
-
-/** zeromq.js errors carry libzmq's errno name in `code`. */
-const errorCode = (e: unknown): string =>
-  typeof e === "object" && e !== null && "code" in e && typeof e.code === "string" ? e.code : String(e)
-
-/** When the probes of one ambiguous empty frame are sent, ms after it (see `stillConnected`). */
-const PROBE_DELAYS_MS: ReadonlyArray<number> = [0, 10, 50, 200, 800]
 
 const make = (options: MqServerOptions) =>
   Effect.gen(function*() {
-    const serverScope = yield* Effect.scope
     const table = yield* Handlers
     const events = yield* PeerEvents
     const barrier = yield* RequestBarrier
@@ -159,53 +157,14 @@ const make = (options: MqServerOptions) =>
     const endpoint = router.lastEndpoint ?? options.endpoint
     listenAddress = listenAddressOf(endpoint)
     let droppedMessages = 0
-    let undeliverableReplies = 0
 
-    // One send path (zeromq.js allows one send in flight per socket): one outbox per peer, drained round-robin by
-    // one promise loop, with the bytes queued to each peer bounded (issue 24 item 10; internal/ReplyOutbox.ts).
-    // No fiber, Queue or Effect per reply: this is the PING hot path.
-    const services = yield* Effect.context<never>()
-    const undelivered = makeUndeliveredReplies()
-    yield* Effect.forkScoped(undelivered.reportForever)
-    const refusals = makeRefusedReplies()
-    yield* Effect.forkScoped(refusals.reportForever)
-    let refusedReplies = 0
-    const outbox = makeReplyOutbox({
+    // One send path (internal/SendPath.ts); it is made before the pools, so it closes after they drained.
+    const send = yield* makeSendPath({
+      socket: router,
       highWaterMark: SEND_HIGH_WATER_MARK,
-      maxQueuedBytesPerPeer: options.maxQueuedReplyBytesPerPeer ?? DEFAULT_MAX_QUEUED_REPLY_BYTES_PER_PEER,
-      replyWaitMs: REPLY_WAIT_MS,
-      send: (message) => {
-        try {
-          return router.send(message).then(() => undefined, errorCode)
-        } catch (e) {
-          return Promise.resolve(errorCode(e))
-        }
-      },
-      onUndeliverable: (peer, code) => {
-        // The peer is gone (ROUTER_MANDATORY: EHOSTUNREACH), its pipe stayed full (EAGAIN), its outbox is full or
-        // the socket is closing: the reply cannot be delivered. Counted here; told in one WARNING per peer and window.
-        undeliverableReplies++
-        M.undeliverableRepliesTotal.updateUnsafe(1, services)
-        undelivered.record(peer, code)
-      },
-      onRefused: (peer, reason) => {
-        refusedReplies++
-        M.refusedReplyMetric[reason].updateUnsafe(1, services)
-        M.errorMetric.overloaded.updateUnsafe(1, services)
-        refusals.record(peer, reason)
-      }
+      maxQueuedReplyBytesPerPeer: options.maxQueuedReplyBytesPerPeer
     })
-    // Records of peers that hold nothing are dropped now and then: a refused or kicked peer's disconnect is never
-    // confirmed, so `forget` would never come for it.
-    yield* Effect.sleep(OUTBOX_SWEEP_INTERVAL).pipe(Effect.andThen(Effect.sync(() => outbox.sweepIdle())), Effect.forever, Effect.forkScoped)
-    const reply = (routingId: Uint8Array, frames: Array<Uint8Array>): void => outbox.reply([routingId, ...frames])
-    /**
-     * One probe of `routingId`'s connection: an empty frame sent with ROUTER_MANDATORY fails at once
-     * (EHOSTUNREACH) once the ROUTER has dropped the peer's pipe (libzmq 4.3 through zeromq.js 6.8).
-     * False only for EHOSTUNREACH.
-     */
-    const probe = (routingId: Uint8Array): Promise<boolean> => outbox.probe(routingId)
-    yield* Effect.addFinalizer(() => Effect.promise(() => outbox.flushed()).pipe(Effect.timeout("5 seconds"), Effect.ignore))
+    const { outbox, replyError } = send
 
     const dispatcher = yield* makeDispatcher({
       normalWorkers: options.normalWorkers,
@@ -214,115 +173,8 @@ const make = (options: MqServerOptions) =>
     })
     yield* Effect.addFinalizer(() => dispatcher.drain(options.drainTimeout ?? "10 seconds"))
 
-    const opMetrics = new Map(
-      [...table.byId.values()].map((r) => [r.op.id, M.opMetrics(r.op.name)] as const)
-    )
-
-    const replyError = (
-      routingId: Uint8Array,
-      uidFrame: Uint8Array,
-      opFrame: Uint8Array,
-      error: WireError
-    ): Effect.Effect<void> =>
-      Effect.sync(() => reply(routingId, encodeErrorReply(uidFrame, opFrame, error))).pipe(
-        Effect.andThen(Metric.update(M.errorMetric[error.code], 1))
-      )
-
-    /**
-     * The job for one attributable request: decode, run, reply, measure. Never fails. Built lazily, so the
-     * payload is decoded on the pool, not on the receive loop.
-     */
-    const job = (
-      row: HandlerRow,
-      routingId: Uint8Array,
-      peer: string,
-      frames: Array<Uint8Array>,
-      receivedAtMs: number,
-      seq: number
-    ): Effect.Effect<void> =>
-      Effect.suspend(() => {
-        // A transfer (the ops whose replies may be large) waits while its peer has a large reply waiting for its
-        // pipe, and is not served at all once that peer is stalled (issue 24 item 10: a reply built only to be
-        // refused is garbage that grows the server's memory as fast as the peer can ask).
-        const gate = row.pool === "AFFINITY" ? outbox.whenClear(routingId) : undefined
-        if (gate === undefined) return jobNow(row, routingId, peer, frames, receivedAtMs, seq, false)
-        return Effect.promise(() => gate).pipe(
-          Effect.flatMap((verdict) => jobNow(row, routingId, peer, frames, receivedAtMs, seq, verdict === "stalled"))
-        )
-      })
-
-    const jobNow = (
-      row: HandlerRow,
-      routingId: Uint8Array,
-      peer: string,
-      frames: Array<Uint8Array>,
-      receivedAtMs: number,
-      seq: number,
-      stalled: boolean
-    ): Effect.Effect<void> => {
-      const uidFrame = frames[0]!
-      const opFrame = frames[1]!
-      const ctx: RequestContext = { routingId, peer, skipBinding: false }
-      // The peer is judged before its payload is decoded (issue 24 item 3: an unbound peer costs no decoding).
-      const refused = stalled ? undefined : row.admit?.(ctx)
-      const decoded = stalled || refused !== undefined ? Exit.fail(refused) : decodePayload(row.op, frames.slice(2))
-      const instanceId = Exit.isSuccess(decoded) ? instanceIdOf(row.op, decoded.value as ReadonlyArray<unknown>) : undefined
-      const run: Effect.Effect<void> = stalled
-        ? Effect.sync(() => outbox.reply(outbox.notServed([routingId, uidFrame, opFrame])))
-        : Exit.isFailure(decoded)
-        ? refused !== undefined
-          ? replyError(routingId, uidFrame, opFrame, refused)
-          : Effect.logWarning("bad request", describeCause(decoded.cause)).pipe(
-            Effect.andThen(replyError(routingId, uidFrame, opFrame, Cause.squash(decoded.cause) as BadRequest))
-          )
-        : Effect.exit(row.handle(decoded.value as ReadonlyArray<unknown>, ctx)).pipe(
-          Effect.flatMap((exit): Effect.Effect<void> => {
-            if (Exit.isSuccess(exit)) {
-              const encoded = encodeReply(row.op, uidFrame, opFrame, exit.value as never)
-              if (Exit.isSuccess(encoded)) {
-                return Effect.sync(() => reply(routingId, encoded.value)).pipe(
-                  Effect.andThen(instanceId === undefined || ctx.skipBinding ? Effect.void : events.instanceMessage(peer, instanceId))
-                )
-              }
-              return Effect.logError("handler returned a response that does not encode", describeCause(encoded.cause))
-                .pipe(
-                  Effect.andThen(replyError(
-                    routingId,
-                    uidFrame,
-                    opFrame,
-                    new Internal({ op: row.op.name, field: "response", message: `${row.op.name}: the server produced an invalid response` })
-                  ))
-                )
-            }
-            const failure = Cause.squash(exit.cause)
-            if (isWireError(failure) && !Cause.hasDies(exit.cause)) {
-              return replyError(routingId, uidFrame, opFrame, failure)
-            }
-            if (Cause.hasInterruptsOnly(exit.cause)) return Effect.void
-            return Effect.logError("handler failed", exit.cause).pipe(
-              Effect.andThen(replyError(
-                routingId,
-                uidFrame,
-                opFrame,
-                new Internal({ op: row.op.name, message: `${row.op.name}: internal error: ${describeCause(exit.cause)}` })
-              ))
-            )
-          })
-        )
-      const m = opMetrics.get(row.op.id)!
-      const finish = () => {
-        m.requests.updateUnsafe(1, services)
-        m.latency.updateUnsafe((Date.now() - receivedAtMs) / 1000, services)
-        barrier.exit(seq)
-      }
-      return run.pipe(
-        Effect.annotateLogs(
-          instanceId === undefined ? { op: row.op.name, peer } : { op: row.op.name, peer, instance_id: formatInstanceId(instanceId) }
-        ),
-        Effect.catchCause((cause) => Effect.logError("request job failed", cause)),
-        Effect.ensuring(Effect.sync(finish))
-      )
-    }
+    // The pooled path (internal/PooledJob.ts): decode, run, reply, measure, on the request's pool.
+    const job = yield* makePooledJobs({ table, send, events, barrier })
 
     // ------------------------------------------------------------------ the fast path (internal/FastPath.ts)
     // The receive loop is a plain promise loop, as the send path is: a request whose row has a `fast` answer
@@ -331,7 +183,7 @@ const make = (options: MqServerOptions) =>
     // long as nothing received before it is still on its way to `onMessage` (so it never overtakes a connect
     // notification, or a SYNC op on the SYNC lane). Everything else goes, in arrival order, through `inbox` to
     // the receive fiber below, which runs `onMessage` (and serves a fast row the same way after its checks).
-    const batch = makeMetricBatch(services)
+    const batch = makeMetricBatch(yield* Effect.context<never>())
     const fastPath = makeFastPath({
       table,
       dispatcher,
@@ -351,37 +203,6 @@ const make = (options: MqServerOptions) =>
       }
     })
 
-    const connected = new Set<string>()
-    // Peers whose connection is being probed (at most one probe sequence per peer at a time).
-    const probing = new Set<string>()
-
-    /**
-     * Whether the connection of `routingId` is still up, after the ambiguous empty frame. The disconnect
-     * notification travels through the peer's pipe before libzmq tears the pipe down, so right after it a
-     * probe may still be delivered into the dying pipe: the probe is repeated over about a second, and one
-     * EHOSTUNREACH means gone. A live peer answers every probe (and receives those empty frames).
-     */
-    const stillConnected = (routingId: Uint8Array): Effect.Effect<boolean> =>
-      Effect.gen(function*() {
-        for (const delayMs of PROBE_DELAYS_MS) {
-          if (delayMs > 0) yield* Effect.sleep(delayMs)
-          if (!(yield* Effect.promise(() => probe(routingId)))) return false
-        }
-        return true
-      })
-
-    /** The peer's connection is gone (a confirmed ROUTER_NOTIFY disconnect): its lane and its bindings go. */
-    const disconnected = (peer: string): Effect.Effect<void> => {
-      if (!connected.delete(peer)) return Effect.void
-      admission.forget(Buffer.from(peer, "hex"), peer)
-      dispatcher.releasePeer(peer)
-      outbox.forget(peer)
-      return Metric.update(M.connectedPeers, connected.size).pipe(
-        Effect.andThen(Effect.logDebug("peer disconnected").pipe(Effect.annotateLogs({ peer }))),
-        Effect.andThen(events.disconnected(peer))
-      )
-    }
-
     const drop = (peer: string, why: string): Effect.Effect<void> => {
       droppedMessages++
       return Metric.update(M.droppedMessagesTotal, 1).pipe(
@@ -390,6 +211,18 @@ const make = (options: MqServerOptions) =>
         ))
       )
     }
+
+    // The connected peers, told by ROUTER_NOTIFY and confirmed by probes (internal/ConnectedPeers.ts).
+    const connected = yield* makeConnectedPeers({
+      probe: (routingId) => outbox.probe(routingId),
+      events,
+      forget: (peer) => {
+        admission.forget(Buffer.from(peer, "hex"), peer)
+        dispatcher.releasePeer(peer)
+        outbox.forget(peer)
+      },
+      drop
+    })
 
     /**
      * Handles one received multipart message; never fails, never waits on a handler. The door (PeerAdmission.ts)
@@ -416,31 +249,8 @@ const make = (options: MqServerOptions) =>
     /** One message of an admitted peer. */
     const onAdmitted = (received: Array<Buffer>, routingId: Buffer, peer: string): Effect.Effect<void> => {
       const frames = received.slice(1)
-      if (frames.length === 1 && frames[0]!.length === 0) {
-        // ZMQ_ROUTER_NOTIFY's connect and disconnect notifications are both a lone empty frame, and a peer can
-        // send that frame itself (a buggy client, or one that wants a live worker reaped: issue 14). The connect
-        // comes before anything the peer sends, so the first one from a routing id is the connect; a later one
-        // is the disconnect only if the peer is really gone, which a probe tells (off the receive loop).
-        if (connected.has(peer)) {
-          if (probing.has(peer)) return drop(peer, "a lone empty frame from a connected peer while its connection is being probed")
-          probing.add(peer)
-          return stillConnected(routingId).pipe(
-            Effect.flatMap((alive) =>
-              alive
-                ? drop(peer, "a lone empty frame from a connected peer is not a ROUTER notification (its connection answered every probe)")
-                : disconnected(peer)
-            ),
-            Effect.ensuring(Effect.sync(() => probing.delete(peer))),
-            Effect.forkIn(serverScope),
-            Effect.asVoid
-          )
-        }
-        connected.add(peer)
-        return Metric.update(M.connectedPeers, connected.size).pipe(
-          Effect.andThen(Effect.logDebug("peer connected").pipe(Effect.annotateLogs({ peer }))),
-          Effect.andThen(events.connected(peer))
-        )
-      }
+      // A lone empty frame: ROUTER_NOTIFY's connect or disconnect, or the peer's own (internal/ConnectedPeers.ts).
+      if (frames.length === 1 && frames[0]!.length === 0) return connected.emptyFrame(routingId, peer)
       if (frames.length < 2) return drop(peer, `${frames.length} frame(s); a request has at least uid and op`)
       const uidFrame = frames[0]!
       const opFrame = frames[1]!
@@ -550,12 +360,12 @@ const make = (options: MqServerOptions) =>
       table: table.rows,
       isConnected: (peer: string) => connected.has(peer),
       stats: () => ({
-        connectedPeers: connected.size,
+        connectedPeers: connected.size(),
         routingIds: admission.stats(),
         connections: cap?.stats(),
         droppedMessages,
-        undeliverableReplies,
-        refusedReplies,
+        undeliverableReplies: send.undeliverable(),
+        refusedReplies: send.refused(),
         outbox: outbox.stats(),
         pools: dispatcher.stats(),
         fastPath: fastPath.stats()
