@@ -61,14 +61,7 @@ export const makePooledJobs = (options: PooledJobsOptions): Effect.Effect<Pooled
      * The job for one attributable request: decode, run, reply, measure. Never fails. Built lazily, so the
      * payload is decoded on the pool, not on the receive loop.
      */
-    const job = (
-      row: HandlerRow,
-      routingId: Uint8Array,
-      peer: string,
-      frames: Array<Uint8Array>,
-      receivedAtMs: number,
-      seq: number
-    ): Effect.Effect<void> =>
+    const job: PooledJob = (row, routingId, peer, frames, receivedAtMs, seq) =>
       Effect.suspend(() => {
         // A transfer waits for its peer to be clear, or is not served once it is stalled (see the module comment).
         const gate = row.pool === "AFFINITY" ? send.outbox.whenClear(routingId) : undefined
