@@ -17,6 +17,7 @@ import { captureLogs, type CapturedLog } from "../support/FakeMqClient.ts"
 import { CURVE_MODES, curveFixture } from "../support/CurveMode.ts"
 import { bareServer, testServer } from "../support/TestServer.ts"
 import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
+import { failingStoreRow, storeKey } from "../support/FailingStore.ts"
 
 /**
  * A test module: QUERY_PREFETCH_STATUS answers the request id as a number after a random delay
@@ -37,23 +38,11 @@ const echoModule: ServerModule = {
 const failingModule: ServerModule = {
   name: "failing",
   rows: [
-    row(Store, "AFFINITY", ([key]) =>
-      key.model_name === "die"
-        ? Effect.die(new Error("boom"))
-        : Effect.fail(new InvalidArgument({ message: `store: model ${key.model_name} has no registered layout` })))
+    failingStoreRow
   ]
 }
 
-const key = (model: string) => ({
-  model_name: model,
-  world_size: 1,
-  worker_id: 0,
-  token_ids: [1, 2, 3, 4],
-  start: 0,
-  end: 4,
-  request_id: "r1",
-  cache_salt: ""
-})
+const key = storeKey
 
 describe.each(CURVE_MODES)("MQ server and client over real sockets (CURVE $curve)", ({ curve }) => {
   const fx = curveFixture(curve)

@@ -9,33 +9,21 @@ import { Effect, Exit, Layer } from "effect"
 import { decodeReplyHeader, encodeRequest } from "../../../src/schema/Frame.ts"
 import { makeInstanceId } from "../../../src/schema/InstanceId.ts"
 import { Noop, QueryPrefetchStatus, Store } from "../../../src/schema/Op.ts"
-import { InvalidArgument } from "../../../src/schema/WireError.ts"
 import { row, type ServerModule } from "../../../src/services/server/Handler.ts"
 import { MqServer } from "../../../src/services/server/MqServer.ts"
 import { ZmqSocketsLive } from "../../../src/layers/Zmq.ts"
 import { rawCall, type RawDealer, rawDealer } from "../../support/RawDealer.ts"
+import { failingStoreRow, storeKey } from "../../support/FailingStore.ts"
 
 const testModule: ServerModule = {
   name: "test",
   rows: [
     row(QueryPrefetchStatus, "NORMAL", ([requestId]) => Effect.succeed(requestId.length)),
-    row(Store, "AFFINITY", ([key]) =>
-      key.model_name === "die"
-        ? Effect.die(new Error("boom"))
-        : Effect.fail(new InvalidArgument({ message: `store: model ${key.model_name} has no registered layout` })))
+    failingStoreRow
   ]
 }
 
-const key = (model: string) => ({
-  model_name: model,
-  world_size: 1,
-  worker_id: 0,
-  token_ids: [1, 2, 3, 4],
-  start: 0,
-  end: 4,
-  request_id: "r1",
-  cache_salt: ""
-})
+const key = storeKey
 
 /** STORE of `model` sent as the client encodes it; the reply's header. */
 const store = (raw: RawDealer, uid: number, model: string) =>
