@@ -268,7 +268,7 @@ const make = Effect.gen(function*() {
         : Effect.void
   })
 
-  const faults = makeFaultRelease(contexts, native)
+  const faults = makeFaultRelease(contexts, native.segmentSize)
   const { releaseFaulted, copyFailed, resolveForTransfer } = faults
 
   const register = (

@@ -132,8 +132,15 @@ export interface FaultRelease {
   readonly forget: (id: InstanceId) => void
 }
 
-/** The fault handling over `contexts` (the module's per-instance core); `native` measures a shrunk segment. */
-export const makeFaultRelease = (contexts: InstanceModule<ContextEntry>, native: NativeMemory["Service"]): FaultRelease => {
+/**
+ * The fault handling over `contexts` (the module's per-instance core);
+ * `segmentSize` (NativeMemory's: bytes of a named segment, failing when it
+ * is gone) measures a shrunk segment for the reply.
+ */
+export const makeFaultRelease = (
+  contexts: InstanceModule<ContextEntry>,
+  segmentSize: NativeMemory["Service"]["segmentSize"]
+): FaultRelease => {
   const faults = new Map<InstanceId, FaultRecord>()
 
   /** What a fault leaves for later requests of the id (a shrunk segment's size is read now). */
@@ -141,7 +148,7 @@ export const makeFaultRelease = (contexts: InstanceModule<ContextEntry>, native:
     isSegmentFault(fault)
       ? Effect.map(
         // A passed memfd has no name to measure it by: the server closed its descriptor after mapping it.
-        fault.segment.startsWith("memfd:") ? Effect.succeedNone : Effect.option(native.segmentSize(fault.segment)),
+        fault.segment.startsWith("memfd:") ? Effect.succeedNone : Effect.option(segmentSize(fault.segment)),
         (size): FaultRecord => ({
           _tag: "SegmentShrank",
           segment: fault.segment,
