@@ -58,7 +58,7 @@ import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import { RegisterKvCache, Retrieve, Store, UnregisterKvCache } from "../../schema/Op.ts"
 import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
 import { InvalidArgument, type NotRegistered, type Overloaded, type WireError } from "../../schema/WireError.ts"
-import { makeFaultRelease } from "./internal/FaultRelease.ts"
+import { type FaultRelease, makeFaultRelease } from "./internal/FaultRelease.ts"
 import { kvLayoutOf, makeWorkerMemory } from "./internal/WorkerMemory.ts"
 import { row, type ServerModule } from "./Handler.ts"
 import { type LayerPlacement, type PagedKvGeometry, sameDescriptors, validateKvCaches } from "../kv/KvCacheLayout.ts"
@@ -159,13 +159,7 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
    * segment's mapped size when it is not one of the context's (a Blend
    * cos/sin table).
    */
-  readonly releaseFaulted: (
-    op: string,
-    id: InstanceId,
-    entry: ContextEntry,
-    fault: WorkerMemoryFault,
-    registeredBytes?: number
-  ) => Effect.Effect<InvalidArgument>
+  readonly releaseFaulted: FaultRelease["releaseFaulted"]
   /**
    * The one "copy failed" branch of every copy through a context (STORE,
    * RETRIEVE, Blend's scatter; issue 25 item 3): a copy of `op` through
@@ -175,17 +169,7 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
    * `options.missing` (default this module's NotRegistered for `op`), and a
    * context still held answers `whenHeld`.
    */
-  readonly copyFailed: <A>(
-    op: string,
-    id: InstanceId,
-    entry: ContextEntry,
-    error: InvalidArgument | NativeError | undefined,
-    whenHeld: Effect.Effect<A, WireError>,
-    options?: {
-      readonly missing?: NotRegistered
-      readonly release?: (fault: WorkerMemoryFault) => Effect.Effect<InvalidArgument>
-    }
-  ) => Effect.Effect<A, WireError>
+  readonly copyFailed: FaultRelease["copyFailed"]
   /** This module as a liveness target (DESIGN §5). */
   readonly target: LivenessTarget
   /** Rows: REGISTER/UNREGISTER SYNC, STORE/RETRIEVE AFFINITY. */

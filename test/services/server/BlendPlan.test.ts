@@ -47,20 +47,15 @@ const object = () => {
   return new Uint8Array(f.buffer)
 }
 
+/** planCopies of `plan` over one cached object `bytes` (hash "h") and blocks `blockList`. */
+const copiesOf = (plan: ReadonlyArray<PlannedMatch>, bytes: Uint8Array, blockList: ReadonlyArray<number>, rows = new Map<number, Float32Array>()) =>
+  planCopies({ plan, objects: new Map([["h", { bytes }]]), rows, geometry, layers, spec, chunkSizeTokens: CHUNK, blockList })
+
 describe("planCopies", () => {
   it.effect("an unshifted match: K and V byte for byte from the object, one range per block and K/V", () =>
     Effect.gen(function*() {
       const bytes = object()
-      const jobs = yield* planCopies({
-        plan: [match({})],
-        objects: new Map([["h", { bytes }]]),
-        rows: new Map(),
-        geometry,
-        layers,
-        spec,
-        chunkSizeTokens: CHUNK,
-        blockList: [2, 3]
-      })
+      const jobs = yield* copiesOf([match({})], bytes, [2, 3])
       assert.strictEqual(jobs.length, 1)
       assert.strictEqual(jobs[0]!.segment, "kv")
       assert.strictEqual(jobs[0]!.src, bytes)
@@ -70,16 +65,7 @@ describe("planCopies", () => {
 
   it.effect("runs continuing each other on both sides are merged (consecutive blocks)", () =>
     Effect.gen(function*() {
-      const jobs = yield* planCopies({
-        plan: [match({ numTokens: 32 })],
-        objects: new Map([["h", { bytes: object() }]]),
-        rows: new Map(),
-        geometry,
-        layers,
-        spec,
-        chunkSizeTokens: CHUNK,
-        blockList: [2, 3]
-      })
+      const jobs = yield* copiesOf([match({ numTokens: 32 })], object(), [2, 3])
       assert.deepStrictEqual([...jobs[0]!.ranges], [256, 0, 256, 768, 256, 256])
     }))
 
@@ -87,16 +73,7 @@ describe("planCopies", () => {
     Effect.gen(function*() {
       const bytes = object()
       // Δ = 1 with cos = 0, sin = 1: (x₁, x₂) → (−x₂, x₁).
-      const jobs = yield* planCopies({
-        plan: [match({ curSt: 1, numTokens: 1, delta: 1 })],
-        objects: new Map([["h", { bytes }]]),
-        rows: new Map([[1, Float32Array.from([0, 1])]]),
-        geometry,
-        layers,
-        spec,
-        chunkSizeTokens: CHUNK,
-        blockList: [2]
-      })
+      const jobs = yield* copiesOf([match({ curSt: 1, numTokens: 1, delta: 1 })], bytes, [2], new Map([[1, Float32Array.from([0, 1])]]))
       assert.strictEqual(jobs.length, 2)
       const [k, v] = jobs[0]!.src === bytes ? [jobs[1]!, jobs[0]!] : [jobs[0]!, jobs[1]!]
       assert.notStrictEqual(k.src, bytes)

@@ -61,12 +61,12 @@ const entryOf = (scope: Scope.Closeable, released: Array<string>, label: string)
 const setup = (sizes: ReadonlyMap<string, number> = new Map()) =>
   Effect.gen(function*() {
     const contexts = yield* makeTrackedInstances<ContextEntry>({
-      name: "lmcache_driven_transfer",
+      name: "faulty",
       kind: "kv_cache",
       registerOp: RegisterKvCache.name,
-      differs: "different memory or model",
-      missing: "is not registered",
-      remedy: "register it again",
+      differs: "another context",
+      missing: "holds no test context",
+      remedy: "register again",
       details: () => ({})
     })
     const released: Array<string> = []
@@ -128,7 +128,7 @@ describe("releaseFaulted", () => {
       faults.forget(ID)
       const missing = yield* Effect.flip(faults.resolveForTransfer("store", ID))
       assert.instanceOf(missing, NotRegistered)
-      assert.strictEqual(missing.message, "store: instance 7 is not registered (never registered, unregistered or reaped); register it again")
+      assert.strictEqual(missing.message, "store: instance 7 holds no test context (never registered, unregistered or reaped); register again")
     }).pipe(Effect.scoped))
 
   it.effect(`remembers at most ${MAX_FAULT_RECORDS} faulted ids, the oldest forgotten first`, () =>
@@ -173,7 +173,7 @@ describe("copyFailed: the one branch of every copy", () => {
       yield* contexts.unregister(ID)
       const gone = yield* Effect.flip(faults.copyFailed("store", ID, entry, plain, Effect.succeed("held")))
       assert.instanceOf(gone, NotRegistered)
-      assert.strictEqual(gone.message, "store: instance 7 is not registered (never registered, unregistered or reaped); register it again")
+      assert.strictEqual(gone.message, "store: instance 7 holds no test context (never registered, unregistered or reaped); register again")
       const missing = new NotRegistered({ op: "x", instance_id: "7", message: "no kv context" })
       assert.strictEqual(yield* Effect.flip(faults.copyFailed("store", ID, entry, plain, Effect.succeed("held"), { missing })), missing)
     }).pipe(Effect.scoped))

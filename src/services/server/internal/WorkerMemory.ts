@@ -161,15 +161,7 @@ export const makeWorkerMemory = (deps: {
       : native.mapFd(fd.fd, name, nbytes).pipe(Scope.provide(scope))
   }
 
-  const mapContext = (
-    scope: Scope.Closeable,
-    id: InstanceId,
-    kvCaches: ReadonlyArray<TensorDescriptor>,
-    validated: ValidatedKvCaches,
-    claimed: ReadonlyMap<string, ClaimedFds>,
-    modelName: string,
-    worldSize: number
-  ) =>
+  const mapContext: WorkerMemory["mapContext"] = (scope, id, kvCaches, validated, claimed, modelName, worldSize) =>
     Effect.gen(function*() {
       const mappings = new Map<string, ShmMapping>()
       for (const [name, nbytes] of validated.segments) {
