@@ -49,6 +49,12 @@
  * instance, the descriptor, the device and the error, and releases the
  * context through the same finalizer. Each is counted in
  * `mpcache_guarded_faults_total{kind}` (Native.ts).
+ *
+ * This module holds the service (REGISTER/UNREGISTER, STORE/RETRIEVE and
+ * their rows); its machinery is `internal/WorkerMemory.ts` (claiming passed
+ * descriptors, mapping, block checks and copy parts, unlinking reaped
+ * names) and `internal/FaultRelease.ts` (the fault release and the one
+ * "copy failed" branch).
  */
 import { Cause, Context, Effect, Exit, Layer, Metric, Option, type Scope } from "effect"
 import { ServerConfig, type ServerConfigInput } from "./ServerConfig.ts"
