@@ -69,7 +69,9 @@
  *   `invalid_argument`; nothing is written. A chunk not in L1 answers
  *   `ok = false` and nothing is written for the request (fail closed).
  *   Everything is checked, looked up and computed before the first byte is
- *   scattered.
+ *   scattered. The checks of a match plan, the rotation into a staging
+ *   buffer and the copy plan are `internal/BlendPlan.ts`; this module holds
+ *   the locks, reads the cos/sin rows and scatters.
  * - Like RETRIEVE it takes the read locks of `key.request_id`'s prefetch
  *   session when it holds them (else fresh locks) and releases them.
  * - The CB retrieve counts as transfer activity of the KV context (DESIGN
@@ -83,8 +85,8 @@
  * a worker thread) is the next step if blend traffic grows.
  */
 import { Context, Effect, Layer, Metric, Scope } from "effect"
-import { ServerConfig } from "./ServerConfig.ts"
-import { isSegmentFault, isWorkerMemoryFault, type NativeError, NativeMemory, type ShmMapping, type WorkerMemoryFault } from "../../native/Native.ts"
+import { ServerConfig, type ServerConfigInput } from "./ServerConfig.ts"
+import { isSegmentFault, type NativeError, NativeMemory, type ShmMapping, type WorkerMemoryFault } from "../../native/Native.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import type { CbMatch } from "../../schema/CbMatch.ts"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
@@ -93,7 +95,7 @@ import type { GroupRot } from "../../schema/Registration.ts"
 import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
 import { InvalidArgument, NotRegistered, type Overloaded, type WireError } from "../../schema/WireError.ts"
 import { row, type ServerModule } from "./Handler.ts"
-import { sameDescriptors, type PagedKvGeometry, type SegmentDemand } from "../kv/KvCacheLayout.ts"
+import { sameDescriptors, type SegmentDemand } from "../kv/KvCacheLayout.ts"
 import { MappingBudget } from "./MappingBudget.ts"
 import type { ReadHandle } from "./L1Store.ts"
 import type { InstanceOwner } from "../liveness/InstanceOwner.ts"
@@ -101,16 +103,8 @@ import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
 import { makeMirroredInstances } from "./InstanceModule.ts"
 import { type ContextEntry, LmcacheDrivenTransfer, namedSegmentsDenied } from "./LmcacheDrivenTransfer.ts"
 import { Lookup } from "./Lookup.ts"
-import {
-  isRotatableDtype,
-  rotateTokens,
-  type RotatableDtype,
-  type RotationSpec,
-  shiftCosSin,
-  validateRope,
-  type ValidatedRope
-} from "./internal/Rope.ts"
-import { HASH_BYTES, hashHex } from "../kv/TokenHasher.ts"
+import { validateRope, type ValidatedRope } from "./internal/Rope.ts"
+import { kvCompatibility, planCopies, planMatches } from "./internal/BlendPlan.ts"
 import { fromStart } from "../metrics/Series.ts"
 
 // ---------------------------------------------------------------------------
@@ -131,115 +125,7 @@ interface RopeState {
   readonly scope: Scope.Closeable
 }
 
-/** One non-empty match, checked and resolved to object and block coordinates. */
-export interface PlannedMatch {
-  /** Its index in `matches`, for messages. */
-  readonly index: number
-  readonly hash: Uint8Array
-  readonly hashHex: string
-  /** Token offset of `old_st` inside the cached chunk: `old_st mod chunk`. */
-  readonly objectTokenOffset: number
-  /** First current position written. */
-  readonly curSt: number
-  readonly numTokens: number
-  /** cur_st − old_st: the rotation applied to K. */
-  readonly delta: number
-}
-
-/** What a match plan is checked against. */
-export interface MatchLimits {
-  readonly chunkSizeTokens: number
-  readonly blockSizeTokens: number
-  /** Blocks of the registered KV cache: every block id must be below it. */
-  readonly numBlocks: number
-  /** Rows of the cos/sin table: |Δ| must be below it. */
-  readonly maxPosition: number
-}
-
-/**
- * Checks `matches` against the rules of the module header and resolves each
- * non-empty one. Returns the message of the first violation (naming
- * `matches[j]` or `block_ids`) instead.
- */
-export const planMatches = (
-  matches: ReadonlyArray<CbMatch>,
-  blockList: ReadonlyArray<number>,
-  limits: MatchLimits
-): { readonly matches: ReadonlyArray<PlannedMatch> } | { readonly error: string } => {
-  const { chunkSizeTokens: chunk, blockSizeTokens: bs, numBlocks, maxPosition } = limits
-  const planned: Array<PlannedMatch> = []
-  for (let j = 0; j < matches.length; j++) {
-    const m = matches[j]!
-    const at = `matches[${j}]`
-    if (m.hash.length !== HASH_BYTES) return { error: `${at}.hash: expected ${HASH_BYTES} bytes (a chunk hash), got ${m.hash.length}` }
-    if (m.old_ed < m.old_st) return { error: `${at}: old_ed (${m.old_ed}) is below old_st (${m.old_st})` }
-    if (m.cur_ed < m.cur_st) return { error: `${at}: cur_ed (${m.cur_ed}) is below cur_st (${m.cur_st})` }
-    const n = m.old_ed - m.old_st
-    if (m.cur_ed - m.cur_st !== n) {
-      return {
-        error: `${at}: the old range [${m.old_st}, ${m.old_ed}) has ${n} tokens but the current range [${m.cur_st}, ${m.cur_ed}) has ${m.cur_ed - m.cur_st}; they must be equal`
-      }
-    }
-    if (n === 0) continue
-    const c = Math.floor(m.old_st / chunk)
-    if (m.old_ed > (c + 1) * chunk) {
-      return {
-        error: `${at}: the old range [${m.old_st}, ${m.old_ed}) crosses the end of chunk ${c} (tokens [${c * chunk}, ${(c + 1) * chunk}), chunk size ${chunk}); a match covers tokens of one cached chunk`
-      }
-    }
-    const lastBlock = Math.floor((m.cur_ed - 1) / bs)
-    if (lastBlock >= blockList.length) {
-      return {
-        error: `${at}: the current range [${m.cur_st}, ${m.cur_ed}) ends in block ${lastBlock} (block size ${bs}) but block_ids[0] has ${blockList.length} ids`
-      }
-    }
-    for (let b = Math.floor(m.cur_st / bs); b <= lastBlock; b++) {
-      if (blockList[b]! >= numBlocks) {
-        return { error: `block_ids[0][${b}] = ${blockList[b]} (used by ${at}) is outside the registered ${numBlocks} blocks` }
-      }
-    }
-    const delta = m.cur_st - m.old_st
-    if (Math.abs(delta) >= maxPosition) {
-      return {
-        error: `${at}: the shift ${delta} (cur_st − old_st) needs cos/sin row ${Math.abs(delta)}, but the table has ${maxPosition} rows (max_position)`
-      }
-    }
-    planned.push({ index: j, hash: m.hash, hashHex: hashHex(m.hash), objectTokenOffset: m.old_st - c * chunk, curSt: m.cur_st, numTokens: n, delta })
-  }
-  const byStart = [...planned].sort((a, b) => a.curSt - b.curSt)
-  for (let k = 1; k < byStart.length; k++) {
-    const prev = byStart[k - 1]!
-    const next = byStart[k]!
-    if (next.curSt < prev.curSt + prev.numTokens) {
-      return {
-        error: `matches[${prev.index}] and matches[${next.index}] both write current position ${next.curSt}; the current ranges must not overlap`
-      }
-    }
-  }
-  return { matches: planned }
-}
-
-/** The KV dtype when a context can be re-rotated with heads of `headSize`, else why not. */
-const kvCompatibility = (headSize: number, g: PagedKvGeometry): { readonly dtype: RotatableDtype } | { readonly error: string } => {
-  if (g.headSize !== headSize) {
-    return { error: `head_size: ${headSize} does not match the head size (${g.headSize}) of the instance's registered KV cache` }
-  }
-  const dtype = g.dtype
-  return isRotatableDtype(dtype)
-    ? { dtype }
-    : { error: `the instance's registered KV cache has dtype ${dtype}, which blend cannot re-rotate (float16, bfloat16 or float32)` }
-}
-
 const sameList = <A>(a: ReadonlyArray<A>, b: ReadonlyArray<A>) => JSON.stringify(a) === JSON.stringify(b)
-
-/** Pairs of K elements rotated between two yields to the event loop. */
-const PAIRS_PER_SLICE = 1 << 18
-
-/** Lets I/O callbacks (the ROUTER's receive, PING) run before continuing. */
-const yieldToEventLoop = Effect.callback<void>((resume) => {
-  const handle = setImmediate(() => resume(Effect.void))
-  return Effect.sync(() => clearImmediate(handle))
-})
 
 const cbMatchesTotal = fromStart(Metric.counter("mpcache_cb_retrieved_matches_total", {
   description: "CBMatch ranges written by CB_RETRIEVE_PRE_COMPUTED",
@@ -291,8 +177,16 @@ export class Blend extends Context.Service<Blend, {
   /** Rows: CB_REGISTER_ROPE / CB_UNREGISTER_ROPE SYNC, CB_RETRIEVE_PRE_COMPUTED AFFINITY. */
   readonly module: ServerModule
 }>()("mpcache/services/Blend") {
-  /** Needs the LMCache-driven transfer module, lookup, native memory and the config. */
+  /** Needs the LMCache-driven transfer module, lookup, native memory, the mapping budget and the config. */
   static readonly layer = Layer.effect(this, Effect.suspend(() => make))
+  /**
+   * For tests: blend over `LmcacheDrivenTransfer.layerTest(config)` (the
+   * transfer module, its storage, lookup and the config, each an output
+   * too). It needs only `NativeMemory`, the raw resource
+   * (`NativeMemoryLive` of src/layers, or a test's probe over it).
+   */
+  static readonly layerTest = (config: Partial<ServerConfigInput> = {}) =>
+    this.layer.pipe(Layer.provideMerge(LmcacheDrivenTransfer.layerTest(config)))
 }
 
 const make = Effect.gen(function*() {
@@ -498,66 +392,24 @@ const make = Effect.gen(function*() {
         )
         if (rows === undefined) return false
         // 3. Rotate K into a staging buffer and plan the copies: segment → source buffer → ranges.
-        const spec: RotationSpec = {
-          dtype: compatible.dtype,
-          numHeads: g.numHeads,
-          headSize: g.headSize,
-          rotaryOffset: group.rotaryOffset,
-          rotaryDim: group.rotaryDim,
-          isNeoxStyle: state.isNeoxStyle
-        }
-        const stagedTokens = plan.reduce((n, m) => n + (m.delta === 0 ? 0 : m.numTokens), 0)
-        const staging = new Uint8Array(stagedTokens * g.numLayers * tokenBytes)
-        let stagingCursor = 0
-        let pairsSinceYield = 0
-        const copies = new Map<string, Map<Uint8Array, Array<number>>>()
-        const push = (segment: string, src: Uint8Array, segmentOffset: number, srcOffset: number, length: number) => {
-          let bySrc = copies.get(segment)
-          if (bySrc === undefined) copies.set(segment, bySrc = new Map())
-          let list = bySrc.get(src)
-          if (list === undefined) bySrc.set(src, list = [])
-          const n = list.length
-          if (n >= 3 && list[n - 3]! + list[n - 1]! === segmentOffset && list[n - 2]! + list[n - 1]! === srcOffset) {
-            list[n - 1] = list[n - 1]! + length
-          } else {
-            list.push(segmentOffset, srcOffset, length)
-          }
-        }
-        const bs = g.blockSizeTokens
-        for (const m of plan) {
-          const object = handles.get(m.hashHex)!.bytes
-          const row = m.delta === 0 ? undefined : rows.get(Math.abs(m.delta))!
-          const { cos, sin } = row === undefined ? { cos: undefined, sin: undefined } : shiftCosSin(row, m.delta)
-          for (let l = 0; l < g.numLayers; l++) {
-            const layer = entry.layers[l]!
-            for (const kv of [0, 1] as const) {
-              const objectOffset = ((kv * g.numLayers + l) * chunk + m.objectTokenOffset) * tokenBytes
-              let src: Uint8Array = object
-              let srcOffset = objectOffset
-              if (kv === 0 && cos !== undefined && sin !== undefined) {
-                rotateTokens(spec, cos, sin, object, objectOffset, staging, stagingCursor, m.numTokens)
-                src = staging
-                srcOffset = stagingCursor
-                stagingCursor += m.numTokens * tokenBytes
-                pairsSinceYield += m.numTokens * g.numHeads * (spec.rotaryDim / 2)
-                if (pairsSinceYield >= PAIRS_PER_SLICE) {
-                  pairsSinceYield = 0
-                  yield* yieldToEventLoop
-                }
-              }
-              for (let t = 0; t < m.numTokens;) {
-                const p = m.curSt + t
-                const slot = p % bs
-                const piece = Math.min(bs - slot, m.numTokens - t)
-                const segmentOffset = layer.baseOffsetBytes + ((kv * g.numBlocks + blockList[Math.floor(p / bs)]!) * bs + slot) * tokenBytes
-                push(layer.shmName, src, segmentOffset, srcOffset + t * tokenBytes, piece * tokenBytes)
-                t += piece
-              }
-            }
-          }
-        }
+        const jobs = yield* planCopies({
+          plan,
+          objects: handles,
+          rows,
+          geometry: g,
+          layers: entry.layers,
+          spec: {
+            dtype: compatible.dtype,
+            numHeads: g.numHeads,
+            headSize: g.headSize,
+            rotaryOffset: group.rotaryOffset,
+            rotaryDim: group.rotaryDim,
+            isNeoxStyle: state.isNeoxStyle
+          },
+          chunkSizeTokens: chunk,
+          blockList
+        })
         // 4. Scatter into the worker's blocks.
-        const jobs = [...copies].flatMap(([segment, bySrc]) => [...bySrc].map(([src, list]) => ({ segment, src, ranges: Float64Array.from(list) })))
         yield* Effect.forEach(jobs, (j) => native.scatter(entry.mappings.get(j.segment)!, j.ranges, j.src), {
           concurrency: "unbounded",
           discard: true

@@ -10,20 +10,18 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Layer, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { NativeMemoryLive } from "../../../src/layers/NativeMemory.ts"
-import { ServerConfig, type ServerConfigInput } from "../../../src/services/server/ServerConfig.ts"
+import type { ServerConfigInput } from "../../../src/services/server/ServerConfig.ts"
 import { NativeMemory, type ShmMapping } from "../../../src/native/Native.ts"
 import type { CbMatch } from "../../../src/schema/CbMatch.ts"
 import type { TensorDescriptor } from "../../../src/schema/TensorDescriptor.ts"
 import { InvalidArgument, NotRegistered, Overloaded } from "../../../src/schema/WireError.ts"
-import { Blend, planMatches } from "../../../src/services/server/Blend.ts"
+import { Blend } from "../../../src/services/server/Blend.ts"
+import { planMatches } from "../../../src/services/server/internal/BlendPlan.ts"
 import { Connections } from "../../../src/services/liveness/Connections.ts"
 import { LivenessSettingsLive } from "../../../src/layers/LivenessSettings.ts"
 import { L1Store } from "../../../src/services/server/L1Store.ts"
-import { LayoutRegistry } from "../../../src/services/server/LayoutRegistry.ts"
-import { MappingBudget } from "../../../src/services/server/MappingBudget.ts"
 import { LivenessTargets } from "../../../src/services/liveness/LivenessTarget.ts"
 import { LmcacheDrivenTransfer } from "../../../src/services/server/LmcacheDrivenTransfer.ts"
-import { Lookup } from "../../../src/services/server/Lookup.ts"
 import { Management } from "../../../src/services/server/Management.ts"
 import { Reaper } from "../../../src/services/liveness/Reaper.ts"
 import { makePagedKvCache } from "../../../src/services/client/PagedKvCache.ts"
@@ -51,11 +49,7 @@ const blendEnv = (config: Partial<ServerConfigInput> = {}) => {
       }
     })
   ).pipe(Layer.provide(NativeMemoryLive))
-  const modules = Blend.layer.pipe(
-    Layer.provideMerge(LmcacheDrivenTransfer.layer),
-    Layer.provideMerge(Lookup.layer),
-    Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer, MappingBudget.layer).pipe(Layer.provideMerge(native)))
-  )
+  const modules = Blend.layerTest({ chunkSize: 32, ...config }).pipe(Layer.provideMerge(native))
   const targets = Layer.effect(
     LivenessTargets,
     Effect.gen(function*() {
@@ -67,7 +61,6 @@ const blendEnv = (config: Partial<ServerConfigInput> = {}) => {
     Layer.provideMerge(LivenessSettingsLive),
     Layer.provideMerge(Layer.mergeAll(targets, L1Store.layerCacheControl, RequestBarrier.layerNoop)),
     Layer.provideMerge(modules),
-    Layer.provideMerge(ServerConfig.layerTest({ chunkSize: 32, ...config })),
     Layer.provideMerge(captureLogs(logs))
   )
   /** The server's mappings of segment `name` (the first mapping of a table segment is the test's writer). */

@@ -59,7 +59,7 @@ const modules = EngineDrivenTransfer.layer.pipe(
 
 /** The module over a real 32-object L1 pool. */
 const env = (config: Partial<ServerConfigInput> = {}) =>
-  modules.pipe(Layer.provideMerge(ServerConfig.layerTest({ chunkSize: CHUNK, l1SizeGb: (32 * CHUNK_BYTES) / 2 ** 30, ...config })))
+  EngineDrivenTransfer.layerTest({ chunkSize: CHUNK, l1SizeGb: (32 * CHUNK_BYTES) / 2 ** 30, ...config }).pipe(Layer.provideMerge(NativeMemoryLive))
 
 /** Chunk c's bytes as a worker would compute them. */
 const chunkContent = (seed: number, c: number) => {

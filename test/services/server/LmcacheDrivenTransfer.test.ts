@@ -9,25 +9,16 @@ import { assert, describe, it } from "@effect/vitest"
 import { Context, Effect, Exit, Fiber, Layer, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { NativeMemoryLive } from "../../../src/layers/NativeMemory.ts"
-import { ServerConfig } from "../../../src/services/server/ServerConfig.ts"
 import type { ShmMapping } from "../../../src/native/Native.ts"
 import type { ReapedInstance } from "../../../src/services/liveness/LivenessTarget.ts"
 import { makeInstanceId } from "../../../src/schema/InstanceId.ts"
-import { L1Store } from "../../../src/services/server/L1Store.ts"
-import { LayoutRegistry } from "../../../src/services/server/LayoutRegistry.ts"
-import { MappingBudget } from "../../../src/services/server/MappingBudget.ts"
 import { LmcacheDrivenTransfer } from "../../../src/services/server/LmcacheDrivenTransfer.ts"
-import { Lookup } from "../../../src/services/server/Lookup.ts"
 import { makePagedKvCache } from "../../../src/services/client/PagedKvCache.ts"
 import { nativeProbe } from "../../support/NativeProbe.ts"
 
 
 const transferLayer = (opened: Array<ShmMapping>) =>
-  LmcacheDrivenTransfer.layer.pipe(
-    Layer.provideMerge(Lookup.layer),
-    Layer.provideMerge(Layer.mergeAll(L1Store.layer, LayoutRegistry.layer, MappingBudget.layer).pipe(Layer.provideMerge(nativeProbe(opened)))),
-    Layer.provideMerge(ServerConfig.layerTest({ chunkSize: 32 }))
-  )
+  LmcacheDrivenTransfer.layerTest({ chunkSize: 32 }).pipe(Layer.provideMerge(nativeProbe(opened)))
 
 const workerCache = makePagedKvCache({
   backing: "cpu_shm",
