@@ -39,9 +39,15 @@ export interface Server {
 
 /**
  * Starts `mpcache serve` on `endpoint` (a V8 CPU profile into `serverProfDir` when given); resolves once
- * both the MQ and the HTTP frontends listen.
+ * both the MQ and the HTTP frontends listen. `spawned` gets the child at once, so that a start that fails
+ * can still be stopped.
  */
-export const startServer = async (endpoint: string, serverProfDir: string | undefined, resources: Resources): Promise<Server> => {
+export const startServer = async (
+  endpoint: string,
+  serverProfDir: string | undefined,
+  resources: Resources,
+  spawned: (child: ChildProcess) => void
+): Promise<Server> => {
   const argv = [
     ...SERVER_NODE_OPTIONS,
     ...(serverProfDir === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${serverProfDir}`]),
@@ -61,6 +67,7 @@ export const startServer = async (endpoint: string, serverProfDir: string | unde
     "json"
   ]
   const child = startLineChild("mpcache server", argv, resources.children)
+  spawned(child.process)
   const warnings = { count: 0, first: [] as Array<string> }
   const exited = child.exited.then(({ code, signal }): never => {
     throw new Error(`the mpcache server exited (code ${code}, signal ${signal}); output:\n${child.tail()}`)

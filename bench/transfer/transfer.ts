@@ -219,8 +219,7 @@ const measureKind = async (
 const main = async (): Promise<void> => {
   checkRoom()
   await startEcho(echoEndpoint, resources)
-  const s = await startServer(endpoint, serverProfDir, resources)
-  serverChild = s.child
+  const s = await startServer(endpoint, serverProfDir, resources, (child) => (serverChild = child))
   log(`server up (${endpoint}, ${s.httpUrl}, pid ${s.pid}); ${durationS} s per phase`)
   const prefaultSeconds = await Promise.race([awaitL1Prefault(s.httpUrl, PREFAULT_TIMEOUT_MS, 200), s.exited])
   log(`L1 prefaulted (waited ${f1(prefaultSeconds)} s)`)
