@@ -45,7 +45,6 @@ import type { InvalidArgument } from "../../schema/WireError.ts"
 import { CacheControl } from "./CacheControl.ts"
 import { makeExtentAllocator } from "./internal/ExtentAllocator.ts"
 import { objectKeyString, type ObjectKey } from "./ObjectKey.ts"
-import type { ServerModule } from "./Handler.ts"
 import { fromStart } from "../metrics/Series.ts"
 
 interface L1Object {
@@ -158,6 +157,12 @@ export class L1Store extends Context.Service<L1Store, {
    * it, or the segment cannot be created or mapped.
    */
   static readonly layer = Layer.effect(this, Effect.suspend(() => makePooled))
+  /**
+   * For tests: an in-process L1 of `capacityBytes` over a plain Buffer (`make`), with `headroomBytes`
+   * before each object; needs nothing else (no /dev/shm pool, no addon). Default 1 MiB, no headroom.
+   */
+  static readonly layerTest = (capacityBytes = 2 ** 20, headroomBytes = 0) =>
+    Layer.effect(this, this.make(capacityBytes, headroomBytes))
   /** CLEAR acts on this L1. */
   static readonly layerCacheControl = Layer.effect(
     CacheControl,
@@ -475,42 +480,3 @@ const makeL1 = (
     pool
   }
 }
-
-/**
- * L1 and the native memory backend as a module record without ops: the
- * `native` block (mappings of workers' memory — the server's own L1 pool is
- * reported under `l1`, DESIGN §5 status), the `fault_guard` block (copies
- * ended by a guarded fault, issue 13) and the `l1` block of `/api/status`.
- */
-export const storageModule: Effect.Effect<ServerModule, never, L1Store | NativeMemory> = Effect.gen(function*() {
-  const native = yield* NativeMemory
-  const l1 = yield* L1Store
-  return {
-    name: "storage",
-    rows: [],
-    status: () =>
-      Effect.sync(() => {
-        const n = native.stats()
-        const s = l1.stats()
-        return {
-          native: {
-            open_mappings: n.openMappings - (l1.pool === undefined ? 0 : 1),
-            mapped_bytes: n.mappedBytes - (l1.pool?.sizeBytes ?? 0)
-          },
-          // Copies of worker memory a guarded SIGBUS/SIGSEGV ended (issue 13 item 1), and CUDA opens and copies that
-          // failed (item 4): the sums of mpcache_guarded_faults_total by kind.
-          fault_guard: { guarded_faults: native.guardedFaults(), cuda_faults: native.cudaFaults() },
-          l1: {
-            pool: l1.pool?.shmName ?? null,
-            capacity_bytes: s.capacityBytes,
-            prefaulted_bytes: l1.pool?.prefaultedBytes() ?? 0,
-            used_bytes: s.usedBytes,
-            objects: s.objects,
-            reserved_objects: s.reservedObjects,
-            locked_objects: s.lockedObjects,
-            evictions: s.evictions
-          }
-        }
-      })
-  }
-})

@@ -26,7 +26,7 @@ const put = (l1: L1Store["Service"], k: ObjectKey, size: number) =>
 describe("L1Store", () => {
   it.effect("a write reservation is invisible until committed", () =>
     Effect.gen(function*() {
-      const l1 = yield* L1Store.make(1000)
+      const l1 = yield* L1Store
       const r = yield* reserve(l1, key(1), 100)
       assert.isFalse(l1.contains(key(1)))
       assert.strictEqual(l1.lockRead(key(1)), undefined)
@@ -34,7 +34,7 @@ describe("L1Store", () => {
       assert.isTrue(yield* l1.commit(r))
       assert.isTrue(l1.contains(key(1)))
       assert.strictEqual(l1.stats().usedBytes, 100)
-    }))
+    }).pipe(Effect.provide(L1Store.layerTest(1000))))
 
   it.effect("an aborted reservation frees its bytes and publishes nothing", () =>
     Effect.gen(function*() {

@@ -1,0 +1,74 @@
+/**
+ * What `mpcache replay` reports: the summary (its `--json` document) and the
+ * run (summary and timeline, the data of `--report`). Built by
+ * internal/Summary.ts from the run's tally.
+ */
+import type { TransferMode } from "./Messages.ts"
+import type { ReplayTimeline } from "./Timeline.ts"
+import type { TraceIssue } from "./Trace.ts"
+
+/** Everything `mpcache replay` reports (the `--json` document). */
+export interface ReplaySummary {
+  readonly trace: string
+  readonly requests: number
+  readonly failed_requests: number
+  /** Why requests failed (first 20). */
+  readonly failures: ReadonlyArray<{ readonly request: number; readonly message: string }>
+  readonly retried_requests: number
+  /** Workers per server. */
+  readonly workers: number
+  /** Servers the requests were spread over (issue 15 §8). */
+  readonly servers: number
+  /** The L2 every server shared, password removed; null: none. */
+  readonly l2_url: string | null
+  readonly transfer_mode: TransferMode
+  readonly model: string
+  readonly chunk_size: number
+  readonly chunks: { readonly looked_up: number; readonly hit: number; readonly stored: number; readonly retrieved: number }
+  readonly hit_ratio: number
+  /**
+   * Hit chunks by tier: `l2` is what the servers' LOOKUPs found in L2 past their L1 prefix (the delta of
+   * `mpcache_l2_hits_total` over the run, summed over servers), `l1` the rest of `chunks.hit`.
+   */
+  readonly hits_by_tier: { readonly l1: number; readonly l2: number }
+  /** `hits_by_tier` / `chunks.looked_up`. */
+  readonly hit_ratio_l1: number
+  readonly hit_ratio_l2: number
+  /** A perfect LRU of one server's L1 capacity over the whole trace. */
+  readonly perfect_lru_hit_ratio: number
+  /** A perfect LRU of the servers' combined capacity (`servers` × `l1_capacity_chunks`) over the whole trace. */
+  readonly perfect_lru_combined_hit_ratio: number
+  /** Per server, in start order: its share of the requests and of the hits. */
+  readonly per_server: ReadonlyArray<{
+    readonly requests: number
+    readonly looked_up: number
+    readonly hit: number
+    readonly l2_hit: number
+  }>
+  /** One server's L1 capacity. */
+  readonly l1_capacity_chunks: number
+  readonly gb_stored: number
+  readonly gb_retrieved: number
+  readonly duration_seconds: number
+  readonly requests_per_second: number
+  /** Per stage of a request (ms): median, 99th percentile and mean (the means tell where a request's time goes). */
+  readonly latency_ms: Record<
+    "lookup" | "retrieve" | "compute" | "store" | "request",
+    { readonly p50: number; readonly p99: number; readonly mean: number }
+  >
+  readonly churn: { readonly killed: number; readonly paused: number; readonly replaced: number }
+  readonly reaped: Record<string, number>
+  readonly leaked_contexts: number
+  readonly open_mappings_after_shutdown: number
+  readonly data_mismatches: number
+  readonly mismatch_details: ReadonlyArray<{ readonly request: number; readonly line: number; readonly chunks: ReadonlyArray<number> }>
+  readonly trace_issues: ReadonlyArray<TraceIssue>
+  /** Requests of the slice skipped because they are longer than `--max-input-tokens`. */
+  readonly skipped_long_requests: { readonly count: number; readonly max_input_tokens: number | null }
+}
+
+/** A finished replay: the summary, and what happened over time (the data of `--report`, Timeline.ts). */
+export interface ReplayRun {
+  readonly summary: ReplaySummary
+  readonly timeline: ReplayTimeline
+}
