@@ -86,7 +86,24 @@ export class LivenessTargets extends Context.Service<LivenessTargets, ReadonlyAr
   static readonly layer = (targets: ReadonlyArray<LivenessTarget>) => Layer.succeed(this, targets)
   /** No module tracks instances. */
   static readonly layerEmpty = Layer.succeed(this, [])
+  /**
+   * For tests: one in-memory target ({@link heldTarget}) holding the ids in
+   * `held`, a Set the test edits to register and release instances.
+   */
+  static readonly layerTest = (held: Set<bigint>) => Layer.succeed(this, [heldTarget("test", held)])
 }
+
+/**
+ * An in-memory target for tests: holds exactly the ids in `held` (the test
+ * adds and deletes them), counts them, and drops an id from `held` on
+ * `dropInstanceState`. It reaps nothing by itself and owns nothing.
+ */
+export const heldTarget = (name: string, held: Set<bigint>): LivenessTarget => ({
+  ...noopTarget(name),
+  holdsInstance: (id) => Effect.sync(() => held.has(id)),
+  trackedInstanceCount: () => Effect.sync(() => held.size),
+  dropInstanceState: (id) => Effect.sync(() => void held.delete(id))
+})
 
 /**
  * The liveness target of a module whose per-instance state is an
