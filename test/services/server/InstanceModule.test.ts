@@ -219,7 +219,7 @@ describe("mirrored module", () => {
       const second = yield* m.register(id(1), p.request("B", p.owner("t1")))
       assert.deepStrictEqual(second, { _tag: "Registered", entry: second.entry, replaced: first.entry })
       assert.deepStrictEqual(p.seen, ["acquire A", "acquire B", "release A", "owner t1 1 unregister"])
-      assert.deepStrictEqual(m.ids(), [1n])
+      assert.deepStrictEqual(m.ids(), [id(1)])
       assert.strictEqual((yield* m.get(id(1)))?.memory, "B")
     }).pipe(Effect.scoped)
   })
@@ -249,7 +249,7 @@ describe("mirrored module", () => {
       // `a` was replaced (already released once by the replace): withdraw closes its Scope again, a no-op.
       yield* m.withdraw(id(1), a.entry, "fault")
       assert.deepStrictEqual(p.seen, [])
-      assert.deepStrictEqual(m.ids(), [1n])
+      assert.deepStrictEqual(m.ids(), [id(1)])
       yield* m.withdraw(id(1), b.entry, "fault")
       assert.deepStrictEqual(p.seen, ["release B", "owner t1 1 fault"])
       assert.deepStrictEqual(m.ids(), [])
