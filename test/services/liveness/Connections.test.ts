@@ -17,6 +17,14 @@ import { captureLogs, type CapturedLog } from "../../support/FakeMqClient.ts"
 
 const id = makeInstanceId
 
+/** Connects `peer`, binds it to each of `ids` (held), then disconnects it: each id it alone held becomes suspect. */
+const bindThenLose = (c: Connections["Service"], peer: string, ...ids: ReadonlyArray<number>) =>
+  Effect.gen(function*() {
+    yield* c.events.connected(peer)
+    for (const n of ids) yield* c.events.instanceMessage(peer, id(n))
+    yield* c.events.disconnected(peer)
+  })
+
 describe("binding", () => {
   it.effect("a message from a connected routing id naming a held instance binds it, once however often it is named", () => {
     const held = new Set([1n])
@@ -71,9 +79,7 @@ describe("suspicion", () => {
     const logs: Array<CapturedLog> = []
     return Effect.gen(function*() {
       const c = yield* Connections
-      yield* c.events.connected("a")
-      yield* c.events.instanceMessage("a", id(7))
-      yield* c.events.disconnected("a")
+      yield* bindThenLose(c, "a", 7)
       assert.strictEqual(c.stats().suspects, 1)
       yield* c.events.connected("b")
       yield* c.events.instanceMessage("b", id(7))
@@ -89,10 +95,7 @@ describe("suspicion", () => {
     const held = new Set([1n, 2n])
     return Effect.gen(function*() {
       const c = yield* Connections
-      yield* c.events.connected("a")
-      yield* c.events.instanceMessage("a", id(1))
-      yield* c.events.instanceMessage("a", id(2))
-      yield* c.events.disconnected("a")
+      yield* bindThenLose(c, "a", 1, 2)
       assert.match(yield* PrometheusMetrics.format(), /^mpcache_suspect_instances 2$/m)
       yield* c.events.connected("b")
       yield* c.events.instanceMessage("b", id(2))
@@ -106,9 +109,7 @@ describe("grace signal", () => {
     const held = new Set([1n])
     return Effect.gen(function*() {
       const c = yield* Connections
-      yield* c.events.connected("a")
-      yield* c.events.instanceMessage("a", id(1))
-      yield* c.events.disconnected("a")
+      yield* bindThenLose(c, "a", 1)
       yield* TestClock.adjust("10 seconds")
       assert.strictEqual(yield* Queue.size(c.graceExpired), 0)
       yield* TestClock.adjust("1 millis")
@@ -122,9 +123,7 @@ describe("grace signal", () => {
     const held = new Set([1n])
     return Effect.gen(function*() {
       const c = yield* Connections
-      yield* c.events.connected("a")
-      yield* c.events.instanceMessage("a", id(1))
-      yield* c.events.disconnected("a")
+      yield* bindThenLose(c, "a", 1)
       yield* TestClock.adjust("1 hour")
       assert.strictEqual(c.stats().suspects, 1)
       assert.isTrue(Option.isNone(yield* Queue.poll(c.graceExpired)))
