@@ -129,7 +129,7 @@ export const section = (r: Report, t: RunTiming): string => {
     `*Kinds*: the phases run once per descriptor kind (${r.kinds.map((k) => k.kind).join(", ")}), each with its own worker`,
     "and instance, after a CLEAR.",
     `*PING*: a raw zeromq DEALER sending one PING [nil] every ${PING_INTERVAL_MS} ms whatever the replies do (several may be in`,
-    "flight; each timed from its own send), in a process of its own (`bench/pingChild.ts`), idle before the transfers",
+    "flight; each timed from its own send), in a process of its own (`bench/lib/pingChild.ts`), idle before the transfers",
     "and through each measured window. Beside it, the same probe against a bare zeromq.js echo (`bench/lib/echo-router.ts`,",
     "its own process) in the same windows: what any ZeroMQ responder gets from this machine under that load. Event-loop delay: lateness",
     "of a 2 ms timer (`monitorEventLoopDelay`) in the server and in the bench process (which runs the worker).",

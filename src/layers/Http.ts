@@ -19,7 +19,7 @@ import { PrometheusMetrics } from "effect/observability"
 import { bearerCheck, readTokenFile } from "../services/auth/BearerToken.ts"
 import { MqServer, SEND_HIGH_WATER_MARK } from "../services/server/MqServer.ts"
 import { PROTOCOL_VERSION, VERSION } from "../version.ts"
-import { ServerConfig } from "../services/server/ServerConfig.ts"
+import { ServerConfig, type ServerConfigInput } from "../services/server/ServerConfig.ts"
 import { byLabel, existFromStart } from "../services/metrics/Series.ts"
 import { httpConnectionsClosedTotal } from "../services/server/ServerMetrics.ts"
 import { makeWindowedWarnings } from "../services/server/internal/WindowedWarnings.ts"
@@ -87,6 +87,12 @@ export class HttpConnections extends Context.Service<HttpConnections, GuardedHtt
       })
     })
   )
+  /**
+   * For tests: the real guarded server (not listening: the test listens on
+   * an ephemeral port) over `ServerConfig.layerTest(overrides)`.
+   */
+  static readonly layerTest = (overrides: Partial<ServerConfigInput> = {}) =>
+    this.layer.pipe(Layer.provide(ServerConfig.layerTest(overrides)))
 }
 
 /** Builds the `/api/status` document. */

@@ -199,6 +199,14 @@ export interface HeartbeatShape {
 export class Heartbeat extends Context.Service<Heartbeat, HeartbeatShape>()("mpcache/services/Heartbeat") {
   /** Makes a heartbeat for the life of the layer; it is not started (call `start`). */
   static readonly layer = (options: HeartbeatOptions) => Layer.effect(this, makeHeartbeat(options))
+  /**
+   * For tests: the real heartbeat with a test's times (default 10 s interval
+   * and timeout, Clock time: TestClock drives it) and `overrides`; its ping
+   * answers `Alive` unless the test gives its own (a scripted one that
+   * records its calls).
+   */
+  static readonly layerTest = (overrides: Partial<HeartbeatOptions> = {}) =>
+    this.layer({ label: "mpcache server test://", intervalMs: 10_000, timeoutMs: 10_000, ping: Effect.succeed(PingResult.alive), ...overrides })
 }
 
 type RunState = "idle" | "running" | "stopped"

@@ -87,6 +87,13 @@ export interface SchedulerAdapterShape {
 export class SchedulerAdapter extends Context.Service<SchedulerAdapter, SchedulerAdapterShape>()("mpcache/services/SchedulerAdapter") {
   /** An adapter with its own client for the life of the layer. */
   static readonly layer = (options: SchedulerAdapterOptions) => Layer.effect(this, makeSchedulerAdapter(options))
+  /**
+   * For tests: the real adapter over `client` instead of its own socket
+   * (the scripted fake of test/support/FakeMqClient.ts records and answers
+   * every request).
+   */
+  static readonly layerTest = (client: MqClientShape, settings: SchedulerAdapterSettings) =>
+    Layer.effect(this, makeSchedulerAdapterWith(client, settings))
 }
 
 /** The default longest delay between QUERY_PREFETCH_STATUS polls, ms. */

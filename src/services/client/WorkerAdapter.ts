@@ -153,6 +153,13 @@ export interface WorkerAdapterShape extends SessionView {
 export class WorkerAdapter extends Context.Service<WorkerAdapter, WorkerAdapterShape>()("mpcache/services/WorkerAdapter") {
   /** An adapter with its own client for the life of the layer. */
   static readonly layer = (options: WorkerAdapterOptions) => Layer.effect(this, makeWorkerAdapter(options))
+  /**
+   * For tests: the real adapter over `client` instead of its own socket
+   * (the scripted fake of test/support/FakeMqClient.ts records and answers
+   * every request); closing the layer runs its shutdown (UNREGISTER) on it.
+   */
+  static readonly layerTest = (client: MqClientShape, settings: WorkerAdapterSettings) =>
+    Layer.effect(this, makeWorkerAdapterWith(client, settings))
 }
 
 interface Pending {

@@ -16,7 +16,7 @@ import { LivenessSettings } from "./LivenessSettings.ts"
 import type { InstanceId } from "../../schema/InstanceId.ts"
 import { LivenessTargets } from "./LivenessTarget.ts"
 import { PeerEvents } from "./PeerEvents.ts"
-import { disconnectReapingOn } from "./Rule.ts"
+import { disconnectReapingOn, type Windows } from "./Rule.ts"
 import { fromStart } from "../metrics/Series.ts"
 
 const suspectGauge = fromStart(Metric.gauge("mpcache_suspect_instances", {
@@ -132,6 +132,14 @@ export class Connections extends Context.Service<Connections, {
       }
     })
   )
+
+  /**
+   * For tests: the real tracker over one in-memory target holding the ids in
+   * `held` (LivenessTargets.layerTest) and `windows` over an all-off baseline
+   * (LivenessSettings.layerTest: grace 0 unless a test sets it).
+   */
+  static readonly layerTest = (held: Set<bigint>, windows: Partial<Windows> = {}) =>
+    this.layer.pipe(Layer.provide(Layer.mergeAll(LivenessTargets.layerTest(held), LivenessSettings.layerTest(windows))))
 
   /** The tracker as the MQ server's PeerEvents listener. */
   static readonly layerPeerEvents = Layer.effect(

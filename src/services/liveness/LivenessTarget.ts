@@ -93,7 +93,39 @@ export class LivenessTargets extends Context.Service<LivenessTargets, ReadonlyAr
   static readonly layer = (targets: ReadonlyArray<LivenessTarget>) => Layer.succeed(this, targets)
   /** No module tracks instances. */
   static readonly layerEmpty = Layer.succeed(this, [])
+  /**
+   * For tests: one in-memory target ({@link heldTarget}) holding the ids in
+   * `held`, a Set the test edits to register and release instances.
+   */
+  static readonly layerTest = (held: Set<bigint>, options: HeldTargetOptions = {}) =>
+    Layer.succeed(this, [heldTarget("test", held, options)])
 }
+
+/** What an in-memory test target answers for and records. */
+export interface HeldTargetOptions {
+  /** The registration kind it answers for in PING_REGISTERED (default none: it answers for no kind). */
+  readonly kind?: RegistrationKind
+  /** Each `touchInstance` call's id, in order (held or not: the target decides, as a real one does). */
+  readonly touched?: Array<bigint>
+  /** Each `reapStaleInstances` call's judging time (`rule.nowMs`), in order. */
+  readonly scans?: Array<number>
+}
+
+/**
+ * An in-memory target for tests: holds exactly the ids in `held` (the test
+ * adds and deletes them), counts them, drops an id from `held` on
+ * `dropInstanceState`, and records touches and scans in `options`. It reaps
+ * nothing by itself and owns nothing.
+ */
+export const heldTarget = (name: string, held: Set<bigint>, options: HeldTargetOptions = {}): LivenessTarget => ({
+  ...noopTarget(name),
+  kind: options.kind,
+  touchInstance: (id) => Effect.sync(() => void options.touched?.push(id)),
+  holdsInstance: (id) => Effect.sync(() => held.has(id)),
+  reapStaleInstances: (rule) => Effect.sync(() => (options.scans?.push(rule.nowMs), [])),
+  trackedInstanceCount: () => Effect.sync(() => held.size),
+  dropInstanceState: (id) => Effect.sync(() => void held.delete(id))
+})
 
 /**
  * The liveness target of a module whose per-instance state is an

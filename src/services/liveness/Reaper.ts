@@ -29,11 +29,11 @@ import { Clock, Context, Effect, Layer, Metric, Queue } from "effect"
 import { formatInstanceId } from "../../schema/InstanceId.ts"
 import { Connections } from "./Connections.ts"
 import { LivenessSettings } from "./LivenessSettings.ts"
-import { LivenessTargets, type InstanceSummary, type ReapedInstance } from "./LivenessTarget.ts"
+import { type HeldTargetOptions, LivenessTargets, type InstanceSummary, type ReapedInstance } from "./LivenessTarget.ts"
 import { makeRecentReaps } from "./RecentReaps.ts"
 import { RequestBarrier } from "./RequestBarrier.ts"
 import { formatStallSeconds, ServerStalls, watchEventLoop } from "./Stalls.ts"
-import { REAP_REASONS, stateOf, type InstanceState, type ReapReason } from "./Rule.ts"
+import { REAP_REASONS, stateOf, type InstanceState, type ReapReason, type Windows } from "./Rule.ts"
 import { byLabel, fromStart } from "../metrics/Series.ts"
 
 const reapsTotal = Metric.counter("mpcache_reaps_total", { description: "Instances reaped, by reason", incremental: true })
@@ -78,6 +78,21 @@ export class Reaper extends Context.Service<Reaper, {
    * ticker (Stalls.ts) live exactly as long as this layer.
    */
   static readonly layer = Layer.effect(this, Effect.suspend(() => make)).pipe(Layer.provide(ServerStalls.layer))
+  /**
+   * For tests: the real reaper and connection tracker (both provided) over
+   * one in-memory target holding the ids in `held` (LivenessTargets.layerTest,
+   * its touches and scans recorded in `target`), `windows` over an all-off
+   * baseline (LivenessSettings.layerTest) and the real request barrier.
+   */
+  static readonly layerTest = (held: Set<bigint>, windows: Partial<Windows> = {}, target: HeldTargetOptions = {}) =>
+    this.layer.pipe(
+      Layer.provideMerge(Connections.layer),
+      Layer.provideMerge(Layer.mergeAll(
+        LivenessTargets.layerTest(held, target),
+        LivenessSettings.layerTest(windows),
+        RequestBarrier.layerTest
+      ))
+    )
 }
 
 const make = Effect.gen(function*() {

@@ -62,6 +62,9 @@ export class RequestBarrier extends Context.Service<RequestBarrier, {
       stats: () => ({ waiters: waiters.size, unfinished: unfinished.size })
     }
   })
+  /** For tests: the real barrier (it needs nothing; requests enter and exit as a test drives them). */
+  static readonly layerTest = this.layer
+
   /** No MQ server in front (unit tests): nothing to wait for. */
   static readonly layerNoop = Layer.succeed(this, {
     enter: () => 0,

@@ -77,6 +77,8 @@ export class ServerStalls extends Context.Service<ServerStalls, {
         })
     }
   })
+  /** For tests: the real reporter (it needs nothing; its WARNINGs and metrics go where the test's logger and registry are). */
+  static readonly layerTest = this.layer
 }
 
 /** The event-loop ticker's period, ms: short, so its lateness is close to the whole pause. */

@@ -67,7 +67,7 @@ import { PROTOCOL_VERSION } from "../../version.ts"
 import { row, type RequestContext, type ServerModule } from "./Handler.ts"
 import { makeTokenTable, type PendingToken, TOKEN_BYTES } from "./internal/TokenTable.ts"
 import { makeWarnWindow } from "./internal/WarnWindow.ts"
-import { defaultFdSocket, ServerConfig } from "./ServerConfig.ts"
+import { defaultFdSocket, ServerConfig, type ServerConfigInput } from "./ServerConfig.ts"
 
 /** One passed descriptor as the server checked it: bytes (st_size), F_SEAL_* bits, "<dev>:<ino>". */
 export interface PassedFd {
@@ -143,6 +143,13 @@ export class FdExchange extends Context.Service<FdExchange, {
   readonly module: ServerModule
 }>()("mpcache/services/server/FdExchange") {
   static readonly layer = Layer.effect(this, Effect.suspend(() => make))
+  /**
+   * For tests: the real exchange (a real listening socket where `overrides`
+   * turn `--fd-socket` on) over `ServerConfig.layerTest(overrides)`, which it
+   * also provides.
+   */
+  static readonly layerTest = (overrides: Partial<ServerConfigInput> = {}) =>
+    this.layer.pipe(Layer.provideMerge(ServerConfig.layerTest(overrides)))
 }
 
 /** The reply map of a refused request; `field`: the flag an `overloaded` names. */

@@ -55,4 +55,6 @@ export class LayoutRegistry extends Context.Service<LayoutRegistry, {
       }
     })
   )
+  /** For tests: the real registry (it needs nothing; in memory). */
+  static readonly layerTest = this.layer
 }

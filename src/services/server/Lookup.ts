@@ -37,7 +37,7 @@
  *   released by whatever ends it, a defect or an interruption included.
  */
 import { Clock, Context, Duration, Effect, Exit, Fiber, Layer, Metric, Schedule, type Scope } from "effect"
-import { ServerConfig } from "./ServerConfig.ts"
+import { ServerConfig, type ServerConfigInput } from "./ServerConfig.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import { EndSession, FreeLookupLocks, Lookup as LookupOp, QueryPrefetchStatus } from "../../schema/Op.ts"
 import { row, type ServerModule } from "./Handler.ts"
@@ -425,4 +425,16 @@ export class Lookup extends Context.Service<Lookup, {
       }
     })
   )
+  /**
+   * For tests: the real lookup over `ServerConfig.layerTest(overrides)`, an
+   * in-process L1 of `l1CapacityBytes` over a plain Buffer (`L1Store.make`)
+   * and the real layout registry, all three provided as well so a test can
+   * fill L1 and register layouts; no L2 tier.
+   */
+  static readonly layerTest = (overrides: Partial<ServerConfigInput> = {}, l1CapacityBytes = 1 << 20) =>
+    this.layer.pipe(Layer.provideMerge(Layer.mergeAll(
+      ServerConfig.layerTest(overrides),
+      Layer.effect(L1Store, L1Store.make(l1CapacityBytes)),
+      LayoutRegistry.layerTest
+    )))
 }

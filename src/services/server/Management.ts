@@ -25,14 +25,14 @@
  */
 import { Clock, Context, Effect, Layer, Metric } from "effect"
 import { decodeInstanceIdFrame, encodeFrame } from "../../schema/Frame.ts"
-import { ServerConfig } from "./ServerConfig.ts"
+import { ServerConfig, type ServerConfigInput } from "./ServerConfig.ts"
 import type { InstanceId } from "../../schema/InstanceId.ts"
 import { Clear, GetChunkSize, Noop, Ping, PingRegistered } from "../../schema/Op.ts"
 import type { RegistrationKind } from "../../schema/Registration.ts"
-import { CacheControl } from "./CacheControl.ts"
+import { CacheControl, type MemoryCache } from "./CacheControl.ts"
 import { type FastHandler, row, type ServerModule } from "./Handler.ts"
 import { makeMetricBatch } from "./internal/MetricBatch.ts"
-import { LivenessTargets } from "../liveness/LivenessTarget.ts"
+import { type LivenessTarget, LivenessTargets } from "../liveness/LivenessTarget.ts"
 import { byLabel } from "../metrics/Series.ts"
 
 const pingsTotal = Metric.counter("mpcache_pings_total", {
@@ -63,6 +63,21 @@ export class Management extends Context.Service<Management, {
   readonly module: ServerModule
 }>()("mpcache/services/Management") {
   static readonly layer = Layer.effect(this, Effect.suspend(() => make))
+  /**
+   * For tests: the real module over `ServerConfig.layerTest(config)`,
+   * `targets` (in-memory ones: `heldTarget`; default none) and
+   * `CacheControl.layerTest(cache)`.
+   */
+  static readonly layerTest = (options: {
+    readonly config?: Partial<ServerConfigInput>
+    readonly targets?: ReadonlyArray<LivenessTarget>
+    readonly cache?: MemoryCache
+  } = {}) =>
+    this.layer.pipe(Layer.provide(Layer.mergeAll(
+      ServerConfig.layerTest(options.config),
+      LivenessTargets.layer(options.targets ?? []),
+      CacheControl.layerTest(options.cache)
+    )))
 }
 
 const make = Effect.gen(function*() {

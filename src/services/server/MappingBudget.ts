@@ -26,13 +26,13 @@
  */
 import { readFile } from "node:fs/promises"
 import { Context, Effect, Layer, Metric } from "effect"
-import { NativeMemory } from "../../native/Native.ts"
+import { type MappingUsage, NativeMemory } from "../../native/Native.ts"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
 import { Overloaded } from "../../schema/WireError.ts"
 import { type SegmentDemand, segmentDemand } from "../kv/KvCacheLayout.ts"
 import type { ServerModule } from "./Handler.ts"
-import { ServerConfig } from "./ServerConfig.ts"
+import { ServerConfig, type ServerConfigInput } from "./ServerConfig.ts"
 import { byLabel } from "../metrics/Series.ts"
 
 /** The flags a registration can be refused by, as `Overloaded.field`. */
@@ -94,7 +94,26 @@ export class MappingBudget extends Context.Service<MappingBudget, {
 }>()("mpcache/services/server/MappingBudget") {
   /** Needs the configuration and the native layer. */
   static readonly layer = Layer.effect(this, Effect.suspend(() => make))
+  /**
+   * For tests: the real budget over `ServerConfig.layerTest(overrides)` and
+   * a native layer that answers only its counters, from `usage` (what
+   * `usage()` returns now: the test moves it as mappings come and go;
+   * nothing mapped by default); the budget reads nothing else of it, and
+   * any other call dies "unimplemented" (`Layer.mock`).
+   */
+  static readonly layerTest = (overrides: Partial<ServerConfigInput> = {}, usage: () => MappingUsage = () => noUsage) =>
+    this.layer.pipe(Layer.provide(Layer.mergeAll(
+      ServerConfig.layerTest(overrides),
+      Layer.mock(NativeMemory, {
+        usage,
+        stats: () => ({ openMappings: usage().mappings, mappedBytes: usage().hostBytes + usage().deviceBytes }),
+        guardedFaults: () => 0,
+        cudaFaults: () => 0
+      })
+    )))
 }
+
+const noUsage: MappingUsage = { mappings: 0, hostBytes: 0, deviceBytes: 0 }
 
 const make = Effect.gen(function*() {
   const { mapLimits: limits } = yield* ServerConfig

@@ -7,7 +7,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Clock, Deferred, Effect, Exit, Fiber, Ref, Scope } from "effect"
 import { TestClock } from "effect/testing"
-import { type HeartbeatEvent, makeHeartbeat, type HeartbeatOptions, PingResult } from "../../../src/services/client/Heartbeat.ts"
+import { Heartbeat, type HeartbeatEvent, makeHeartbeat, type HeartbeatOptions, PingResult } from "../../../src/services/client/Heartbeat.ts"
 import { type CapturedLog, captureLogs } from "../../support/FakeMqClient.ts"
 
 /** A scripted ping: answers from the queue, then `Alive`; records the Clock time of each call. */
@@ -55,10 +55,10 @@ describe("start", () => {
 })
 
 describe("cadence", () => {
-  it.effect("pings at start, then every interval on exact clock points", () =>
-    Effect.gen(function*() {
-      const p = scriptedPing()
-      const hb = yield* makeHeartbeat(base(p.ping, []))
+  it.effect("pings at start, then every interval on exact clock points", () => {
+    const p = scriptedPing()
+    return Effect.gen(function*() {
+      const hb = yield* Heartbeat
       yield* hb.start
       yield* TestClock.adjust("9999 millis")
       assert.deepStrictEqual(p.calls, [0])
@@ -67,7 +67,8 @@ describe("cadence", () => {
       yield* TestClock.adjust("20 seconds")
       assert.deepStrictEqual(p.calls, [0, 10_000, 20_000, 30_000])
       assert.strictEqual(yield* hb.cycles, 4)
-    }))
+    }).pipe(Effect.provide(Heartbeat.layerTest({ ping: p.ping })))
+  })
 
   it.effect("a ping that waits its whole timeout (= interval) keeps the grid: the next one goes out at once", () =>
     Effect.gen(function*() {

@@ -8,10 +8,10 @@
  * WARNING that names the answer.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, Scope } from "effect"
+import { Context, Effect, Exit, Fiber, Layer, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { BadRequest } from "../../../src/schema/WireError.ts"
-import { makeSchedulerAdapterWith, type SchedulerAdapterSettings } from "../../../src/services/client/SchedulerAdapter.ts"
+import { makeSchedulerAdapterWith, SchedulerAdapter, type SchedulerAdapterSettings } from "../../../src/services/client/SchedulerAdapter.ts"
 import { type CapturedLog, captureLogs, type FakeMqClient, makeFakeMqClient, reply } from "../../support/FakeMqClient.ts"
 
 const tokens = Array.from({ length: 600 }, (_, i) => i)
@@ -42,7 +42,9 @@ describe("heartbeat", () => {
     Effect.gen(function*() {
       const client = makeFakeMqClient()
       const scope = yield* Scope.make()
-      const adapter = yield* adapterOn(client).pipe(Scope.provide(scope))
+      // The service's layer over the fake: closing the layer stops its heartbeat.
+      const layer = SchedulerAdapter.layerTest(client, { modelName: "m", worldSize: 1 })
+      const adapter = Context.get(yield* Layer.buildWithScope(layer, scope), SchedulerAdapter)
       yield* adapter.lookup("r1", tokens)
       yield* TestClock.adjust("10 seconds")
       yield* Scope.close(scope, Exit.void)

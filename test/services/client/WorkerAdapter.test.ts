@@ -6,12 +6,12 @@
  * supervision, shutdown order, mixed versions and the construction warning.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, Scope } from "effect"
+import { Context, Effect, Exit, Fiber, Layer, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { makeInstanceId, MAX_INSTANCE_ID } from "../../../src/schema/InstanceId.ts"
 import type { TensorDescriptor } from "../../../src/schema/TensorDescriptor.ts"
 import { BadRequest, NotRegistered, UnknownOp } from "../../../src/schema/WireError.ts"
-import { makeWorkerAdapterWith, type TransferRequest, type WorkerAdapterSettings } from "../../../src/services/client/WorkerAdapter.ts"
+import { makeWorkerAdapterWith, type TransferRequest, WorkerAdapter, type WorkerAdapterSettings } from "../../../src/services/client/WorkerAdapter.ts"
 import { type CapturedLog, captureLogs, type FakeMqClient, makeFakeMqClient, reply } from "../../support/FakeMqClient.ts"
 
 const ID = makeInstanceId((1n << 62n) + 7n)
@@ -397,7 +397,8 @@ describe("shutdown", () => {
     Effect.gen(function*() {
       const client = makeFakeMqClient()
       const scope = yield* Scope.make()
-      const adapter = yield* adapterOn(client).pipe(Scope.provide(scope))
+      // The service's layer over the fake: closing the layer is the adapter's shutdown.
+      const adapter = Context.get(yield* Layer.buildWithScope(WorkerAdapter.layerTest(client, settings()), scope), WorkerAdapter)
       yield* adapter.registerKvCaches(descriptors)
       yield* TestClock.adjust("15 seconds")
       yield* Scope.close(scope, Exit.void)

@@ -391,3 +391,44 @@ describe("server stalls seen by the reaper", () => {
     }))
 })
 
+
+describe("the reaper alone (Reaper.layerTest: one in-memory target, no modules)", () => {
+  it.effect("a 120 s reap timeout scans every 30 s on the grid, each scan judging at its due time", () => {
+    const scans: Array<number> = []
+    return Effect.gen(function*() {
+      const reaper = yield* Reaper
+      assert.isTrue(reaper.reaperEnabled)
+      yield* TestClock.adjust("90 seconds")
+      assert.deepStrictEqual(scans, [30_000, 60_000, 90_000])
+    }).pipe(Effect.scoped, Effect.provide(Reaper.layerTest(new Set(), { reapTimeoutMs: 120_000, registrationGraceMs: 60_000 }, { scans })))
+  })
+
+  it.effect("a suspect's grace running out wakes a scan 1 ms past it, between the scheduled ones (grace 10 s: period 5 s)", () => {
+    const scans: Array<number> = []
+    return Effect.gen(function*() {
+      const connections = yield* Connections
+      yield* connections.events.connected("a")
+      yield* connections.events.instanceMessage("a", id(1))
+      yield* connections.events.disconnected("a")
+      yield* TestClock.adjust("15 seconds")
+      assert.deepStrictEqual(scans, [5_000, 10_000, 10_001, 15_000])
+    }).pipe(Effect.scoped, Effect.provide(Reaper.layerTest(new Set([1n]), { disconnectGraceMs: 10_000 }, { scans })))
+  })
+
+  it.effect("every window 0: the reaper is disabled, never scans, and status says so with the tracked count", () => {
+    const scans: Array<number> = []
+    return Effect.gen(function*() {
+      const reaper = yield* Reaper
+      yield* TestClock.adjust("1 hour")
+      assert.deepStrictEqual(scans, [])
+      assert.isFalse(reaper.reaperEnabled)
+      assert.deepStrictEqual((yield* reaper.status())["worker_liveness"], {
+        enabled: false,
+        reap_timeout_seconds: 0,
+        registration_grace_seconds: 0,
+        disconnect_grace_seconds: 0,
+        tracked_instances: 2
+      })
+    }).pipe(Effect.scoped, Effect.provide(Reaper.layerTest(new Set([1n, 2n]), {}, { scans })))
+  })
+})

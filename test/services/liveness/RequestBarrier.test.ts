@@ -31,7 +31,7 @@ describe("RequestBarrier", () => {
       assert.deepStrictEqual(barrier.stats(), { waiters: 0, unfinished: 1 })
       barrier.exit(later)
       assert.deepStrictEqual(barrier.stats(), { waiters: 0, unfinished: 0 })
-    }).pipe(Effect.provide(RequestBarrier.layer)))
+    }).pipe(Effect.provide(RequestBarrier.layerTest)))
 
   it.effect("gives up after its timeout, and not before", () =>
     Effect.gen(function*() {
@@ -43,7 +43,7 @@ describe("RequestBarrier", () => {
       assert.isUndefined(waiting.pollUnsafe(), "waiting until its timeout")
       yield* TestClock.adjust("1 millis")
       yield* Fiber.join(waiting)
-    }).pipe(Effect.provide(RequestBarrier.layer)))
+    }).pipe(Effect.provide(RequestBarrier.layerTest)))
 
   it.effect("a waiter that timed out is removed: waiters do not pile up behind a request that never finishes", () =>
     Effect.gen(function*() {
@@ -56,7 +56,7 @@ describe("RequestBarrier", () => {
         yield* Fiber.join(waiting)
         assert.deepStrictEqual(barrier.stats(), { waiters: 0, unfinished: 1 }, `after timeout ${i + 1}`)
       }
-    }).pipe(Effect.provide(RequestBarrier.layer)))
+    }).pipe(Effect.provide(RequestBarrier.layerTest)))
 
   it.effect("an interrupted waiter is removed too", () =>
     Effect.gen(function*() {
@@ -66,5 +66,5 @@ describe("RequestBarrier", () => {
       yield* until(() => barrier.stats().waiters === 1)
       yield* Fiber.interrupt(waiting)
       assert.deepStrictEqual(barrier.stats(), { waiters: 0, unfinished: 1 })
-    }).pipe(Effect.provide(RequestBarrier.layer)))
+    }).pipe(Effect.provide(RequestBarrier.layerTest)))
 })

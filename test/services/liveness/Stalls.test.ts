@@ -15,7 +15,7 @@ const tickerFor = (seconds: number) =>
   Effect.gen(function*() {
     yield* Effect.forkScoped(watchEventLoop)
     yield* TestClock.adjust(`${seconds} seconds`)
-  }).pipe(Effect.scoped, Effect.provide(ServerStalls.layer))
+  }).pipe(Effect.scoped, Effect.provide(ServerStalls.layerTest))
 
 describe("event-loop ticker", () => {
   // Ticks every 250 ms: the tick due at 1250 ms falls in the stop and wakes at its end.
@@ -42,7 +42,7 @@ describe("event-loop ticker", () => {
       assert.isTrue(yield* stalls.report({ source: "event_loop", fromMs: 1_000, toMs: 3_000, what: "first" }))
       assert.isFalse(yield* stalls.report({ source: "reaper", fromMs: 2_000, toMs: 3_001, what: "the same pause" }))
       assert.isTrue(yield* stalls.report({ source: "reaper", fromMs: 3_000, toMs: 5_000, what: "second" }))
-    }).pipe(Effect.provide(ServerStalls.layer)))
+    }).pipe(Effect.provide(ServerStalls.layerTest)))
 })
 
 describe("one pause, both detectors", () => {

@@ -11,7 +11,7 @@ import { closeSync, openSync, readdirSync, readlinkSync, rmSync, statSync, write
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Layer, Scope } from "effect"
+import { Effect, Exit, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { createMemfd, F_SEAL, KV_SEALS, sendFds } from "../../../src/native/FdPassing.ts"
 import { pack, unpack } from "../../../src/schema/Frame.ts"
@@ -19,7 +19,6 @@ import { makeInstanceId } from "../../../src/schema/InstanceId.ts"
 import { ServerInfo } from "../../../src/schema/Op.ts"
 import { FdExchange } from "../../../src/services/server/FdExchange.ts"
 import { descriptorBudgetDefaults } from "../../../src/services/server/DescriptorBudget.ts"
-import { ServerConfig } from "../../../src/services/server/ServerConfig.ts"
 
 /** Descriptors of this process open on a memfd named `name`. */
 const openOn = (name: string) =>
@@ -32,7 +31,7 @@ const openOn = (name: string) =>
   }).length
 
 const layer = (socket: string) =>
-  FdExchange.layer.pipe(Layer.provideMerge(ServerConfig.layerTest({ fdSocket: socket, fdTokenTtlSeconds: 5 })))
+  FdExchange.layerTest({ fdSocket: socket, fdTokenTtlSeconds: 5 })
 
 const ctxOf = (peer: string) => ({ routingId: Buffer.from(peer, "hex"), peer, skipBinding: false })
 
@@ -160,7 +159,7 @@ describe("FdExchange", () => {
         "cpu_memfd off",
         "register_kv_cache: instance 3: kv_caches[1].fd_token names passed descriptors, but this server has no descriptor socket (--fd-socket)"
       ])
-    }).pipe(Effect.provide(FdExchange.layer.pipe(Layer.provideMerge(ServerConfig.layerTest({ fdSocket: "off" }))))))
+    }).pipe(Effect.provide(FdExchange.layerTest({ fdSocket: "off" }))))
 
   it.effect("the socket file is mode 0600, or 0660 in the --ipc-group group next to an ipc endpoint", () => {
     const endpoint = `ipc://${join(tmpdir(), `mpcache-fdx-${randomUUID()}.sock`)}`
@@ -168,7 +167,7 @@ describe("FdExchange", () => {
       const fdx = yield* FdExchange
       const st = statSync(fdx.socketPath!)
       assert.deepStrictEqual([fdx.socketPath, st.mode & 0o777, st.gid], [`${endpoint.slice("ipc://".length)}.fds`, 0o660, 1])
-    }).pipe(Effect.provide(FdExchange.layer.pipe(Layer.provideMerge(ServerConfig.layerTest({ endpoint, ipcGroup: "daemon" })))))
+    }).pipe(Effect.provide(FdExchange.layerTest({ endpoint, ipcGroup: "daemon" })))
   })
 
   it.effect("tokens hold at most --max-passed-descriptors in all and --max-passed-descriptors-per-peer per connection: over either, overloaded naming the flag", () => {
@@ -227,7 +226,7 @@ describe("FdExchange", () => {
       assert.deepStrictEqual([(yield* block)["held_descriptors"], (yield* block)["token_descriptors"]], [3, 3])
     }).pipe(
       Effect.scoped,
-      Effect.provide(FdExchange.layer.pipe(Layer.provideMerge(ServerConfig.layerTest({ fdSocket: socket, fdTokenTtlSeconds: 5, descriptorLimit: 20_000, descriptorCaps: caps }))))
+      Effect.provide(FdExchange.layerTest({ fdSocket: socket, fdTokenTtlSeconds: 5, descriptorLimit: 20_000, descriptorCaps: caps }))
     )
   })
 })

@@ -101,7 +101,7 @@ describe("Lookup", () => {
       yield* lookup.lookup(key({ request_id: "no-hits", worker_id: 0 }))
       assert.deepStrictEqual(counts(lookup), { sessions: 0, heldLocks: 0, pendingJobs: 0 })
       assert.strictEqual(yield* lookup.queryPrefetchStatus("no-hits"), 0)
-    }).pipe(Effect.provide(Env)))
+    }).pipe(Effect.provide(Lookup.layerTest({ chunkSize: CHUNK, lookupLockTtlSeconds: 60 }))))
 
   it.effect("worker_id nil counts the prefix every rank holds, locks it, and reports it exactly once", () =>
     Effect.gen(function*() {
@@ -116,7 +116,7 @@ describe("Lookup", () => {
       assert.strictEqual(yield* lookup.queryPrefetchStatus("unknown"), 0)
       assert.deepStrictEqual(counts(lookup), { sessions: 1, heldLocks: 4, pendingJobs: 0 })
       assert.strictEqual(l1.stats().lockedObjects, 4)
-    }).pipe(Effect.provide(Env)))
+    }).pipe(Effect.provide(Lookup.layerTest({ chunkSize: CHUNK, lookupLockTtlSeconds: 60 }))))
 
   it.effect("worker_id nil with the largest world size: L1 is asked chunk by chunk and the scan stops at the first missing object (issue 24 item 5)", () =>
     Effect.gen(function*() {

@@ -218,3 +218,30 @@ describe("REGISTER touches no page of the worker's memory (issue 24 item 12)", (
       assert.deepStrictEqual([allocated(`${name}-L0`), allocated(`${name}-L1`)], [8 * BLOCK, 8 * BLOCK])
     }).pipe(Effect.scoped, Effect.provide(livenessEnv({ l1SizeGb: 0.25 }))))
 })
+
+describe("the budget alone (MappingBudget.layerTest: the native layer's counters given by the test)", () => {
+  it.effect("admit at exactly --max-mappings and --max-mapped-bytes passes; one more of either is refused naming its flag, and counted in status", () => {
+    let held = { mappings: 6, hostBytes: 1_000, deviceBytes: 0 }
+    return Effect.gen(function*() {
+      const budget = yield* MappingBudget
+      yield* budget.admit("register_kv_cache", id(1), { segments: 2, hostBytes: 24, deviceBytes: 0 })
+      const mappings = yield* Effect.flip(budget.admit("register_kv_cache", id(1), { segments: 3, hostBytes: 0, deviceBytes: 0 }))
+      assert.strictEqual(mappings.field, "max-mappings")
+      assert.strictEqual(mappings.actual, "6 held + 3 asked")
+      held = { mappings: 0, hostBytes: 1_000, deviceBytes: 0 }
+      const bytes = yield* Effect.flip(budget.admit("register_kv_cache", id(2), { segments: 1, hostBytes: 25, deviceBytes: 0 }))
+      assert.deepStrictEqual(overloaded(bytes), {
+        field: "max-mapped-bytes",
+        expected: "at most 1024 bytes of worker host memory mapped",
+        actual: "1000 held + 25 asked",
+        message:
+          "register_kv_cache: instance 2: its host memory is 25 bytes; with the 1000 bytes of worker memory mapped now that is over --max-mapped-bytes (1024); nothing was mapped: retry once other instances unregister, or raise the limit"
+      })
+      const status = (yield* budget.module.status!())["mapping_limits"] as Record<string, unknown>
+      assert.deepStrictEqual(
+        [status["max_mappings"], status["mappings"], status["max_mapped_bytes"], status["host_mapped_bytes"], status["refused"]],
+        [8, 0, 1024, 1_000, { max_segments_per_register: 0, max_mappings: 1, max_mapped_bytes: 1 }]
+      )
+    }).pipe(Effect.provide(MappingBudget.layerTest({ maxMappings: 8, maxMappedBytes: 1024 }, () => held)))
+  })
+})

@@ -2,7 +2,7 @@
  * The L2 store (issue 15 item 2, DESIGN §9): the few Redis commands the L2
  * tier needs, as Effects that always end — each has a timeout, and nothing
  * queues while the store is down (node-redis `disableOfflineQueue`). The
- * Redis-backed layer lives in src/layers/L2Redis.ts; `layerMemory` here is
+ * Redis-backed layer lives in src/layers/L2Redis.ts; `layerTest` here is
  * an in-memory store for unit tests, with knobs to make it slow or down.
  */
 import { Context, Duration, Effect, Layer, Schema } from "effect"
@@ -35,8 +35,11 @@ export class L2Store extends Context.Service<L2Store, {
   /** Why the store is not connected now (null when it is): for status, without sending anything. */
   readonly connectionError: () => string | null
 }>()("mpcache/services/server/l2/L2Store") {
-  /** An in-memory store and its controls (unit tests). */
-  static readonly layerMemory = (memory: MemoryL2) => Layer.succeed(this, memoryStore(memory))
+  /**
+   * An in-memory store and its controls (unit tests): `memory` holds the
+   * values and the knobs (down, delay) a test turns; a fresh one by default.
+   */
+  static readonly layerTest = (memory: MemoryL2 = makeMemoryL2()) => Layer.succeed(this, memoryStore(memory))
 }
 
 /** State and knobs of the in-memory store: its values, and whether it answers (down) or how late (delayMs, Clock time). */

@@ -15,7 +15,7 @@ const failure = new L2Error({ op: "GET", reason: "timeout", message: "GET did no
 
 const setup = Effect.gen(function*() {
   const memory = makeMemoryL2()
-  const store = yield* L2Store.pipe(Effect.provide(L2Store.layerMemory(memory)))
+  const store = yield* L2Store.pipe(Effect.provide(L2Store.layerTest(memory)))
   const breaker = yield* makeBreaker(settings, store.ping(100))
   // It starts probing; its first PING (sent at once) closes it. The tests below count the PINGs after that one.
   yield* Effect.yieldNow
@@ -30,7 +30,7 @@ describe("L2Breaker", () => {
       const memory = makeMemoryL2()
       memory.down = true
       memory.delayMs = 30
-      const store = yield* L2Store.pipe(Effect.provide(L2Store.layerMemory(memory)))
+      const store = yield* L2Store.pipe(Effect.provide(L2Store.layerTest(memory)))
       const breaker = yield* makeBreaker(settings, store.ping(100))
       assert.strictEqual(breaker.state(), "probing")
       assert.isFalse(breaker.isClosed())
@@ -55,7 +55,7 @@ describe("L2Breaker", () => {
     Effect.gen(function*() {
       const memory = makeMemoryL2()
       memory.delayMs = 30
-      const store = yield* L2Store.pipe(Effect.provide(L2Store.layerMemory(memory)))
+      const store = yield* L2Store.pipe(Effect.provide(L2Store.layerTest(memory)))
       const breaker = yield* makeBreaker(settings, store.ping(100))
       yield* TestClock.adjust("29 millis")
       assert.strictEqual(breaker.state(), "probing")

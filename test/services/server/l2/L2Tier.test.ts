@@ -62,7 +62,7 @@ const envOf = (memory: MemoryL2, l2 = {}, faults?: FaultSteps) =>
     Layer.provideMerge(breakerClosed),
     Layer.provideMerge(layerL2Tier),
     Layer.provideMerge(
-      faults === undefined ? L2Store.layerMemory(memory) : faultyL2Store(faults).pipe(Layer.provide(L2Store.layerMemory(memory)))
+      faults === undefined ? L2Store.layerTest(memory) : faultyL2Store(faults).pipe(Layer.provide(L2Store.layerTest(memory)))
     ),
     Layer.provideMerge(
       Layer.mergeAll(faults === undefined ? L1Store.layer : faultyL1(faults).pipe(Layer.provide(L1Store.layer)), LayoutRegistry.layer).pipe(
