@@ -12,8 +12,9 @@
  * never told that map, so the tenant's mapped bytes leaked against
  * `--tenant-max-mapped-bytes`. Here there is one copy of the fact: the entry.
  */
-import type { Effect } from "effect"
-import type { InstanceId } from "../../schema/InstanceId.ts"
+import { Context, type Effect } from "effect"
+import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
+import { Forbidden } from "../../schema/WireError.ts"
 
 /** What released an entry, as its finalizer tells the owner. */
 export type ReleaseReason = "unregister" | "reap" | "fault" | "shutdown"
@@ -32,3 +33,35 @@ export interface InstanceOwner {
    */
   readonly release: (id: InstanceId, reason: ReleaseReason) => Effect.Effect<void>
 }
+
+/**
+ * The tenant a request is served for (issue 25 item 1): provided by the
+ * tenant guard around every handler it passes a request to, undefined
+ * without tenancy. The per-instance core reads it where it resolves an entry
+ * for a transfer or replaces one, in the same step as the look-up, so no
+ * request of one tenant reaches an entry of another even when that entry is
+ * inserted after the guard looked (there is no check-then-use window).
+ */
+export const RequestTenant = Context.Reference<string | undefined>("mpcache/services/liveness/RequestTenant", {
+  defaultValue: () => undefined
+})
+
+/**
+ * Whether a request served for `tenant` may use an entry owned by `owner`:
+ * always without tenancy (`tenant` undefined); under tenancy only its own
+ * tenant's entry, and never an entry without an owner (fail closed).
+ */
+export const admits = (owner: InstanceOwner | undefined, tenant: string | undefined): boolean =>
+  tenant === undefined || owner?.tenant === tenant
+
+/**
+ * The refusal of a request that names another tenant's instance
+ * (`forbidden`, field `instance_id`; docs/security.md "Tenant rules").
+ */
+export const notYours = (op: string, id: InstanceId): Forbidden =>
+  new Forbidden({
+    op,
+    instance_id: formatInstanceId(id),
+    field: "instance_id",
+    message: `${op}: instance ${formatInstanceId(id)} belongs to another tenant; nothing was changed`
+  })

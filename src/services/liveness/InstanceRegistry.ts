@@ -19,7 +19,7 @@
  */
 import { Effect, HashMap, Option, Semaphore, TxHashMap } from "effect"
 import type { InstanceId } from "../../schema/InstanceId.ts"
-import type { InstanceOwner } from "./InstanceOwner.ts"
+import { admits, type InstanceOwner } from "./InstanceOwner.ts"
 import { makeStaleIndex, timeRuleOf, type Slot, type StaleIndexStats, type Verdict as SlotVerdict } from "./internal/StaleIndex.ts"
 import { disconnectReapingOn, timeVerdict, verdictOf, type Liveness, type StaleRule, type Verdict } from "./Rule.ts"
 
@@ -66,9 +66,17 @@ export interface InstanceRegistry<R> {
   readonly touchNow: (id: InstanceId, nowMs: number) => boolean | undefined
   /** A transfer through the entry: refreshes last_seen and latches transfer activity. */
   readonly resolveForTransfer: (id: InstanceId, nowMs: number) => Effect.Effect<Tracked<R> | undefined>
+  /**
+   * `resolveForTransfer` for a request served for `tenant` (InstanceOwner.ts `RequestTenant`): the owner is
+   * checked in the same transaction as the touch, and an entry the tenant may not use is left untouched
+   * ("not_yours"): a stranger's transfer neither reaches it nor keeps it alive.
+   */
+  readonly resolveOwnedForTransfer: (id: InstanceId, nowMs: number, tenant: string | undefined) => Effect.Effect<Tracked<R> | undefined | "not_yours">
   readonly get: (id: InstanceId) => Effect.Effect<Tracked<R> | undefined>
   /** Removes and returns the entry (UNREGISTER). */
   readonly pop: (id: InstanceId) => Effect.Effect<Tracked<R> | undefined>
+  /** `pop` for a request served for `tenant`: another tenant's entry is left held ("not_yours"), checked in the same transaction. */
+  readonly popOwned: (id: InstanceId, tenant: string | undefined) => Effect.Effect<Tracked<R> | undefined | "not_yours">
   /** Removes every stale entry in one transaction and returns them with their reasons. */
   readonly popStale: (rule: StaleRule) => Effect.Effect<ReadonlyArray<Reaped<R>>>
   /** Removes and returns every entry (shutdown). */
@@ -123,22 +131,49 @@ export const makeInstanceRegistry = <R>(): Effect.Effect<InstanceRegistry<R>> =>
       return true
     }
 
-    /** Refresh, PING or transfer: one transaction, then (committed) the index mirrors the new value. */
-    const update = (id: InstanceId, f: (t: Tracked<R>) => Tracked<R>) =>
+    /**
+     * Refresh, PING or transfer: one transaction, then (committed) the index mirrors the new value. `admit`
+     * (default: every entry) is asked in the same transaction; an entry it refuses is left as it is.
+     */
+    const updateIf = (id: InstanceId, f: (t: Tracked<R>) => Tracked<R>, admit: (t: Tracked<R>) => boolean) =>
       Effect.map(
         Effect.tx(Effect.gen(function*() {
           const current = yield* TxHashMap.get(map, id)
           if (Option.isNone(current)) return undefined
+          if (!admit(current.value)) return "refused" as const
           const next = f(current.value)
           yield* TxHashMap.set(map, id, next)
           return { before: current.value, after: next }
         })),
         (changed) => {
-          if (changed === undefined) return undefined
+          if (changed === undefined || changed === "refused") return changed
           index.updated(id, changed.before, changed.after, currentOf)
           return changed.after
         }
       )
+    const always = () => true
+    // The entry's node stays (dropped when it surfaces); the index lets go of the entry's value.
+    const popIf = (id: InstanceId, admit: (t: Tracked<R>) => boolean) =>
+      Effect.map(
+        Effect.tx(Effect.gen(function*() {
+          const current = yield* TxHashMap.get(map, id)
+          if (Option.isNone(current)) return undefined
+          if (!admit(current.value)) return "refused" as const
+          yield* TxHashMap.remove(map, id)
+          return current.value
+        })),
+        (popped) => {
+          if (popped !== undefined && popped !== "refused") index.removed(id, heldSlot)
+          return popped
+        }
+      )
+    const update = (id: InstanceId, f: (t: Tracked<R>) => Tracked<R>) =>
+      Effect.map(updateIf(id, f, always), (t) => (t === "refused" ? undefined : t))
+    const transferred = (nowMs: number) => (t: Tracked<R>): Tracked<R> => ({
+      ...t,
+      lastSeenMs: Math.max(t.lastSeenMs, nowMs),
+      hasTransferActivity: true
+    })
 
     const popStale = (rule: StaleRule) =>
       Effect.gen(function*() {
@@ -221,23 +256,13 @@ export const makeInstanceRegistry = <R>(): Effect.Effect<InstanceRegistry<R>> =>
       refresh: (id, nowMs) => update(id, (t) => ({ ...t, lastSeenMs: Math.max(t.lastSeenMs, nowMs) })),
       touch: (id, nowMs) => Effect.map(update(id, (t) => touched(t, nowMs)), (t) => t !== undefined),
       touchNow,
-      resolveForTransfer: (id, nowMs) =>
-        update(id, (t) => ({ ...t, lastSeenMs: Math.max(t.lastSeenMs, nowMs), hasTransferActivity: true })),
+      resolveForTransfer: (id, nowMs) => update(id, transferred(nowMs)),
+      resolveOwnedForTransfer: (id, nowMs, tenant) =>
+        Effect.map(updateIf(id, transferred(nowMs), (t) => admits(t.owner, tenant)), (t) => (t === "refused" ? "not_yours" : t)),
       get: (id) => Effect.map(TxHashMap.get(map, id), Option.getOrUndefined),
-      // The entry's node stays (dropped when it surfaces); the index lets go of the entry's value.
-      pop: (id) =>
-        Effect.map(
-          Effect.tx(Effect.gen(function*() {
-            const current = yield* TxHashMap.get(map, id)
-            if (Option.isNone(current)) return undefined
-            yield* TxHashMap.remove(map, id)
-            return current.value
-          })),
-          (popped) => {
-            if (popped !== undefined) index.removed(id, heldSlot)
-            return popped
-          }
-        ),
+      pop: (id) => Effect.map(popIf(id, always), (t) => (t === "refused" ? undefined : t)),
+      popOwned: (id, tenant) =>
+        Effect.map(popIf(id, (t) => admits(t.owner, tenant)), (t) => (t === "refused" ? "not_yours" : t)),
       popStale: (rule) => scanLock.withPermits(1)(popStale(rule)),
       popAll: () =>
         Effect.map(

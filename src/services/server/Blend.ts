@@ -93,7 +93,7 @@ import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import { CbRegisterRope, CbRetrievePreComputed, CbUnregisterRope } from "../../schema/Op.ts"
 import type { GroupRot } from "../../schema/Registration.ts"
 import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
-import { InvalidArgument, NotRegistered, type Overloaded, type WireError } from "../../schema/WireError.ts"
+import { type Forbidden, InvalidArgument, NotRegistered, type Overloaded, type WireError } from "../../schema/WireError.ts"
 import { row, type ServerModule } from "./Handler.ts"
 import { sameDescriptors, type SegmentDemand } from "../kv/KvCacheLayout.ts"
 import { MappingBudget } from "./MappingBudget.ts"
@@ -156,9 +156,9 @@ export class Blend extends Context.Service<Blend, {
     groupToCache: ReadonlyArray<number>,
     groupRot: ReadonlyArray<GroupRot>,
     owner?: InstanceOwner
-  ) => Effect.Effect<void, InvalidArgument | NotRegistered | Overloaded>
+  ) => Effect.Effect<void, InvalidArgument | NotRegistered | Overloaded | Forbidden>
   /** CB_UNREGISTER_ROPE: drops the RoPE state only. An id without one logs a WARNING and succeeds. */
-  readonly unregisterRope: (id: InstanceId) => Effect.Effect<void>
+  readonly unregisterRope: (id: InstanceId) => Effect.Effect<void, Forbidden>
   /** CB_RETRIEVE_PRE_COMPUTED → ok. NotRegistered (no KV context or no RoPE state) / InvalidArgument. */
   readonly retrievePreComputed: (
     key: CacheKey,
@@ -202,6 +202,8 @@ const make = Effect.gen(function*() {
     kind: "cb_rope",
     missing: "has no CB RoPE state",
     remedy: "send cb_register_rope",
+    registerOp: CbRegisterRope.name,
+    unregisterOp: CbUnregisterRope.name,
     dropped: (idText) => `dropped CB rope state for reaped instance ${idText}`
   })
 

@@ -121,7 +121,7 @@ import {
   RegisterKvCacheEngineDrivenContext,
   UnregisterKvCacheEngineDrivenContext
 } from "../../schema/Op.ts"
-import { InvalidArgument, type WireError } from "../../schema/WireError.ts"
+import { type Forbidden, InvalidArgument, type WireError } from "../../schema/WireError.ts"
 import { type EngineDrivenLayout, validateLayout } from "../kv/EngineDrivenLayout.ts"
 import { row, type ServerModule } from "./Handler.ts"
 import { L1Store } from "./L1Store.ts"
@@ -168,9 +168,9 @@ export class EngineDrivenTransfer extends Context.Service<EngineDrivenTransfer, 
    * a held id with a different payload. `owner`: who registers it (the
    * tenant guard's, issue 25 item 1), inserted with a new context.
    */
-  readonly register: (registration: RegisterEngineDrivenContext, owner?: InstanceOwner) => Effect.Effect<EngineDrivenPool, InvalidArgument>
+  readonly register: (registration: RegisterEngineDrivenContext, owner?: InstanceOwner) => Effect.Effect<EngineDrivenPool, InvalidArgument | Forbidden>
   /** UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT. An unknown id logs a WARNING and succeeds. */
-  readonly unregister: (id: InstanceId) => Effect.Effect<void>
+  readonly unregister: (id: InstanceId) => Effect.Effect<void, Forbidden>
   /** PREPARE_STORE. Fails with NotRegistered / InvalidArgument. */
   readonly prepareStore: (key: CacheKey, id: InstanceId) => Effect.Effect<PrepareStoreResponse, WireError>
   /** COMMIT_STORE → published. Fails with NotRegistered / InvalidArgument. */
@@ -231,6 +231,7 @@ const make = Effect.gen(function*() {
     name: "engine_driven_transfer",
     kind: "engine_driven",
     registerOp: REGISTER,
+    unregisterOp: UnregisterKvCacheEngineDrivenContext.name,
     differs: "a different context (model, world size or layout)",
     missing: "has no engine-driven context",
     remedy: "register it again",

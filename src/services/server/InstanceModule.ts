@@ -50,8 +50,8 @@
 import { Clock, Effect, Exit, Scope } from "effect"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import type { RegistrationKind } from "../../schema/Registration.ts"
-import { InvalidArgument, NotRegistered } from "../../schema/WireError.ts"
-import type { InstanceOwner, ReleaseReason } from "../liveness/InstanceOwner.ts"
+import { type Forbidden, InvalidArgument, NotRegistered } from "../../schema/WireError.ts"
+import { admits, type InstanceOwner, notYours, type ReleaseReason, RequestTenant } from "../liveness/InstanceOwner.ts"
 import { makeInstanceRegistry, type Tracked } from "../liveness/InstanceRegistry.ts"
 import { type InstanceSummary, type LivenessTarget, noopTarget, type ReapedInstance, registryTarget } from "../liveness/LivenessTarget.ts"
 
@@ -117,19 +117,27 @@ export interface InstanceModule<R extends InstanceEntry> {
    * request's own errors, or InvalidArgument when a tracked module holds the
    * id with different memory or another REGISTER inserted it meanwhile.
    */
-  readonly register: <E>(id: InstanceId, request: RegisterRequest<R, E>) => Effect.Effect<Registration<R>, E | InvalidArgument>
+  readonly register: <E>(id: InstanceId, request: RegisterRequest<R, E>) => Effect.Effect<Registration<R>, E | InvalidArgument | Forbidden>
   /**
    * UNREGISTER (or, with `reason` "fault", a fault release): pops and
    * releases the entry, then tells its owner; returns it, undefined when the
    * id held none.
    */
-  readonly unregister: (id: InstanceId, reason?: "unregister" | "fault") => Effect.Effect<R | undefined>
+  readonly unregister: (id: InstanceId) => Effect.Effect<R | undefined, Forbidden>
+  /**
+   * A fault release (the server's own, through a transfer already resolved
+   * for its tenant): pops and releases the entry, then tells its owner
+   * "fault"; returns it, undefined when the id held none.
+   */
+  readonly releaseFaulted: (id: InstanceId) => Effect.Effect<R | undefined>
   /**
    * The entry for a transfer through it (STORE, PREPARE_*, a CB retrieve …):
    * in a tracked module refreshes last_seen and latches transfer activity
-   * (DESIGN §5). Fails with NotRegistered naming `op` when none.
+   * (DESIGN §5). Fails with NotRegistered naming `op` when none, and under
+   * tenancy with Forbidden when the entry is another tenant's (the owner is
+   * read in the same step as the entry: InstanceOwner.ts `RequestTenant`).
    */
-  readonly resolveForTransfer: (op: string, id: InstanceId) => Effect.Effect<R, NotRegistered>
+  readonly resolveForTransfer: (op: string, id: InstanceId) => Effect.Effect<R, NotRegistered | Forbidden>
   /** The entry of `id` without touching its liveness; undefined when none. */
   readonly get: (id: InstanceId) => Effect.Effect<R | undefined>
   readonly isRegistered: (id: InstanceId) => Effect.Effect<boolean>
@@ -154,6 +162,10 @@ export interface InstanceModuleOptions {
    */
   readonly missing: string
   readonly remedy: string
+  /** The REGISTER op's wire name, prefixing its errors. */
+  readonly registerOp: string
+  /** The UNREGISTER op's wire name, prefixing its errors. */
+  readonly unregisterOp: string
 }
 
 // ---------------------------------------------------------------------------
@@ -166,8 +178,6 @@ export interface InstanceModuleOptions {
  * held id with different memory is refused.
  */
 export const makeTrackedInstances = <R extends InstanceEntry>(options: InstanceModuleOptions & {
-  /** The REGISTER op's wire name, prefixing its errors. */
-  readonly registerOp: string
   /** What a refused REGISTER is "already registered with", e.g. "different memory or model". */
   readonly differs: string
   /** Module-specific details of an entry in `/api/status` (model, world size, layout …). */
@@ -202,8 +212,9 @@ export const makeTrackedInstances = <R extends InstanceEntry>(options: InstanceM
             : Effect.fail(
               new InvalidArgument({ message: `${options.registerOp}: instance ${formatInstanceId(id)} was registered concurrently` })
             )),
-      resolve: (id, nowMs) => Effect.map(registry.resolveForTransfer(id, nowMs), resourceOf),
-      pop: (id) => Effect.map(registry.pop(id), heldOf),
+      resolve: (id, nowMs, tenant) =>
+        Effect.map(registry.resolveOwnedForTransfer(id, nowMs, tenant), (t) => (t === "not_yours" ? t : resourceOf(t))),
+      pop: (id, tenant) => Effect.map(registry.popOwned(id, tenant), (t) => (t === "not_yours" ? t : heldOf(t))),
       popAll: () => Effect.map(registry.popAll(), (all) => all.map((t) => ({ id: t.id, entry: t.resource, owner: t.owner }))),
       entries: () => Effect.map(registry.snapshot(), (all) => all.map((t) => t.resource)),
       refuse: (id) =>
@@ -255,13 +266,25 @@ export const makeMirroredInstances = <R extends InstanceEntry>(options: Instance
       get: (id) => Effect.sync(() => held.get(id)?.entry),
       refresh: (id) => Effect.sync(() => held.has(id)),
       put: (id, entry, _nowMs, owner) =>
-        Effect.sync(() => {
+        Effect.suspend(() => {
           const replaced = held.get(id)
+          // Checked in the same synchronous step as the replacement: another tenant's entry is never replaced.
+          if (replaced !== undefined && owner !== undefined && !admits(replaced.owner, owner.tenant)) {
+            return Effect.fail(notYours(options.registerOp, id))
+          }
           held.set(id, { entry, owner })
-          return { replaced }
+          return Effect.succeed({ replaced })
         }),
-      resolve: (id) => Effect.sync(() => held.get(id)?.entry),
-      pop: (id) => Effect.sync(() => popNow(id)),
+      resolve: (id, _nowMs, tenant) =>
+        Effect.sync(() => {
+          const h = held.get(id)
+          return h === undefined ? undefined : admits(h.owner, tenant) ? h.entry : "not_yours"
+        }),
+      pop: (id, tenant) =>
+        Effect.sync(() => {
+          const h = held.get(id)
+          return h !== undefined && !admits(h.owner, tenant) ? "not_yours" as const : popNow(id)
+        }),
       popAll: () =>
         Effect.sync(() => {
           const all = [...held].map(([id, h]) => ({ id, ...h }))
@@ -312,9 +335,11 @@ interface EntryStore<R> {
     entry: R,
     nowMs: number,
     owner: InstanceOwner | undefined
-  ) => Effect.Effect<{ readonly replaced: Held<R> | undefined }, InvalidArgument>
-  readonly resolve: (id: InstanceId, nowMs: number) => Effect.Effect<R | undefined>
-  readonly pop: (id: InstanceId) => Effect.Effect<Held<R> | undefined>
+  ) => Effect.Effect<{ readonly replaced: Held<R> | undefined }, InvalidArgument | Forbidden>
+  /** The entry for a transfer served for `tenant`; "not_yours" (untouched) when it is another tenant's. */
+  readonly resolve: (id: InstanceId, nowMs: number, tenant: string | undefined) => Effect.Effect<R | undefined | "not_yours">
+  /** Pops the entry for a request served for `tenant`; "not_yours" (left held) when it is another tenant's. */
+  readonly pop: (id: InstanceId, tenant: string | undefined) => Effect.Effect<Held<R> | undefined | "not_yours">
   readonly popAll: () => Effect.Effect<ReadonlyArray<Held<R> & { readonly id: InstanceId }>>
   readonly entries: () => Effect.Effect<ReadonlyArray<R>>
   /** The refusal of a held id with different memory; undefined: replace it. */
@@ -346,6 +371,10 @@ const makeCore = <R extends InstanceEntry>(
         const now = yield* Clock.currentTimeMillis
         const held = yield* store.get(id)
         if (held !== undefined) {
+          // Under tenancy a held entry is refreshed only for its own tenant (the guard looked earlier; this is
+          // the look-up the refresh acts on).
+          const tenant = yield* RequestTenant
+          if (tenant !== undefined && !admits(yield* store.target.ownerOf(id), tenant)) return yield* notYours(options.registerOp, id)
           if (request.same(held)) {
             // The refresh says whether the entry is still held: a reap may have popped it since the look-up,
             // and then it is registered anew (never a success with nothing held).
@@ -364,12 +393,23 @@ const makeCore = <R extends InstanceEntry>(
 
     return {
       register,
-      unregister: (id, reason = "unregister") =>
-        Effect.flatMap(store.pop(id), (held) => (held === undefined ? Effect.succeed(undefined) : Effect.as(releaseHeld(id, held, reason), held.entry))),
+      unregister: (id) =>
+        Effect.gen(function*() {
+          // The owner is checked in the pop itself: another tenant's entry is never popped.
+          const held = yield* store.pop(id, yield* RequestTenant)
+          if (held === "not_yours") return yield* notYours(options.unregisterOp, id)
+          if (held === undefined) return undefined
+          yield* releaseHeld(id, held, "unregister")
+          return held.entry
+        }),
+      releaseFaulted: (id) =>
+        Effect.flatMap(store.pop(id, undefined), (held) =>
+          held === undefined || held === "not_yours" ? Effect.succeed(undefined) : Effect.as(releaseHeld(id, held, "fault"), held.entry)),
       resolveForTransfer: (op, id) =>
         Effect.gen(function*() {
-          const entry = yield* store.resolve(id, yield* Clock.currentTimeMillis)
+          const entry = yield* store.resolve(id, yield* Clock.currentTimeMillis, yield* RequestTenant)
           if (entry === undefined) return yield* notRegistered(op, id)
+          if (entry === "not_yours") return yield* notYours(op, id)
           return entry
         }),
       get: store.get,

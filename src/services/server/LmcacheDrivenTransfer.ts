@@ -63,7 +63,7 @@ import type { CacheKey } from "../../schema/CacheKey.ts"
 import { formatInstanceId, type InstanceId } from "../../schema/InstanceId.ts"
 import { RegisterKvCache, Retrieve, Store, UnregisterKvCache } from "../../schema/Op.ts"
 import type { TensorDescriptor } from "../../schema/TensorDescriptor.ts"
-import { InvalidArgument, type NotRegistered, type Overloaded, type WireError } from "../../schema/WireError.ts"
+import { type Forbidden, InvalidArgument, type NotRegistered, type Overloaded, type WireError } from "../../schema/WireError.ts"
 import { type FaultRelease, makeFaultRelease } from "./internal/FaultRelease.ts"
 import { kvLayoutOf, makeWorkerMemory } from "./internal/WorkerMemory.ts"
 import { row, type ServerModule } from "./Handler.ts"
@@ -131,9 +131,9 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
     engineType: string,
     peer?: string,
     owner?: InstanceOwner
-  ) => Effect.Effect<void, InvalidArgument | Overloaded>
+  ) => Effect.Effect<void, InvalidArgument | Overloaded | Forbidden>
   /** UNREGISTER_KV_CACHE. An unknown id logs a WARNING and succeeds. */
-  readonly unregister: (id: InstanceId) => Effect.Effect<void>
+  readonly unregister: (id: InstanceId) => Effect.Effect<void, Forbidden>
   /** STORE → ok. Fails with NotRegistered / InvalidArgument. */
   readonly store: (key: CacheKey, id: InstanceId, blockIds: ReadonlyArray<ReadonlyArray<number>>) => Effect.Effect<boolean, WireError>
   /** RETRIEVE → ok. Fails with NotRegistered / InvalidArgument. */
@@ -149,7 +149,7 @@ export class LmcacheDrivenTransfer extends Context.Service<LmcacheDrivenTransfer
    * retrieve, DESIGN §5): refreshes last_seen and latches transfer activity
    * like STORE/RETRIEVE. Fails with NotRegistered naming `op` when none.
    */
-  readonly resolveContext: (op: string, id: InstanceId) => Effect.Effect<ContextEntry, NotRegistered>
+  readonly resolveContext: (op: string, id: InstanceId) => Effect.Effect<ContextEntry, NotRegistered | Forbidden>
   /** The context of `id` without touching its liveness; undefined when none. */
   readonly contextOf: (id: InstanceId) => Effect.Effect<ContextEntry | undefined>
   /**
@@ -230,6 +230,7 @@ const make = Effect.gen(function*() {
     name: "lmcache_driven_transfer",
     kind: "kv_cache",
     registerOp: RegisterKvCache.name,
+    unregisterOp: UnregisterKvCache.name,
     differs: "different memory or model",
     missing: "is not registered",
     remedy: "register it again",

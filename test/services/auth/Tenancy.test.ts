@@ -45,6 +45,7 @@ import {
   type Op,
   OPS,
   type PayloadOf,
+  PrepareStore,
   RegisterKvCache,
   RegisterKvCacheEngineDrivenContext,
   type ResponseOf,
@@ -288,6 +289,7 @@ describe("an instance's owner lives in its entries (issue 25 item 1, TestClock)"
         name: "latched",
         kind: "engine_driven",
         registerOp: RegisterKvCacheEngineDrivenContext.name,
+        unregisterOp: UnregisterKvCacheEngineDrivenContext.name,
         differs: "another context",
         missing: "is not registered",
         remedy: "register it again",
@@ -350,6 +352,65 @@ describe("an instance's owner lives in its entries (issue 25 item 1, TestClock)"
         assert.isTrue(yield* core.isRegistered(X), "B's UNREGISTER changed nothing")
         assert.deepStrictEqual(yield* holdings, [["tenantA", 1, 0], ["tenantB", 0, 0]])
       }).pipe(Effect.provide(layerModulesTestBare({ config: curve, plugins: [latched, fanOutLatch] })))
+      yield* Scope.close(scope, Exit.void)
+    }))
+
+  it.effect("a transfer that passed the guard before another tenant's REGISTER landed is refused by the module's own look-up, and touches nothing", () =>
+    Effect.gen(function*() {
+      const scope = yield* Scope.make()
+      const entered = yield* Deferred.make<void>()
+      const go = yield* Deferred.make<void>()
+      // A module on the real per-instance core whose transfer waits on a latch between the guard and its look-up.
+      const core = yield* makeTrackedInstances<{ readonly scope: Scope.Closeable }>({
+        name: "latched",
+        kind: "engine_driven",
+        registerOp: RegisterKvCacheEngineDrivenContext.name,
+        unregisterOp: UnregisterKvCacheEngineDrivenContext.name,
+        differs: "another context",
+        missing: "is not registered",
+        remedy: "register it again",
+        details: () => ({})
+      }).pipe(Scope.provide(scope))
+      const latched: ServerModule = {
+        name: "latched",
+        target: core.target,
+        rows: [
+          row(RegisterKvCacheEngineDrivenContext, "SYNC", ([c], ctx) =>
+            core.register(c.instance_id, { owner: ctx.owner, same: () => true, acquire: (entryScope) => Effect.succeed({ scope: entryScope }) })
+              .pipe(Effect.as({ shm_name: "", pool_size: 0 }))),
+          row(PrepareStore, "NORMAL", ([, id]) =>
+            Effect.andThen(
+              Effect.andThen(Deferred.succeed(entered, undefined), Deferred.await(go)),
+              Effect.flatMap(core.resolveForTransfer(PrepareStore.name, id), () => Effect.die(new Error("B's transfer reached A's entry")))
+            ))
+        ]
+      }
+      yield* Effect.gen(function*() {
+        yield* bindTenantA
+        yield* bindTenant("b", "tenantB", PEER_B)
+        const key = { model_name: "m", world_size: 1, worker_id: 0, token_ids: [1, 2], start: 0, end: 2, request_id: "r", cache_salt: "" }
+        // B's PREPARE_STORE of X passes the guard (X is nobody's yet) and waits before its look-up …
+        const stranger = yield* Effect.forkChild(Effect.flip(call(PrepareStore, [key, X], PEER_B)))
+        yield* Deferred.await(entered)
+        // … while A registers X.
+        yield* call(RegisterKvCacheEngineDrivenContext, [context(4242)])
+        assert.strictEqual(yield* (yield* Tenancy).tenantOf(X), "tenantA")
+        yield* TestClock.adjust("5000 millis")
+        yield* Deferred.succeed(go, undefined)
+        assert.deepStrictEqual(
+          yield* Fiber.join(stranger),
+          new Forbidden({
+            op: "prepare_store",
+            instance_id: "4242",
+            field: "instance_id",
+            message: "prepare_store: instance 4242 belongs to another tenant; nothing was changed"
+          })
+        )
+        // A's entry is as A left it: no transfer activity latched, last_seen not moved by B's request.
+        const [summary] = yield* core.target.instances()
+        assert.strictEqual(summary!.has_transfer_activity, false)
+        assert.strictEqual(summary!.last_seen_age_seconds, 5)
+      }).pipe(Effect.provide(layerModulesTestBare({ config: curve, plugins: [latched] })))
       yield* Scope.close(scope, Exit.void)
     }))
 

@@ -64,6 +64,7 @@ const setup = (sizes: ReadonlyMap<string, number> = new Map()) =>
       name: "faulty",
       kind: "kv_cache",
       registerOp: RegisterKvCache.name,
+      unregisterOp: "unregister_kv_cache",
       differs: "another context",
       missing: "holds no test context",
       remedy: "register again",

@@ -12,8 +12,8 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { makeInstanceId, type InstanceId } from "../../../src/schema/InstanceId.ts"
-import { InvalidArgument, NotRegistered } from "../../../src/schema/WireError.ts"
-import type { InstanceOwner } from "../../../src/services/liveness/InstanceOwner.ts"
+import { Forbidden, InvalidArgument, NotRegistered } from "../../../src/schema/WireError.ts"
+import { type InstanceOwner, RequestTenant } from "../../../src/services/liveness/InstanceOwner.ts"
 import {
   type InstanceEntry,
   makeMirroredInstances,
@@ -50,7 +50,7 @@ const probeOf = () => {
   return { seen, owner, request }
 }
 
-const names = { name: "test", kind: "kv_cache" as const, missing: "has no test context", remedy: "register it again" }
+const names = { name: "test", kind: "kv_cache" as const, missing: "has no test context", remedy: "register it again", unregisterOp: "unregister_kv_cache" }
 
 const tracked = makeTrackedInstances<Entry>({
   ...names,
@@ -59,10 +59,14 @@ const tracked = makeTrackedInstances<Entry>({
   details: (e) => ({ memory: e.memory })
 })
 
-const mirrored = makeMirroredInstances<Entry>({ ...names, dropped: (i) => `dropped(${i})` })
+const mirrored = makeMirroredInstances<Entry>({ ...names, registerOp: "cb_register_rope", dropped: (i) => `dropped(${i})` })
 
 const ownerOf = (m: { target: { ownerOf: (i: InstanceId) => Effect.Effect<InstanceOwner | undefined> } }, i: InstanceId) =>
   Effect.map(m.target.ownerOf(i), (o) => o?.tenant)
+
+/** The refusal of `op` on another tenant's instance `n` (InstanceOwner.ts `notYours`). */
+const notYours = (op: string, n: number) =>
+  new Forbidden({ op, instance_id: `${n}`, field: "instance_id", message: `${op}: instance ${n} belongs to another tenant; nothing was changed` })
 
 describe("tracked module: REGISTER", () => {
   it.effect("a new id acquires into a child Scope and holds the entry with its owner, in one step", () => {
@@ -148,7 +152,7 @@ describe("tracked module: the one finalizer", () => {
     return Effect.gen(function*() {
       const m = yield* tracked
       yield* m.register(id(2), p.request("A", p.owner("t1")))
-      yield* m.unregister(id(2), "fault")
+      yield* m.releaseFaulted(id(2))
       assert.deepStrictEqual(p.seen, ["acquire A", "release A", "owner t1 2 fault"])
     }).pipe(Effect.scoped)
   })
@@ -210,7 +214,52 @@ describe("tracked module: transfers", () => {
   })
 })
 
+describe("tracked module under tenancy (RequestTenant: the owner checked in the look-up itself)", () => {
+  it.effect("another tenant's transfer or same-memory REGISTER of a held id is forbidden and touches nothing; the owner's passes", () => {
+    const p = probeOf()
+    return Effect.gen(function*() {
+      const m = yield* tracked
+      yield* m.register(id(1), p.request("A", p.owner("t1"))).pipe(Effect.provideService(RequestTenant, "t1"))
+      yield* TestClock.adjust("30 seconds")
+      const asT2 = <A, E>(e: Effect.Effect<A, E>) => Effect.provideService(e, RequestTenant, "t2")
+      assert.deepStrictEqual(yield* Effect.flip(asT2(m.resolveForTransfer("store", id(1)))), notYours("store", 1))
+      assert.deepStrictEqual(yield* Effect.flip(asT2(m.register(id(1), p.request("A", p.owner("t2"))))), notYours("register_kv_cache", 1))
+      const [untouched] = yield* m.target.instances()
+      assert.strictEqual(untouched!.last_seen_age_seconds, 30)
+      assert.strictEqual(untouched!.has_transfer_activity, false)
+      assert.strictEqual(yield* ownerOf(m, id(1)), "t1")
+      const entry = yield* m.resolveForTransfer("store", id(1)).pipe(Effect.provideService(RequestTenant, "t1"))
+      assert.strictEqual(entry.memory, "A")
+      const [touched] = yield* m.target.instances()
+      assert.strictEqual(touched!.last_seen_age_seconds, 0)
+      assert.strictEqual(touched!.has_transfer_activity, true)
+      assert.deepStrictEqual(p.seen, ["acquire A"])
+      // UNREGISTER: the pop checks the owner in the same transaction; another tenant's pops nothing.
+      assert.deepStrictEqual(yield* Effect.flip(asT2(m.unregister(id(1)))), notYours("unregister_kv_cache", 1))
+      assert.isTrue(yield* m.isRegistered(id(1)))
+      assert.deepStrictEqual(p.seen, ["acquire A"])
+      yield* m.unregister(id(1)).pipe(Effect.provideService(RequestTenant, "t1"))
+      assert.deepStrictEqual(p.seen, ["acquire A", "release A", "owner t1 1 unregister"])
+    }).pipe(Effect.scoped)
+  })
+})
+
 describe("mirrored module", () => {
+  it.effect("under tenancy another tenant's REGISTER never replaces the entry: forbidden, what it acquired released", () => {
+    const p = probeOf()
+    return Effect.gen(function*() {
+      const m = yield* mirrored
+      yield* m.register(id(1), p.request("A", p.owner("t1"))).pipe(Effect.provideService(RequestTenant, "t1"))
+      const refused = yield* Effect.flip(m.register(id(1), p.request("B", p.owner("t2"))).pipe(Effect.provideService(RequestTenant, "t2")))
+      assert.deepStrictEqual(refused, notYours("cb_register_rope", 1))
+      assert.deepStrictEqual(p.seen, ["acquire A"])
+      assert.strictEqual((yield* m.get(id(1)))?.memory, "A")
+      assert.deepStrictEqual(yield* Effect.flip(m.resolveForTransfer("cb_retrieve", id(1)).pipe(Effect.provideService(RequestTenant, "t2"))), notYours("cb_retrieve", 1))
+      assert.deepStrictEqual(yield* Effect.flip(m.unregister(id(1)).pipe(Effect.provideService(RequestTenant, "t2"))), notYours("unregister_kv_cache", 1))
+      assert.deepStrictEqual(m.ids(), [id(1)])
+    }).pipe(Effect.scoped)
+  })
+
   it.effect("different arguments for a held id replace the entry: the new one is in before the old is released and its owner told", () => {
     const p = probeOf()
     return Effect.gen(function*() {

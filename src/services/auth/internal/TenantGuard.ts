@@ -26,7 +26,7 @@ import { Clear, Hello, HelloChallenge, type Op, Ping } from "../../../schema/Op.
 import { instanceIdOf, opFields } from "../../../schema/OpMeta.ts"
 import { memfdSegmentKey, type TensorDescriptor } from "../../../schema/TensorDescriptor.ts"
 import { Forbidden, Overloaded, type WireError } from "../../../schema/WireError.ts"
-import type { InstanceOwner, ReleaseReason as EntryReleaseReason } from "../../liveness/InstanceOwner.ts"
+import { type InstanceOwner, notYours, type ReleaseReason as EntryReleaseReason, RequestTenant } from "../../liveness/InstanceOwner.ts"
 import type { LivenessTarget } from "../../liveness/LivenessTarget.ts"
 import type { HandlerRow, HandlerTable, RequestContext } from "../../server/Handler.ts"
 import type { TenantLimits } from "../../server/ServerConfig.ts"
@@ -180,14 +180,6 @@ export const makeTenantGuard = (options: {
     })
   }
 
-  const notYours = (op: string, id: InstanceId) =>
-    new Forbidden({
-      op,
-      instance_id: formatInstanceId(id),
-      field: "instance_id",
-      message: `${op}: instance ${formatInstanceId(id)} belongs to another tenant; nothing was changed`
-    })
-
   /** `payload` with every CacheKey's cache_salt and every request id in the tenant's salt group. */
   const rewrite = (op: Op, payload: ReadonlyArray<unknown>, group: string): ReadonlyArray<unknown> => {
     const { keys: keyAt, requestIds: ridAt } = opFields(op)
@@ -214,10 +206,15 @@ export const makeTenantGuard = (options: {
       })
     // Before the payload is decoded (issue 24 item 3): a peer without a tenant gets nothing decoded for it.
     const admit = (ctx: RequestContext): WireError | undefined => grantOf(ctx.peer) === undefined ? unbound() : undefined
-    const handle = (payload: ReadonlyArray<unknown>, ctx: RequestContext): Effect.Effect<unknown, WireError> =>
+    const handle = (payload: ReadonlyArray<unknown>, ctx: RequestContext): Effect.Effect<unknown, WireError> => {
+      const grant = grantOf(ctx.peer)
+      if (grant === undefined) return Effect.fail(unbound())
+      // The module's own look-up checks the owner again, in the same step as it acts (RequestTenant): what this
+      // guard saw may change before the module looks (another tenant's REGISTER landing in between).
+      return Effect.provideService(guarded(payload, ctx, grant), RequestTenant, grant.tenant)
+    }
+    const guarded = (payload: ReadonlyArray<unknown>, ctx: RequestContext, grant: TenantGrant): Effect.Effect<unknown, WireError> =>
       Effect.gen(function*() {
-        const grant = grantOf(ctx.peer)
-        if (grant === undefined) return yield* unbound()
         if (op.id === Clear.id && !grant.admin) {
           return yield* new Forbidden({ op: op.name, field: "tenant", expected: "admin", actual: grant.tenant, message: `clear: tenant ${grant.tenant} is not admin` })
         }

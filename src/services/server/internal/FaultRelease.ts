@@ -169,7 +169,7 @@ export const makeFaultRelease = (
         if (faults.size >= MAX_FAULT_RECORDS) faults.delete(faults.keys().next().value!)
         faults.set(id, record)
         // Through the one finalizer, which tells the context's owner (its mapped bytes go with the entry).
-        yield* contexts.unregister(id, "fault")
+        yield* contexts.releaseFaulted(id)
         yield* Effect.logWarning(
           `instance ${formatInstanceId(id)}: ${fault.message}; released its context (${entry.mappings.size} segment(s))`
         )
