@@ -12,6 +12,7 @@
  * playwright …, through test/support and src) fails it, and so does a listed
  * file that no longer reaches one.
  */
+import { availableParallelism } from "node:os"
 import { configDefaults, defineConfig } from "vitest/config"
 import full from "./vitest.config.ts"
 
@@ -40,6 +41,13 @@ export default defineConfig({
     include: [...QUICK_INCLUDE],
     exclude: [...configDefaults.exclude, ...QUICK_EXCLUDE],
     // The bundled `mpcache serve` is for the child processes this set does not start.
-    globalSetup: []
+    globalSetup: [],
+    // One file per core: vitest's default (cores - 1) is one worker on a 2-core machine, and these
+    // files spend much of their time waiting on sockets, so the cores stay busy either way.
+    maxWorkers: availableParallelism(),
+    // A worker runs file after file without re-importing effect, zeromq and src for each (a third of
+    // this set's time was imports). No test here keeps global state past its file; `npm test` keeps
+    // isolating every file, so whatever this shares is still checked apart there.
+    isolate: false
   }
 })
