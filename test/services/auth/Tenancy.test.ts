@@ -268,6 +268,19 @@ describe("a released instance id stays its tenant's for the registration grace (
     }).pipe(Effect.provide(env())))
 })
 
+/** The real per-instance core of an engine-driven-like test module ("latched"), its entries closed with `scope`. */
+const latchedCore = (scope: Scope.Scope) =>
+  makeTrackedInstances<{ readonly scope: Scope.Closeable }>({
+    name: "latched",
+    kind: "engine_driven",
+    registerOp: RegisterKvCacheEngineDrivenContext.name,
+    unregisterOp: UnregisterKvCacheEngineDrivenContext.name,
+    differs: "another context",
+    missing: "is not registered",
+    remedy: "register it again",
+    details: () => ({})
+  }).pipe(Scope.provide(scope))
+
 describe("an instance's owner lives in its entries (issue 25 item 1, TestClock)", () => {
   const X = makeInstanceId(4242n)
   const curve = { chunkSize: 32, curveSecretKeyFile: keys.serverSecretFile, curveAuthorizedKeys: keys.authorizedKeysFile }
@@ -285,16 +298,7 @@ describe("an instance's owner lives in its entries (issue 25 item 1, TestClock)"
       const mapped = yield* Deferred.make<void>()
       let acquires = 0
       // A module on the real per-instance core whose second acquire (the re-REGISTER's mapping) waits on a latch.
-      const core = yield* makeTrackedInstances<{ readonly scope: Scope.Closeable }>({
-        name: "latched",
-        kind: "engine_driven",
-        registerOp: RegisterKvCacheEngineDrivenContext.name,
-        unregisterOp: UnregisterKvCacheEngineDrivenContext.name,
-        differs: "another context",
-        missing: "is not registered",
-        remedy: "register it again",
-        details: () => ({})
-      }).pipe(Scope.provide(scope))
+      const core = yield* latchedCore(scope)
       const latched: ServerModule = {
         name: "latched",
         target: core.target,
@@ -361,16 +365,7 @@ describe("an instance's owner lives in its entries (issue 25 item 1, TestClock)"
       const entered = yield* Deferred.make<void>()
       const go = yield* Deferred.make<void>()
       // A module on the real per-instance core whose transfer waits on a latch between the guard and its look-up.
-      const core = yield* makeTrackedInstances<{ readonly scope: Scope.Closeable }>({
-        name: "latched",
-        kind: "engine_driven",
-        registerOp: RegisterKvCacheEngineDrivenContext.name,
-        unregisterOp: UnregisterKvCacheEngineDrivenContext.name,
-        differs: "another context",
-        missing: "is not registered",
-        remedy: "register it again",
-        details: () => ({})
-      }).pipe(Scope.provide(scope))
+      const core = yield* latchedCore(scope)
       const latched: ServerModule = {
         name: "latched",
         target: core.target,
