@@ -30,4 +30,30 @@ export class PeerEvents extends Context.Service<PeerEvents, {
     instanceMessage: () => Effect.void,
     isBound: () => true
   })
+
+  /**
+   * A recording fake for tests of what feeds PeerEvents (the MQ server):
+   * each call is pushed to `events` as `connected <peer>`, `disconnected
+   * <peer>` or `instance <peer> <id>`; `isBound(peer, id)` is true once an
+   * `instanceMessage(peer, id)` was recorded since `peer` last connected.
+   */
+  static readonly layerTest = (events: Array<string>) =>
+    Layer.sync(this, () => {
+      const bound = new Map<string, Set<InstanceId>>()
+      return {
+        connected: (peer) => Effect.sync(() => {
+          events.push(`connected ${peer}`)
+          bound.set(peer, new Set())
+        }),
+        disconnected: (peer) => Effect.sync(() => {
+          events.push(`disconnected ${peer}`)
+          bound.delete(peer)
+        }),
+        instanceMessage: (peer, id) => Effect.sync(() => {
+          events.push(`instance ${peer} ${id}`)
+          bound.get(peer)?.add(id)
+        }),
+        isBound: (peer, id) => bound.get(peer)?.has(id) ?? false
+      }
+    })
 }

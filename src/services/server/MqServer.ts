@@ -113,14 +113,23 @@ export class MqServer extends Context.Service<MqServer, {
 
   /**
    * The MQ server on an ephemeral loopback port (`tcp://127.0.0.1:*`, 2 NORMAL workers, 2 AFFINITY lanes unless
-   * `options` say otherwise) serving the handler table of `modules` alone, with nobody listening for its
-   * connection events (`PeerEvents.layerNoop`) and a request barrier of its own. It still needs `ZmqSockets`:
+   * `options` say otherwise) serving the handler table of `modules` alone, with a request barrier of its own; its
+   * connection events are recorded in `events` when given (`PeerEvents.layerTest`), else nobody listens
+   * (`PeerEvents.layerNoop`). It still needs `ZmqSockets`:
    * real sockets, provided by `ZmqSocketsLive` in src/layers, which no service imports (test/Layout.test.ts).
    * Fails with `ZmqError` when the endpoint cannot be bound.
    */
-  static readonly layerTest = (modules: ReadonlyArray<ServerModule>, options: Partial<MqServerOptions> = {}) =>
+  static readonly layerTest = (
+    modules: ReadonlyArray<ServerModule>,
+    options: Partial<MqServerOptions> = {},
+    events?: Array<string>
+  ) =>
     this.layer({ endpoint: "tcp://127.0.0.1:*", normalWorkers: 2, affinityLanes: 2, ...options }).pipe(
-      Layer.provide(Layer.mergeAll(Layer.effect(Handlers, makeTable(modules)), PeerEvents.layerNoop, RequestBarrier.layer))
+      Layer.provide(Layer.mergeAll(
+        Layer.effect(Handlers, makeTable(modules)),
+        events === undefined ? PeerEvents.layerNoop : PeerEvents.layerTest(events),
+        RequestBarrier.layer
+      ))
     )
 }
 

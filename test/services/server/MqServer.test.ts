@@ -5,14 +5,15 @@
  * (probed, then dropped) show in `stats`. The whole assembly's behaviour is test/integration/MqServer.test.ts's.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Layer } from "effect"
+import { Effect, Exit, Layer, Scope } from "effect"
 import { decodeReplyHeader, encodeRequest } from "../../../src/schema/Frame.ts"
 import { makeInstanceId } from "../../../src/schema/InstanceId.ts"
-import { Noop, QueryPrefetchStatus, Store } from "../../../src/schema/Op.ts"
+import { Noop, Ping, QueryPrefetchStatus, Store } from "../../../src/schema/Op.ts"
 import { row, type ServerModule } from "../../../src/services/server/Handler.ts"
 import { MqServer } from "../../../src/services/server/MqServer.ts"
 import { ZmqSocketsLive } from "../../../src/layers/Zmq.ts"
 import { rawCall, type RawDealer, rawDealer } from "../../support/RawDealer.ts"
+import { InvalidArgument } from "../../../src/schema/WireError.ts"
 import { failingStoreRow, storeKey } from "../../support/FailingStore.ts"
 
 const testModule: ServerModule = {
@@ -78,4 +79,24 @@ describe("MqServer", () => {
       for (let i = 0; i < 5; i++) assert.deepStrictEqual(yield* raw.receive(30_000), [Buffer.alloc(0)])
       assert.strictEqual((yield* rawCall(raw, 2, QueryPrefetchStatus, ["b"]))._tag, "Ok")
     }).pipe(served))
+
+  it.live("its connection events: a connect, a successful request naming an instance binds, an error reply binds nothing, a disconnect", () => {
+    const events: Array<string> = []
+    const named: ServerModule = {
+      name: "named",
+      rows: [row(Ping, "NORMAL", ([id]) => (id === null || id === makeInstanceId(7n) ? Effect.fail(new InvalidArgument({ message: "ping: refused" })) : Effect.succeed(true as const)))]
+    }
+    return Effect.gen(function*() {
+      const server = yield* MqServer
+      const connection = yield* Scope.make()
+      const raw = yield* rawDealer(server.endpoint).pipe(Scope.provide(connection))
+      assert.strictEqual((yield* rawCall(raw, 1, Ping, [makeInstanceId(7n)]))._tag, "Error")
+      assert.strictEqual((yield* rawCall(raw, 2, Ping, [makeInstanceId(5n)]))._tag, "Ok")
+      const peer = events[0]!.slice("connected ".length)
+      assert.deepStrictEqual(events, [`connected ${peer}`, `instance ${peer} 5`])
+      yield* Scope.close(connection, Exit.void)
+      yield* until(() => events.length === 3)
+      assert.deepStrictEqual(events, [`connected ${peer}`, `instance ${peer} 5`, `disconnected ${peer}`])
+    }).pipe(Effect.provide(MqServer.layerTest([named], {}, events).pipe(Layer.provide(ZmqSocketsLive))))
+  })
 })
