@@ -80,9 +80,11 @@ describe("mpcache replay guards", () => {
   for (const signal of ["SIGINT", "SIGTERM"] as const) {
     it.live(`${signal} mid-run stops the workers and the server and removes their segments and socket`, () =>
       Effect.scoped(Effect.gen(function*() {
-        const replay = yield* startCli(["replay", "--requests", "300", "--max-rate", "--workers", "2"])
+        // Far more requests than the run lasts before the signal: its end never races the test's look (a 300-request
+        // run at --max-rate can end within a second of its first progress line on a fast machine).
+        const replay = yield* startCli(["replay", "--requests", "10000", "--max-rate", "--workers", "2"])
         const pid = replay.child.pid!
-        yield* replay.waitForStderr(/\] \d+\/300 requests/, 60_000)
+        yield* replay.waitForStderr(/\] \d+\/10000 requests/, 60_000)
         // Its server and its 2 workers (waited for: the first progress line may come before the workers are up);
         // the server's ipc socket file.
         for (let i = 0; i < 600 && childrenOf(pid).length < 3; i++) yield* Effect.sleep("50 millis")
