@@ -62,27 +62,39 @@ describe("CURVE and fail-closed binds (real processes)", () => {
           "ping", "--endpoint", endpoint, "--timeout-seconds", "3",
           ...(name === undefined ? [] : ["--curve-server-public-key-file", keys.serverPublicFile, "--curve-secret-key-file", keys.clients[name]!.secretFile])
         ])
+      // What a refused client finally says: no answer, and why when its handshake events have told it. The reason
+      // comes from those events (the ZAP verdict, decided on the server's event loop), which a loaded machine can
+      // deliver after the client's timeout: then the client says only that the server did not answer. Either way
+      // the server's own log of the refusal is waited for below, so the refusal itself is always checked.
+      const refused = (r: { readonly code: number | null; readonly stderr: string }, reason: RegExp) => {
+        assert.strictEqual(r.code, 1)
+        const said = /no reply within 3000 ms: the server did not answer(?:; (.*)| \(is it running\?\))/.exec(r.stderr)
+        assert.isNotNull(said, r.stderr)
+        if (said![1] !== undefined) assert.match(said![1], reason)
+      }
       const ok = yield* ping("a")
       assert.strictEqual(ok.code, 0)
       assert.strictEqual(ok.stdout.trim(), "true")
       assert.strictEqual((yield* ping("b")).code, 0)
-      const stranger = yield* ping("stranger")
-      assert.strictEqual(stranger.code, 1)
-      assert.include(stranger.stderr, `no reply within 3000 ms: the server did not answer; ${REFUSED_KEY}`)
-      const plain = yield* ping(undefined)
-      assert.strictEqual(plain.code, 1)
-      assert.match(plain.stderr, new RegExp(`no reply within 3000 ms: the server did not answer; (${escape(NO_CURVE)}|the handshake failed \\(EPIPE\\))`))
+      refused(yield* ping("stranger"), new RegExp(`^${escape(REFUSED_KEY)}`))
+      yield* server.waitForStderr(/refused a client \(unknown_key\)/, 30_000)
+      refused(yield* ping(undefined), new RegExp(`^(${escape(NO_CURVE)}|the handshake failed \\(EPIPE\\))`))
+      // A client without CURVE fails the handshake with ERR_ZMTP_MECHANISM_MISMATCH, unless it notices the
+      // mismatch first and hangs up, which the server then sees as a protocol error (EPIPE): either is a refusal.
+      yield* server.waitForStderr(/refused a client \((mechanism|protocol)\): (a client without CURVE connected|handshake failed)/, 30_000)
       keys.authorize({ a: "tenantA" })
       server.child.kill("SIGHUP")
       yield* server.waitForStderr(/reloaded the authorized keys: 1 key/, 30_000)
-      const removed = yield* ping("b")
-      assert.strictEqual(removed.code, 1)
-      assert.include(removed.stderr, `no reply within 3000 ms: the server did not answer; ${REFUSED_KEY}`)
+      const unknownBefore = server.stderr().match(/refused a client \(unknown_key\)/g)!.length
+      refused(yield* ping("b"), new RegExp(`^${escape(REFUSED_KEY)}`))
+      // The removed key's refusal is one more unknown_key line in the server's log.
+      yield* Effect.gen(function*() {
+        for (let i = 0; i < 3_000 && server.stderr().match(/refused a client \(unknown_key\)/g)!.length === unknownBefore; i++) {
+          yield* Effect.sleep("10 millis")
+        }
+      })
+      assert.strictEqual(server.stderr().match(/refused a client \(unknown_key\)/g)!.length, unknownBefore + 1)
       assert.strictEqual((yield* ping("a")).code, 0)
-      assert.match(server.stderr(), /refused a client \(unknown_key\)/)
-      // A client without CURVE fails the handshake with ERR_ZMTP_MECHANISM_MISMATCH, unless it notices the
-      // mismatch first and hangs up, which the server then sees as a protocol error (EPIPE): either is a refusal.
-      assert.match(server.stderr(), /refused a client \((mechanism|protocol)\): (a client without CURVE connected|handshake failed)/)
       const stopped = yield* server.stop("SIGTERM")
       assert.strictEqual(stopped.code, 0)
     })), 150_000)
