@@ -99,7 +99,8 @@ describe("CUDA faults: a refused handle, a device lost mid-copy, a sticky error"
         register.error,
         cudaError("register_kv_cache", refused.result["instanceId"], "cudaIpcOpenMemHandle", "cudaErrorInvalidValue", "invalid argument", true)
       )
-      assert.isBelow(register.ms, 1000)
+      // The exact error (not the client's RequestTimeout) is the proof that the fault never hung the request;
+      // no wall-clock bound (a loaded machine answers slower, and that is no failure).
 
       // 2. The device is lost under the second copy of a 2-chunk STORE: the synchronize reports it.
       const before = storesSoFar()
@@ -116,7 +117,6 @@ describe("CUDA faults: a refused handle, a device lost mid-copy, a sticky error"
       const lostError = cudaError("store", lost.result["instanceId"], "cudaStreamSynchronize", "cudaErrorLaunchFailure", "unspecified launch failure")
       const store = lost.result["store"] as Outcome
       assert.deepStrictEqual(store.error, lostError)
-      assert.isBelow(store.ms, 1000)
       // The id's context is gone; its next request gets the same error, not not_registered.
       assert.deepStrictEqual((lost.result["storeAfter"] as Outcome).error, lostError)
       // The cpu_shm daemon kept storing meanwhile.
@@ -140,7 +140,6 @@ describe("CUDA faults: a refused handle, a device lost mid-copy, a sticky error"
       const retrieve = ecc.result["retrieve"] as Outcome
       const eccText = "uncorrectable ECC error encountered"
       assert.deepStrictEqual(retrieve.error, cudaError("retrieve", eccId, "cudaMemcpyAsync", "cudaErrorECCUncorrectable", eccText))
-      assert.isBelow(retrieve.ms, 1000)
       assert.deepStrictEqual(
         (ecc.result["storeAfter"] as Outcome).error,
         cudaError("store", eccId, "cudaMemcpyAsync", "cudaErrorECCUncorrectable", eccText)

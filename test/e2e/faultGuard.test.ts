@@ -112,7 +112,8 @@ describe("fault guard: a worker shrinks its registered segment", () => {
       assert.deepStrictEqual(store1.error, expectedError("store", b1.result, "gather", storeOffset))
       // The page holding V of block 60 is the first the gather needs past the new end.
       assert.strictEqual(storeOffset, Math.floor((64 + 60) * 16 * 2 * 16 * 2 / 4096) * 4096)
-      assert.isBelow(store1.ms, 1000)
+      // The exact error (not the client's RequestTimeout) is the proof that the fault never hung the request;
+      // no wall-clock bound (a loaded machine answers slower, and that is no failure).
 
       // 2. STORE (ok), shrunk to 0, then RETRIEVE: the scatter takes SIGBUS; a STORE after it gets the same error.
       const b2 = yield* runJsonScript(SHRINK, {
@@ -133,7 +134,6 @@ describe("fault guard: a worker shrinks its registered segment", () => {
       assert.deepStrictEqual(retrieve.error, expectedError("retrieve", b2.result, "scatter", retrieveOffset))
       // The page holding K of block 1 (bytes 1024…) is the first the scatter writes.
       assert.strictEqual(retrieveOffset, 0)
-      assert.isBelow(retrieve.ms, 1000)
       const storeAfter = b2.result["storeAfter"] as Outcome
       assert.deepStrictEqual(storeAfter.error, expectedError("store", b2.result, "scatter", retrieveOffset))
 
@@ -172,7 +172,6 @@ describe("fault guard: a worker shrinks its registered segment", () => {
       assert.strictEqual(b.code, 0, b.stderr)
       const store = b.result["store"] as Outcome
       assert.deepStrictEqual(store.error, expectedError("store", b.result, "gather", offsetOf(store)))
-      assert.isBelow(store.ms, 1000)
       assert.strictEqual(server.child.exitCode, null)
       // One copy job per chunk on the libuv pool (4 threads): each of the 8 ends in its own guarded fault.
       const doc = yield* statusOf(httpPort)
@@ -207,7 +206,6 @@ describe("fault guard: a worker shrinks its registered segment", () => {
       // K of block 1 (one block: 16 tokens × 8 × 128 bf16 = 32 KiB) is the first page the gather reads.
       assert.strictEqual(offsetOf(store), 32 * 1024)
       assert.deepStrictEqual(store.error, expectedError("store", b.result, "gather", 32 * 1024))
-      assert.isBelow(store.ms, 1000)
       assert.strictEqual(server.child.exitCode, null)
       const doc = yield* statusOf(httpPort)
       assert.deepStrictEqual(doc.fault_guard, { guarded_faults: 1, cuda_faults: 0 })

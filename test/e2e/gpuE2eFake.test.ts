@@ -48,12 +48,13 @@ describe("gpu-e2e against the fake libcudart", () => {
       assert.strictEqual(result.freeBytes.afterKill, result.freeBytes.baseline - result.exporterBytes)
       assert.strictEqual(result.freeBytes.afterReap, result.freeBytes.baseline)
       assert.include(result.reaped, "(reason disconnect)")
-      // A zeroed IPC handle: the fake refuses it as a driver does (issue 13 item 4), answered within a second, counted once.
+      // A zeroed IPC handle: the fake refuses it as a driver does (issue 13 item 4), answered with its error, counted once.
       assert.deepStrictEqual(
         { actual: result.refusedHandle.actual, counted: result.refusedHandle.counted },
         { actual: "cudaIpcOpenMemHandle failed with cudaErrorInvalidValue (cudaError 1: invalid argument)", counted: { status: 1, metric: 1 } }
       )
-      assert.isBelow(result.refusedHandle.ms, 1000)
+      // The exact error (not the client's RequestTimeout) is the proof that the fault never hung the request;
+      // no wall-clock bound (a loaded machine answers slower, and that is no failure).
 
       // Every process that loaded the fake shares its counters: the server opened B's and A's
       // handles once each and closed each once (A's at the reap, B's at B's unregister).
