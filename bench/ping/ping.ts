@@ -57,6 +57,7 @@ import { PLAIN_ECHO_SCRIPT, spawnToFirstReply } from "./startup.ts"
 import { median, summarizeUs } from "../lib/stats.ts"
 import { writeSummary, type SummaryRow } from "../lib/summary.ts"
 import { secondsSince, sleep } from "../lib/time.ts"
+import { SERVE_FLAGS } from "./serveFlags.ts"
 
 const HEADING = "## PING round trips (bench:ping)"
 const CURVE_HEADING = "## PING with CURVE (bench:ping --curve)"
@@ -71,7 +72,6 @@ const ALLOC_PINGS = 100_000
 const ALLOC_CLIENTS = 16
 /** `npm start`'s entry: `node SERVE_ENTRY [flags]` is `mpcache serve [flags]`. */
 const SERVE_ENTRY = "build/cli/bin/serve.mjs"
-const SERVE_FLAGS = (endpoint: string): Array<string> => ["--endpoint", endpoint, "--http-port", "0", "--log-format", "json", "--no-l1-prefault"]
 
 // ---------------------------------------------------------------- arguments
 

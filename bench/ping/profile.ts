@@ -27,6 +27,7 @@ import { pingLoop, type PingRun, type Responder } from "../lib/pingClient.ts"
 import { cpuTop, formatTop, heapTop, type HeapProfile, type WindowUs } from "./profileTop.ts"
 import { makeResources, runBench } from "../lib/resources.ts"
 import { sleep } from "../lib/time.ts"
+import { SERVE_FLAGS } from "./serveFlags.ts"
 
 const { values } = parseArgs({
   options: {
@@ -45,17 +46,7 @@ const out = values.out ?? mkdtempSync(path.join(os.tmpdir(), "mpcache-ping-prof-
 const READY = /MQ server listening on/
 const resources = makeResources(`mpcache-prof-${process.pid}-${Date.now()}`, { stopTimeoutMs: 10_000, onSignal: "stop" })
 
-const serveArgv = (endpoint: string): Array<string> => [
-  "src/cli/main.ts",
-  "serve",
-  "--endpoint",
-  endpoint,
-  "--http-port",
-  "0",
-  "--log-format",
-  "json",
-  "--no-l1-prefault"
-]
+const serveArgv = (endpoint: string): Array<string> => ["src/cli/main.ts", "serve", ...SERVE_FLAGS(endpoint)]
 
 const serve = (nodeFlags: ReadonlyArray<string>, endpoint: string) =>
   startLineChild("mpcache", [...nodeFlags, ...serveArgv(endpoint)], resources.children)
