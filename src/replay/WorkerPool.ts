@@ -5,11 +5,12 @@
  * give it to another worker.
  */
 import { fork, type ChildProcess } from "node:child_process"
-import { fileURLToPath } from "node:url"
 import { Deferred, Effect, Schema } from "effect"
+import { entryPath } from "../PackageFiles.ts"
 import type { Done, Failed, RunRequest, WorkerMessage, WorkerSettings } from "./Messages.ts"
 
-const WORKER_SCRIPT = fileURLToPath(new URL("./WorkerProcess.ts", import.meta.url))
+// The worker in the form this replay runs as (src/PackageFiles.ts): bundled from a bundled replay.
+const WORKER_SCRIPT = entryPath("replayWorker")
 
 /** A worker process exited (killed, crashed) before answering. */
 export class WorkerDied extends Schema.TaggedError<WorkerDied>()("WorkerDied", {

@@ -13,21 +13,21 @@
  * `/metrics` (mpcache_guarded_faults_total{kind,call}) count the same faults.
  */
 import { randomUUID } from "node:crypto"
-import { fileURLToPath } from "node:url"
 import { afterAll } from "vitest"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { runJsonScript } from "../support/Cli.ts"
 import { CUDA_ERRORS, FAKE_DEVICES, readFakeState, removeFakeCudart, useFakeCudartInProcess } from "../support/FakeCudart.ts"
 import { assertRetrievesIntact, ipcEndpoint, startServer, startWorker, statusOf } from "../support/LiveFleet.ts"
+import { childScript } from "../support/ChildScripts.ts"
 
 // Children (the server and the workers) inherit MPCACHE_CUDART.
 const fake = useFakeCudartInProcess()
 afterAll(() => removeFakeCudart(fake))
 const [DEV0] = FAKE_DEVICES
 
-const WORKER = fileURLToPath(new URL("../support/worker-main.ts", import.meta.url))
-const CUDA_WORKER = fileURLToPath(new URL("../support/cuda-fault-worker.ts", import.meta.url))
+const WORKER = childScript("worker-main")
+const CUDA_WORKER = childScript("cuda-fault-worker")
 
 /** mpcache_guarded_faults_total as "kind/call" → count, from /metrics. */
 const faultMetrics = (port: number) =>

@@ -6,13 +6,13 @@
  */
 import { randomUUID } from "node:crypto"
 import { readdirSync, rmSync } from "node:fs"
-import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { startScript } from "../support/Cli.ts"
 import { getText, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
+import { childScript } from "../support/ChildScripts.ts"
 
-const WORKER = fileURLToPath(new URL("../support/empty-frame-worker.ts", import.meta.url))
+const WORKER = childScript("empty-frame-worker")
 
 const metricsOf = (port: number) => getText(`http://127.0.0.1:${port}/metrics`)
 

@@ -17,15 +17,15 @@
 import { randomUUID } from "node:crypto"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { runJsonScript, startScript } from "../support/Cli.ts"
 import { assertRetrievesIntact, startServer as startLiveServer, statusOf } from "../support/LiveFleet.ts"
+import { childScript } from "../support/ChildScripts.ts"
 
-const WORKER = fileURLToPath(new URL("../support/worker-main.ts", import.meta.url))
-const SHRINK = fileURLToPath(new URL("../support/shrink-worker.ts", import.meta.url))
-const DAEMON = fileURLToPath(new URL("../support/worker-daemon.ts", import.meta.url))
+const WORKER = childScript("worker-main")
+const SHRINK = childScript("shrink-worker")
+const DAEMON = childScript("worker-daemon")
 
 const SHRANK = "the segment shrank below its registered size"
 /** The small KV cache of the shrinking workers: 1 layer segment of 2 × 64 blocks × 16 tokens × 2 × 16 bf16 = 256 KiB. */

@@ -11,7 +11,11 @@ import { eventually, getText, ipcEndpoint, startServer, startWorker, statusOf } 
 
 const instancesOf = (port: number) => Effect.map(statusOf(port), (doc) => doc.instances)
 
-describe.each(CURVE_MODES)("liveness end to end (CURVE $curve)", ({ curve }) => {
+// Concurrent: every test has its own server, endpoint and workers, and most of their time is waiting for a
+// real reap timeout or grace, so the six run side by side (issue 26: a 30 s reap timeout waited twice
+// one after the other was the suite's longest file).
+describe.concurrent("liveness end to end", () => {
+describe.each(CURVE_MODES)("CURVE $curve", ({ curve }) => {
   const fx = curveFixture(curve)
 
     it.live("SIGKILL a worker that has served: reaped within the disconnect grace, its mappings gone, status and metrics agree", () =>
@@ -72,4 +76,5 @@ describe.each(CURVE_MODES)("liveness end to end (CURVE $curve)", ({ curve }) => 
         )
         assert.deepStrictEqual(ids, [a.instanceId, b.instanceId].sort())
       })), 60_000)
+})
 })

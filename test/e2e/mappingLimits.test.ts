@@ -23,7 +23,6 @@
 import { randomUUID } from "node:crypto"
 import { fstatSync, readFileSync } from "node:fs"
 import { totalmem } from "node:os"
-import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { ClientLive } from "../../src/layers/Client.ts"
@@ -40,8 +39,9 @@ import { runCli, runJsonScript } from "../support/Cli.ts"
 import { verifyTokens, writeTokens } from "../support/KvData.ts"
 import { eventually, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
 import { mapsOf, memfdMaps, memfdRssKiB } from "../support/ProcMaps.ts"
+import { childScript } from "../support/ChildScripts.ts"
 
-const WORKER = fileURLToPath(new URL("../support/worker-main.ts", import.meta.url))
+const WORKER = childScript("worker-main")
 /** worker-main.ts's cache: 4 layer segments of 2 × 64 blocks × 16 tokens × 2 × 16 bf16 = 64 KiB each. */
 const WORKER_BYTES = 4 * 2 * 64 * 16 * 2 * 16 * 2
 

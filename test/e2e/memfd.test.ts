@@ -24,7 +24,6 @@
  */
 import { randomUUID } from "node:crypto"
 import { existsSync, readdirSync, readFileSync, statSync } from "node:fs"
-import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Schedule, Scope } from "effect"
 import { ZmqSocketsLive } from "../../src/layers/Zmq.ts"
@@ -37,10 +36,11 @@ import { makeMqClient, type MqClientShape } from "../../src/services/client/MqCl
 import { runCli, runJsonScript, startScript } from "../support/Cli.ts"
 import { eventually, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
 import { memfdFds, memfdMaps } from "../support/ProcMaps.ts"
+import { childScript } from "../support/ChildScripts.ts"
 
-const WORKER = fileURLToPath(new URL("../support/worker-main.ts", import.meta.url))
-const DAEMON = fileURLToPath(new URL("../support/worker-daemon.ts", import.meta.url))
-const SHRINK = fileURLToPath(new URL("../support/shrink-worker.ts", import.meta.url))
+const WORKER = childScript("worker-main")
+const DAEMON = childScript("worker-daemon")
+const SHRINK = childScript("shrink-worker")
 
 /** One layer of 2 × 16 blocks × 16 tokens × 2 heads × 16 bf16: 32 KiB. */
 const LAYER_BYTES = 2 * 16 * 16 * 2 * 16 * 2

@@ -11,14 +11,14 @@ import { randomUUID } from "node:crypto"
 import { existsSync, readdirSync, rmSync, statSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { addonPath } from "../../src/native/Native.ts"
 import { runCli, runJsonScript, startCli, startScript } from "../support/Cli.ts"
+import { childScript } from "../support/ChildScripts.ts"
 
-const SHRINK = fileURLToPath(new URL("../support/shrink-worker.ts", import.meta.url))
-const DAEMON = fileURLToPath(new URL("../support/worker-daemon.ts", import.meta.url))
+const SHRINK = childScript("shrink-worker")
+const DAEMON = childScript("worker-daemon")
 
 const ipcEndpoint = () => `ipc://${join(tmpdir(), `mpcache-named-${randomUUID()}.sock`)}`
 

@@ -8,7 +8,6 @@
  * its id back; both stay served. (The grace's end is tested on the
  * TestClock in test/services/auth/Tenancy.test.ts.)
  */
-import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { ClientLive } from "../../src/layers/Client.ts"
@@ -20,8 +19,9 @@ import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
 import { startScript } from "../support/Cli.ts"
 import { makeTestKeys } from "../support/CurveKeys.ts"
 import { getJson, ipcEndpoint, startServer } from "../support/LiveFleet.ts"
+import { childScript } from "../support/ChildScripts.ts"
 
-const WORKER = fileURLToPath(new URL("../support/engine-driven-worker-main.ts", import.meta.url))
+const WORKER = childScript("engine-driven-worker-main")
 
 /** The context engine-driven-worker-main.ts registers, for instance `id`. */
 const context = (id: InstanceId) => ({

@@ -12,13 +12,13 @@ import { randomUUID } from "node:crypto"
 import { readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { startCli, runJsonScript } from "../support/Cli.ts"
 import { CURVE_MODES, type CurveFixture, curveFixture } from "../support/CurveMode.ts"
+import { childScript } from "../support/ChildScripts.ts"
 
-const WORKER = fileURLToPath(new URL("../support/worker-main.ts", import.meta.url))
+const WORKER = childScript("worker-main")
 
 /** A worker process with `fx`'s client keys. */
 const runWorker = (fx: CurveFixture, args: Record<string, unknown>) => runJsonScript(WORKER, { ...args, ...fx.client() })

@@ -8,7 +8,6 @@
  * client that reads gets 40 such replies (10 × the bound) with none refused.
  */
 import { readFileSync } from "node:fs"
-import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit } from "effect"
 import { decodeReplyHeader, decodeResponse, encodeRequest } from "../../src/schema/Frame.ts"
@@ -21,8 +20,9 @@ import { eventually, getText, ipcEndpoint, startServer, statusOf } from "../supp
 import { samplesOf } from "../support/PromQl.ts"
 import { REFUSAL_REASONS } from "../../src/services/server/internal/ReplyRefusal.ts"
 import { rawDealer, type RawDealer } from "../support/RawDealer.ts"
+import { childScript } from "../support/ChildScripts.ts"
 
-const WORKER = fileURLToPath(new URL("../support/engine-driven-worker-main.ts", import.meta.url))
+const WORKER = childScript("engine-driven-worker-main")
 
 const MiB = 2 ** 20
 /** The attacker's layout: [2, 32 layers, 64 tokens, 512] bfloat16 = 4 MiB a chunk. */

@@ -6,12 +6,12 @@
 import { randomUUID } from "node:crypto"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { runJsonScript } from "../support/Cli.ts"
+import { childScript } from "../support/ChildScripts.ts"
 
-const SCRIPT = fileURLToPath(new URL("../support/routing-id-collision.ts", import.meta.url))
+const SCRIPT = childScript("routing-id-collision")
 const endpoint = () => `ipc://${join(tmpdir(), `mpcache-rid-${randomUUID()}.sock`)}`
 
 describe("a routing id claimed ahead of the ROUTER's counter", () => {

@@ -11,7 +11,6 @@
  * tests run one after another, so they compare before/after deltas.
  */
 import { spawnSync } from "node:child_process"
-import { fileURLToPath } from "node:url"
 import { afterAll } from "vitest"
 import { assert, describe, it } from "@effect/vitest"
 import { Context, Effect, Exit, Fiber, Layer, Scope } from "effect"
@@ -28,12 +27,13 @@ import {
   setFakeCopyDelay,
   useFakeCudartInProcess
 } from "../support/FakeCudart.ts"
+import { childScript } from "../support/ChildScripts.ts"
 
 // Before any CUDA call of this process: the addon loads libcudart on the first one.
 const fake = useFakeCudartInProcess()
 afterAll(() => removeFakeCudart(fake))
 const [DEV0, DEV1] = FAKE_DEVICES
-const PROBE = fileURLToPath(new URL("../support/cuda-probe.ts", import.meta.url))
+const PROBE = childScript("cuda-probe")
 const KiB = 1024
 
 const pattern = (n: number, seed: number): Uint8Array => {

@@ -9,14 +9,14 @@ import { randomUUID } from "node:crypto"
 import { readdirSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { fileURLToPath } from "node:url"
 import { assert } from "@effect/vitest"
 import { Effect, Schedule } from "effect"
 import { decodeStatusDocument } from "../../src/schema/Status.ts"
 import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
 import { runJsonScript, startCli, startScript } from "./Cli.ts"
+import { childScript } from "./ChildScripts.ts"
 
-const DAEMON = fileURLToPath(new URL("./worker-daemon.ts", import.meta.url))
+const DAEMON = childScript("worker-daemon")
 
 /** A fresh ipc endpoint under the temp folder. */
 export const ipcEndpoint = () => `ipc://${join(tmpdir(), `mpcache-fleet-${randomUUID()}.sock`)}`
@@ -66,7 +66,7 @@ export const eventually = <A>(check: Effect.Effect<A>, holds: (a: A) => boolean,
     Effect.timeoutOrElse({ duration: `${timeoutMs} millis`, orElse: () => check })
   )
 
-const WORKER_MAIN = fileURLToPath(new URL("./worker-main.ts", import.meta.url))
+const WORKER_MAIN = childScript("worker-main")
 
 /**
  * The fault tests' survivor check: a fresh worker process RETRIEVEs request "req-a" (330 tokens, seed 42,

@@ -10,9 +10,10 @@
  * and `--curve-secret-key-file` speak CURVE to a running server.
  */
 import { writeFileSync } from "node:fs"
-import { fileURLToPath } from "node:url"
+import path from "node:path"
 import { Console, Effect, Option } from "effect"
 import { CliError, Command, Flag } from "effect/cli"
+import { packageRoot } from "../../PackageFiles.ts"
 import { loggerLayer } from "../../layers/Logging.ts"
 import { runReplay } from "../../replay/Driver.ts"
 import { formatSummary, mustBeZero } from "../../replay/Report.ts"
@@ -21,7 +22,8 @@ import { MODEL_PRESETS } from "../../replay/Synth.ts"
 import { CommandFailed } from "../CommandFailed.ts"
 import * as F from "./flags.ts"
 
-const DEFAULT_TRACE = fileURLToPath(new URL("../../../data/mooncake-traces/conversation_trace.jsonl", import.meta.url))
+// From the package root (src/PackageFiles.ts), so the bundled command finds it as the sources do.
+const DEFAULT_TRACE = path.join(packageRoot, "data", "mooncake-traces", "conversation_trace.jsonl")
 
 const positive = (name: string, description: string) =>
   Flag.Finite(name).pipe(Flag.withDescription(description), Flag.filter((n) => n > 0, (n) => `must be above 0 (got ${n})`))

@@ -10,12 +10,13 @@ import { randomUUID } from "node:crypto"
 import { rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { fileURLToPath } from "node:url"
 import { Effect } from "effect"
+import { entryPath } from "../../PackageFiles.ts"
 import { ReplayError, type ReplayOptions } from "../ReplayOptions.ts"
 import type { RunKeys } from "../RunKeys.ts"
 
-const MAIN = fileURLToPath(new URL("../../cli/main.ts", import.meta.url))
+// `mpcache` in the form this replay runs as (src/PackageFiles.ts): bundled from a bundled replay.
+const MAIN = entryPath("cli")
 
 /** Starts `mpcache serve` as a child process for the life of the scope; with `keys`, CURVE on. */
 export const startOwnServer = (o: ReplayOptions, keys: RunKeys | undefined) =>
