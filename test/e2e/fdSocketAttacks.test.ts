@@ -173,7 +173,7 @@ describe.runIf(python)("descriptor socket attacks (issue 24)", () => {
         const { payload } = yield* requestFor(c, 100, 1)
         // Attempts until one landed: the server, not the attacker, dropped the last reference to the lingering socket.
         const a = yield* attacker(["linger", socket, Buffer.from(payload).toString("hex"), "--attempts", "40", ...(nested ? ["--nested"] : [])])
-        const passed = yield* a.next("passed")
+        const passed = yield* a.next("passed", undefined, 100_000)
         // The attack is real here: closing such a socket waits for its linger (1 s for the control).
         assert.isAtLeast(passed["control_close_ms"] as number, 900)
         assert.isAbove(passed["queued"] as number, 0)
@@ -203,7 +203,7 @@ describe.runIf(python)("descriptor socket attacks (issue 24)", () => {
       // Attempts until one landed: its sendmsg went through (the lingering socket sat in the server's connection) and
       // the server, not the attacker, dropped the last reference to it.
       const a = yield* attacker(["linger", abstract, Buffer.from(payload).toString("hex"), "--attempts", "40"], { uid: NOBODY, gid: NOBODY })
-      const passed = yield* a.next("passed")
+      const passed = yield* a.next("passed", undefined, 100_000)
       assert.strictEqual(passed["landed"], 1)
       const forbidden = {
         ok: false,
