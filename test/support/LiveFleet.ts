@@ -23,7 +23,7 @@ export const ipcEndpoint = () => `ipc://${join(tmpdir(), `mpcache-fleet-${random
 
 /**
  * `mpcache serve` with `flags`, once both its HTTP frontend and MQ server listen (each within
- * `readyTimeoutMs`, default 15 s); stopped with the scope.
+ * `readyTimeoutMs`, default 60 s: a bound on a hang); stopped with the scope.
  */
 export const startServer = (endpoint: string, flags: ReadonlyArray<string>, readyTimeoutMs?: number, env: Readonly<Record<string, string>> = {}) =>
   Effect.gen(function*() {
@@ -47,8 +47,8 @@ export const startWorker = (endpoint: string, heartbeatIntervalMs: number, store
       })
     )
     const worker = yield* startScript(DAEMON, [JSON.stringify({ endpoint, namePrefix, heartbeatIntervalMs, storeEveryMs, ...(curve === undefined ? {} : { curve }) })])
-    const [, instanceId] = yield* worker.waitForStdout(/"event":"registered","instanceId":"(\d+)"/, 20_000)
-    yield* worker.waitForStdout(/"event":"store","n":1,"ok":true/, 20_000)
+    const [, instanceId] = yield* worker.waitForStdout(/"event":"registered","instanceId":"(\d+)"/, 60_000)
+    yield* worker.waitForStdout(/"event":"store","n":1,"ok":true/, 60_000)
     return { worker, namePrefix, instanceId: instanceId! }
   })
 

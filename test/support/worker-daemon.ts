@@ -55,7 +55,9 @@ const program = Effect.gen(function*() {
     worldSize: 1,
     kvRank: 0,
     heartbeatIntervalMs: args.heartbeatIntervalMs,
-    requestTimeoutMs: 2_000,
+    // 10 s: a bound on a hang, not a timing; a busy machine (every core taken, servers starting beside it)
+    // can take seconds to answer a registration's first request.
+    requestTimeoutMs: 10_000,
     ...(args.curve === undefined ? {} : { curve: args.curve })
   })
   if (args.populate === true) {
