@@ -138,12 +138,15 @@ describe("probes (real server)", () => {
       ])
     })), 120_000)
 
-  it.live("an L2 on a closed port: /readyz 200, the l2 check reports the breaker open, not fatal", () =>
+  it.live("an L2 on a closed port: /readyz 200, the l2 check reports the breaker open, not fatal; reaping off: said, /livez still fed", () =>
     Effect.scoped(Effect.gen(function*() {
       const port = yield* closedPort
       const { httpPort } = yield* startServer(
         ipcEndpoint(),
-        ["--l2-url", `redis://127.0.0.1:${port}`, "--l1-size-gb", "0.0625", "--no-l1-prefault"],
+        [
+          "--l2-url", `redis://127.0.0.1:${port}`, "--l1-size-gb", "0.0625", "--no-l1-prefault",
+          "--worker-reap-timeout-seconds", "0", "--worker-disconnect-grace-seconds", "0"
+        ],
         60_000
       )
       // The breaker probes at once; its failed first PING opens it.
@@ -156,5 +159,13 @@ describe("probes (real server)", () => {
         detail: "breaker open, not connected (not fatal: L2 is skipped, every L2 read a miss, until it recovers)"
       })
       assert.deepStrictEqual(open.body.checks.map((c) => [c.name, c.ok]), READY_NAMES.map((n) => [n, true]))
+      assert.deepStrictEqual(open.body.checks.find((c) => c.name === "reaper"), {
+        name: "reaper",
+        ok: true,
+        detail: "reaping is off (--worker-reap-timeout-seconds and --worker-disconnect-grace-seconds are 0)"
+      })
+      // Without the reaper, Readiness's own (quiet) ticker feeds event_loop.
+      const live = yield* eventually(livez(httpPort), (r) => r.status === 200, 30_000)
+      assert.strictEqual(live.body.status, "live", JSON.stringify(live.body))
     })), 90_000)
 })

@@ -32,7 +32,7 @@ import { LivenessSettings } from "./LivenessSettings.ts"
 import { type HeldTargetOptions, LivenessTargets, type InstanceSummary, type ReapedInstance } from "./LivenessTarget.ts"
 import { makeRecentReaps } from "./RecentReaps.ts"
 import { RequestBarrier } from "./RequestBarrier.ts"
-import { formatStallSeconds, makeWatchEventLoop, ServerStalls, watchEventLoop } from "./Stalls.ts"
+import { formatStallSeconds, ServerStalls, watchEventLoop } from "./Stalls.ts"
 import { REAP_REASONS, stateOf, type InstanceState, type ReapReason, type Windows } from "./Rule.ts"
 import { byLabel, fromStart } from "../metrics/Series.ts"
 
@@ -209,8 +209,6 @@ const make = Effect.gen(function*() {
       `reaper: scanning every ${everyMs / 1000} s (reap timeout ${windows.reapTimeoutMs / 1000} s, registration grace ${windows.registrationGraceMs / 1000} s, disconnect grace ${windows.disconnectGraceMs / 1000} s)`
     )
   } else {
-    // Without the reaper the ticker still records its ticks for /livez, and tells nobody.
-    yield* Effect.forkScoped(makeWatchEventLoop({ report: false }))
     yield* Effect.logWarning("reaper disabled: --worker-reap-timeout-seconds and --worker-disconnect-grace-seconds are both 0")
   }
 

@@ -20,9 +20,9 @@
  *
  * The ticker also leaves its facts with ServerStalls (`eventLoop()`: when it
  * last ticked, its last late tick), which `/livez` judges (issue 27 item 3,
- * src/services/server/Readiness.ts). It runs whether or not the reaper does;
- * with the reaper off it only records, never WARNs (the WARNING speaks of
- * liveness deadlines).
+ * src/services/server/Readiness.ts). The Reaper forks the reporting ticker;
+ * with the reaper off, Readiness forks a quiet one that only records, never
+ * WARNs (the WARNING speaks of liveness deadlines).
  */
 import { Clock, Context, Effect, Layer, Metric } from "effect"
 import { byLabel, fromStart } from "../metrics/Series.ts"

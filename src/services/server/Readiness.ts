@@ -25,7 +25,7 @@
 import { statSync } from "node:fs"
 import { Clock, Context, Effect, Layer, Option } from "effect"
 import { type ReaperScans, Reaper } from "../liveness/Reaper.ts"
-import { type EventLoopFacts, formatStallSeconds, ServerStalls } from "../liveness/Stalls.ts"
+import { type EventLoopFacts, formatStallSeconds, makeWatchEventLoop, ServerStalls } from "../liveness/Stalls.ts"
 import { FdExchange } from "./FdExchange.ts"
 import { type L1Pool, type L1Stats, L1Store } from "./L1Store.ts"
 import { L2Tier, type L2Status } from "./l2/L2Tier.ts"
@@ -190,6 +190,8 @@ const make = Effect.gen(function*() {
   const mq = Option.getOrUndefined(yield* Effect.serviceOption(MqServer))
   const l1 = Option.getOrUndefined(yield* Effect.serviceOption(L1Store))
   const fd = Option.getOrUndefined(yield* Effect.serviceOption(FdExchange))
+  // The Reaper's ticker runs only with the reaper; without it, a quiet one (no WARNING) for /livez, in this layer's scope.
+  if (!reaper.reaperEnabled) yield* Effect.forkScoped(makeWatchEventLoop({ report: false }).pipe(Effect.annotateLogs({ fiber: "event-loop-watch" })))
 
   const liveness = () =>
     Effect.gen(function*() {

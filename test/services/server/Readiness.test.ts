@@ -211,6 +211,26 @@ describe("Readiness over the module graph (no sockets)", () => {
     }).pipe(Effect.provide(Readiness.layer.pipe(Layer.provideMerge(livenessEnv({ workerReapTimeoutSeconds: 120, workerDisconnectGraceSeconds: 0, fdSocket: "off" }))))))
 })
 
+describe("Readiness with reaping off", () => {
+  it.effect("its own quiet ticker keeps /livez's event_loop fed; the reaper check says reaping is off", () =>
+    Effect.gen(function*() {
+      const readiness = yield* Readiness
+      yield* TestClock.adjust("10 seconds")
+      assert.deepStrictEqual((yield* readiness.liveness()).checks[1], {
+        name: "event_loop",
+        ok: true,
+        detail: "last tick 0.000 s ago (bound 5 s); no stall seen"
+      })
+      assert.deepStrictEqual((yield* readiness.readiness()).checks[2], {
+        name: "reaper",
+        ok: true,
+        detail: "reaping is off (--worker-reap-timeout-seconds and --worker-disconnect-grace-seconds are 0)"
+      })
+    }).pipe(Effect.provide(Readiness.layer.pipe(
+      Layer.provideMerge(livenessEnv({ workerReapTimeoutSeconds: 0, workerDisconnectGraceSeconds: 0, fdSocket: "off" }))
+    ))))
+})
+
 /** A whole `l2` status block, the fields the rule does not read at their zero. */
 const statusL2: L2Status = {
   url: "redis://127.0.0.1:1",
