@@ -203,7 +203,7 @@ const make = Effect.gen(function*() {
 
   if (reaperEnabled) {
     yield* Effect.forkScoped(reaper)
-    // Reporting only with the reaper: the WARNING speaks of liveness deadlines.
+    // Only with the reaper: the WARNING speaks of liveness deadlines (without it, Readiness forks a quiet ticker).
     yield* Effect.forkScoped(watchEventLoop.pipe(Effect.annotateLogs({ fiber: "event-loop-watch" })))
     yield* Effect.logInfo(
       `reaper: scanning every ${everyMs / 1000} s (reap timeout ${windows.reapTimeoutMs / 1000} s, registration grace ${windows.registrationGraceMs / 1000} s, disconnect grace ${windows.disconnectGraceMs / 1000} s)`
