@@ -5,6 +5,9 @@
  * instance. Pure: a decoded StatusDocument in, lines out.
  *
  *   mpcache 0.1.0 (protocol 1) · ipc:///tmp/mpcache.sock · up 1h 2m 3s · 2 peers
+ *   readiness ready · mq_bound, l1_pool, reaper, fd_socket, l2 ok
+ *   (not ready: "readiness not ready · 1 of 5 checks failing", then one line per failing check:
+ *   "  reaper: last scan ended 75.000 s ago, more than two scan periods (…)")
  *   liveness  reaper on · reap timeout 120 s · registration grace 3600 s · disconnect grace 2 s · 2 tracked
  *   L1        8.0 KiB of 1.0 GiB (0.0%) · 1 objects · 0 evictions · hit ratio 50.0% (1 of 2 chunks) · L2 off
  *   (with --l2-url: "· L2 ok", then
@@ -51,6 +54,17 @@ const l2Line = (l2: NonNullable<StatusDocument["l2"]>): string =>
   (l2.authenticated ? `authenticated (${l2.unauthenticated_values} refused)` : "not authenticated") +
   (l2.last_error === null ? "" : ` · last error: ${l2.last_error}`)
 
+/** The readiness line (issue 27 item 3), then one indented line per failing check. */
+export const readinessLines = (r: StatusDocument["readiness"]): Array<string> => {
+  const failing = r.checks.filter((c) => !c.ok)
+  return failing.length === 0
+    ? [`readiness ready · ${r.checks.map((c) => c.name).join(", ")} ok`]
+    : [
+      `readiness not ready · ${failing.length} of ${r.checks.length} checks failing`,
+      ...failing.map((c) => `  ${c.name}: ${c.detail}`)
+    ]
+}
+
 /** The summary, one string of lines (no trailing newline). */
 export const formatStatus = (doc: StatusDocument): string => {
   const w = doc.worker_liveness
@@ -63,6 +77,7 @@ export const formatStatus = (doc: StatusDocument): string => {
   const last = doc.recent_reaps[doc.recent_reaps.length - 1]
   const lines = [
     `mpcache ${doc.version} (protocol ${doc.protocol_version}) · ${doc.endpoint} · up ${formatUptime(doc.uptime_seconds)} · ${doc.connected_peers} peers`,
+    ...readinessLines(doc.readiness),
     `liveness  reaper ${w.enabled ? "on" : "off"} · reap timeout ${w.reap_timeout_seconds} s · registration grace ${w.registration_grace_seconds} s · disconnect grace ${w.disconnect_grace_seconds} s · ${w.tracked_instances} tracked`,
     `L1        ${formatBytes(l1.used_bytes)} of ${formatBytes(l1.capacity_bytes)}${used} · ${l1.objects} objects · ${l1.evictions} evictions · hit ratio ${hit} · L2 ${doc.l2?.state ?? "off"}`,
     ...(doc.l2 === null ? [] : [l2Line(doc.l2)]),

@@ -2,7 +2,12 @@
  * The HTTP frontend (DESIGN §7; upstream `http_server.py`):
  *   GET /                 the live status page (StatusPage.ts, issue 17): HTML polling /api/status every second
  *   GET /api/healthcheck  200 {"status":"healthy"} while the server runs
- *   GET /api/status       version, endpoint, chunk size, pools, uptime (+ module blocks)
+ *   GET /livez            200 {"status":"live",…} or 503 "not_live": the process answers and its
+ *                         event loop is not stalled past a bound (services/server/Readiness.ts)
+ *   GET /readyz           200 {"status":"ready",…} or 503 "not_ready": MQ bound, L1 allocated, the
+ *                         reaper scanned within two periods, the fd socket listens when configured;
+ *                         the L2 breaker reported, never fatal (issue 27 item 3)
+ *   GET /api/status       version, endpoint, chunk size, pools, uptime, readiness (+ module blocks)
  *   GET /metrics          Prometheus text: every declared series from the start, at 0 until it moves
  *                         (services/metrics/Series.ts, issue 25 item 6)
  * Bound to `--http-host`/`--http-port` (port 0 picks a free one; the bound
@@ -18,6 +23,7 @@ import { HttpRouter, HttpServer, HttpServerRequest, HttpServerResponse } from "e
 import { PrometheusMetrics } from "effect/observability"
 import { bearerCheck, readTokenFile } from "../services/auth/BearerToken.ts"
 import { MqServer, SEND_HIGH_WATER_MARK } from "../services/server/MqServer.ts"
+import { type ProbeReport, Readiness } from "../services/server/Readiness.ts"
 import { PROTOCOL_VERSION, VERSION } from "../version.ts"
 import { ServerConfig, type ServerConfigInput } from "../services/server/ServerConfig.ts"
 import { byLabel, existFromStart } from "../services/metrics/Series.ts"
@@ -101,6 +107,7 @@ export const statusDocument = Effect.gen(function*() {
   const server = yield* MqServer
   const http = (yield* HttpConnections).stats()
   const blocks = yield* StatusBlocks
+  const readiness = yield* (yield* Readiness).readiness()
   const startedAtMs = yield* StartedAt
   const now = yield* Clock.currentTimeMillis
   const stats = server.stats()
@@ -144,7 +151,8 @@ export const statusDocument = Effect.gen(function*() {
       open_connections: http.openConnections,
       closed: http.closed
     },
-    ops: server.table
+    ops: server.table,
+    readiness
   }
   for (const block of blocks) Object.assign(doc, yield* block)
   return doc
@@ -167,9 +175,18 @@ const statusPage = HttpServerResponse.text(STATUS_PAGE_HTML, {
   headers: { "content-security-policy": STATUS_PAGE_CSP, "cache-control": "no-store" }
 })
 
+/** A probe's report as JSON: 200 when every check passes, else 503. */
+const probeResponse = (ok: string) => (report: ProbeReport): HttpServerResponse.HttpServerResponse =>
+  HttpServerResponse.jsonUnsafe(report, { status: report.status === ok ? 200 : 503, headers: { "cache-control": "no-store" } })
+
+/** The probe paths: answered without the bearer token (docs/security.md "Probes"). */
+export const PROBE_PATHS: ReadonlySet<string> = new Set(["/livez", "/readyz"])
+
 const Routes = Layer.mergeAll(
   HttpRouter.add("GET", "/", statusPage),
   HttpRouter.add("GET", "/api/healthcheck", HttpServerResponse.jsonUnsafe({ status: "healthy" })),
+  HttpRouter.add("GET", "/livez", Effect.flatMap(Effect.service(Readiness), (r) => Effect.map(r.liveness(), probeResponse("live")))),
+  HttpRouter.add("GET", "/readyz", Effect.flatMap(Effect.service(Readiness), (r) => Effect.map(r.readiness(), probeResponse("ready")))),
   HttpRouter.add("GET", "/api/status", statusDocument.pipe(Effect.map(jsonBigInt))),
   PrometheusMetrics.layerHttp({ path: "/metrics" })
 )
@@ -178,7 +195,8 @@ export { HttpTokenInvalid } from "../services/auth/BearerToken.ts"
 
 /**
  * The bearer-token guard (docs/security.md): with `--http-token-file`,
- * every request needs `Authorization: Bearer <token>`, else 401. The
+ * every request but the probes' (`PROBE_PATHS`: kubelet cannot take the
+ * token from a Secret) needs `Authorization: Bearer <token>`, else 401. The
  * comparison runs in constant time (`bearerCheck`, BearerToken.ts).
  */
 const bearerGuard = (path: string) =>
@@ -189,7 +207,7 @@ const bearerGuard = (path: string) =>
       return HttpRouter.middleware(
         (httpEffect) =>
           Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) =>
-            authorized(request.headers["authorization"])
+            PROBE_PATHS.has(request.url.split("?")[0]!) || authorized(request.headers["authorization"])
               ? httpEffect
               : Effect.succeed(
                 HttpServerResponse.text("unauthorized: this frontend needs Authorization: Bearer <token>", {

@@ -29,6 +29,7 @@ import { LmcacheDrivenTransfer } from "../services/server/LmcacheDrivenTransfer.
 import { Lookup } from "../services/server/Lookup.ts"
 import { Management } from "../services/server/Management.ts"
 import { Reaper } from "../services/liveness/Reaper.ts"
+import { Readiness } from "../services/server/Readiness.ts"
 import { Handlers, MqServer } from "../services/server/MqServer.ts"
 import { Connections } from "../services/liveness/Connections.ts"
 import { RequestBarrier } from "../services/liveness/RequestBarrier.ts"
@@ -235,7 +236,9 @@ const HttpSideLive = Layer.unwrap(
   // connections and requests already queued at its endpoint.
   Effect.sleep(HTTP_LOAD_DELAY).pipe(
     Effect.andThen(Effect.promise(() => import("./Http.ts"))),
-    Effect.map((http) => http.HttpLive.pipe(Layer.provide(Layer.mergeAll(statusBlocksLive(http.StatusBlocks), http.StartedAt.layer))))
+    Effect.map((http) =>
+      http.HttpLive.pipe(Layer.provide(Layer.mergeAll(statusBlocksLive(http.StatusBlocks), http.StartedAt.layer, Readiness.layer)))
+    )
   )
 )
 

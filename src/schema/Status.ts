@@ -171,6 +171,28 @@ export const StatusFdSocket = Schema.Struct({
 })
 export type StatusFdSocket = typeof StatusFdSocket.Type
 
+/** One check of a probe (issue 27 item 3): its name, whether it passes, and why, with figures. */
+export const ProbeCheck = Schema.Struct({ name: Schema.String, ok: Schema.Boolean, detail: Schema.String })
+export type ProbeCheck = typeof ProbeCheck.Type
+
+/**
+ * `GET /readyz`'s body, and the `readiness` block of the status document:
+ * "ready" when every check passes (checks `mq_bound`, `l1_pool`, `reaper`,
+ * `fd_socket`, `l2`; src/services/server/Readiness.ts), else "not_ready".
+ */
+export const StatusReadiness = Schema.Struct({
+  status: Schema.Literals(["ready", "not_ready"]),
+  checks: Schema.Array(ProbeCheck)
+})
+export type StatusReadiness = typeof StatusReadiness.Type
+
+/** `GET /livez`'s body: "live" when every check passes (`process`, `event_loop`), else "not_live". */
+export const LivenessProbe = Schema.Struct({
+  status: Schema.Literals(["live", "not_live"]),
+  checks: Schema.Array(ProbeCheck)
+})
+export type LivenessProbe = typeof LivenessProbe.Type
+
 /** The whole document. */
 export const StatusDocument = Schema.Struct({
   is_healthy: Schema.Boolean,
@@ -193,6 +215,8 @@ export const StatusDocument = Schema.Struct({
   http: StatusHttp,
   pools: StatusPools,
   ops: Schema.Array(StatusOp),
+  /** What `GET /readyz` answers now (issue 27 item 3). */
+  readiness: StatusReadiness,
   worker_liveness: StatusWorkerLiveness,
   instances: Schema.Array(StatusInstance),
   /** The last reaps, oldest first, at most 50 (issue 17). */

@@ -109,7 +109,7 @@ describe("mpcache serve and the client commands", () => {
       assert.deepStrictEqual(sigint, { code: 0, signal: null })
     })))
 
-  it.live("status prints a summary by default: server, liveness and L1 lines, reaps, one row per instance with its state", () =>
+  it.live("status prints a summary by default: server, readiness, liveness and L1 lines, reaps, one row per instance with its state", () =>
     Effect.scoped(Effect.gen(function*() {
       const endpoint = fleetEndpoint()
       const { httpPort } = yield* startServer(endpoint, ["--worker-disconnect-grace-seconds", "1"])
@@ -117,13 +117,14 @@ describe("mpcache serve and the client commands", () => {
       assert.strictEqual(idle.code, 0, idle.stderr)
       const idleLines = idle.stdout.split("\n")
       assert.match(idleLines[0]!, new RegExp(`^mpcache ${VERSION.replace(/\./g, "\\.")} \\(protocol \\d+\\) · ${endpoint} · up \\d+s · 0 peers$`))
+      assert.strictEqual(idleLines[1], "readiness ready · mq_bound, l1_pool, reaper, fd_socket, l2 ok")
       assert.strictEqual(
-        idleLines[1],
+        idleLines[2],
         "liveness  reaper on · reap timeout 120 s · registration grace 3600 s · disconnect grace 1 s · 0 tracked"
       )
-      assert.strictEqual(idleLines[2], "L1        0 B of 1.0 GiB (0.0%) · 0 objects · 0 evictions · hit ratio — (no lookups yet) · L2 off")
-      assert.strictEqual(idleLines[3], "reaps     0 recent")
-      assert.strictEqual(idleLines[5], "no registered instances")
+      assert.strictEqual(idleLines[3], "L1        0 B of 1.0 GiB (0.0%) · 0 objects · 0 evictions · hit ratio — (no lookups yet) · L2 off")
+      assert.strictEqual(idleLines[4], "reaps     0 recent")
+      assert.strictEqual(idleLines[6], "no registered instances")
 
       const a = yield* startWorker(endpoint, 500, 60_000)
       const b = yield* startWorker(endpoint, 500, 60_000)
@@ -133,11 +134,11 @@ describe("mpcache serve and the client commands", () => {
       const r = yield* runCli(["status", "--http-port", String(httpPort)])
       assert.strictEqual(r.code, 0, r.stderr)
       const lines = r.stdout.trimEnd().split("\n")
-      assert.match(lines[3]!, new RegExp(`^reaps     1 recent · last: ${a.instanceId} disconnect after \\d+\\.\\d s silent \\(window 1 s\\)$`))
-      assert.match(lines[5]!, /^INSTANCE ID +KIND +TENANT +MODEL +STATE +LAST SEEN +FLAGS$/)
-      assert.strictEqual(lines.length, 7)
-      assert.deepStrictEqual(lines[6]!.split(/ {2,}/).filter((c, i) => i !== 5), [b.instanceId, "kv_cache", "—", "liveness-e2e", "active", "ping,transfer"])
-      assert.match(lines[6]!.split(/ {2,}/)[5]!, /^\d+\.\d s$/)
+      assert.match(lines[4]!, new RegExp(`^reaps     1 recent · last: ${a.instanceId} disconnect after \\d+\\.\\d s silent \\(window 1 s\\)$`))
+      assert.match(lines[6]!, /^INSTANCE ID +KIND +TENANT +MODEL +STATE +LAST SEEN +FLAGS$/)
+      assert.strictEqual(lines.length, 8)
+      assert.deepStrictEqual(lines[7]!.split(/ {2,}/).filter((c, i) => i !== 5), [b.instanceId, "kv_cache", "—", "liveness-e2e", "active", "ping,transfer"])
+      assert.match(lines[7]!.split(/ {2,}/)[5]!, /^\d+\.\d s$/)
     })), 60_000)
 
   it.live("a client command with no server exits 1 and says what timed out", () =>

@@ -60,6 +60,16 @@ export interface InstanceStatus extends Omit<InstanceSummary, "details"> {
   readonly [detail: string]: unknown
 }
 
+/** When the reaper last scanned, for `/readyz` (issue 27 item 3): Clock millis. */
+export interface ReaperScans {
+  /** When the reaper started (Clock millis): the reference before its first scan. */
+  readonly startedAtMs: number
+  /** When its last scan ended (Clock millis); undefined before the first. */
+  readonly lastScanEndedAtMs: number | undefined
+  /** Its scan period, ms (LivenessSettings `scanPeriodMs`); Infinity when it does not run. */
+  readonly periodMs: number
+}
+
 /** The reaper of every liveness target, and the liveness blocks of `/api/status`. */
 export class Reaper extends Context.Service<Reaper, {
   /**
@@ -70,14 +80,17 @@ export class Reaper extends Context.Service<Reaper, {
   readonly scan: (judgeAtMs: number) => Effect.Effect<ReadonlyArray<ReapedInstance>>
   /** Whether the reaper runs (timeout or disconnect grace above 0). */
   readonly reaperEnabled: boolean
+  /** When it started and last finished a scan, on the Clock (each `scan` records its end). */
+  readonly scans: () => ReaperScans
   /** `worker_liveness`, `instances` and `recent_reaps` (oldest first, at most 50) blocks of `/api/status`. */
   readonly status: () => Effect.Effect<Record<string, unknown>>
 }>()("mpcache/services/Reaper") {
   /**
    * The reaper over the targets in context; its loop and the event-loop
-   * ticker (Stalls.ts) live exactly as long as this layer.
+   * ticker (Stalls.ts) live exactly as long as this layer. Also provides
+   * the ServerStalls they report to (its `eventLoop()` facts feed `/livez`).
    */
-  static readonly layer = Layer.effect(this, Effect.suspend(() => make)).pipe(Layer.provide(ServerStalls.layer))
+  static readonly layer = Layer.effect(this, Effect.suspend(() => make)).pipe(Layer.provideMerge(ServerStalls.layer))
   /**
    * For tests: the real reaper and connection tracker (both provided) over
    * one in-memory target holding the ids in `held` (LivenessTargets.layerTest,
@@ -102,6 +115,8 @@ const make = Effect.gen(function*() {
   const stalls = yield* ServerStalls
   const { windows, scanPeriodMs: everyMs } = yield* LivenessSettings
   const recentReaps = makeRecentReaps()
+  const startedAtMs = yield* Clock.currentTimeMillis
+  let lastScanEndedAtMs: number | undefined
 
   const trackedCount = Effect.map(
     Effect.forEach(targets, (t) => t.trackedInstanceCount()),
@@ -139,6 +154,7 @@ const make = Effect.gen(function*() {
       yield* connections.prune()
       yield* Metric.update(trackedGauge, yield* trackedCount)
       const finished = yield* Clock.currentTimeMillis
+      lastScanEndedAtMs = finished
       yield* Metric.update(scanSeconds, (finished - started) / 1000)
       return reaped
     })
@@ -187,7 +203,7 @@ const make = Effect.gen(function*() {
 
   if (reaperEnabled) {
     yield* Effect.forkScoped(reaper)
-    // Only with the reaper: the WARNING speaks of liveness deadlines.
+    // Only with the reaper: the WARNING speaks of liveness deadlines (without it, Readiness forks a quiet ticker).
     yield* Effect.forkScoped(watchEventLoop.pipe(Effect.annotateLogs({ fiber: "event-loop-watch" })))
     yield* Effect.logInfo(
       `reaper: scanning every ${everyMs / 1000} s (reap timeout ${windows.reapTimeoutMs / 1000} s, registration grace ${windows.registrationGraceMs / 1000} s, disconnect grace ${windows.disconnectGraceMs / 1000} s)`
@@ -223,5 +239,7 @@ const make = Effect.gen(function*() {
       }
     })
 
-  return { scan, reaperEnabled, status }
+  const scans = (): ReaperScans => ({ startedAtMs, lastScanEndedAtMs, periodMs: everyMs })
+
+  return { scan, reaperEnabled, scans, status }
 })

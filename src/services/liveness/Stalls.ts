@@ -17,6 +17,12 @@
  * before the end of the last one told is the same pause and is dropped,
  * whichever detector came first (after a SIGCONT, the ticker usually: its
  * tick was due first, its period being shorter).
+ *
+ * The ticker also leaves its facts with ServerStalls (`eventLoop()`: when it
+ * last ticked, its last late tick), which `/livez` judges (issue 27 item 3,
+ * src/services/server/Readiness.ts). The Reaper forks the reporting ticker;
+ * with the reaper off, Readiness forks a quiet one that only records, never
+ * WARNs (the WARNING speaks of liveness deadlines).
  */
 import { Clock, Context, Effect, Layer, Metric } from "effect"
 import { byLabel, fromStart } from "../metrics/Series.ts"
@@ -49,8 +55,24 @@ const stallSeconds = fromStart(Metric.histogram("mpcache_server_stall_seconds", 
 /** Seconds with millisecond precision, as the WARNINGs print them. */
 export const formatStallSeconds = (ms: number): string => (ms / 1000).toFixed(3)
 
+/** What the event-loop ticker saw last (Clock millis), for `/livez`. */
+export interface EventLoopFacts {
+  /** When the ticker started (Clock millis). */
+  readonly startedAtMs: number
+  /** When it last woke (Clock millis); `startedAtMs` before its first tick. */
+  readonly lastTickMs: number
+  /** Its last tick later than `EVENT_LOOP_STALL_MS` (due `fromMs`, woke `toMs`); undefined when none was. */
+  readonly lastStall: { readonly fromMs: number; readonly toMs: number } | undefined
+}
+
 /** Where the detectors report the server's stalls: one WARNING and one count per pause. */
 export class ServerStalls extends Context.Service<ServerStalls, {
+  /** Records one tick of the event-loop ticker: due at `dueMs`, woke at `nowMs` (Clock millis). */
+  readonly ticked: (dueMs: number, nowMs: number) => void
+  /** The ticker's facts so far; undefined until a ticker started (`ticking`). */
+  readonly eventLoop: () => EventLoopFacts | undefined
+  /** A ticker starts at `nowMs` (Clock millis). */
+  readonly ticking: (nowMs: number) => void
   /**
    * Tells `stall` (one WARNING, the metrics) unless its interval overlaps
    * the last one told (the same pause, seen by the other detector).
@@ -61,7 +83,17 @@ export class ServerStalls extends Context.Service<ServerStalls, {
   /** The reporter; the detectors are the reaper's loop and `watchEventLoop`, forked by the Reaper. */
   static readonly layer = Layer.sync(this, () => {
     let toldUntilMs = -Infinity
+    let loop: EventLoopFacts | undefined
     return {
+      ticking: (nowMs) => {
+        loop = { startedAtMs: nowMs, lastTickMs: nowMs, lastStall: loop?.lastStall }
+      },
+      ticked: (dueMs, nowMs) => {
+        const startedAtMs = loop?.startedAtMs ?? dueMs
+        const late = nowMs - dueMs > EVENT_LOOP_STALL_MS
+        loop = { startedAtMs, lastTickMs: nowMs, lastStall: late ? { fromMs: dueMs, toMs: nowMs } : loop?.lastStall }
+      },
+      eventLoop: () => loop,
       report: (stall) =>
         Effect.gen(function*() {
           if (stall.fromMs < toldUntilMs) return false
@@ -87,23 +119,30 @@ export const EVENT_LOOP_TICK_MS = 250
 export const EVENT_LOOP_STALL_MS = 1000
 
 /**
- * The event-loop ticker: sleeps `EVENT_LOOP_TICK_MS`, and reports a stall
- * when it wakes more than `EVENT_LOOP_STALL_MS` after it was due. Runs until
- * interrupted (fork it in a scope).
+ * The event-loop ticker: sleeps `EVENT_LOOP_TICK_MS`, records each tick with
+ * ServerStalls (`ticked`), and, when `report`, reports a stall when it wakes
+ * more than `EVENT_LOOP_STALL_MS` after it was due. Runs until interrupted
+ * (fork it in a scope).
  */
-export const watchEventLoop: Effect.Effect<never, never, ServerStalls> = Effect.gen(function*() {
-  const stalls = yield* ServerStalls
-  while (true) {
-    const dueMs = (yield* Clock.currentTimeMillis) + EVENT_LOOP_TICK_MS
-    yield* Effect.sleep(EVENT_LOOP_TICK_MS)
-    const nowMs = yield* Clock.currentTimeMillis
-    if (nowMs - dueMs > EVENT_LOOP_STALL_MS) {
-      yield* stalls.report({
-        source: "event_loop",
-        fromMs: dueMs,
-        toMs: nowMs,
-        what: `event loop ${formatStallSeconds(nowMs - dueMs)} s late`
-      })
+export const makeWatchEventLoop = (options: { readonly report: boolean }): Effect.Effect<never, never, ServerStalls> =>
+  Effect.gen(function*() {
+    const stalls = yield* ServerStalls
+    stalls.ticking(yield* Clock.currentTimeMillis)
+    while (true) {
+      const dueMs = (yield* Clock.currentTimeMillis) + EVENT_LOOP_TICK_MS
+      yield* Effect.sleep(EVENT_LOOP_TICK_MS)
+      const nowMs = yield* Clock.currentTimeMillis
+      stalls.ticked(dueMs, nowMs)
+      if (options.report && nowMs - dueMs > EVENT_LOOP_STALL_MS) {
+        yield* stalls.report({
+          source: "event_loop",
+          fromMs: dueMs,
+          toMs: nowMs,
+          what: `event loop ${formatStallSeconds(nowMs - dueMs)} s late`
+        })
+      }
     }
-  }
-})
+  })
+
+/** The ticker that reports its stalls (the reaper runs): `makeWatchEventLoop({ report: true })`. */
+export const watchEventLoop: Effect.Effect<never, never, ServerStalls> = makeWatchEventLoop({ report: true })

@@ -98,6 +98,8 @@ export interface MqServerStats {
 export class MqServer extends Context.Service<MqServer, {
   /** The endpoint actually bound (a `*` port resolved). */
   readonly endpoint: string
+  /** Whether the ROUTER is bound and receiving: false once shutdown began or the socket closed (`/readyz` mq_bound). */
+  readonly listening: () => boolean
   /** The merged handler table (id, name, pool, module). */
   readonly table: ReadonlyArray<TableRow>
   /** Whether the peer (routing id, hex) is still connected. */
@@ -366,6 +368,7 @@ const make = (options: MqServerOptions) =>
 
     return {
       endpoint,
+      listening: () => receiving && !router.closed,
       table: table.rows,
       isConnected: (peer: string) => connected.has(peer),
       stats: () => ({
