@@ -78,7 +78,8 @@ describe("probes (real server)", () => {
       assert.strictEqual(live.status, 200)
       assert.strictEqual(live.body.status, "live")
       assert.deepStrictEqual(live.body.checks.map((c) => [c.name, c.ok]), [["process", true], ["event_loop", true]])
-      assert.match(live.body.checks[1]!.detail, /^last tick \d+\.\d{3} s ago \(bound 5 s\); no stall seen$/)
+      // A machine busy enough can make the loop a second late on its own: a stall told before the stop is allowed.
+      assert.match(live.body.checks[1]!.detail, /^last tick \d+\.\d{3} s ago \(bound 5 s\); (no stall seen|last stall: a tick \d+\.\d{3} s late, ended \d+\.\d{3} s ago)$/)
 
       const ready = yield* readyz(httpPort)
       assert.strictEqual(ready.status, 200, JSON.stringify(ready.body))
@@ -111,14 +112,15 @@ describe("probes (real server)", () => {
       yield* Effect.sleep("6 seconds")
       server.child.kill("SIGCONT")
       const stoppedMs = Date.now() - stoppedAt
-      yield* server.waitForStderr(/server stalled for \d+\.\d{3} s/, 60_000)
-      // Whichever detector told it, the ticker's late tick is what /livez tells: waited for, never raced.
-      const after = yield* eventually(livez(httpPort), (r) => r.body.checks[1]!.detail.includes("last stall"), 30_000)
-      assert.strictEqual(after.status, 200, JSON.stringify(after.body))
-      const [, late] = after.body.checks[1]!.detail.match(/; last stall: a tick (\d+\.\d{3}) s late, ended \d+\.\d{3} s ago$/) ?? []
-      assert.isDefined(late, after.body.checks[1]!.detail)
       // At least the stop less one tick period (250 ms): the tick was due at most one period after the stop.
-      assert.isAtLeast(Number(late), (stoppedMs - 250 - 1) / 1000)
+      const atLeast = (stoppedMs - 250 - 1) / 1000
+      const lateOf = (detail: string) => Number(/; last stall: a tick (\d+\.\d{3}) s late, ended \d+\.\d{3} s ago$/.exec(detail)?.[1] ?? "0")
+      yield* server.waitForStderr(/server stalled for \d+\.\d{3} s/, 60_000)
+      // Whichever detector told it, the ticker's late tick is what /livez tells: waited for, never raced (an earlier,
+      // shorter stall of a busy machine is not the stop's).
+      const after = yield* eventually(livez(httpPort), (r) => lateOf(r.body.checks[1]!.detail) >= atLeast, 30_000)
+      assert.strictEqual(after.status, 200, JSON.stringify(after.body))
+      assert.isAtLeast(lateOf(after.body.checks[1]!.detail), atLeast, after.body.checks[1]!.detail)
 
       // The descriptor socket's file removed (a hostPath cleaned under a running server): not ready, said by fd_socket.
       rmSync(fdSocket)
