@@ -10,10 +10,10 @@ export default defineConfig({
     globalSetup: ["test/support/bundleServe.ts"],
     // Server logs of passing tests are noise; a failing test keeps its output.
     silent: "passed-only",
-    // Files side by side: one more worker than cores (issue 26). Most e2e files spend much of their time
-    // waiting on a child process (a grace, a reap timeout, a Redis failover), so one core more than
-    // vitest's default (cores - 1: a single worker on 2 cores, every file one after the other) keeps the
-    // cores busy; capped so a large machine does not start dozens of servers with their L1 pools at once.
-    maxWorkers: Math.min(availableParallelism() + 1, 8)
+    // Files side by side (cores + 1 workers) brought the suite from 387 s to 182 s here, but two checks do not
+    // hold beside other files yet (docs/testing.md "Open"): memfd.test's machine-wide Shmem figure and
+    // MqServer.test's restart on the same TCP port (another file took the freed port). Until they do, the suite
+    // keeps vitest's default (cores - 1 workers); `npx vitest run --maxWorkers=3` runs it side by side.
+    maxWorkers: Math.max(availableParallelism() - 1, 1)
   }
 })
