@@ -107,11 +107,7 @@ describe("probes (real server)", () => {
       assert.strictEqual(summary.stdout.split("\n")[1], "readiness ready · mq_bound, l1_pool, reaper, fd_socket, l2 ok")
 
       // SIGSTOP past the stall bound (1 s) and the liveness bound (5 s), then SIGCONT: the stall WARNING is the event.
-      const stoppedAt = Date.now()
-      server.child.kill("SIGSTOP")
-      yield* Effect.sleep("6 seconds")
-      server.child.kill("SIGCONT")
-      const stoppedMs = Date.now() - stoppedAt
+      const stoppedMs = yield* server.pauseFor(6_000)
       // At least the stop less one tick period (250 ms): the tick was due at most one period after the stop.
       const atLeast = (stoppedMs - 250 - 1) / 1000
       const lateOf = (detail: string) => Number(/; last stall: a tick (\d+\.\d{3}) s late, ended \d+\.\d{3} s ago$/.exec(detail)?.[1] ?? "0")

@@ -29,11 +29,7 @@ describe("server stall end to end", () => {
       const aliveAt = Date.now()
       yield* Effect.promise(() => fetch(`http://127.0.0.1:${port}/metrics`).then((r) => r.text()))
       const before = server.countStderr(STALL)
-      const stoppedAt = Date.now()
-      server.child.kill("SIGSTOP")
-      yield* Effect.sleep("2500 millis")
-      server.child.kill("SIGCONT")
-      const stoppedMs = Date.now() - stoppedAt
+      const stoppedMs = yield* server.pauseFor(2_500)
       // At least the stop (as this process measured it: a busy machine makes it longer than 2.5 s) less one
       // detector period (0.5 s); at most the time from the server's last answer before the stop until the report
       // was read, plus the 1 s of lateness a ticker may carry unreported (Stalls.ts). Bounds the machine's load

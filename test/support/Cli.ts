@@ -65,6 +65,11 @@ export interface CliProcess {
   readonly waitForStdout: (pattern: RegExp, timeoutMs?: number, count?: number) => Effect.Effect<RegExpMatchArray, Error>
   /** How many matches of `pattern` stderr holds so far (to wait for one more with {@link waitForStderr}). */
   readonly countStderr: (pattern: RegExp) => number
+  /**
+   * SIGSTOPs the process for `ms`, then SIGCONTs it; returns how long it was stopped as this process measured it
+   * (longer than `ms` on a busy machine: a bound drawn from it holds there too).
+   */
+  readonly pauseFor: (ms: number) => Effect.Effect<number>
   /** Sends `signal` and waits for the exit. */
   readonly stop: (signal: NodeJS.Signals) => Effect.Effect<{ readonly code: number | null; readonly signal: NodeJS.Signals | null }>
 }
@@ -124,6 +129,14 @@ export const startScript = (
         waitForStderr: (pattern: RegExp, timeoutMs?: number, count?: number) => waitFor(() => stderr, pattern, timeoutMs, count),
         waitForStdout: (pattern: RegExp, timeoutMs?: number, count?: number) => waitFor(() => stdout, pattern, timeoutMs, count),
         countStderr: (pattern: RegExp) => matchesOf(stderr, pattern).length,
+        pauseFor: (ms: number) =>
+          Effect.gen(function*() {
+            const stoppedAt = Date.now()
+            child.kill("SIGSTOP")
+            yield* Effect.sleep(`${ms} millis`)
+            child.kill("SIGCONT")
+            return Date.now() - stoppedAt
+          }),
         stop
       }
     }),
