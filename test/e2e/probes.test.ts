@@ -9,13 +9,13 @@
  * 200, the breaker reported open, not fatal.
  */
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
-import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Schema } from "effect"
 import { decodeStatusDocument, LivenessProbe, StatusReadiness } from "../../src/schema/Status.ts"
 import { runCli } from "../support/Cli.ts"
+import { quietPort } from "../support/QuietPort.ts"
 import { eventually, ipcEndpoint, startServer } from "../support/LiveFleet.ts"
 
 const TOKEN = "e2e-probe-token-abcdefghijkl"
@@ -45,17 +45,8 @@ const livez = (port: number) =>
     Effect.orDie
   )
 
-/** A TCP port nothing listens on: bound, then closed. */
-const closedPort = Effect.promise(() =>
-  new Promise<number>((resolve) => {
-    const s = createServer()
-    s.listen(0, "127.0.0.1", () => {
-      const address = s.address()
-      const port = typeof address === "object" && address !== null ? address.port : 0
-      s.close(() => resolve(port))
-    })
-  })
-)
+/** A TCP port nothing listens on, below the ephemeral range so no file beside this one starts listening on it. */
+const closedPort = Effect.promise(quietPort)
 
 const READY_NAMES = ["mq_bound", "l1_pool", "reaper", "fd_socket", "l2"]
 

@@ -13,6 +13,7 @@ import { row, type ServerModule } from "../../src/services/server/Handler.ts"
 import { makeMqClient, MqClient, RequestTimeout } from "../../src/services/client/MqClient.ts"
 import { MqServer } from "../../src/services/server/MqServer.ts"
 import { rawDealer } from "../support/RawDealer.ts"
+import { quietPort } from "../support/QuietPort.ts"
 import { captureLogs, type CapturedLog } from "../support/FakeMqClient.ts"
 import { CURVE_MODES, curveFixture } from "../support/CurveMode.ts"
 import { bareServer, testServer } from "../support/TestServer.ts"
@@ -195,9 +196,11 @@ describe.each(CURVE_MODES)("MQ server and client over real sockets (CURVE $curve
 
     it.live("a server restarted on the same endpoint is reachable again within seconds", () =>
       Effect.gen(function*() {
+        // A port below the ephemeral range: no file running beside this one can take it while it is free.
+        const endpoint = `tcp://127.0.0.1:${yield* Effect.promise(quietPort)}`
         const first = yield* Scope.make()
-        const server = yield* Layer.buildWithScope(testServer({ curve: fx }), first)
-        const endpoint = Context.get(server, MqServer).endpoint
+        const server = yield* Layer.buildWithScope(testServer({ curve: fx, config: { endpoint } }), first)
+        assert.strictEqual(Context.get(server, MqServer).endpoint, endpoint)
         yield* Scope.close(first, Exit.void)
         const client = yield* makeMqClient({ endpoint, requestTimeoutMs: 500, lingerMs: 0, ...fx.client() })
         const down = yield* Effect.exit(client.request(Noop, []))

@@ -37,7 +37,7 @@ export const startServer = (endpoint: string, flags: ReadonlyArray<string>, read
  * A worker daemon, once registered and its first store succeeded; its segments unlinked with the scope.
  * `curve`: its CURVE keys (CurveFixture.client()); absent: no CURVE.
  */
-export const startWorker = (endpoint: string, heartbeatIntervalMs: number, storeEveryMs: number, curve?: DealerCurve) =>
+export const startWorker = (endpoint: string, heartbeatIntervalMs: number, storeEveryMs: number, curve?: DealerCurve, reportSession = false) =>
   Effect.gen(function*() {
     const namePrefix = `mpcache-e2e-fleet-${randomUUID()}`
     // Added first, so it runs last: after the worker is gone (a SIGKILLed worker cannot unlink its segments).
@@ -46,7 +46,7 @@ export const startWorker = (endpoint: string, heartbeatIntervalMs: number, store
         for (const name of readdirSync("/dev/shm")) if (name.startsWith(namePrefix)) rmSync(`/dev/shm/${name}`, { force: true })
       })
     )
-    const worker = yield* startScript(DAEMON, [JSON.stringify({ endpoint, namePrefix, heartbeatIntervalMs, storeEveryMs, ...(curve === undefined ? {} : { curve }) })])
+    const worker = yield* startScript(DAEMON, [JSON.stringify({ endpoint, namePrefix, heartbeatIntervalMs, storeEveryMs, reportSession, ...(curve === undefined ? {} : { curve }) })])
     const [, instanceId] = yield* worker.waitForStdout(/"event":"registered","instanceId":"(\d+)"/, 60_000)
     yield* worker.waitForStdout(/"event":"store","n":1,"ok":true/, 60_000)
     return { worker, namePrefix, instanceId: instanceId! }

@@ -3,7 +3,7 @@
  * server's memory from outside (its maps, its resident pages, its open
  * descriptors), by the name of the file mapped.
  */
-import { readdirSync, readFileSync, readlinkSync } from "node:fs"
+import { readdirSync, readFileSync, readlinkSync, statSync } from "node:fs"
 
 /** Lines of /proc/<pid>/maps mapping a file whose path contains `path` (e.g. `/memfd:<prefix>`, `/dev/shm/<prefix>`). */
 export const mapsOf = (pid: number, path: string) => readFileSync(`/proc/${pid}/maps`, "utf8").split("\n").filter((l) => l.includes(path))
@@ -20,6 +20,25 @@ export const memfdFds = (pid: number, prefix: string) =>
       return false
     }
   }).length
+
+/**
+ * KiB the kernel has allocated to the memfds named `prefix…` that process `pid` holds descriptors on: each
+ * distinct file's `st_blocks` × 512 B (fstat through `/proc/<pid>/fd/N`, so the file's own pages, whoever
+ * touched them; unlike /proc/meminfo's Shmem, no other process's memory moves it).
+ */
+export const memfdAllocatedKiB = (pid: number, prefix: string) => {
+  const blocksByInode = new Map<number, number>()
+  for (const fd of readdirSync(`/proc/${pid}/fd`)) {
+    try {
+      if (!readlinkSync(`/proc/${pid}/fd/${fd}`).startsWith(`/memfd:${prefix}`)) continue
+      const st = statSync(`/proc/${pid}/fd/${fd}`)
+      blocksByInode.set(st.ino, st.blocks)
+    } catch {
+      // closed meanwhile
+    }
+  }
+  return [...blocksByInode.values()].reduce((kib, blocks) => kib + blocks / 2, 0)
+}
 
 /** KiB of process `pid`'s mappings of memfds named `prefix…` that are resident (/proc/<pid>/smaps `Rss`). */
 export const memfdRssKiB = (pid: number, prefix: string) => {

@@ -15,10 +15,10 @@
  */
 import { execFile, execFileSync, spawn, type ChildProcess } from "node:child_process"
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs"
-import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Data, Effect, Scope } from "effect"
+import { canBind } from "./QuietPort.ts"
 
 export const REDIS_SERVER = process.env["MPCACHE_REDIS_SERVER"] ?? "/usr/bin/redis-server"
 export const REDIS_CLI = process.env["MPCACHE_REDIS_CLI"] ?? "/usr/bin/redis-cli"
@@ -194,15 +194,8 @@ const ERROR_CODES = new Set([
   "EXECABORT"
 ])
 
-const canBind = (port: number) =>
-  new Promise<boolean>((resolve) => {
-    const s = createServer()
-    s.once("error", () => resolve(false))
-    s.listen(port, "127.0.0.1", () => s.close(() => resolve(true)))
-  })
-
-// A port P with P and P + 10000 (the cluster bus) free, from 20000–29999: below the ephemeral range,
-// so connections of other tests do not take it between this check and redis-server's bind.
+// A port P with P and P + 10000 (the cluster bus) free, from 20000–29999: below the ephemeral range
+// and RedisFleet's own in QuietPort's split, so other tests do not take it between this check and redis-server's bind.
 const taken = new Set<number>()
 const freePort = async (): Promise<number> => {
   for (let i = 0; i < 500; i++) {

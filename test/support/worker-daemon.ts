@@ -33,6 +33,11 @@ interface Args {
   readonly populate?: boolean
   /** CURVE keys of this worker (test/support/CurveMode.ts); absent: no CURVE. */
   readonly curve?: DealerCurve
+  /**
+   * Print each new registration and health event of the adapter's session log as it appears (read every 50 ms):
+   * `{"event":"session","tag":"Registered"|"RegisterFailed"|"Unhealthy"|"Healthy","reason":…}`.
+   */
+  readonly reportSession?: boolean
 }
 
 const args = JSON.parse(process.argv[2] ?? "{}") as Args
@@ -68,6 +73,17 @@ const program = Effect.gen(function*() {
   }
   yield* worker.registerPagedKvCache(cache)
   yield* say({ event: "registered", instanceId: worker.instanceId.toString(), pid: process.pid })
+  if (args.reportSession === true) {
+    let seen = 0
+    yield* Effect.forkScoped(Effect.gen(function*() {
+      const events = yield* worker.events
+      for (const e of events.slice(seen)) {
+        if (e._tag === "Registered" || e._tag === "RegisterFailed" || e._tag === "Unhealthy") yield* say({ event: "session", tag: e._tag, reason: e.reason })
+        else if (e._tag === "Healthy") yield* say({ event: "session", tag: e._tag })
+      }
+      seen = events.length
+    }).pipe(Effect.repeat(Schedule.spaced("50 millis"))))
+  }
   const blockIds = [1, 2, 3, 4]
   yield* writeTokens(cache, 1, blockIds)
   let n = 0
