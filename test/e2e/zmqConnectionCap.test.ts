@@ -13,7 +13,7 @@ import { Effect } from "effect"
 import { decodeReplyHeader, encodeRequest } from "../../src/schema/Frame.ts"
 import { Ping } from "../../src/schema/Op.ts"
 import { startCli } from "../support/Cli.ts"
-import { getText, statusOf } from "../support/LiveFleet.ts"
+import { eventually, getText, statusOf } from "../support/LiveFleet.ts"
 import { rawDealer } from "../support/RawDealer.ts"
 
 const CAP = 16
@@ -64,7 +64,8 @@ describe.each(transports)("idle connections to the ZeroMQ endpoint ($name)", ({ 
 
       // Still serving: the client from before, the HTTP frontend.
       assert.isTrue(yield* pingOnce(client, 2, 10_000))
-      const status = yield* statusOf(port)
+      // The server counts a connection's end when its monitor event arrives, a moment after the peer saw it closed.
+      const status = yield* eventually(statusOf(port), (s) => s.zmq_connections?.open === CAP, 30_000)
       assert.deepStrictEqual(status.zmq_connections, { open: CAP, max: CAP, refused: expectedRefused })
       const metrics = yield* getText(`http://127.0.0.1:${port}/metrics`)
       assert.match(metrics, new RegExp(`mpcache_connections_refused_total\\{listener="zmq",reason="cap"\\} ${expectedRefused}\\b`))
