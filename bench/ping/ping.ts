@@ -30,6 +30,10 @@
  * it; the allocation window against `src/cli/main.ts serve` (the same code,
  * with readable sites).
  *
+ * `--flood` (issue 27 item 1): one peer flooding PINGs and reading none, then eight, beside a fresh client and a
+ * worker's heartbeat: their timeouts and p99 against no flood, in the same run (bench/ping/flood.ts); writes
+ * "## PING under a flood (bench:ping --flood)".
+ *
  * `--only startup`: only the spawn → first reply part, printed (the doc and
  * the summary are left as they are: they hold the whole run's figures).
  *
@@ -53,6 +57,7 @@ import { measuredDate, nodeAndCpu } from "../lib/machine.ts"
 import { pingLoop, type PingRun, type Responder } from "../lib/pingClient.ts"
 import { DOC_NAME, writeDocSection } from "../lib/report.ts"
 import { makeResources, runBench } from "../lib/resources.ts"
+import { runFlood } from "./flood.ts"
 import { PLAIN_ECHO_SCRIPT, spawnToFirstReply } from "./startup.ts"
 import { median, summarizeUs } from "../lib/stats.ts"
 import { writeSummary, type SummaryRow } from "../lib/summary.ts"
@@ -75,11 +80,17 @@ const SERVE_ENTRY = "build/cli/bin/serve.mjs"
 
 // ---------------------------------------------------------------- arguments
 
-const args = parseBenchArgs({ duration: { type: "string" }, rounds: { type: "string" }, curve: { type: "boolean" }, only: { type: "string" } })
+const args = parseBenchArgs({
+  duration: { type: "string" },
+  rounds: { type: "string" },
+  curve: { type: "boolean" },
+  flood: { type: "boolean" },
+  only: { type: "string" }
+})
 if (args.only !== undefined && args.only !== "startup") usageError(`--only takes "startup", got ${args.only}`)
 /** Seconds measured per server and configuration, over all rounds. */
 const durationS = args.duration !== undefined ? positiveSeconds("--duration", args.duration) : args.full ? 12 : 4
-const rounds = args.rounds !== undefined ? Number(args.rounds) : args.full ? 6 : 4
+const rounds = args.rounds !== undefined ? Number(args.rounds) : args.flood === true ? (args.full ? 10 : args.quick ? 2 : 5) : args.full ? 6 : 4
 if (!Number.isInteger(rounds) || rounds < 1) usageError(`--rounds must be a positive integer, got ${args.rounds}`)
 /** Spawns per server in the start-up part. */
 const startups = args.full ? 10 : 5
@@ -487,6 +498,7 @@ const main = async (): Promise<void> => {
     process.stdout.write(`\n${startupSection(await measureStartups())}\n`)
     return
   }
+  if (args.flood === true) return runFlood(resources, rounds, args.summary)
   const mpcacheEndpoint = resources.ipcEndpoint("mpcache")
   if (args.curve === true) {
     const keys = curveKeys()

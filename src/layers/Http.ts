@@ -23,6 +23,7 @@ import { HttpRouter, HttpServer, HttpServerRequest, HttpServerResponse } from "e
 import { PrometheusMetrics } from "effect/observability"
 import { bearerCheck, readTokenFile } from "../services/auth/BearerToken.ts"
 import { MqServer, SEND_HIGH_WATER_MARK } from "../services/server/MqServer.ts"
+import { MAX_INBOUND_BYTES_PER_PEER, MAX_INBOUND_MESSAGES_PER_PEER } from "../services/server/internal/PeerQueues.ts"
 import { type ProbeReport, Readiness } from "../services/server/Readiness.ts"
 import { PROTOCOL_VERSION, VERSION } from "../version.ts"
 import { ServerConfig, type ServerConfigInput } from "../services/server/ServerConfig.ts"
@@ -139,6 +140,14 @@ export const statusDocument = Effect.gen(function*() {
       queued_bytes: stats.outbox.queuedBytes,
       waiting_peers: stats.outbox.waitingPeers,
       peers: stats.outbox.peers
+    },
+    inbound: {
+      max_messages_per_peer: MAX_INBOUND_MESSAGES_PER_PEER,
+      max_bytes_per_peer: MAX_INBOUND_BYTES_PER_PEER,
+      queued: stats.inbound.queued,
+      queued_bytes: stats.inbound.queuedBytes,
+      peers: stats.inbound.peers,
+      shed_requests: stats.inbound.shed
     },
     pools: {
       sync: stats.pools.sync,

@@ -127,6 +127,20 @@ export const StatusSendQueue = Schema.Struct({
 })
 
 /**
+ * Received messages waiting for the receive fiber (issue 27 item 1: one bounded FIFO per peer, peers served in
+ * turn): the bounds per peer, what waits now, and requests answered `overloaded` unhandled since start because
+ * their peer was at its bound.
+ */
+export const StatusInbound = Schema.Struct({
+  max_messages_per_peer: Count,
+  max_bytes_per_peer: Count,
+  queued: Count,
+  queued_bytes: Count,
+  peers: Count,
+  shed_requests: Count
+})
+
+/**
  * The HTTP frontend's connections (issue 24 item 11): the cap (`--max-http-connections`), the idle timeout, open
  * connections now, and connections closed or refused since start by reason.
  */
@@ -212,6 +226,7 @@ export const StatusDocument = Schema.Struct({
   /** Replies refused with `overloaded` for the bytes queued to their peer since start (issue 24 item 10). */
   refused_replies: Count,
   send_queue: StatusSendQueue,
+  inbound: StatusInbound,
   http: StatusHttp,
   pools: StatusPools,
   ops: Schema.Array(StatusOp),

@@ -3,12 +3,20 @@
  * bounded queues. The receive loop only ever offers a job (never waits), so
  * a slow handler delays its own pool and nothing else:
  *
- * - SYNC: one lane, jobs one at a time in arrival order (upstream runs SYNC
- *   inline in its main loop, where a slow REGISTER stalls everything);
- * - NORMAL: one FIFO queue served by `normalWorkers` fibers;
+ * - SYNC: one lane, jobs one at a time (upstream runs SYNC inline in its main
+ *   loop, where a slow REGISTER stalls everything);
+ * - NORMAL: one queue served by `normalWorkers` fibers;
  * - AFFINITY: `affinityLanes` queues with one fiber each; a peer is pinned to
  *   a lane on first sight (round robin) until it disconnects, so one
  *   worker's transfers run in order (upstream AffinityThreadPool).
+ *
+ * Every queue is fair between peers (issue 27 item 1; internal/PeerQueues.ts):
+ * one FIFO per peer, served peers in turn, so a peer's jobs run in the order
+ * it sent them and another peer's job waits behind at most one of its own;
+ * each peer may hold at most {@link POOL_SHARE_PER_PEER} waiting jobs of a
+ * queue (or the queue's whole capacity, when smaller), so one peer's flood of
+ * LOOKUPs can neither fill a pool nor keep a heartbeat behind thousands of
+ * its jobs.
  *
  * Each pool counts the jobs it holds (queued or running), so the MQ server's
  * fast path (issue 16) answers a pure op inline only where the pooled path
@@ -17,6 +25,7 @@
  */
 import { Cause, Duration, Effect, Fiber, Queue, Scope } from "effect"
 import type { Pool } from "./Handler.ts"
+import { makePeerQueues, type PeerQueues } from "./internal/PeerQueues.ts"
 
 /** A self-contained unit of work: decodes, runs the handler, replies. It never fails. */
 export type Job = Effect.Effect<void>
@@ -40,8 +49,13 @@ export interface DispatchStats {
 
 /** The dispatcher the MQ server feeds. */
 export interface Dispatcher {
-  /** Queues `job` on `pool` (AFFINITY: on `peer`'s lane). False when that queue is full or draining. */
+  /**
+   * Queues `job` for `peer` (routing id, hex) on `pool` (AFFINITY: on `peer`'s lane). False when draining, when
+   * that queue holds its capacity, or when `peer` holds its share of it ({@link POOL_SHARE_PER_PEER}).
+   */
   readonly submit: (pool: Pool, peer: string, job: Job) => boolean
+  /** Why a job of `peer` would be refused by `pool` now (undefined: it would be queued); words the `overloaded` reply. */
+  readonly refusal: (pool: Pool, peer: string) => Refusal | undefined
   /** Forgets `peer`'s AFFINITY lane (its connection is gone). */
   readonly releasePeer: (peer: string) => void
   /**
@@ -58,13 +72,33 @@ export interface Dispatcher {
   readonly drain: (timeout: Duration.Input) => Effect.Effect<void>
 }
 
-/** Shutdown marker for the queues. */
-type JobQueue = Queue.Queue<Job, Cause.Done>
+/** Waiting jobs one peer may hold in one queue (a pool, an AFFINITY lane); the queue's capacity when smaller. */
+export const POOL_SHARE_PER_PEER = 1_024
 
-const worker = (queue: JobQueue, done: () => void): Effect.Effect<void> => {
+/** Why a job was not queued: the dispatcher drains, its queue holds its capacity, or its peer its share. */
+export type Refusal = "draining" | "pool_full" | "peer_full"
+
+/** One pool queue: a FIFO per peer (PeerQueues) and a ticket per waiting job for the workers to take. */
+interface FairQueue {
+  readonly jobs: PeerQueues<Job>
+  /** Ended by `drain`: takes go on until it is empty, then fail with Done. */
+  readonly tickets: Queue.Queue<void, Cause.Done>
+}
+
+const makeFairQueue = (capacity: number): Effect.Effect<FairQueue> =>
+  Effect.map(Queue.unbounded<void, Cause.Done>(), (tickets) => ({
+    jobs: makePeerQueues<Job>({ messages: Math.max(1, Math.min(capacity, POOL_SHARE_PER_PEER)), bytes: Number.POSITIVE_INFINITY }),
+    tickets
+  }))
+
+const worker = (queue: FairQueue, done: () => void): Effect.Effect<void> => {
   const finished = Effect.sync(done)
-  return Queue.take(queue).pipe(
-    Effect.flatMap((job) => Effect.ensuring(job, finished)),
+  return Queue.take(queue.tickets).pipe(
+    Effect.flatMap(() => {
+      const next = queue.jobs.next()
+      if (next === undefined) return Effect.void
+      return Effect.ensuring(next.item, Effect.andThen(Effect.sync(() => queue.jobs.done(next.key)), finished))
+    }),
     Effect.forever,
     Effect.catch(() => Effect.void)
   )
@@ -76,12 +110,10 @@ const worker = (queue: JobQueue, done: () => void): Effect.Effect<void> => {
  */
 export const makeDispatcher = (options: DispatchOptions): Effect.Effect<Dispatcher, never, Scope.Scope> =>
   Effect.gen(function*() {
-    const syncQueue: JobQueue = yield* Queue.bounded<Job, Cause.Done>(options.queueCapacity)
-    const normalQueue: JobQueue = yield* Queue.bounded<Job, Cause.Done>(options.queueCapacity)
-    const lanes: Array<JobQueue> = []
-    for (let i = 0; i < options.affinityLanes; i++) {
-      lanes.push(yield* Queue.bounded<Job, Cause.Done>(options.queueCapacity))
-    }
+    const syncQueue = yield* makeFairQueue(options.queueCapacity)
+    const normalQueue = yield* makeFairQueue(options.queueCapacity)
+    const lanes: Array<FairQueue> = []
+    for (let i = 0; i < options.affinityLanes; i++) lanes.push(yield* makeFairQueue(options.queueCapacity))
     // Jobs held (queued or running) by SYNC and NORMAL, for `hasFreeSlot`.
     let syncHeld = 0
     let normalHeld = 0
@@ -99,7 +131,7 @@ export const makeDispatcher = (options: DispatchOptions): Effect.Effect<Dispatch
 
     const pinned = new Map<string, number>()
     let nextLane = 0
-    const laneOf = (peer: string): JobQueue => {
+    const laneOf = (peer: string): FairQueue => {
       let idx = pinned.get(peer)
       if (idx === undefined) {
         idx = nextLane
@@ -108,13 +140,23 @@ export const makeDispatcher = (options: DispatchOptions): Effect.Effect<Dispatch
       }
       return lanes[idx]!
     }
+    const queueOf = (pool: Pool, peer: string): FairQueue => pool === "SYNC" ? syncQueue : pool === "NORMAL" ? normalQueue : laneOf(peer)
+
+    const refusal = (pool: Pool, peer: string): Refusal | undefined => {
+      if (draining) return "draining"
+      const q = queueOf(pool, peer)
+      if (q.jobs.stats().queued >= options.queueCapacity) return "pool_full"
+      return q.jobs.waiting(peer) >= Math.max(1, Math.min(options.queueCapacity, POOL_SHARE_PER_PEER)) ? "peer_full" : undefined
+    }
 
     const submit = (pool: Pool, peer: string, job: Job): boolean => {
-      const queue = pool === "SYNC" ? syncQueue : pool === "NORMAL" ? normalQueue : laneOf(peer)
-      const accepted = Queue.offerUnsafe(queue, job)
-      if (accepted && pool === "SYNC") syncHeld++
-      else if (accepted && pool === "NORMAL") normalHeld++
-      return accepted
+      if (draining) return false
+      const q = queueOf(pool, peer)
+      if (q.jobs.stats().queued >= options.queueCapacity || !q.jobs.push(peer, job, 1)) return false
+      Queue.offerUnsafe(q.tickets, undefined)
+      if (pool === "SYNC") syncHeld++
+      else if (pool === "NORMAL") normalHeld++
+      return true
     }
 
     const hasFreeSlot = (pool: Pool): boolean =>
@@ -123,7 +165,7 @@ export const makeDispatcher = (options: DispatchOptions): Effect.Effect<Dispatch
     const drain = (timeout: Duration.Input): Effect.Effect<void> =>
       Effect.gen(function*() {
         draining = true
-        for (const q of [syncQueue, normalQueue, ...lanes]) yield* Queue.end(q)
+        for (const q of [syncQueue, normalQueue, ...lanes]) yield* Queue.end(q.tickets)
         const all = Fiber.joinAll(fibers)
         yield* all.pipe(
           Effect.timeoutOrElse({
@@ -143,10 +185,11 @@ export const makeDispatcher = (options: DispatchOptions): Effect.Effect<Dispatch
         pinned.delete(peer)
       },
       hasFreeSlot,
+      refusal,
       stats: () => ({
-        sync: { queued: Queue.sizeUnsafe(syncQueue) },
-        normal: { workers: options.normalWorkers, queued: Queue.sizeUnsafe(normalQueue) },
-        affinity: { lanes: lanes.length, queued: lanes.map((l) => Queue.sizeUnsafe(l)), pinnedPeers: pinned.size }
+        sync: { queued: syncQueue.jobs.stats().queued },
+        normal: { workers: options.normalWorkers, queued: normalQueue.jobs.stats().queued },
+        affinity: { lanes: lanes.length, queued: lanes.map((l) => l.jobs.stats().queued), pinnedPeers: pinned.size }
       }),
       drain
     }

@@ -8,8 +8,14 @@
  * path, issue 16): PING (nil, or named once its peer is bound: issue 25
  * item 4), NOOP and GET_CHUNK_SIZE are answered on the loop itself when
  * their pool would start them at once, and queued on their pool from there
- * otherwise (internal/FastPath.ts); every other message goes, in arrival
- * order, to the receive fiber, which runs `onMessage`.
+ * otherwise (internal/FastPath.ts); every other message goes to the receive
+ * fiber, which runs `onMessage`: through one bounded FIFO per peer, peers in
+ * turn (internal/PeerQueues.ts, issue 27 item 1), so one peer's burst
+ * delays another's request by one message at most, a peer that sends faster
+ * than it is served gets `overloaded` past its bound, and a peer whose
+ * replies back up loses the fast path first. The loop yields to the event
+ * loop every {@link RECEIVE_BATCH} messages, so a flood cannot starve the
+ * fibers and timers either.
  *
  * The receive loop never waits on a handler: it reads the uid and op frames,
  * answers what it can answer at once (unknown op, wrong payload count) and
@@ -32,7 +38,7 @@ import { decodeHeaderInt, payloadCountMismatch } from "../../schema/Frame.ts"
 import { opById } from "../../schema/Op.ts"
 import { notServed, Overloaded, UnknownOp } from "../../schema/WireError.ts"
 import { type HandshakeFailure, type RouterCurve, ZmqError, ZmqSockets } from "../zmq/Sockets.ts"
-import { makeDispatcher, type DispatchStats } from "./Dispatch.ts"
+import { makeDispatcher, type DispatchStats, POOL_SHARE_PER_PEER } from "./Dispatch.ts"
 import { type HandlerTable, makeTable, type ServerModule, type TableRow } from "./Handler.ts"
 import { PeerEvents } from "../liveness/PeerEvents.ts"
 import { RequestBarrier } from "../liveness/RequestBarrier.ts"
@@ -44,8 +50,16 @@ import { makeConnectionCap } from "./internal/ConnectionCap.ts"
 import { type FastPathStats, makeFastPath } from "./internal/FastPath.ts"
 import { chosenRoutingIdError, makePeerAdmission, type RoutingIdRefusal } from "./internal/PeerAdmission.ts"
 import { makePooledJobs } from "./internal/PooledJob.ts"
-import type { ReplyOutboxStats } from "./internal/ReplyOutbox.ts"
+import { type ReplyOutboxStats, yieldToEventLoop } from "./internal/ReplyOutbox.ts"
 import { makeSendPath } from "./internal/SendPath.ts"
+import {
+  type PeerQueuesStats,
+  makePeerQueues,
+  MAX_INBOUND_BYTES_PER_PEER,
+  MAX_INBOUND_MESSAGES_PER_PEER
+} from "./internal/PeerQueues.ts"
+import { keyOf } from "./internal/OutboxPeer.ts"
+import { makeShedRequests } from "./internal/UndeliveredReplies.ts"
 
 /** The merged handler table of every server module. */
 export class Handlers extends Context.Service<Handlers, HandlerTable>()("mpcache/services/Handlers") {}
@@ -92,6 +106,8 @@ export interface MqServerStats {
   readonly pools: DispatchStats
   /** Requests the fast path answered where they were received, and queued on their busy pool (internal/FastPath.ts). */
   readonly fastPath: FastPathStats
+  /** Messages waiting for the receive fiber, by peer in turn (internal/PeerQueues.ts), and requests shed since start. */
+  readonly inbound: PeerQueuesStats & { readonly shed: number }
 }
 
 /** The running MQ server. */
@@ -144,6 +160,16 @@ const DEFAULT_QUEUE_CAPACITY = 65_536
  */
 export const SEND_HIGH_WATER_MARK = 1_000
 const CLOSE_LINGER_MS = 1_000
+/** Messages the receive loop takes before it lets the event loop run (timers, fibers, HTTP): see `receiveLoop`. */
+const RECEIVE_BATCH = 64
+/** The inbound queue of receive errors (no peer's key: a routing id is never empty). */
+const ERROR_KEY = ""
+/** Bytes of a message's frames (the inbound bound counts them). */
+const frameBytes = (frames: ReadonlyArray<Buffer>): number => {
+  let n = 0
+  for (const f of frames) n += f.length
+  return n
+}
 
 const make = (options: MqServerOptions) =>
   Effect.gen(function*() {
@@ -298,12 +324,20 @@ const make = (options: MqServerOptions) =>
       if (accepted) return Effect.void
       barrier.exit(seq)
       const capacity = options.queueCapacity ?? DEFAULT_QUEUE_CAPACITY
-      const error = new Overloaded({
-        op: row.op.name,
-        field: `${row.pool} pool`,
-        expected: `at most ${capacity} waiting`,
-        message: `${row.op.name}: the ${row.pool} pool is full (${capacity} waiting); retry later`
-      })
+      const share = Math.max(1, Math.min(capacity, POOL_SHARE_PER_PEER))
+      const error = dispatcher.refusal(row.pool, peer) === "peer_full"
+        ? new Overloaded({
+          op: row.op.name,
+          field: `${row.pool} pool (per connection)`,
+          expected: `at most ${share} waiting from one connection`,
+          message: `${row.op.name}: this connection already has ${share} requests waiting in the ${row.pool} pool (its share; others get their turns); read the replies and retry later`
+        })
+        : new Overloaded({
+          op: row.op.name,
+          field: `${row.pool} pool`,
+          expected: `at most ${capacity} waiting`,
+          message: `${row.op.name}: the ${row.pool} pool is full (${capacity} waiting); retry later`
+        })
       return Effect.logWarning(error.message).pipe(
         Effect.annotateLogs({ op: row.op.name, peer }),
         Effect.andThen(replyError(routingId, uidFrame, opFrame, error))
@@ -311,47 +345,93 @@ const make = (options: MqServerOptions) =>
     }
 
     type Inbound = { readonly _tag: "message"; readonly received: Array<Buffer> } | { readonly _tag: "error"; readonly cause: unknown }
-    const inbox = yield* Queue.unbounded<Inbound>()
-    // Messages handed to `inbox` whose `onMessage` has not finished yet.
-    let inboxed = 0
+    // Received messages on their way to `onMessage`: one bounded FIFO per peer, handed on in turn
+    // (internal/PeerQueues.ts, issue 27 item 1); `tickets` holds one entry per message queued there.
+    const inbound = makePeerQueues<Inbound>()
+    const tickets = yield* Queue.unbounded<void>()
+    const shedTally = makeShedRequests()
+    yield* Effect.forkScoped(shedTally.reportForever)
+    let shedRequests = 0
+    const services = yield* Effect.context<never>()
     let receiving = true
-    const hand = (item: Inbound): void => {
-      inboxed++
-      Queue.offerUnsafe(inbox, item)
+    const hand = (key: string, item: Inbound, bytes: number, always: boolean): boolean => {
+      if (!inbound.push(key, item, bytes, always)) return false
+      Queue.offerUnsafe(tickets, undefined)
+      return true
+    }
+    // One error per op, made once: a flood is answered at the cost of its reply, not of building an error each time.
+    const shedErrors = new Map<number, Overloaded>()
+    const shedError = (opId: number, name: string): Overloaded => {
+      let e = shedErrors.get(opId)
+      if (e === undefined) {
+        e = new Overloaded({
+          op: name,
+          field: "requests waiting from this peer",
+          expected: `at most ${MAX_INBOUND_MESSAGES_PER_PEER} messages and ${MAX_INBOUND_BYTES_PER_PEER} bytes`,
+          message: `${name}: this connection already has ${MAX_INBOUND_MESSAGES_PER_PEER} requests (or ${MAX_INBOUND_BYTES_PER_PEER} bytes) waiting to be handled; read the replies and retry later`
+        })
+        shedErrors.set(opId, e)
+      }
+      return e
+    }
+    /** A request of a peer at its bound: answered `overloaded` unhandled (when attributable), counted, told once per window. */
+    const shed = (received: Array<Buffer>): void => {
+      const [routingId, uidFrame, opFrame] = received
+      const opId = opFrame === undefined ? undefined : decodeHeaderInt(opFrame)
+      const name = opId === undefined ? undefined : opById.get(opId)?.name
+      if (routingId === undefined || uidFrame === undefined || name === undefined || decodeHeaderInt(uidFrame) === undefined) return
+      shedRequests++
+      M.shedRequestsTotal.updateUnsafe(1, services)
+      shedTally.record(routingId.toString("hex"), "waiting")
+      send.replyErrorNow(routingId, uidFrame, opFrame!, shedError(opId!, name))
     }
     const receiveLoop = async (): Promise<void> => {
+      let sinceYield = 0
       while (receiving) {
         let received: Array<Buffer>
         try {
           received = await router.receive()
         } catch (cause) {
           if (!receiving || router.closed) return
-          hand({ _tag: "error", cause })
+          hand(ERROR_KEY, { _tag: "error", cause }, 0, true)
           await new Promise((resolve) => setTimeout(resolve, 10))
           continue
         }
         if (!receiving) return
-        // The fast path only when nothing received before it is still on its way to `onMessage`.
-        let served = false
         try {
-          const fast = inboxed === 0 ? fastPath.rowOf(received) : undefined
-          served = fast !== undefined && fastPath.serve(fast, received)
+          const routingId = received[0]!
+          const key = keyOf(routingId)
+          // The fast path only when nothing of this peer's is still on its way to `onMessage` (its order), and only
+          // for a peer whose replies are not backing up: that one waits its turn with everyone else.
+          const fast = inbound.pending(key) === 0 && !outbox.isBackedUp(routingId) ? fastPath.rowOf(received) : undefined
+          if (fast === undefined || !fastPath.serve(fast, received)) {
+            // A lone empty frame (connect or disconnect notification) always gets in: a peer's end is never lost.
+            const notification = received.length === 2 && received[1]!.length === 0
+            if (!hand(key, { _tag: "message", received }, frameBytes(received), notification)) shed(received)
+          }
         } catch {
-          // Not reached (the fast path never throws); kept so that a bug there cannot end the receive loop.
+          // Not reached (nothing above throws); kept so that a bug there cannot end the receive loop.
         }
-        if (!served) hand({ _tag: "message", received })
+        // libzmq hands over a backlog without waiting, so this loop would run on in microtasks and starve the
+        // timers, the fibers (the receive fiber, the pools) and the HTTP server: it yields now and then.
+        if (++sinceYield >= RECEIVE_BATCH) {
+          sinceYield = 0
+          await yieldToEventLoop()
+        }
       }
     }
-    const receiveFiber = Queue.take(inbox).pipe(
-      Effect.flatMap((item) =>
-        item._tag === "message"
+    const receiveFiber = Queue.take(tickets).pipe(
+      Effect.flatMap(() => {
+        const next = inbound.next()
+        if (next === undefined) return Effect.void
+        const item = next.item
+        return (item._tag === "message"
           ? onMessage(item.received)
-          : Effect.logError("receive loop: recovering from an error", new ZmqError({ op: "receive", endpoint, cause: item.cause }))
-      ),
-      Effect.catchCause((cause) => Effect.logError("receive loop: recovering from an error", cause)),
-      Effect.ensuring(Effect.sync(() => {
-        inboxed--
-      })),
+          : Effect.logError("receive loop: recovering from an error", new ZmqError({ op: "receive", endpoint, cause: item.cause }))).pipe(
+            Effect.catchCause((cause) => Effect.logError("receive loop: recovering from an error", cause)),
+            Effect.ensuring(Effect.sync(() => inbound.done(next.key)))
+          )
+      }),
       Effect.forever
     )
     yield* Effect.forkScoped(receiveFiber)
@@ -380,7 +460,8 @@ const make = (options: MqServerOptions) =>
         refusedReplies: send.refused(),
         outbox: outbox.stats(),
         pools: dispatcher.stats(),
-        fastPath: fastPath.stats()
+        fastPath: fastPath.stats(),
+        inbound: { ...inbound.stats(), shed: shedRequests }
       })
     }
   })

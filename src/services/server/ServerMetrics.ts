@@ -48,6 +48,11 @@ export const undeliverableRepliesTotal = fromStart(Metric.counter("mpcache_undel
   incremental: true
 }))
 
+export const shedRequestsTotal = fromStart(Metric.counter("mpcache_shed_requests_total", {
+  description: "Requests answered overloaded without being handled because their peer already had as many waiting as it may (issue 27 item 1: one peer cannot starve the others)",
+  incremental: true
+}))
+
 /** Labelled by reason: PeerAdmission.ts declares the reasons (`byLabel`). */
 export const routingIdRefusalsTotal = Metric.counter("mpcache_routing_id_refusals_total", {
   description: "Peers refused for their routing id (issue 24 item 1), by reason: chosen (set by the peer itself) or ahead (claiming an id the ROUTER had not generated yet: kicked)",

@@ -1,14 +1,15 @@
 /**
  * The handler pools of DESIGN §3.1 (src/services/server/Dispatch.ts): SYNC runs one job at a time in arrival
  * order; NORMAL runs `normalWorkers` at once, first in first out; AFFINITY pins a peer to a lane round robin until
- * it is released; each queue is bounded (submit says false past it); `hasFreeSlot` tells the fast path where a job
+ * it is released; each queue is fair between peers (peers in turn, each holding at most its share: issue 27 item 1)
+ * and bounded (submit says false past it); `hasFreeSlot` tells the fast path where a job
  * would start at once; `drain` lets queued work finish and interrupts what outlives its timeout. Jobs are held on
  * Deferred latches; no sleeps (the drain timeout runs on the TestClock).
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber } from "effect"
 import { TestClock } from "effect/testing"
-import { type Dispatcher, makeDispatcher } from "../../../src/services/server/Dispatch.ts"
+import { type Dispatcher, makeDispatcher, POOL_SHARE_PER_PEER } from "../../../src/services/server/Dispatch.ts"
 
 /** A job that says it started, waits for its gate, and says it ended. */
 interface Held {
@@ -150,6 +151,37 @@ describe("Dispatch", () => {
       assert.deepStrictEqual(d.stats().normal, { workers: 1, queued: 2 })
       for (const h of [w1!, w2!, extra!, s0!, s1!, s2!]) yield* open(h)
       yield* until(() => log.filter((l) => l.startsWith("end")).length === 7)
+    }))
+
+  it.effect("fair between peers: a peer's burst delays another's job by one of its own; one peer holds at most its share, the others still get in", () =>
+    Effect.gen(function*() {
+      const capacity = 4 * POOL_SHARE_PER_PEER
+      const d = yield* makeDispatcher({ normalWorkers: 1, affinityLanes: 1, queueCapacity: capacity })
+      const log: Array<string> = []
+      const [running, ...rest] = heldJobs(6, log)
+      assert.isTrue(d.submit("NORMAL", "flood", running!.job))
+      yield* Deferred.await(running!.started)
+      // The flooder's 3 waiting jobs, then the heartbeat's: it runs second, not fourth.
+      for (const h of rest.slice(0, 3)) assert.isTrue(d.submit("NORMAL", "flood", h.job))
+      assert.isTrue(d.submit("NORMAL", "heartbeat", rest[3]!.job))
+      assert.isTrue(d.submit("NORMAL", "flood", rest[4]!.job))
+      for (const h of [running!, ...rest]) yield* open(h)
+      yield* until(() => log.length === 12)
+      assert.deepStrictEqual(log.filter((l) => l.startsWith("start")), ["start 0", "start 1", "start 4", "start 2", "start 3", "start 5"])
+      // Its share: the flooder's next waiting jobs are refused past POOL_SHARE_PER_PEER, told as its share, not a full pool.
+      const gate = Deferred.makeUnsafe<void>()
+      const busy = Deferred.makeUnsafe<void>()
+      assert.isTrue(d.submit("NORMAL", "flood", Deferred.succeed(busy, undefined).pipe(Effect.andThen(Deferred.await(gate)))))
+      yield* Deferred.await(busy)
+      let accepted = 0
+      while (d.submit("NORMAL", "flood", Effect.void)) accepted++
+      assert.strictEqual(accepted, POOL_SHARE_PER_PEER)
+      assert.strictEqual(d.refusal("NORMAL", "flood"), "peer_full")
+      assert.strictEqual(d.refusal("NORMAL", "heartbeat"), undefined)
+      assert.isTrue(d.submit("NORMAL", "heartbeat", Effect.void))
+      assert.deepStrictEqual(d.stats().normal, { workers: 1, queued: POOL_SHARE_PER_PEER + 1 })
+      yield* Deferred.succeed(gate, undefined)
+      yield* until(() => d.stats().normal.queued === 0 && d.hasFreeSlot("NORMAL"))
     }))
 
   it.effect("drain takes no more jobs, lets the queued ones finish, and interrupts what outlives its timeout", () =>

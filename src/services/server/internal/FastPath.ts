@@ -15,9 +15,10 @@
  * the instance yet, an id in a rarer encoding; see `FastHandler`), the
  * request takes the pooled path (`pooled`), which does the rest.
  *
- * The caller keeps arrival order: it offers a request here from the receive
- * loop only when nothing received before it is still on its way to the
- * server's `onMessage` (which serves it here too, after its checks).
+ * The caller keeps each peer's arrival order: it offers a request here from
+ * the receive loop only when nothing its peer sent before it is still on its
+ * way to the server's `onMessage` (which serves it here too, after its
+ * checks), and not for a peer whose replies back up (issue 27 item 1).
  *
  * The PING path (issue 25 item 4), counted: every call of ours from the
  * receive loop to the write of `last_seen`, for a named PING of a bound
@@ -46,9 +47,9 @@
  * fast job → 2 `answerNow` → 3 `fastPing` → 4 `registry.touchNow` → 5
  * `touched` → 6 `HashMap.set`.
  *
- * Where messages received before it are still in the inbox (a burst the
- * receive fiber has not handed on yet), the PING waits in the inbox behind
- * them to keep arrival order: then `onMessage` → `admit` → `onAdmitted` →
+ * Where messages its peer sent before it are still in the peer's inbound
+ * FIFO (a burst the receive fiber has not handed on yet), the PING waits
+ * there behind them to keep its peer's order: then `onMessage` → `admit` → `onAdmitted` →
  * `serve` and the chain above, answered there when its pool is free (one
  * hand-off), else queued (two). The first PING of a connection naming an
  * instance (its peer not bound yet) takes the pooled path, which binds it.
@@ -157,8 +158,8 @@ export const makeFastPath = (options: FastPathOptions): FastPath => {
     }
     if (row.pool === "AFFINITY") return false
     const seq = barrier.enter()
-    // SYNC and NORMAL do not look at the peer.
-    if (!dispatcher.submit(row.pool, "", fastJob(row, received, Date.now(), receivedAtPerfMs, seq))) {
+    // The peer's own share of the pool (Dispatch.ts: fair between peers).
+    if (!dispatcher.submit(row.pool, hexOf(received[0]!), fastJob(row, received, Date.now(), receivedAtPerfMs, seq))) {
       barrier.exit(seq)
       return false
     }

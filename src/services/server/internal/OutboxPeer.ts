@@ -42,6 +42,8 @@ export interface Peer {
   backoffMs: number
   /** Its pipe stayed full past replyWaitMs: each head gets one attempt until a send succeeds again. */
   stalled: boolean
+  /** When a send to it last failed with EAGAIN (clock ms): a stalled peer is tried at most once per backoff maximum. */
+  lastEagainMs: number | undefined
   /** The message of its turn in progress is a drain probe. */
   draining: boolean
   /** idle: nothing queued; ready: in the rotation; backoff: waiting for its timer. */
@@ -102,6 +104,7 @@ export const newPeer = (key: string, routingId: Uint8Array): Peer => ({
   waitingSinceMs: undefined,
   backoffMs: 0,
   stalled: false,
+  lastEagainMs: undefined,
   draining: false,
   state: "idle",
   gone: false,

@@ -22,7 +22,9 @@
  * into the pipe pushes one older message out of the window, which is sound by FIFO + HWM. A peer that reads gets
  * its reply a few probes later; a peer that does not has a full pipe, its probe fails with EAGAIN, and after
  * `replyWaitMs` the reply is refused: replaced by a small `overloaded` error reply naming the flag, and counted.
- * Its later replies get one attempt each until a send to it succeeds again (`stalled`).
+ * Its later replies get one attempt each until a send to it succeeds again (`stalled`); an attempt within a backoff
+ * maximum ({@link BACKOFF_MAX_MS}) of its last EAGAIN fails without a send, so a peer that reads again is served
+ * within that time, and a flood of replies to one that does not costs no send each.
  *
  * What is waiting in the outbox for p is bounded the same way: a reply that would take it past the flag is
  * refused at once, as is one reply larger than the flag. Replies of at most {@link SMALL_REPLY_BYTES} are never
@@ -36,7 +38,8 @@
  * EHOSTUNREACH, or until it holds nothing and a `sweepIdle` drops it.
  *
  * Fairness: peers take turns, one message per turn; a peer waiting for its pipe (EAGAIN, backing off) is out of
- * the rotation until its timer fires, so it never delays anyone else. Replies to one peer stay in order.
+ * the rotation until its timer fires, so it never delays anyone else. Replies to one peer stay in order. A peer
+ * whose replies back up (`isBackedUp`) loses the MQ server's fast path too (PeerQueues.ts, issue 27 item 1).
  *
  * Connection probes (`probe`, MqServer's disconnect check) bypass the outboxes: they carry nothing and their
  * answer (EHOSTUNREACH or not) does not depend on order.
@@ -71,6 +74,12 @@ export const MAX_QUEUED_MESSAGES = 10_000
 /** First and largest pause before a peer whose pipe was full (EAGAIN) is tried again, ms. */
 const BACKOFF_FIRST_MS = 1
 const BACKOFF_MAX_MS = 64
+
+/** Sends the pump makes before it lets the event loop run (see `pump`). */
+const PUMP_BATCH = 64
+
+/** Resolves after the event loop's next turn (timers, I/O, immediates queued before it). */
+export const yieldToEventLoop = (): Promise<void> => new Promise((resolve) => setImmediate(resolve))
 
 /** The errno-like reason of a reply dropped because its peer's outbox held {@link MAX_QUEUED_MESSAGES}. */
 export const OUTBOX_FULL_CODE = "OUTBOX_FULL"
@@ -137,6 +146,13 @@ export interface ReplyOutbox {
    * Synchronous for the common case: `undefined` means "clear" without a promise.
    */
   readonly whenClear: (routingId: Uint8Array) => Promise<Verdict> | undefined
+  /**
+   * Whether replies to this peer are backing up (issue 27 item 1): its pipe stayed full past the wait (stalled),
+   * a reply of its waits for its pipe now, or its outbox holds at least `highWaterMark` replies (as many as its
+   * whole pipe). The MQ server stops answering such a peer on the fast path, so it waits its turn with the others
+   * and is the one slowed down, never them.
+   */
+  readonly isBackedUp: (routingId: Uint8Array) => boolean
   /** Counts a request refused unserved for a stalled peer (reason `not_served`) and returns its error reply. */
   readonly notServed: (message: Array<Uint8Array>) => Array<Uint8Array>
   /** The peer (hex) is gone: what waits for it is dropped (counted undeliverable) and its window forgotten. */
@@ -297,7 +313,15 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
 
   const pump = async (): Promise<void> => {
     pumping = true
+    let sinceYield = 0
     for (;;) {
+      // A send that libzmq answers at once (taken, EAGAIN) resolves in a microtask, so a long backlog (a stalled
+      // peer's replies, each given one attempt) would keep this loop from ever letting the event loop run: the
+      // receive loop, the fibers and the timers would wait for it (issue 27 item 1). It yields now and then.
+      if (++sinceYield >= PUMP_BATCH) {
+        sinceYield = 0
+        await yieldToEventLoop()
+      }
       const probe = probes.shift()
       if (probe !== undefined) {
         const code = await options.send(probe.message)
@@ -321,7 +345,15 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       try {
         const message = start(p)
         if (message === undefined) continue
-        finish(p, await options.send(message))
+        // A stalled peer's pipe stayed full past the wait: its replies fail as a send would, without one, until a
+        // backoff maximum has passed since its last try (one send per flooded reply cost the loop most of its time).
+        if (p.stalled && p.lastEagainMs !== undefined && clock.nowMs() - p.lastEagainMs < BACKOFF_MAX_MS) {
+          finish(p, "EAGAIN")
+          continue
+        }
+        const code = await options.send(message)
+        if (code === "EAGAIN") p.lastEagainMs = clock.nowMs()
+        finish(p, code)
       } catch {
         // A bug in a turn must not stop the loop or spin on the same head: that reply is dropped and counted.
         if (queueLength(p) > 0) {
@@ -373,6 +405,10 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       return new Promise((resolve) => {
         p.clearWaiters.push(resolve)
       })
+    },
+    isBackedUp: (routingId) => {
+      const p = peers.get(keyOf(routingId))
+      return p !== undefined && (p.stalled || p.waitingSinceMs !== undefined || queueLength(p) >= options.highWaterMark)
     },
     notServed: (message) => {
       const p = peerOf(message[0]!)

@@ -8,7 +8,7 @@
  * Lives in the Scope it is made in: its reporters and its idle sweep are fibers there, and closing the Scope waits
  * (at most 5 s) for what is queued to be sent.
  */
-import { Duration, Effect, Metric, type Scope } from "effect"
+import { Duration, Effect, type Scope } from "effect"
 import type * as zmq from "zeromq"
 import { encodeErrorReply } from "../../../schema/Frame.ts"
 import type { WireError } from "../../../schema/WireError.ts"
@@ -43,6 +43,8 @@ export interface SendPath {
   readonly reply: (routingId: Uint8Array, frames: Array<Uint8Array>) => void
   /** Queues the error reply of `error` to the request (`uidFrame`, `opFrame`) and counts it by its code. */
   readonly replyError: (routingId: Uint8Array, uidFrame: Uint8Array, opFrame: Uint8Array, error: WireError) => Effect.Effect<void>
+  /** `replyError` done at once, outside any fiber (the receive loop). */
+  readonly replyErrorNow: (routingId: Uint8Array, uidFrame: Uint8Array, opFrame: Uint8Array, error: WireError) => void
   /** Replies that could not be delivered since start. */
   readonly undeliverable: () => number
   /** Replies refused for the bytes queued to their peer since start. */
@@ -93,13 +95,15 @@ export const makeSendPath = (options: SendPathOptions): Effect.Effect<SendPath, 
     yield* Effect.sleep(OUTBOX_SWEEP_INTERVAL).pipe(Effect.andThen(Effect.sync(() => outbox.sweepIdle())), Effect.forever, Effect.forkScoped)
     yield* Effect.addFinalizer(() => Effect.promise(() => outbox.flushed()).pipe(Effect.timeout(FLUSH_TIMEOUT), Effect.ignore))
     const reply = (routingId: Uint8Array, frames: Array<Uint8Array>): void => outbox.reply([routingId, ...frames])
+    const replyErrorNow = (routingId: Uint8Array, uidFrame: Uint8Array, opFrame: Uint8Array, error: WireError): void => {
+      reply(routingId, encodeErrorReply(uidFrame, opFrame, error))
+      M.errorMetric[error.code].updateUnsafe(1, services)
+    }
     return {
       outbox,
       reply,
-      replyError: (routingId, uidFrame, opFrame, error) =>
-        Effect.sync(() => reply(routingId, encodeErrorReply(uidFrame, opFrame, error))).pipe(
-          Effect.andThen(Metric.update(M.errorMetric[error.code], 1))
-        ),
+      replyError: (routingId, uidFrame, opFrame, error) => Effect.sync(() => replyErrorNow(routingId, uidFrame, opFrame, error)),
+      replyErrorNow,
       undeliverable: () => undeliverableReplies,
       refused: () => refusedReplies
     }

@@ -72,3 +72,12 @@ export const makeRefusedReplies = (intervalMs: number = UNDELIVERED_WARNING_INTE
       `${replies(count)} to peer ${peer} refused with overloaded (${reasons}): the bytes queued to it would pass --max-queued-reply-bytes-per-peer; it is not reading its replies, or asks for more than one reply may carry; in the last ${intervalMs / 1000} s`,
     "refused_replies"
   )
+
+/** Requests shed unhandled (answered `overloaded`) because their peer had too many waiting, reported every `intervalMs`. */
+export const makeShedRequests = (intervalMs: number = UNDELIVERED_WARNING_INTERVAL_MS): PeerTally =>
+  makePeerTally(
+    intervalMs,
+    (count, peer, reasons) =>
+      `${count} request${count === 1 ? "" : "s"} from peer ${peer} answered overloaded without being handled (${reasons}): it sends faster than the server serves it, while other peers get their turns; in the last ${intervalMs / 1000} s`,
+    "shed_requests"
+  )
