@@ -53,12 +53,11 @@ interface Scenario {
   readonly name: string
   readonly flooders: number
 }
-const ALL_SCENARIOS: ReadonlyArray<Scenario> = [
+const SCENARIOS: ReadonlyArray<Scenario> = [
   { name: "none", flooders: 0 },
   { name: "1 flooder", flooders: 1 },
   { name: "8 flooders", flooders: 8 }
 ]
-const SCENARIOS = process.env["DEBUG_FLOOD_ONLY"] === undefined ? ALL_SCENARIOS : ALL_SCENARIOS.filter((s) => process.env["DEBUG_FLOOD_ONLY"]!.split(",").includes(String(s.flooders)))
 
 /** Round trips (µs) answered in time, and requests that were not. */
 interface Tally {

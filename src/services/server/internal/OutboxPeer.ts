@@ -6,6 +6,7 @@
  *
  * Plain objects and functions, no Effects (the PING hot path, issue 16).
  */
+import { compactAfterTake } from "./ArrayQueue.ts"
 
 /** Replies of at most this many bytes (all frames) are never refused for bytes and not tracked in the window. */
 export const SMALL_REPLY_BYTES = 1024
@@ -168,13 +169,7 @@ export const shiftQueued = (p: Peer): Queued => {
     p.queuedLargeBytes -= q.bytes
     tellWaiters(p)
   }
-  if (p.head === p.queue.length) {
-    p.queue.length = 0
-    p.head = 0
-  } else if (p.head > 1024 && p.head * 2 > p.queue.length) {
-    p.queue.splice(0, p.head)
-    p.head = 0
-  }
+  p.head = compactAfterTake(p.queue, p.head, 1024)
   return q
 }
 

@@ -18,6 +18,7 @@
  *
  * Plain data, no Effect: the receive loop (a promise loop, the PING hot path of issue 16) pushes, fibers take.
  */
+import { compactAfterTake } from "./ArrayQueue.ts"
 
 /** Messages one peer may have waiting to be handled; past it its requests are answered `overloaded`. */
 export const MAX_INBOUND_MESSAGES_PER_PEER = 1_000
@@ -69,7 +70,7 @@ export const makePeerQueues = <A>(
   limits: { readonly messages: number; readonly bytes: number } = { messages: MAX_INBOUND_MESSAGES_PER_PEER, bytes: MAX_INBOUND_BYTES_PER_PEER }
 ): PeerQueues<A> => {
   const peers = new Map<string, PeerFifo<A>>()
-  let ring: Array<string> = []
+  const ring: Array<string> = []
   let ringHead = 0
   let queued = 0
   let queuedBytes = 0
@@ -106,13 +107,7 @@ export const makePeerQueues = <A>(
     next: () => {
       while (ringHead < ring.length) {
         const key = ring[ringHead++]!
-        if (ringHead === ring.length) {
-          ring = []
-          ringHead = 0
-        } else if (ringHead > 1024 && ringHead * 2 > ring.length) {
-          ring = ring.slice(ringHead)
-          ringHead = 0
-        }
+        ringHead = compactAfterTake(ring, ringHead, 1024)
         const p = peers.get(key)
         if (p === undefined) continue
         const entry = p.items[p.head]
@@ -122,13 +117,7 @@ export const makePeerQueues = <A>(
           continue
         }
         p.items[p.head++] = undefined as unknown as { item: A; bytes: number }
-        if (p.head === p.items.length) {
-          p.items.length = 0
-          p.head = 0
-        } else if (p.head > 64 && p.head * 2 > p.items.length) {
-          p.items.splice(0, p.head)
-          p.head = 0
-        }
+        p.head = compactAfterTake(p.items, p.head, 64)
         p.bytes -= entry.bytes
         queued--
         queuedBytes -= entry.bytes

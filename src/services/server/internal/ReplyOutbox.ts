@@ -66,6 +66,7 @@ import {
   type Verdict,
   verdictOf
 } from "./OutboxPeer.ts"
+import { compactAfterTake } from "./ArrayQueue.ts"
 import { type RefusalReason, refusalOf } from "./ReplyRefusal.ts"
 
 /** Messages one peer's outbox holds at most; past it a reply is dropped as undeliverable. */
@@ -334,13 +335,7 @@ export const makeReplyOutbox = (options: ReplyOutboxOptions): ReplyOutbox => {
       if (readyHead === ready.length) break
       const p = ready[readyHead]!
       ready[readyHead++] = undefined as unknown as Peer
-      if (readyHead === ready.length) {
-        ready.length = 0
-        readyHead = 0
-      } else if (readyHead > 1024 && readyHead * 2 > ready.length) {
-        ready.splice(0, readyHead)
-        readyHead = 0
-      }
+      readyHead = compactAfterTake(ready, readyHead, 1024)
       if (p.gone || p.state !== "ready") continue
       try {
         const message = start(p)
