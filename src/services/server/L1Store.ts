@@ -44,12 +44,15 @@ import { NativeMemory, type NativeError } from "../../native/Native.ts"
 import type { InvalidArgument } from "../../schema/WireError.ts"
 import { CacheControl } from "./CacheControl.ts"
 import { makeExtentAllocator } from "./internal/ExtentAllocator.ts"
+import { type GroupShare, type L1Shares, makeL1Shares } from "./internal/L1Shares.ts"
 import { objectKeyString, type ObjectKey } from "./ObjectKey.ts"
 import { fromStart } from "../metrics/Series.ts"
 
 interface L1Object {
   readonly key: ObjectKey
   readonly keyString: string
+  /** Its salt group, whose L1 share it counts against (internal/L1Shares.ts); "" without shares. */
+  readonly owner: string
   /** Byte offset of the object in the pool. */
   readonly offset: number
   readonly bytes: Buffer
@@ -94,6 +97,8 @@ export interface L1Stats {
   readonly reservedObjects: number
   readonly lockedObjects: number
   readonly evictions: number
+  /** With shares (tenancy), each salt group's bytes, weight, share and evictions (issue 27 item 2). */
+  readonly groups?: ReadonlyArray<GroupShare>
 }
 
 /** The shared-memory segment holding L1 (absent for an in-process test store). */
@@ -148,9 +153,20 @@ export class L1Store extends Context.Service<L1Store, {
   /** The shared pool, when L1 lives in one. */
   readonly pool: L1Pool | undefined
 }>()("mpcache/services/L1Store") {
-  /** An in-process L1 of `capacityBytes` over a plain Buffer, with `headroomBytes` before each object (unit tests). */
-  static readonly make = (capacityBytes: number, headroomBytes = 0) =>
-    Effect.sync(() => makeL1(Buffer.allocUnsafeSlow(capacityBytes), undefined, headroomBytes, fillInPlace))
+  /**
+   * An in-process L1 of `capacityBytes` over a plain Buffer, with `headroomBytes` before each object (unit tests);
+   * with `shareWeightOf`, shared between salt groups by those weights (internal/L1Shares.ts, issue 27 item 2).
+   */
+  static readonly make = (capacityBytes: number, headroomBytes = 0, shareWeightOf?: (group: string) => number) =>
+    Effect.sync(() =>
+      makeL1(
+        Buffer.allocUnsafeSlow(capacityBytes),
+        undefined,
+        headroomBytes,
+        fillInPlace,
+        shareWeightOf === undefined ? undefined : makeL1Shares(capacityBytes, shareWeightOf)
+      )
+    )
   /**
    * The server's L1: a shared-memory pool of `--l1-size-gb` GiB, mapped for
    * the life of the layer. Fails with L1PoolError when /dev/shm cannot hold
@@ -273,7 +289,8 @@ const makeL1 = (
   memory: Buffer,
   pool: L1Pool | undefined,
   headroomBytes: number,
-  copyInto: (r: Reservation, bytes: Uint8Array) => Effect.Effect<void>
+  copyInto: (r: Reservation, bytes: Uint8Array) => Effect.Effect<void>,
+  shares?: L1Shares
 ): L1Store["Service"] => {
   const capacityBytes = memory.length
   const extents = makeExtentAllocator(capacityBytes)
@@ -290,14 +307,15 @@ const makeL1 = (
     objects.set(o.keyString, o)
   }
 
-  const releaseExtent = (o: L1Object) => {
+  const releaseExtent = (o: L1Object, evicted = false) => {
     extents.release(o.offset - headroomBytes, o.extent.length)
     usedBytes -= o.extent.length
+    shares?.removed(o.owner, o.extent.length, evicted)
   }
 
-  const drop = (o: L1Object) => {
+  const drop = (o: L1Object, evicted = false) => {
     objects.delete(o.keyString)
-    releaseExtent(o)
+    releaseExtent(o, evicted)
   }
 
   const owns = (o: L1Object | undefined, ref: { readonly offset: number; readonly bytes: Buffer }): o is L1Object =>
@@ -319,18 +337,22 @@ const makeL1 = (
    * extents and the free ones leave a contiguous extent of `needed`. When even all of them would not (free bytes
    * enough, but fragmented around locked or reserved objects), nothing is evicted.
    */
-  const place = (needed: number): number | undefined => {
+  const place = (needed: number, owner: string): number | undefined => {
     const direct = extents.allocate(needed)
     if (direct !== undefined) return direct
-    const evictable: Array<L1Object> = []
-    let evictableBytes = 0
+    const lru: Array<L1Object> = []
     // forEach, not for…of: this runs for every placement once L1 is full, and an iterator allocates per step.
     objects.forEach((o) => {
-      if (o.committed && o.readLocks === 0) {
-        evictable.push(o)
-        evictableBytes += o.extent.length
-      }
+      if (o.committed && o.readLocks === 0) lru.push(o)
     })
+    // With shares, the order the rule takes them in (first as many as free `needed`; all of them only when the free
+    // space is too fragmented for that); without, least recently used first.
+    let evictable = shares === undefined ? lru : shares.evictionOrder(lru, owner, needed, needed)
+    if (shares !== undefined && !extents.wouldFit(needed, evictable.map((o) => ({ offset: o.offset - headroomBytes, length: o.extent.length })))) {
+      evictable = shares.evictionOrder(lru, owner, needed, Number.POSITIVE_INFINITY)
+    }
+    let evictableBytes = 0
+    for (const o of evictable) evictableBytes += o.extent.length
     if (extents.freeBytes() + evictableBytes < needed) return undefined
     const extentsOf = (n: number) => evictable.slice(0, n).map((o) => ({ offset: o.offset - headroomBytes, length: o.extent.length }))
     // Usually the first few LRU objects make room (objects of one size): try them one by one, then search.
@@ -349,7 +371,7 @@ const makeL1 = (
       }
       count = lo
     }
-    for (let n = 0; n < count; n++) drop(evictable[n]!)
+    for (let n = 0; n < count; n++) drop(evictable[n]!, true)
     evictions += count
     return extents.allocate(needed)
   }
@@ -360,12 +382,15 @@ const makeL1 = (
       if (objects.has(keyString)) return Effect.succeed<ReserveResult>({ _tag: "Exists" })
       const before = evictions
       const extentBytes = headroomBytes + sizeBytes
-      const start = extentBytes > capacityBytes ? undefined : place(extentBytes)
+      const owner = shares?.ownerOf(key.cacheSalt) ?? ""
+      const start = extentBytes > capacityBytes ? undefined : place(extentBytes, owner)
       if (start === undefined) return Effect.succeed<ReserveResult>({ _tag: "Full" })
       const offset = start + headroomBytes
+      shares?.added(owner, extentBytes)
       const o: L1Object = {
         key,
         keyString,
+        owner,
         offset,
         bytes: memory.subarray(offset, offset + sizeBytes),
         extent: memory.subarray(start, offset + sizeBytes),
@@ -475,7 +500,15 @@ const makeL1 = (
         if (!o.committed) reserved++
         if (o.readLocks > 0) locked++
       }
-      return { capacityBytes, usedBytes, objects: objects.size, reservedObjects: reserved, lockedObjects: locked, evictions }
+      return {
+        capacityBytes,
+        usedBytes,
+        objects: objects.size,
+        reservedObjects: reserved,
+        lockedObjects: locked,
+        evictions,
+        ...(shares === undefined ? {} : { groups: shares.groups() })
+      }
     },
     pool
   }
