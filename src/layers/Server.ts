@@ -20,7 +20,7 @@ import { CacheControl } from "../services/server/CacheControl.ts"
 import { EngineDrivenTransfer } from "../services/server/EngineDrivenTransfer.ts"
 import { FdExchange } from "../services/server/FdExchange.ts"
 import { makeTable, type ServerModule } from "../services/server/Handler.ts"
-import { L1Store } from "../services/server/L1Store.ts"
+import { L1ShareWeights, L1Store } from "../services/server/L1Store.ts"
 import { storageModule } from "../services/server/StorageStatus.ts"
 import { LayoutRegistry } from "../services/server/LayoutRegistry.ts"
 import { MappingBudget } from "../services/server/MappingBudget.ts"
@@ -59,8 +59,12 @@ export class ServerModules extends Context.Service<ServerModules, ReadonlyArray<
   "mpcache/layers/ServerModules"
 ) {}
 
-/** L1, layouts, the budget of worker-memory mappings and the native memory backend. */
-const StorageLive = Layer.mergeAll(L1Store.layer, LayoutRegistry.layer, MappingBudget.layer).pipe(Layer.provideMerge(NativeMemoryLive))
+/** L1 (its shares from the tenancy: the same Tenancy the control layer builds, layers being memoized), layouts, the budget of worker-memory mappings and the native memory backend. */
+const StorageLive = Layer.mergeAll(
+  L1Store.layer.pipe(Layer.provide(Layer.effect(L1ShareWeights, Effect.map(Tenancy, (t) => t.l1WeightOf)).pipe(Layer.provide(Tenancy.layer)))),
+  LayoutRegistry.layer,
+  MappingBudget.layer
+).pipe(Layer.provideMerge(NativeMemoryLive))
 
 /** The L2 tier on the configured Redis (issue 15); nothing (the "no L2" default) without --l2-url. */
 const L2Live = Layer.unwrap(

@@ -274,7 +274,19 @@ export const StatusDocument = Schema.Struct({
     objects: Count,
     reserved_objects: Count,
     locked_objects: Count,
-    evictions: Count
+    evictions: Count,
+    /**
+     * With tenancy (CURVE on), each salt group's L1 (issue 27 item 2): the bytes its objects hold, its weight
+     * (its tenants' `l1-share`), its share now (capacity × weight over the groups holding L1) and its objects
+     * evicted since start. Absent with CURVE off (one LRU).
+     */
+    tenants: Schema.optionalKey(Schema.Array(Schema.Struct({
+      salt_group: Schema.String,
+      bytes: Count,
+      weight: Schema.Finite,
+      share_bytes: Schema.Finite,
+      evictions: Count
+    })))
   }),
   /**
    * Lookup sessions (pending lookups: request ids whose read locks or

@@ -163,6 +163,6 @@ describe("CURVE and fail-closed binds (real processes)", () => {
         "--curve-secret-key-file", keys.serverSecretFile, "--curve-authorized-keys", keys.authorizedKeysFile
       ])
       assert.strictEqual(r.code, 2)
-      assert.include(r.stderr, `${keys.authorizedKeysFile}:2: unknown flag "bogus-flag" (flags: admin, salt-group=NAME)`)
+      assert.include(r.stderr, `${keys.authorizedKeysFile}:2: unknown flag "bogus-flag" (flags: admin, salt-group=NAME, l1-share=WEIGHT)`)
     }))
 })

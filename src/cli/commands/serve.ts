@@ -183,6 +183,12 @@ const serveFlags = {
     defaults.tenantMaxMappedBytes,
     rules.positiveInt
   ),
+  tenantL1ShareDefault: seconds(
+    "tenant-l1-share-default",
+    "A tenant's weight in L1 unless its authorized-keys lines say l1-share=W (CURVE on): when L1 must evict it takes first from the salt group furthest over its share (its weight over those of the groups holding L1), and an idle group's share is lent",
+    defaults.tenantL1ShareDefault,
+    rules.l1Share
+  ),
   maxMappings: Flag.Int("max-mappings").pipe(
     Flag.withDescription(
       "Mappings of worker memory the server holds at once, over every instance, with or without CURVE (default: half the kernel's vm.max_map_count, read at start; at most vm.max_map_count - 16384)"
@@ -256,6 +262,7 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   tenantMaxInstances: f.tenantMaxInstances,
   tenantMaxRegistersPerSecond: f.tenantMaxRegistersPerSecond,
   tenantMaxMappedBytes: f.tenantMaxMappedBytes,
+  tenantL1ShareDefault: f.tenantL1ShareDefault,
   maxMappings: Option.getOrUndefined(f.maxMappings),
   maxSegmentsPerRegister: Option.getOrUndefined(f.maxSegmentsPerRegister),
   maxMappedBytes: f.maxMappedBytes,

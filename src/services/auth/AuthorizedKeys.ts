@@ -4,7 +4,7 @@
  * speaks for. One client key per line:
  *
  *     # comment (a line whose first non-blank character is #)
- *     <z85 public key> <tenant> [admin] [salt-group=<group>]
+ *     <z85 public key> <tenant> [admin] [salt-group=<group>] [l1-share=<weight>]
  *
  * - the key: 40 characters of Z85 (what `mpcache keygen` writes to NAME.pub);
  * - the tenant: 1–64 of `A-Z a-z 0-9 _ . -`, starting with a letter or digit;
@@ -12,7 +12,11 @@
  * - `admin`: the tenant may CLEAR the whole cache;
  * - `salt-group=<group>`: tenants naming the same group share cached chunks
  *   (the server derives `cache_salt` from the group; default: the tenant's
- *   own name, so nobody else ever hits its chunks).
+ *   own name, so nobody else ever hits its chunks);
+ * - `l1-share=<weight>`: the tenant's weight in L1 (a positive number; default
+ *   `--tenant-l1-share-default`): its salt group's share is the sum of its
+ *   tenants' weights over the groups' that hold L1 (issue 27 item 2,
+ *   src/services/server/internal/L1Shares.ts).
  *
  * Blank lines are ignored. Every line of one tenant must carry the same
  * flags. A malformed line, a repeated key or flags that disagree fail the
@@ -29,6 +33,8 @@ export interface TenantGrant {
   readonly admin: boolean
   /** The cache namespace: tenants of one group share chunks. */
   readonly saltGroup: string
+  /** Its weight in L1 (`l1-share=W`); absent: the server's `--tenant-l1-share-default`. */
+  readonly l1Share?: number
 }
 
 /** The parsed file: Z85 public key → grant. */
@@ -49,6 +55,8 @@ export class AuthorizedKeysInvalid extends Schema.TaggedError<AuthorizedKeysInva
 }
 
 const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/
+/** The largest `l1-share` weight (a bound on what one line can claim; weights are relative). */
+export const MAX_L1_SHARE = 1_000_000
 
 /** Parses the text of an authorized-keys file read from `path`. */
 export const parseAuthorizedKeys = (path: string, text: string): AuthorizedKeys | AuthorizedKeysInvalid => {
@@ -62,25 +70,33 @@ export const parseAuthorizedKeys = (path: string, text: string): AuthorizedKeys 
     if (content === "" || content.startsWith("#")) continue
     const bad = (reason: string) => new AuthorizedKeysInvalid({ path, line, reason })
     const [key, tenant, ...flags] = content.split(/\s+/)
-    if (!isZ85Key(key!)) return bad(`"${key}" is not a 40-character Z85 public key (expected: <z85 public key> <tenant> [admin] [salt-group=NAME])`)
-    if (tenant === undefined) return bad("a key needs a tenant name after it (expected: <z85 public key> <tenant> [admin] [salt-group=NAME])")
+    if (!isZ85Key(key!)) return bad(`"${key}" is not a 40-character Z85 public key (expected: <z85 public key> <tenant> [admin] [salt-group=NAME] [l1-share=WEIGHT])`)
+    if (tenant === undefined) return bad("a key needs a tenant name after it (expected: <z85 public key> <tenant> [admin] [salt-group=NAME] [l1-share=WEIGHT])")
     if (!NAME.test(tenant)) return bad(`tenant "${tenant}" must be 1-64 of A-Z a-z 0-9 _ . - starting with a letter or digit`)
     let admin = false
     let saltGroup = tenant
+    let l1Share: number | undefined
     for (const flag of flags) {
       if (flag === "admin") admin = true
       else if (flag.startsWith("salt-group=")) {
         const group = flag.slice("salt-group=".length)
         if (!NAME.test(group)) return bad(`salt group "${group}" must be 1-64 of A-Z a-z 0-9 _ . - starting with a letter or digit`)
         saltGroup = group
-      } else return bad(`unknown flag "${flag}" (flags: admin, salt-group=NAME)`)
+      } else if (flag.startsWith("l1-share=")) {
+        const text = flag.slice("l1-share=".length)
+        const weight = Number(text)
+        if (text === "" || !Number.isFinite(weight) || weight <= 0 || weight > MAX_L1_SHARE) {
+          return bad(`l1-share "${text}" must be a number above 0 and at most ${MAX_L1_SHARE} (a weight: shares are relative)`)
+        }
+        l1Share = weight
+      } else return bad(`unknown flag "${flag}" (flags: admin, salt-group=NAME, l1-share=WEIGHT)`)
     }
     const again = keyLine.get(key!)
     if (again !== undefined) return bad(`this key is listed twice (first on line ${again}; a key speaks for one tenant)`)
-    const grant: TenantGrant = { tenant, admin, saltGroup }
+    const grant: TenantGrant = { tenant, admin, saltGroup, ...(l1Share === undefined ? {} : { l1Share }) }
     const first = firstLineOf.get(tenant)
     if (first === undefined) firstLineOf.set(tenant, { line, grant })
-    else if (first.grant.admin !== admin || first.grant.saltGroup !== saltGroup) {
+    else if (first.grant.admin !== admin || first.grant.saltGroup !== saltGroup || first.grant.l1Share !== l1Share) {
       return bad(`tenant "${tenant}" has other flags on line ${first.line}; every key of a tenant carries the same flags`)
     }
     keys.set(key!, grant)

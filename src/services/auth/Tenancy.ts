@@ -83,6 +83,12 @@ export class Tenancy extends Context.Service<Tenancy, {
   readonly tenantOf: (id: InstanceId) => Effect.Effect<string | undefined>
   /** The `auth` and `tenants` blocks of `/api/status`. */
   readonly status: () => Effect.Effect<Record<string, unknown>>
+  /**
+   * A salt group's weight in L1 (issue 27 item 2): the sum of its tenants' `l1-share=W` (each absent one
+   * `--tenant-l1-share-default`), from the authorized-keys file as last (re)loaded; a group no line names weighs the
+   * default. Undefined with CURVE off: L1 is one LRU then.
+   */
+  readonly l1WeightOf: ((group: string) => number) | undefined
 }>()("mpcache/services/auth/Tenancy") {
   /**
    * From `ServerConfig`: off without `curve`; with it, reads the server's
@@ -120,7 +126,8 @@ const make = Effect.gen(function*() {
         ]
       },
       tenantOf: () => Effect.succeed(undefined),
-      status: () => Effect.succeed({ auth: { curve: false, authorized_keys: 0 } })
+      status: () => Effect.succeed({ auth: { curve: false, authorized_keys: 0 } }),
+      l1WeightOf: undefined
     })
   }
   const handshake = yield* makeHandshake(curveFiles)
@@ -129,6 +136,19 @@ const make = Effect.gen(function*() {
     graceSeconds: config.workerRegistrationGraceSeconds,
     grantOf: handshake.grantOf
   })
+  // Weights by salt group, rebuilt when a reload gives a new key list (read at every eviction decision).
+  let weightsOf: { readonly keys: unknown; readonly byGroup: ReadonlyMap<string, number> } | undefined
+  const l1WeightOf = (group: string): number => {
+    const keys = handshake.keys()
+    if (weightsOf?.keys !== keys) {
+      const perTenant = new Map<string, { readonly group: string; readonly weight: number }>()
+      for (const g of keys.keys.values()) perTenant.set(g.tenant, { group: g.saltGroup, weight: g.l1Share ?? config.tenantL1ShareDefault })
+      const byGroup = new Map<string, number>()
+      for (const t of perTenant.values()) byGroup.set(t.group, (byGroup.get(t.group) ?? 0) + t.weight)
+      weightsOf = { keys, byGroup }
+    }
+    return weightsOf.byGroup.get(group) ?? config.tenantL1ShareDefault
+  }
   return Tenancy.of({
     enabled: true,
     curve: { secretKey: handshake.secretKey, publicKey: handshake.publicKey, zapDomain: handshake.zapDomain },
@@ -148,7 +168,8 @@ const make = Effect.gen(function*() {
           released_ids: tenants.releasedIds()
         },
         tenants: rows
-      }))
+      })),
+    l1WeightOf
   })
 })
 

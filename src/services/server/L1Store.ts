@@ -114,9 +114,23 @@ export class L1PoolError extends Schema.TaggedError<L1PoolError>()("L1PoolError"
 
 const usedBytesGauge = fromStart(Metric.gauge("mpcache_l1_used_bytes", { description: "Bytes held by L1 objects (committed and reserved)" }))
 const evictionsTotal = fromStart(Metric.counter("mpcache_l1_evictions_total", { description: "L1 objects evicted (LRU)", incremental: true }))
+// With tenancy (issue 27 item 2), by salt group (label `tenant`: the group, a tenant's own name unless it shares one).
+const tenantBytesGauge = Metric.gauge("mpcache_l1_tenant_bytes", { description: "Bytes held in L1 by each salt group's objects (committed and reserved)" })
+const tenantShareGauge = Metric.gauge("mpcache_l1_tenant_share_bytes", {
+  description: "Each salt group's L1 share now: the capacity times its weight over the weights of the groups holding L1"
+})
+const tenantEvictionsTotal = Metric.counter("mpcache_l1_tenant_evictions_total", { description: "L1 objects evicted, by salt group", incremental: true })
 
 /** Bytes prefaulted per background step (each step is one job on the libuv pool). */
 const PREFAULT_STEP_BYTES = 64 * 2 ** 20
+
+/**
+ * The weight of a salt group in L1 (issue 27 item 2: tenants share L1 by weight, internal/L1Shares.ts); the server
+ * assembly sets it from `Tenancy.l1WeightOf` when CURVE is on. Default: none, one LRU for every object.
+ */
+export const L1ShareWeights = Context.Reference<((group: string) => number) | undefined>("mpcache/services/server/L1ShareWeights", {
+  defaultValue: () => undefined
+})
 
 /** The L1 store. */
 export class L1Store extends Context.Service<L1Store, {
@@ -169,8 +183,9 @@ export class L1Store extends Context.Service<L1Store, {
     )
   /**
    * The server's L1: a shared-memory pool of `--l1-size-gb` GiB, mapped for
-   * the life of the layer. Fails with L1PoolError when /dev/shm cannot hold
-   * it, or the segment cannot be created or mapped.
+   * the life of the layer; with tenancy (CURVE on), shared between salt groups
+   * by the weights `Tenancy` gives. Fails with L1PoolError when /dev/shm
+   * cannot hold it, or the segment cannot be created or mapped.
    */
   static readonly layer = Layer.effect(this, Effect.suspend(() => makePooled))
   /**
@@ -227,6 +242,8 @@ const errnoText = (e: InvalidArgument | NativeError): string =>
 const makePooled = Effect.gen(function*() {
   const config = yield* ServerConfig
   const native = yield* NativeMemory
+  // With tenancy, L1 is shared between salt groups by weight (issue 27 item 2); without, one LRU.
+  const l1WeightOf = yield* L1ShareWeights
   const capacityBytes = Math.floor(config.l1SizeGb * 2 ** 30)
   const shmName = `${POOL_PREFIX}${fnv(config.endpoint)}-${process.pid}`
   // What every failure names: the segment, its size and the flag that sets it.
@@ -273,7 +290,8 @@ const makePooled = Effect.gen(function*() {
     Buffer.from(view, 0, capacityBytes),
     { shmName, sizeBytes: capacityBytes, prefaultedBytes: () => prefaultedBytes },
     config.l2 === undefined ? 0 : L2_HEADROOM_BYTES,
-    fillOnPool
+    fillOnPool,
+    l1WeightOf === undefined ? undefined : makeL1Shares(capacityBytes, l1WeightOf)
   )
 })
 
@@ -301,6 +319,22 @@ const makeL1 = (
   const cleared = new Map<number, L1Object>()
   let usedBytes = 0
   let evictions = 0
+
+  /** The used-bytes gauge and, with shares, each group's bytes, share and new evictions. */
+  const updateGauges: Effect.Effect<void> = Effect.suspend(() => {
+    const used = Metric.update(usedBytesGauge, usedBytes)
+    if (shares === undefined) return used
+    const evicted = shares.takeEvictions()
+    return used.pipe(
+      Effect.andThen(Effect.forEach(shares.groups(), (g) => {
+        const tenant = { tenant: g.group }
+        return Metric.update(Metric.withAttributes(tenantBytesGauge, tenant), g.bytes).pipe(
+          Effect.andThen(Metric.update(Metric.withAttributes(tenantShareGauge, tenant), Math.round(g.shareBytes))),
+          Effect.andThen(Metric.update(Metric.withAttributes(tenantEvictionsTotal, tenant), evicted.get(g.group) ?? 0))
+        )
+      }, { discard: true }))
+    )
+  })
 
   const markUsed = (o: L1Object) => {
     objects.delete(o.keyString)
@@ -399,7 +433,7 @@ const makeL1 = (
       }
       objects.set(keyString, o)
       usedBytes += extentBytes
-      return Metric.update(usedBytesGauge, usedBytes).pipe(
+      return updateGauges.pipe(
         Effect.andThen(evictions > before ? Metric.update(evictionsTotal, evictions - before) : Effect.void),
         Effect.as<ReserveResult>({ _tag: "Reserved", reservation: { key, keyString, offset, bytes: o.bytes } })
       )
@@ -418,7 +452,7 @@ const makeL1 = (
       const c = clearedOf(r)
       if (c === undefined || c.committed) return Effect.succeed(false)
       releaseCleared(c)
-      return Metric.update(usedBytesGauge, usedBytes).pipe(Effect.as(false))
+      return updateGauges.pipe(Effect.as(false))
     })
 
   const abort = (r: Reservation) =>
@@ -430,7 +464,7 @@ const makeL1 = (
         const c = clearedOf(r)
         if (c !== undefined && !c.committed) releaseCleared(c)
       }
-      return Metric.update(usedBytesGauge, usedBytes)
+      return updateGauges
     })
 
   const lockRead = (key: ObjectKey): ReadHandle | undefined => {
@@ -466,7 +500,7 @@ const makeL1 = (
         } else continue
         dropped++
       }
-      return Metric.update(usedBytesGauge, usedBytes).pipe(Effect.as(dropped))
+      return updateGauges.pipe(Effect.as(dropped))
     })
 
   const fill = (r: Reservation, bytes: Uint8Array) =>

@@ -20,7 +20,7 @@ import { type HttpConfig, httpDefaults, httpRules, validateHttp } from "./config
 import { type LivenessConfig, livenessDefaults, livenessRules, validateLiveness } from "./config/LivenessConfig.ts"
 import { type LookupConfig, type LookupConfigInput, lookupDefaults, lookupRules, validateLookup } from "./config/LookupConfig.ts"
 import { type MapLimitsConfig, type MapLimitsConfigInput, mapLimitsDefaults, mapLimitsRules, validateMapLimits } from "./config/MapLimitsConfig.ts"
-import { type TenancyConfig, type TenancyConfigInput, tenancyDefaults, validateTenancy } from "./config/TenancyConfig.ts"
+import { l1ShareRule, type TenancyConfig, type TenancyConfigInput, tenancyDefaults, validateTenancy } from "./config/TenancyConfig.ts"
 import { validateWorkerMemory, type WorkerMemoryConfig, workerMemoryDefaults, workerMemoryRules } from "./config/WorkerMemoryConfig.ts"
 import {
   currentDescriptorLimit,
@@ -153,6 +153,7 @@ export const rules = {
   ...lookupRules,
   ...engineDrivenRules,
   ...mapLimitsRules,
+  l1Share: l1ShareRule,
   ...commonRules
 } as const
 

@@ -47,7 +47,16 @@ export const storageModule: Effect.Effect<ServerModule, never, L1Store | NativeM
             objects: s.objects,
             reserved_objects: s.reservedObjects,
             locked_objects: s.lockedObjects,
-            evictions: s.evictions
+            evictions: s.evictions,
+            ...(s.groups === undefined ? {} : {
+              tenants: s.groups.map((g) => ({
+                salt_group: g.group,
+                bytes: g.bytes,
+                weight: g.weight,
+                share_bytes: Math.round(g.shareBytes),
+                evictions: g.evictions
+              }))
+            })
           }
         }
       })

@@ -14,7 +14,7 @@ const K1 = "[Ze6$c>Dg>80W0=V1dGpUMybTsXjz@*uYswejVl]"
 const K2 = "@!{r#6UjH)3<Bf6Ko-zb}N0lo:(rEV}2*[Eue!ZB"
 const K3 = "mfS+m5pK.[WBt^}h%GjX@jaA:*iAW=XuKs7&97m}"
 const PATH = "/etc/mpcache/authorized_keys"
-const EXPECTED = "(expected: <z85 public key> <tenant> [admin] [salt-group=NAME])"
+const EXPECTED = "(expected: <z85 public key> <tenant> [admin] [salt-group=NAME] [l1-share=WEIGHT])"
 
 const parsed = (text: string): AuthorizedKeys => {
   const r = parseAuthorizedKeys(PATH, text)
@@ -61,6 +61,22 @@ describe("authorized-keys file", () => {
     assert.deepStrictEqual(r.keys.get(K2), { tenant: "b", admin: false, saltGroup: "g" })
   })
 
+  it("l1-share=W is a tenant's weight in L1: a positive number, the same on every line of the tenant; absent, the server's default", () => {
+    const r = parsed(`${K1} a l1-share=3\n${K2} a l1-share=3\n${K3} b l1-share=0.5 salt-group=g`)
+    assert.deepStrictEqual([...r.keys.values()], [
+      { tenant: "a", admin: false, saltGroup: "a", l1Share: 3 },
+      { tenant: "a", admin: false, saltGroup: "a", l1Share: 3 },
+      { tenant: "b", admin: false, saltGroup: "g", l1Share: 0.5 }
+    ])
+    for (const bad of ["0", "-1", "", "x", "Infinity", "1000001"]) {
+      assert.deepStrictEqual(failure(`${K1} a l1-share=${bad}`), {
+        line: 1,
+        message: `${PATH}:1: l1-share "${bad}" must be a number above 0 and at most 1000000 (a weight: shares are relative)`
+      })
+    }
+    assert.deepStrictEqual(failure(`${K1} a l1-share=2`, `${K2} a`).message, `${PATH}:2: tenant "a" has other flags on line 1; every key of a tenant carries the same flags`)
+  })
+
   it("a key that is not 40 characters of Z85 names the line and the expected shape", () => {
     assert.deepStrictEqual(failure("# c", `${K1.slice(0, 39)} a`), {
       line: 2,
@@ -94,8 +110,8 @@ describe("authorized-keys file", () => {
   })
 
   it("an unknown flag names the line and the flags there are", () => {
-    assert.deepStrictEqual(failure(`${K1} a Admin`), { line: 1, message: `${PATH}:1: unknown flag "Admin" (flags: admin, salt-group=NAME)` })
-    assert.deepStrictEqual(failure(`${K1} a salt_group=g`).message, `${PATH}:1: unknown flag "salt_group=g" (flags: admin, salt-group=NAME)`)
+    assert.deepStrictEqual(failure(`${K1} a Admin`), { line: 1, message: `${PATH}:1: unknown flag "Admin" (flags: admin, salt-group=NAME, l1-share=WEIGHT)` })
+    assert.deepStrictEqual(failure(`${K1} a salt_group=g`).message, `${PATH}:1: unknown flag "salt_group=g" (flags: admin, salt-group=NAME, l1-share=WEIGHT)`)
   })
 
   it("a key listed twice names both lines, even under the same tenant", () => {

@@ -54,6 +54,8 @@ export interface L1Shares {
   readonly evictionOrder: <C extends ShareCandidate>(candidates: ReadonlyArray<C>, requester: string, needed: number, enough: number) => Array<C>
   /** Every group that holds bytes or was ever evicted from, by group name. */
   readonly groups: () => Array<GroupShare>
+  /** Evictions per group since the last call (for the metrics' counters). */
+  readonly takeEvictions: () => ReadonlyMap<string, number>
 }
 
 /**
@@ -63,6 +65,7 @@ export interface L1Shares {
 export const makeL1Shares = (capacityBytes: number, weightOf: (group: string) => number): L1Shares => {
   const bytes = new Map<string, number>()
   const evictions = new Map<string, number>()
+  let unreported = new Map<string, number>()
 
   const weight = (g: string): number => {
     const w = weightOf(g)
@@ -92,7 +95,10 @@ export const makeL1Shares = (capacityBytes: number, weightOf: (group: string) =>
       const left = (bytes.get(owner) ?? 0) - n
       if (left > 0) bytes.set(owner, left)
       else bytes.delete(owner)
-      if (evicted) evictions.set(owner, (evictions.get(owner) ?? 0) + 1)
+      if (evicted) {
+        evictions.set(owner, (evictions.get(owner) ?? 0) + 1)
+        unreported.set(owner, (unreported.get(owner) ?? 0) + 1)
+      }
     },
     evictionOrder: (candidates, requester, needed, enough) => {
       const share = sharesAmong(requester)
@@ -126,6 +132,11 @@ export const makeL1Shares = (capacityBytes: number, weightOf: (group: string) =>
         if (freed >= enough) break
       }
       return order
+    },
+    takeEvictions: () => {
+      const taken = unreported
+      unreported = new Map()
+      return taken
     },
     groups: () => {
       const share = sharesAmong(undefined)
