@@ -19,7 +19,8 @@ export const CHILD_SCRIPTS = [
   "shrink-worker",
   "cuda-fault-worker",
   "routing-id-collision",
-  "cuda-probe"
+  "cuda-probe",
+  "tenant-l1-worker"
 ] as const
 
 export type ChildScript = (typeof CHILD_SCRIPTS)[number]
