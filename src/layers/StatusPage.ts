@@ -10,7 +10,8 @@
  *     last seen, flags (ping / transfer latched), mapped bytes (where the
  *     instance's details carry `mapped_bytes`, else "—");
  *   - the last 50 reaps, newest first: time, id, reason, seconds silent, window;
- *   - L1 use (bytes used / capacity, objects, evictions) and the hit ratio
+ *   - L1 use (bytes used / capacity, objects, evictions) and the hit ratio;
+ *     with tenancy, L1 by salt group (`#l1-tenants`: bytes, share, weight, evictions)
  *     since start (`lookup.hit_chunks / lookup.looked_up_chunks`), and the
  *     L2 state ("off" while the server's `l2` block is null) and, with L2 on,
  *     its store (url, bytes and writes in flight, counts, last error).
@@ -104,6 +105,14 @@ export const STATUS_PAGE_HTML = `<!doctype html>
       <dt>L2 store</dt><dd id="l2-detail">—</dd>
     </dl>
   </section>
+  <section id="l1-tenants" class="wide" hidden>
+    <h2>L1 by tenant (salt group)</h2>
+    <table>
+      <thead><tr><th>salt group</th><th class="num">L1 bytes</th><th class="num">share</th><th class="num">weight</th>
+        <th class="num">evictions</th></tr></thead>
+      <tbody></tbody>
+    </table>
+  </section>
   <section id="instances" class="wide">
     <h2>Instances (<span id="instances-count">0</span>)</h2>
     <table>
@@ -192,6 +201,23 @@ export const STATUS_PAGE_HTML = `<!doctype html>
       (100 * ratio).toFixed(1) + "% (" + lk.hit_chunks + " of " + lk.looked_up_chunks + " chunks)");
     $("l1-hit-ratio").setAttribute("data-ratio", ratio === undefined ? "" : String(ratio));
     set("l1-lookups", String(lk.lookups));
+    // With tenancy: each salt group's L1 bytes, share, weight and evictions (issue 27 item 2); hidden without.
+    var groups = l1.tenants;
+    var shares = $("l1-tenants");
+    shares.hidden = !groups;
+    var sbody = shares.querySelector("tbody");
+    sbody.textContent = "";
+    (groups || []).forEach(function (g) {
+      var tr = document.createElement("tr");
+      tr.setAttribute("data-salt-group", g.salt_group);
+      cell(tr, g.salt_group, "group");
+      cell(tr, bytes(g.bytes), "num bytes");
+      cell(tr, bytes(g.share_bytes), "num share");
+      cell(tr, String(g.weight), "num weight");
+      cell(tr, String(g.evictions), "num evictions");
+      sbody.appendChild(tr);
+    });
+
     var l2 = $("l2-state");
     if (doc.l2 && typeof doc.l2 === "object") {
       var b = doc.l2;

@@ -158,6 +158,11 @@ describe("status page", () => {
           [a.instanceId, b.instanceId].sort().map((id) => ({ id, state: "active", tenant: "—" }))
         )
         assert.deepStrictEqual(both.reaps, [])
+        // No tenancy here (CURVE off): L1 is one LRU, and the page hides its per-tenant table.
+        assert.deepStrictEqual(
+          yield* Effect.promise(() => page.$eval("#l1-tenants", (e) => [e.hasAttribute("hidden"), e.querySelectorAll("tbody tr").length])),
+          [true, 0]
+        )
         yield* Effect.promise(() => page.screenshot({ path: join(dir, "1-two-active.png"), fullPage: true }))
 
         a.worker.child.kill("SIGKILL")
