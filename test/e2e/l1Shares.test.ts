@@ -60,6 +60,8 @@ describe("tenants share L1 by weight (issue 27 item 2)", () => {
       assert.deepStrictEqual(rows.map((r) => [r.salt_group, r.weight]), [["teamA", 1], ["teamB", 1]])
       const [a, b] = rows
       assert.deepStrictEqual([b!.bytes, b!.evictions], [32 * CHUNK_BYTES, 0])
+      // L1 is full: A holds the other 96 chunks, and evicted 640 − 96 = 544 of its own.
+      assert.deepStrictEqual([a!.bytes, a!.evictions], [96 * CHUNK_BYTES, 544])
       assert.deepStrictEqual([a!.share_bytes, b!.share_bytes], [64 * CHUNK_BYTES, 64 * CHUNK_BYTES])
       assert.strictEqual(a!.bytes + b!.bytes, shared.status.l1.used_bytes)
       assert.strictEqual(a!.evictions, shared.status.l1.evictions)
