@@ -80,6 +80,10 @@ export const formatStatus = (doc: StatusDocument): string => {
     ...readinessLines(doc.readiness),
     `liveness  reaper ${w.enabled ? "on" : "off"} · reap timeout ${w.reap_timeout_seconds} s · registration grace ${w.registration_grace_seconds} s · disconnect grace ${w.disconnect_grace_seconds} s · ${w.tracked_instances} tracked`,
     `L1        ${formatBytes(l1.used_bytes)} of ${formatBytes(l1.capacity_bytes)}${used} · ${l1.objects} objects · ${l1.evictions} evictions · hit ratio ${hit} · L2 ${doc.l2?.state ?? "off"}`,
+    // With tenancy, one line per salt group (issue 27 item 2).
+    ...(l1.tenants ?? []).map((g) =>
+      `  tenant ${g.salt_group}: ${formatBytes(g.bytes)} of its share ${formatBytes(g.share_bytes)} (weight ${g.weight}) · ${g.evictions} evictions`
+    ),
     ...(doc.l2 === null ? [] : [l2Line(doc.l2)]),
     `reaps     ${doc.recent_reaps.length} recent` +
     (last === undefined

@@ -15,7 +15,7 @@ import { randomUUID } from "node:crypto"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { childScript } from "../support/ChildScripts.ts"
-import { runJsonScript } from "../support/Cli.ts"
+import { runCli, runJsonScript } from "../support/Cli.ts"
 import { curveFixture } from "../support/CurveMode.ts"
 import { getText, ipcEndpoint, startServer, statusOf } from "../support/LiveFleet.ts"
 import { samplesOf } from "../support/PromQl.ts"
@@ -40,9 +40,10 @@ const scenario = (aStoresPerRound: number, curve: boolean) =>
     assert.strictEqual(run.code, 0, run.stderr)
     const status = yield* statusOf(httpPort)
     const metrics = samplesOf(yield* getText(`http://127.0.0.1:${httpPort}/metrics`))
+    const summary = (yield* runCli(["status", "--http-port", String(httpPort)])).stdout
     yield* server.stop("SIGTERM")
     const { hits, reads, aStored } = run.result as { hits: number; reads: number; aStored: number }
-    return { ratio: hits / reads, reads, aStored, status, metrics }
+    return { ratio: hits / reads, reads, aStored, status, metrics, summary }
   })
 
 describe("tenants share L1 by weight (issue 27 item 2)", () => {
@@ -69,6 +70,9 @@ describe("tenants share L1 by weight (issue 27 item 2)", () => {
       const series = (name: string) => Object.fromEntries(shared.metrics.filter((s) => s.name === name).map((s) => [s.labels["tenant"], s.value]))
       assert.deepStrictEqual(series("mpcache_l1_tenant_bytes"), { teamA: a!.bytes, teamB: b!.bytes })
       assert.deepStrictEqual(series("mpcache_l1_tenant_evictions_total"), { teamA: a!.evictions, teamB: 0 })
+      // `mpcache status`: one line per tenant under L1.
+      assert.include(shared.summary, "  tenant teamA: 48.0 MiB of its share 32.0 MiB (weight 1) · 544 evictions")
+      assert.include(shared.summary, "  tenant teamB: 16.0 MiB of its share 32.0 MiB (weight 1) · 0 evictions")
 
       // One LRU (no tenants): A's 128 chunks a round push B's set out in the first round, and it never comes back.
       const lru = yield* scenario(16, false)
