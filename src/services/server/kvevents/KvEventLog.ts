@@ -1,0 +1,191 @@
+/**
+ * The KV event log (DESIGN §10; issue 28 item 1): what changes what the server holds, one bounded, sequenced log
+ * that routers read to learn which chunks each server has. The channels (POLL_KV_EVENTS, the ZeroMQ PUB) read it;
+ * the tiers append to it. Plain data, synchronous, owned by one server.
+ *
+ * - Bounded: at most `capacity` records (`--kv-event-log-size`, default 32,768); the oldest go first. Capacity 0
+ *   turns events off: nothing is kept, every read says `enabled: false`.
+ * - Sequence numbers are consecutive from 1, one per record; the `incarnation` is fixed when the log is made
+ *   (at server start), so a consumer sees a restart as a new incarnation, never as sequence numbers going back.
+ * - Never a silent gap. A read's `cursor` is the last sequence number the consumer has applied (0 on first
+ *   contact). The answer is `lost` when the cursor predates the oldest record kept (records after it were
+ *   dropped), was never issued by this log (ahead of the newest: another incarnation's), or the range holds a
+ *   record the log could not keep (`dropped`, a gap marker that takes a sequence number of its own). A `lost`
+ *   answer starts over: it carries the records from the oldest kept after the last gap, and the consumer drops
+ *   everything it had from this server (resyncs) before applying them.
+ * - Reads filter by model and, under tenancy, by salt group (a tenant reads only its own; admins read all): the
+ *   cursor still moves past the records it skips, so the consumer's next read starts where this one ended.
+ */
+
+/** Where a chunk is (vLLM's `medium`): L1 (`CPU`), the L2 tier (`STORAGE`). */
+export type KvMedium = "CPU" | "STORAGE"
+
+/** What a record says, before the log gives it its sequence number. */
+export type KvEvent =
+  | {
+    /** A chunk became readable in `medium`: its L1 object committed (CPU), its L2 write-through completed (STORAGE). */
+    readonly kind: "stored"
+    readonly model: string
+    readonly medium: KvMedium
+    /** The salt group under tenancy ("" without). */
+    readonly saltGroup: string
+    /** The chunk's 32-byte prefix hash (the L1 key's; docs/kv-events.md). */
+    readonly chunkHash: Uint8Array
+    /** The previous chunk's hash, null for a prompt's first chunk. */
+    readonly parentHash: Uint8Array | null
+    /** The chunk's token ids. */
+    readonly tokenIds: ReadonlyArray<number>
+  }
+  | {
+    /** Chunks left `medium`: evicted, cleared one by one, an L2 value deleted as corrupt. */
+    readonly kind: "removed"
+    readonly model: string
+    readonly medium: KvMedium
+    readonly saltGroup: string
+    readonly chunkHashes: ReadonlyArray<Uint8Array>
+  }
+  | {
+    /** Everything of `saltGroup` ("" and no tenancy: everything) left `medium` at once (CLEAR). */
+    readonly kind: "cleared"
+    readonly medium: KvMedium
+    readonly saltGroup: string
+  }
+
+/** A kept record: its sequence number and when it was appended (ms since the epoch). */
+export type KvEventRecord = KvEvent & { readonly seq: number; readonly atMs: number }
+
+/** One read's answer (POLL_KV_EVENTS's result). */
+export interface KvEventPoll {
+  readonly records: ReadonlyArray<KvEventRecord>
+  /** The cursor for the next read: the last sequence number this read looked at. */
+  readonly nextCursor: number
+  /** The consumer must resync: drop what it knows of this server, then apply `records`. */
+  readonly lost: boolean
+  readonly incarnation: string
+  readonly enabled: boolean
+}
+
+/** What a read asks for. */
+export interface KvEventQuery {
+  readonly cursor: number
+  readonly maxEvents: number
+  /** Only this model's chunks (`cleared` records have no model: they always count). */
+  readonly model: string
+  /** Only this salt group's records; undefined: every group's (an admin, or no tenancy). */
+  readonly saltGroup?: string | undefined
+}
+
+export interface KvEventLogStats {
+  readonly enabled: boolean
+  readonly capacity: number
+  readonly incarnation: string
+  /** Records kept now. */
+  readonly depth: number
+  /** The oldest and newest sequence numbers kept (0 when none). */
+  readonly oldestSeq: number
+  readonly newestSeq: number
+  /** Records appended since start, by kind; gap markers; reads answered `lost`. */
+  readonly appended: Readonly<Record<KvEvent["kind"], number>>
+  readonly dropped: number
+  readonly lostAnswers: number
+}
+
+export interface KvEventLog {
+  readonly enabled: boolean
+  readonly incarnation: string
+  /** Appends `event`; its sequence number (0 when events are off). */
+  readonly append: (event: KvEvent) => number
+  /** A record that could not be kept: a gap marker takes the next sequence number, so every read over it is `lost`. */
+  readonly dropped: () => void
+  readonly read: (query: KvEventQuery) => KvEventPoll
+  readonly stats: () => KvEventLogStats
+}
+
+type Slot = KvEventRecord | { readonly kind: "gap"; readonly seq: number }
+
+const matches = (r: KvEventRecord, q: KvEventQuery): boolean =>
+  (q.saltGroup === undefined || r.saltGroup === q.saltGroup) && (r.kind === "cleared" || r.model === q.model)
+
+/**
+ * A log of `capacity` records (0: off) for the incarnation `incarnation` (the server's: random at start), its
+ * times from `nowMs`.
+ */
+export const makeKvEventLog = (options: { readonly capacity: number; readonly incarnation: string; readonly nowMs?: () => number }): KvEventLog => {
+  const capacity = Math.max(0, Math.floor(options.capacity))
+  const nowMs = options.nowMs ?? Date.now
+  const enabled = capacity > 0
+  const ring: Array<Slot | undefined> = new Array(capacity)
+  let newest = 0
+  const appended: Record<KvEvent["kind"], number> = { stored: 0, removed: 0, cleared: 0 }
+  let drops = 0
+  let lostAnswers = 0
+  const oldestSeq = () => (newest === 0 ? 0 : Math.max(1, newest - capacity + 1))
+  const slot = (seq: number): Slot => ring[(seq - 1) % capacity]!
+  const put = (s: Slot) => {
+    ring[(s.seq - 1) % capacity] = s
+  }
+
+  /** From `from` on (inclusive), up to `maxEvents` matching records: the records and the last sequence number looked at. */
+  const scan = (from: number, q: KvEventQuery): { records: Array<KvEventRecord>; last: number; gap: boolean } => {
+    const records: Array<KvEventRecord> = []
+    let last = from - 1
+    for (let seq = from; seq <= newest && records.length < q.maxEvents; seq++) {
+      const s = slot(seq)
+      last = seq
+      if (s.kind === "gap") return { records, last, gap: true }
+      if (matches(s, q)) records.push(s)
+    }
+    return { records, last, gap: false }
+  }
+
+  /** A fresh start: from the oldest record kept after the last gap marker. */
+  const restart = (q: KvEventQuery): KvEventPoll => {
+    lostAnswers++
+    let from = oldestSeq()
+    for (let seq = newest; seq >= oldestSeq() && seq > 0; seq--) {
+      if (slot(seq).kind === "gap") {
+        from = seq + 1
+        break
+      }
+    }
+    const { records, last } = scan(from, q)
+    return { records, nextCursor: Math.max(last, from - 1), lost: true, incarnation: options.incarnation, enabled }
+  }
+
+  return {
+    enabled,
+    incarnation: options.incarnation,
+    append: (event) => {
+      if (!enabled) return 0
+      const seq = ++newest
+      put({ ...event, seq, atMs: nowMs() })
+      appended[event.kind]++
+      return seq
+    },
+    dropped: () => {
+      if (!enabled) return
+      drops++
+      put({ kind: "gap", seq: ++newest })
+    },
+    read: (q) => {
+      if (!enabled) return { records: [], nextCursor: 0, lost: false, incarnation: options.incarnation, enabled }
+      const oldest = oldestSeq()
+      // Never issued here, or records after it already gone: start over.
+      if (q.cursor > newest || (newest > 0 && q.cursor + 1 < oldest)) return restart(q)
+      const { records, last, gap } = scan(q.cursor + 1, q)
+      if (gap) return restart(q)
+      return { records, nextCursor: Math.max(last, q.cursor), lost: false, incarnation: options.incarnation, enabled }
+    },
+    stats: () => ({
+      enabled,
+      capacity,
+      incarnation: options.incarnation,
+      depth: newest === 0 ? 0 : newest - oldestSeq() + 1,
+      oldestSeq: oldestSeq(),
+      newestSeq: newest,
+      appended: { ...appended },
+      dropped: drops,
+      lostAnswers
+    })
+  }
+}

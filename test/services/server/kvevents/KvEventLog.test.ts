@@ -1,0 +1,93 @@
+/**
+ * The KV event log (src/services/server/kvevents/KvEventLog.ts; DESIGN §10, issue 28 item 1): consecutive
+ * sequence numbers from 1, bounded, an incarnation, and `lost` — never a silent gap — for a cursor older than the
+ * oldest record, one never issued, or a range over a record the log could not keep; reads filtered by model and
+ * salt group with the cursor moving past what they skip.
+ */
+import { assert, describe, it } from "@effect/vitest"
+import { type KvEvent, makeKvEventLog } from "../../../../src/services/server/kvevents/KvEventLog.ts"
+
+const hash = (n: number) => new Uint8Array(32).fill(n)
+const stored = (n: number, model = "m", saltGroup = ""): KvEvent => ({
+  kind: "stored",
+  model,
+  medium: "CPU",
+  saltGroup,
+  chunkHash: hash(n),
+  parentHash: n === 1 ? null : hash(n - 1),
+  tokenIds: [n, n + 1]
+})
+const seqs = (r: { readonly records: ReadonlyArray<{ readonly seq: number }> }) => r.records.map((x) => x.seq)
+const log = (capacity: number) => makeKvEventLog({ capacity, incarnation: "inc-1", nowMs: () => 1_000 })
+
+describe("KvEventLog", () => {
+  it("sequence numbers are consecutive from 1; a read from a cursor gets what follows it, up to max_events, and the next cursor", () => {
+    const l = log(8)
+    assert.deepStrictEqual([1, 2, 3].map((n) => l.append(stored(n))), [1, 2, 3])
+    const first = l.read({ cursor: 0, maxEvents: 2, model: "m" })
+    assert.deepStrictEqual([seqs(first), first.nextCursor, first.lost, first.incarnation, first.enabled], [[1, 2], 2, false, "inc-1", true])
+    assert.deepStrictEqual(first.records[0], { ...stored(1), seq: 1, atMs: 1_000 })
+    const rest = l.read({ cursor: 2, maxEvents: 10, model: "m" })
+    assert.deepStrictEqual([seqs(rest), rest.nextCursor, rest.lost], [[3], 3, false])
+    const none = l.read({ cursor: 3, maxEvents: 10, model: "m" })
+    assert.deepStrictEqual([seqs(none), none.nextCursor, none.lost], [[], 3, false])
+  })
+
+  it("bounded: the oldest go first; a cursor whose next record is gone is lost, and the answer starts over from the oldest kept", () => {
+    const l = log(3)
+    for (let n = 1; n <= 5; n++) l.append(stored(n))
+    assert.deepStrictEqual([l.stats().oldestSeq, l.stats().newestSeq, l.stats().depth], [3, 5, 3])
+    // Cursor 2: record 3 is next and kept — nothing lost.
+    assert.deepStrictEqual([seqs(l.read({ cursor: 2, maxEvents: 9, model: "m" })), l.read({ cursor: 2, maxEvents: 9, model: "m" }).lost], [[3, 4, 5], false])
+    // Cursor 1: record 2 is gone.
+    const lost = l.read({ cursor: 1, maxEvents: 9, model: "m" })
+    assert.deepStrictEqual([seqs(lost), lost.nextCursor, lost.lost], [[3, 4, 5], 5, true])
+    // Cursor 0 on a log whose first records are gone: a first contact too late, lost.
+    assert.isTrue(l.read({ cursor: 0, maxEvents: 9, model: "m" }).lost)
+  })
+
+  it("a cursor this log never issued (another incarnation's, ahead of the newest) is lost", () => {
+    const l = log(8)
+    l.append(stored(1))
+    const r = l.read({ cursor: 40, maxEvents: 9, model: "m" })
+    assert.deepStrictEqual([seqs(r), r.nextCursor, r.lost], [[1], 1, true])
+    assert.strictEqual(l.stats().lostAnswers, 1)
+  })
+
+  it("a record the log could not keep is a gap: any read over it is lost and starts after it", () => {
+    const l = log(8)
+    l.append(stored(1))
+    l.dropped()
+    l.append(stored(3))
+    const over = l.read({ cursor: 0, maxEvents: 9, model: "m" })
+    assert.deepStrictEqual([seqs(over), over.nextCursor, over.lost], [[3], 3, true])
+    const after = l.read({ cursor: 2, maxEvents: 9, model: "m" })
+    assert.deepStrictEqual([seqs(after), after.lost], [[3], false])
+    assert.strictEqual(l.stats().dropped, 1)
+  })
+
+  it("reads filter by model and salt group; the cursor moves past what they skip; cleared records have no model", () => {
+    const l = log(16)
+    l.append(stored(1, "m", "teamA"))
+    l.append(stored(2, "other", "teamA"))
+    l.append(stored(3, "m", "teamB"))
+    l.append({ kind: "cleared", medium: "CPU", saltGroup: "teamA" })
+    l.append({ kind: "removed", model: "m", medium: "CPU", saltGroup: "teamA", chunkHashes: [hash(1)] })
+    const a = l.read({ cursor: 0, maxEvents: 9, model: "m", saltGroup: "teamA" })
+    assert.deepStrictEqual([a.records.map((r) => r.kind), seqs(a), a.nextCursor], [["stored", "cleared", "removed"], [1, 4, 5], 5])
+    const admin = l.read({ cursor: 0, maxEvents: 9, model: "m" })
+    assert.deepStrictEqual(seqs(admin), [1, 3, 4, 5])
+    // max_events counts what is returned; the cursor stops at the last record looked at.
+    const one = l.read({ cursor: 0, maxEvents: 1, model: "m", saltGroup: "teamB" })
+    assert.deepStrictEqual([seqs(one), one.nextCursor], [[3], 3])
+    assert.deepStrictEqual(l.stats().appended, { stored: 3, removed: 1, cleared: 1 })
+  })
+
+  it("capacity 0 turns events off: nothing is kept, every read says so", () => {
+    const l = log(0)
+    assert.strictEqual(l.append(stored(1)), 0)
+    l.dropped()
+    assert.deepStrictEqual(l.read({ cursor: 0, maxEvents: 9, model: "m" }), { records: [], nextCursor: 0, lost: false, incarnation: "inc-1", enabled: false })
+    assert.deepStrictEqual([l.stats().enabled, l.stats().depth, l.stats().newestSeq], [false, 0, 0])
+  })
+})
