@@ -12,6 +12,7 @@
  *   - the last 50 reaps, newest first: time, id, reason, seconds silent, window;
  *   - L1 use (bytes used / capacity, objects, evictions) and the hit ratio;
  *     with tenancy, L1 by salt group (`#l1-tenants`: bytes, share, weight, evictions)
+ *   - readiness (`#server-readiness`): /readyz's verdict, and each failing check with why
  *     since start (`lookup.hit_chunks / lookup.looked_up_chunks`), and the
  *     L2 state ("off" while the server's `l2` block is null) and, with L2 on,
  *     its store (url, bytes and writes in flight, counts, last error).
@@ -69,6 +70,7 @@ export const STATUS_PAGE_HTML = `<!doctype html>
   .bar { height:.5rem; background:var(--line); border-radius:3px; overflow:hidden; margin-top:.3rem; }
   .bar > div { height:100%; background:var(--accent); width:0; }
   .off { color:var(--muted); }
+  #server-readiness[data-status="not_ready"] { color:var(--suspect); font-weight:600; }
   #l2-state.open, #l2-state.probing { color:var(--suspect); font-weight:600; }
 </style>
 </head>
@@ -82,6 +84,7 @@ export const STATUS_PAGE_HTML = `<!doctype html>
   <section id="server">
     <h2>Server</h2>
     <dl>
+      <dt>readiness</dt><dd id="server-readiness">—</dd>
       <dt>endpoint</dt><dd id="server-endpoint">—</dd>
       <dt>uptime</dt><dd id="server-uptime">—</dd>
       <dt>protocol</dt><dd id="server-protocol">—</dd>
@@ -170,6 +173,13 @@ export const STATUS_PAGE_HTML = `<!doctype html>
   }
   function render(doc) {
     set("server-version", "v" + doc.version);
+    // /readyz's verdict and, when not ready, each failing check with why (issue 27 item 3).
+    var rd = doc.readiness || { status: "not_ready", checks: [] };
+    var failing = (rd.checks || []).filter(function (c) { return !c.ok; });
+    set("server-readiness", rd.status === "ready"
+      ? "ready (" + rd.checks.map(function (c) { return c.name; }).join(", ") + ")"
+      : "not ready: " + failing.map(function (c) { return c.name + ": " + c.detail; }).join("; "));
+    $("server-readiness").setAttribute("data-status", rd.status);
     set("server-endpoint", doc.endpoint);
     set("server-uptime", duration(doc.uptime_seconds));
     set("server-protocol", String(doc.protocol_version));

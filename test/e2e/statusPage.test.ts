@@ -158,6 +158,11 @@ describe("status page", () => {
           [a.instanceId, b.instanceId].sort().map((id) => ({ id, state: "active", tenant: "—" }))
         )
         assert.deepStrictEqual(both.reaps, [])
+        // Readiness as /readyz says it: every check passing.
+        assert.deepStrictEqual(
+          yield* Effect.promise(() => page.$eval("#server-readiness", (e) => [e.getAttribute("data-status"), e.textContent])),
+          ["ready", "ready (mq_bound, l1_pool, reaper, fd_socket, l2)"]
+        )
         // No tenancy here (CURVE off): L1 is one LRU, and the page hides its per-tenant table.
         assert.deepStrictEqual(
           yield* Effect.promise(() => page.$eval("#l1-tenants", (e) => [e.hasAttribute("hidden"), e.querySelectorAll("tbody tr").length])),
