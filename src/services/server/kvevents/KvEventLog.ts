@@ -45,7 +45,7 @@ export type KvEvent =
     readonly chunkHashes: ReadonlyArray<Uint8Array>
   }
   | {
-    /** Everything of `saltGroup` ("" and no tenancy: everything) left `medium` at once (CLEAR). */
+    /** Everything of `saltGroup` left `medium` at once (CLEAR); "": everything of every group (every reader sees it). */
     readonly kind: "cleared"
     readonly medium: KvMedium
     readonly saltGroup: string
@@ -103,8 +103,10 @@ export interface KvEventLog {
 
 type Slot = KvEventRecord | { readonly kind: "gap"; readonly seq: number }
 
+// A `cleared` record of salt group "" (an admin's CLEAR, or no tenancy) concerns every group.
 const matches = (r: KvEventRecord, q: KvEventQuery): boolean =>
-  (q.saltGroup === undefined || r.saltGroup === q.saltGroup) && (r.kind === "cleared" || r.model === q.model)
+  (q.saltGroup === undefined || r.saltGroup === q.saltGroup || (r.kind === "cleared" && r.saltGroup === "")) &&
+  (r.kind === "cleared" || r.model === q.model)
 
 /**
  * A log of `capacity` records (0: off) for the incarnation `incarnation` (the server's: random at start), its

@@ -81,6 +81,9 @@ describe("KvEventLog", () => {
     const one = l.read({ cursor: 0, maxEvents: 1, model: "m", saltGroup: "teamB" })
     assert.deepStrictEqual([seqs(one), one.nextCursor], [[3], 3])
     assert.deepStrictEqual(l.stats().appended, { stored: 3, removed: 1, cleared: 1 })
+    // A CLEAR of everything (salt group "") reaches every tenant's reader.
+    l.append({ kind: "cleared", medium: "CPU", saltGroup: "" })
+    assert.deepStrictEqual(seqs(l.read({ cursor: 5, maxEvents: 9, model: "m", saltGroup: "teamB" })), [6])
   })
 
   it("capacity 0 turns events off: nothing is kept, every read says so", () => {
