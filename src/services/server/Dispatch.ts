@@ -75,6 +75,9 @@ export interface Dispatcher {
 /** Waiting jobs one peer may hold in one queue (a pool, an AFFINITY lane); the queue's capacity when smaller. */
 export const POOL_SHARE_PER_PEER = 1_024
 
+/** A peer's share of a queue of `capacity` waiting jobs: {@link POOL_SHARE_PER_PEER}, or the capacity when smaller. */
+export const poolSharePerPeer = (capacity: number): number => Math.max(1, Math.min(capacity, POOL_SHARE_PER_PEER))
+
 /** Why a job was not queued: the dispatcher drains, its queue holds its capacity, or its peer its share. */
 export type Refusal = "draining" | "pool_full" | "peer_full"
 
@@ -87,7 +90,7 @@ interface FairQueue {
 
 const makeFairQueue = (capacity: number): Effect.Effect<FairQueue> =>
   Effect.map(Queue.unbounded<void, Cause.Done>(), (tickets) => ({
-    jobs: makePeerQueues<Job>({ messages: Math.max(1, Math.min(capacity, POOL_SHARE_PER_PEER)), bytes: Number.POSITIVE_INFINITY }),
+    jobs: makePeerQueues<Job>({ messages: poolSharePerPeer(capacity), bytes: Number.POSITIVE_INFINITY }),
     tickets
   }))
 
@@ -142,17 +145,21 @@ export const makeDispatcher = (options: DispatchOptions): Effect.Effect<Dispatch
     }
     const queueOf = (pool: Pool, peer: string): FairQueue => pool === "SYNC" ? syncQueue : pool === "NORMAL" ? normalQueue : laneOf(peer)
 
+    const share = poolSharePerPeer(options.queueCapacity)
+    const isFull = (q: FairQueue): boolean => q.jobs.size() >= options.queueCapacity
+
     const refusal = (pool: Pool, peer: string): Refusal | undefined => {
       if (draining) return "draining"
       const q = queueOf(pool, peer)
-      if (q.jobs.stats().queued >= options.queueCapacity) return "pool_full"
-      return q.jobs.waiting(peer) >= Math.max(1, Math.min(options.queueCapacity, POOL_SHARE_PER_PEER)) ? "peer_full" : undefined
+      if (isFull(q)) return "pool_full"
+      return q.jobs.waiting(peer) >= share ? "peer_full" : undefined
     }
 
     const submit = (pool: Pool, peer: string, job: Job): boolean => {
       if (draining) return false
       const q = queueOf(pool, peer)
-      if (q.jobs.stats().queued >= options.queueCapacity || !q.jobs.push(peer, job, 1)) return false
+      // The peer's share is the queue's own bound (`push` refuses past it).
+      if (isFull(q) || !q.jobs.push(peer, job, 1)) return false
       Queue.offerUnsafe(q.tickets, undefined)
       if (pool === "SYNC") syncHeld++
       else if (pool === "NORMAL") normalHeld++
@@ -187,9 +194,9 @@ export const makeDispatcher = (options: DispatchOptions): Effect.Effect<Dispatch
       hasFreeSlot,
       refusal,
       stats: () => ({
-        sync: { queued: syncQueue.jobs.stats().queued },
-        normal: { workers: options.normalWorkers, queued: normalQueue.jobs.stats().queued },
-        affinity: { lanes: lanes.length, queued: lanes.map((l) => l.jobs.stats().queued), pinnedPeers: pinned.size }
+        sync: { queued: syncQueue.jobs.size() },
+        normal: { workers: options.normalWorkers, queued: normalQueue.jobs.size() },
+        affinity: { lanes: lanes.length, queued: lanes.map((l) => l.jobs.size()), pinnedPeers: pinned.size }
       }),
       drain
     }

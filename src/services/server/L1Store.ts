@@ -371,6 +371,9 @@ const makeL1 = (
    * extents and the free ones leave a contiguous extent of `needed`. When even all of them would not (free bytes
    * enough, but fragmented around locked or reserved objects), nothing is evicted.
    */
+  /** An object's extent as the allocator sees it (its headroom, then its bytes). */
+  const extentOf = (o: L1Object) => ({ offset: o.offset - headroomBytes, length: o.extent.length })
+
   const place = (needed: number, owner: string): number | undefined => {
     const direct = extents.allocate(needed)
     if (direct !== undefined) return direct
@@ -382,13 +385,13 @@ const makeL1 = (
     // With shares, the order the rule takes them in (first as many as free `needed`; all of them only when the free
     // space is too fragmented for that); without, least recently used first.
     let evictable = shares === undefined ? lru : shares.evictionOrder(lru, owner, needed, needed)
-    if (shares !== undefined && !extents.wouldFit(needed, evictable.map((o) => ({ offset: o.offset - headroomBytes, length: o.extent.length })))) {
+    if (shares !== undefined && !extents.wouldFit(needed, evictable.map(extentOf))) {
       evictable = shares.evictionOrder(lru, owner, needed, Number.POSITIVE_INFINITY)
     }
     let evictableBytes = 0
     for (const o of evictable) evictableBytes += o.extent.length
     if (extents.freeBytes() + evictableBytes < needed) return undefined
-    const extentsOf = (n: number) => evictable.slice(0, n).map((o) => ({ offset: o.offset - headroomBytes, length: o.extent.length }))
+    const extentsOf = (n: number) => evictable.slice(0, n).map(extentOf)
     // Usually the first few LRU objects make room (objects of one size): try them one by one, then search.
     let count = 0
     const quick = Math.min(evictable.length, 4)

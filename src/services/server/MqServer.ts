@@ -38,7 +38,7 @@ import { decodeHeaderInt, payloadCountMismatch } from "../../schema/Frame.ts"
 import { opById } from "../../schema/Op.ts"
 import { notServed, Overloaded, UnknownOp } from "../../schema/WireError.ts"
 import { type HandshakeFailure, type RouterCurve, ZmqError, ZmqSockets } from "../zmq/Sockets.ts"
-import { makeDispatcher, type DispatchStats, POOL_SHARE_PER_PEER } from "./Dispatch.ts"
+import { makeDispatcher, type DispatchStats, poolSharePerPeer } from "./Dispatch.ts"
 import { type HandlerTable, makeTable, type ServerModule, type TableRow } from "./Handler.ts"
 import { PeerEvents } from "../liveness/PeerEvents.ts"
 import { RequestBarrier } from "../liveness/RequestBarrier.ts"
@@ -58,7 +58,7 @@ import {
   MAX_INBOUND_BYTES_PER_PEER,
   MAX_INBOUND_MESSAGES_PER_PEER
 } from "./internal/PeerQueues.ts"
-import { keyOf } from "./internal/OutboxPeer.ts"
+import { bytesOf, keyOf } from "./internal/OutboxPeer.ts"
 import { makeShedRequests } from "./internal/UndeliveredReplies.ts"
 
 /** The merged handler table of every server module. */
@@ -164,12 +164,6 @@ const CLOSE_LINGER_MS = 1_000
 const RECEIVE_BATCH = 64
 /** The inbound queue of receive errors (no peer's key: a routing id is never empty). */
 const ERROR_KEY = ""
-/** Bytes of a message's frames (the inbound bound counts them). */
-const frameBytes = (frames: ReadonlyArray<Buffer>): number => {
-  let n = 0
-  for (const f of frames) n += f.length
-  return n
-}
 
 const make = (options: MqServerOptions) =>
   Effect.gen(function*() {
@@ -324,7 +318,7 @@ const make = (options: MqServerOptions) =>
       if (accepted) return Effect.void
       barrier.exit(seq)
       const capacity = options.queueCapacity ?? DEFAULT_QUEUE_CAPACITY
-      const share = Math.max(1, Math.min(capacity, POOL_SHARE_PER_PEER))
+      const share = poolSharePerPeer(capacity)
       const error = dispatcher.refusal(row.pool, peer) === "peer_full"
         ? new Overloaded({
           op: row.op.name,
@@ -407,7 +401,8 @@ const make = (options: MqServerOptions) =>
           if (fast === undefined || !fastPath.serve(fast, received)) {
             // A lone empty frame (connect or disconnect notification) always gets in: a peer's end is never lost.
             const notification = received.length === 2 && received[1]!.length === 0
-            if (!hand(key, { _tag: "message", received }, frameBytes(received), notification)) shed(received)
+            // Counted as the outbox counts a reply: the frames after the routing id.
+            if (!hand(key, { _tag: "message", received }, bytesOf(received), notification)) shed(received)
           }
         } catch {
           // Not reached (nothing above throws); kept so that a bug there cannot end the receive loop.

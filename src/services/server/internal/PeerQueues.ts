@@ -22,7 +22,7 @@ import { compactAfterTake } from "./ArrayQueue.ts"
 
 /** Messages one peer may have waiting to be handled; past it its requests are answered `overloaded`. */
 export const MAX_INBOUND_MESSAGES_PER_PEER = 1_000
-/** Bytes one peer may have waiting to be handled (frames' lengths); past it, as above. */
+/** Bytes one peer may have waiting to be handled (the frames after the routing id, as the outbox counts a reply); past it, as above. */
 export const MAX_INBOUND_BYTES_PER_PEER = 64 * 1024 * 1024
 
 interface PeerFifo<A> {
@@ -62,6 +62,8 @@ export interface PeerQueues<A> {
   readonly pending: (key: string) => number
   /** Messages of `key` waiting (not yet taken by `next`): what its bound counts. */
   readonly waiting: (key: string) => number
+  /** Messages waiting now, all peers (what `stats().queued` says, without building the stats). */
+  readonly size: () => number
   readonly stats: () => PeerQueuesStats
 }
 
@@ -143,6 +145,7 @@ export const makePeerQueues = <A>(
       const p = peers.get(key)
       return p === undefined ? 0 : lengthOf(p)
     },
+    size: () => queued,
     stats: () => ({ queued, queuedBytes, peers: peers.size, refused })
   }
 }
