@@ -13,6 +13,7 @@ import { replay } from "./commands/replay.ts"
 import { serve } from "./commands/serve.ts"
 import { ZmqSocketsLive } from "../layers/Zmq.ts"
 import { teardown } from "./exitCodes.ts"
+import { PresenterLive } from "./Presenter.ts"
 
 const mpcache = Command.make("mpcache").pipe(
   Command.withDescription("Node-local KV-cache server for LLM inference engines"),
@@ -20,6 +21,6 @@ const mpcache = Command.make("mpcache").pipe(
 )
 
 Command.run(mpcache, { version: VERSION }).pipe(
-  Effect.provide([NodeServices.layer, ZmqSocketsLive]),
+  Effect.provide([NodeServices.layer, ZmqSocketsLive, PresenterLive]),
   NodeRuntime.runMain({ teardown })
 )

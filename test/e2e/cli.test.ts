@@ -68,6 +68,59 @@ describe("mpcache serve flags", () => {
     }))
 })
 
+describe("mpcache --help and invalid invocations (issue 29 item 3)", () => {
+  /** The flag lines of a command's --help: its FLAGS section, one line per flag. */
+  const flagLines = (help: string): ReadonlyArray<string> => {
+    const section = help.split("\nFLAGS\n")[1]?.split("\n\n")[0] ?? ""
+    return section.split("\n").filter((l) => l.startsWith("  --"))
+  }
+
+  it.live("every flag of every command shows its default, and the figures are the real ones", () =>
+    Effect.gen(function*() {
+      const counts: Record<string, number> = {}
+      for (const command of ["serve", "replay", "ping", "noop", "get-chunk-size", "clear", "end-session", "status"]) {
+        const r = yield* runCli([command, "--help"])
+        assert.strictEqual(r.code, 0, r.stderr)
+        const lines = flagLines(r.stdout)
+        counts[command] = lines.length
+        assert.deepStrictEqual(lines.filter((l) => !/\[default: [^\]]+\]/.test(l)), [], `${command}: flags without a default`)
+        if (command === "serve") {
+          assert.match(r.stdout, /--port integer +TCP port of the ZeroMQ endpoint, 1 to 65535 \[default: 5555\]\n/)
+          assert.match(r.stdout, /--worker-reap-timeout-seconds number +.*; 0 disables, else >= 30 \[default: 120\]\n/)
+          assert.match(r.stdout, /--l1-prefault +.* \[default: on\]\n/)
+          assert.match(r.stdout, /--l2-key-prefix string +.* \[default: mpc\]\n/)
+          assert.match(r.stdout, /--max-segments-per-register integer +.* \[default: 1024\]\n/)
+        }
+        if (command === "replay") assert.match(r.stdout, /--workers integer +Engine worker processes, 1 to 64 \[default: 2\]\n/)
+        if (command === "status") assert.include(r.stdout, "not the ZeroMQ --port")
+      }
+      // Every flag was seen: the section parser cannot pass by finding none.
+      assert.isAtLeast(counts["serve"]!, 55)
+      assert.isAtLeast(counts["replay"]!, 25)
+      assert.strictEqual(counts["ping"], 7)
+    }))
+
+  it.live("a wrong value prints the error first (flag, value, rule) and one pointer to --help, nothing else; exit 2", () =>
+    Effect.gen(function*() {
+      const r = yield* runCli(["serve", "--port", "99999"])
+      assert.strictEqual(r.code, 2)
+      assert.strictEqual(r.stdout, "")
+      assert.strictEqual(
+        r.stderr,
+        [
+          `mpcache serve: Invalid value for flag --port: "99999". Expected: must be an integer from 1 to 65535 (got 99999)`,
+          "Run 'mpcache serve --help' for every flag, its default and its rule.",
+          ""
+        ].join("\n")
+      )
+      const unknown = yield* runCli(["status", "--port", "5555"])
+      assert.strictEqual(unknown.code, 2)
+      assert.strictEqual(unknown.stdout, "")
+      assert.strictEqual(unknown.stderr.split("\n")[0], "mpcache status: Unrecognized flag: --port in command mpcache status")
+      assert.strictEqual(unknown.stderr.split("\n").length, 3)
+    }))
+})
+
 describe("mpcache serve and the client commands", () => {
   it.live("serve answers ping/noop/get-chunk-size/clear, and SIGTERM exits 0 after draining", () =>
     Effect.scoped(Effect.gen(function*() {
@@ -86,7 +139,11 @@ describe("mpcache serve and the client commands", () => {
       assert.deepStrictEqual([clear.code, clear.stdout], [0, "Cache cleared successfully.\n"])
       const exit = yield* server.stop("SIGTERM")
       assert.deepStrictEqual(exit, { code: 0, signal: null })
-      assert.include(server.stderr(), "shutting down")
+      // Both ends of the shutdown, in order, the last line saying it stopped and how long the drain took.
+      const lines = server.stderr().trimEnd().split("\n")
+      const shutdown = lines.findIndex((l) => l.includes("shutting down: receiving stops, in-flight requests drain"))
+      assert.isAtLeast(shutdown, 0, server.stderr())
+      assert.match(lines.at(-1)!, /INFO \(#\d+\): stopped: in-flight requests drained and every resource released in \d+ ms$/)
     })))
 
   it.live("status --json prints /api/status from the HTTP frontend", () =>

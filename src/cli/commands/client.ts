@@ -68,7 +68,7 @@ const withClient = <E extends { readonly message: string }>(
 }
 
 const instanceId = Flag.String("instance-id").pipe(
-  Flag.withDescription("Ping on behalf of this instance id (decimal); default: nil (untracked prober)"),
+  Flag.withDescription(F.described("Ping on behalf of this instance id, a decimal integer from 0 to 2^63-1", "nil (an untracked prober)")),
   Flag.filter((s) => /^\d+$/.test(s) && BigInt(s) < 1n << 63n, (s) => `must be a decimal integer from 0 to 2^63-1 (got "${s}")`),
   Flag.optional
 )
@@ -88,7 +88,7 @@ export const getChunkSize = Command.make("get-chunk-size", connection, (f) =>
 
 export const clear = Command.make(
   "clear",
-  { ...connection, force: Flag.Boolean("force").pipe(Flag.withDescription("Also drop locked objects"), Flag.withDefault(false)) },
+  { ...connection, force: Flag.Boolean("force").pipe(Flag.withDescription(F.described("Also drop locked objects", false)), Flag.withDefault(false)) },
   (f) => withClient(f, (client) => client.request(Clear, [f.force]).pipe(Effect.as("Cache cleared successfully.")))
 ).pipe(Command.withDescription("Drops the server's cached objects"))
 
@@ -105,10 +105,10 @@ export const status = Command.make(
     httpPort: F.httpPort,
     timeoutSeconds: F.timeoutSeconds,
     httpTokenFile: Flag.String("http-token-file").pipe(
-      Flag.withDescription("File holding the bearer token of a frontend started with --http-token-file (docs/security.md)"),
+      Flag.withDescription(F.described("File holding the bearer token of a frontend started with --http-token-file (docs/security.md)", "none: no token")),
       Flag.optional
     ),
-    json: Flag.Boolean("json").pipe(Flag.withDescription("Print the raw /api/status JSON instead of the summary"), Flag.withDefault(false))
+    json: Flag.Boolean("json").pipe(Flag.withDescription(F.described("Print the raw /api/status JSON instead of the summary", false)), Flag.withDefault(false))
   },
   (f) =>
     Effect.gen(function*() {
@@ -137,4 +137,4 @@ export const status = Command.make(
       Effect.provide(FetchHttpClient.layer),
       Effect.provide(loggerLayer("pretty"))
     )
-).pipe(Command.withDescription("Prints a summary of the server's /api/status (instances and their states); --json: the raw document"))
+).pipe(Command.withDescription("Prints a summary of the server's /api/status (instances and their states), read over HTTP from --http-host/--http-port (not the ZeroMQ --port); --json: the raw document"))

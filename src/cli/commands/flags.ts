@@ -8,46 +8,56 @@ import { Flag } from "effect/cli"
 import { type ClientCurveKeys, readClientKeys } from "../../services/auth/Curve.ts"
 import { defaults, rules, type LogFormat } from "../../services/server/ServerConfig.ts"
 
+/**
+ * A flag's help line (issue 29 item 3; the README promises "every flag, its
+ * default and its rule", and effect's help lists no defaults): what it does and
+ * its rule, then `[default: …]`. `shown` is the default as a user reads it: the
+ * value (a boolean as on/off), or the words for one derived at start.
+ */
+export const described = (what: string, shown: string | number | boolean): string =>
+  `${what} [default: ${typeof shown === "boolean" ? (shown ? "on" : "off") : shown}]`
+
 const checked = <A>(flag: Flag.Flag<A>, rule: (a: A) => string | undefined): Flag.Flag<A> =>
   flag.pipe(Flag.filter((a) => rule(a) === undefined, (a) => rule(a) ?? ""))
 
 export const host = checked(
-  Flag.String("host").pipe(Flag.withDescription("Address the ZeroMQ endpoint binds or connects to"), Flag.withDefault(defaults.host)),
+  Flag.String("host").pipe(Flag.withDescription(described("Address the ZeroMQ endpoint binds or connects to: a host name or address", defaults.host)), Flag.withDefault(defaults.host)),
   rules.host
 )
 export const port = checked(
-  Flag.Int("port").pipe(Flag.withDescription("TCP port of the ZeroMQ endpoint"), Flag.withDefault(defaults.port)),
+  Flag.Int("port").pipe(Flag.withDescription(described("TCP port of the ZeroMQ endpoint, 1 to 65535", defaults.port)), Flag.withDefault(defaults.port)),
   rules.port
 )
 export const endpoint = Flag.String("endpoint").pipe(
-  Flag.withDescription("Any ZeroMQ endpoint (tcp://HOST:PORT or ipc://PATH); overrides --host/--port"),
+  Flag.withDescription(described("Any ZeroMQ endpoint (tcp://HOST:PORT or ipc://PATH); overrides --host/--port", "tcp://--host:--port")),
   Flag.filter((s) => rules.endpoint(s) === undefined, (s) => rules.endpoint(s) ?? ""),
   Flag.optional
 )
 export const httpHost = checked(
-  Flag.String("http-host").pipe(Flag.withDescription("Address of the HTTP frontend"), Flag.withDefault(defaults.httpHost)),
+  Flag.String("http-host").pipe(Flag.withDescription(described("Address of the HTTP frontend", defaults.httpHost)), Flag.withDefault(defaults.httpHost)),
   rules.host
 )
 export const httpPort = checked(
-  Flag.Int("http-port").pipe(Flag.withDescription("Port of the HTTP frontend (0 picks a free one)"), Flag.withDefault(defaults.httpPort)),
+  Flag.Int("http-port").pipe(Flag.withDescription(described("Port of the HTTP frontend, 0 to 65535 (0 picks a free one)", defaults.httpPort)), Flag.withDefault(defaults.httpPort)),
   rules.httpPort
 )
 export const logFormat = Flag.Literals("log-format", ["pretty", "json"] as const).pipe(
-  Flag.withDescription("Log format on stderr"),
+  Flag.withDescription(described("Log format on stderr: pretty, or json (one object per line)", defaults.logFormat)),
   Flag.withDefault<LogFormat>(defaults.logFormat)
 )
+const DEFAULT_TIMEOUT_SECONDS = 5
 export const timeoutSeconds = Flag.Finite("timeout-seconds").pipe(
-  Flag.withDescription("How long to wait for the server's reply"),
-  Flag.withDefault(5),
+  Flag.withDescription(described("How long to wait for the server's reply, seconds; > 0", DEFAULT_TIMEOUT_SECONDS)),
+  Flag.withDefault(DEFAULT_TIMEOUT_SECONDS),
   Flag.filter((n) => n > 0, (n) => `must be above 0 seconds (got ${n})`)
 )
 
 export const curveServerPublicKeyFile = Flag.String("curve-server-public-key-file").pipe(
-  Flag.withDescription("Speak CURVE: the server's public key (its NAME.pub); needs --curve-secret-key-file"),
+  Flag.withDescription(described("Speak CURVE: the server's public key (its NAME.pub); needs --curve-secret-key-file", "none: CURVE off")),
   Flag.optional
 )
 export const curveSecretKeyFile = Flag.String("curve-secret-key-file").pipe(
-  Flag.withDescription("Speak CURVE: this client's secret key (mpcache keygen NAME writes NAME.key; the public key derives from it)"),
+  Flag.withDescription(described("Speak CURVE: this client's secret key (mpcache keygen NAME writes NAME.key; the public key derives from it)", "none: CURVE off")),
   Flag.optional
 )
 

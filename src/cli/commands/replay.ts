@@ -21,94 +21,127 @@ import { reportHtml } from "../../replay/ReportHtml.ts"
 import { MODEL_PRESETS } from "../../replay/Synth.ts"
 import { CommandFailed } from "../CommandFailed.ts"
 import * as F from "./flags.ts"
+import { MAX_CHUNK_SIZE_TOKENS } from "../../schema/Limits.ts"
+import { rules } from "../../services/server/ServerConfig.ts"
 
 // From the package root (src/PackageFiles.ts), so the bundled command finds it as the sources do.
 const DEFAULT_TRACE = path.join(packageRoot, "data", "mooncake-traces", "conversation_trace.jsonl")
 
-const positive = (name: string, description: string) =>
-  Flag.Finite(name).pipe(Flag.withDescription(description), Flag.filter((n) => n > 0, (n) => `must be above 0 (got ${n})`))
+/** A number above 0, its rule and default shown in --help. */
+const positive = (name: string, description: string, shown: string | number) =>
+  Flag.Finite(name).pipe(
+    Flag.withDescription(F.described(`${description}; > 0`, shown)),
+    Flag.filter((n) => n > 0, (n) => `must be above 0 (got ${n})`)
+  )
+
+/** The replay's defaults, each shown in --help. */
+const DEFAULTS = {
+  workers: 2,
+  rate: 1,
+  device: "cpu",
+  transferMode: "lmcache-driven",
+  model: "small",
+  l1SizeGb: 1,
+  servers: 1,
+  httpUrl: "http://127.0.0.1:8080",
+  pauseSeconds: 3,
+  disconnectGraceSeconds: 2,
+  chunkSize: 256
+} as const
 
 const flags = {
-  trace: Flag.String("trace").pipe(Flag.withDescription("Mooncake-format JSONL trace"), Flag.withDefault(DEFAULT_TRACE)),
+  trace: Flag.String("trace").pipe(
+    Flag.withDescription(F.described("Mooncake-format JSONL trace", "the conversation trace shipped in data/mooncake-traces/")),
+    Flag.withDefault(DEFAULT_TRACE)
+  ),
   requests: Flag.Int("requests").pipe(
-    Flag.withDescription("Replay the first N requests (default: all)"),
+    Flag.withDescription(F.described("Replay the first N requests; >= 1", "all")),
     Flag.filter((n) => n >= 1, (n) => `must be at least 1 (got ${n})`),
     Flag.optional
   ),
   maxInputTokens: Flag.Int("max-input-tokens").pipe(
-    Flag.withDescription("Skip (and count) requests with more input tokens than this: bounds each worker's KV cache"),
+    Flag.withDescription(F.described("Skip (and count) requests with more input tokens than this: bounds each worker's KV cache; >= 1", "none skipped")),
     Flag.filter((n) => n >= 1, (n) => `must be at least 1 (got ${n})`),
     Flag.optional
   ),
   workers: Flag.Int("workers").pipe(
-    Flag.withDescription("Engine worker processes"),
-    Flag.withDefault(2),
+    Flag.withDescription(F.described("Engine worker processes, 1 to 64", DEFAULTS.workers)),
+    Flag.withDefault(DEFAULTS.workers),
     Flag.filter((n) => n >= 1 && n <= 64, (n) => `must be from 1 to 64 (got ${n})`)
   ),
-  rate: positive("rate", "Scale the trace's timestamps: 2 replays twice as fast").pipe(Flag.withDefault(1)),
-  maxRate: Flag.Boolean("max-rate").pipe(Flag.withDescription("Ignore timestamps: send requests as fast as workers take them"), Flag.withDefault(false)),
+  rate: positive("rate", "Scale the trace's timestamps: 2 replays twice as fast", DEFAULTS.rate).pipe(Flag.withDefault(DEFAULTS.rate)),
+  maxRate: Flag.Boolean("max-rate").pipe(
+    Flag.withDescription(F.described("Ignore timestamps: send requests as fast as workers take them", false)),
+    Flag.withDefault(false)
+  ),
   device: Flag.Literals("device", ["cpu", "cuda"] as const).pipe(
-    Flag.withDescription("Where workers keep their KV cache: cpu (POSIX shared memory) or cuda (device memory, CUDA IPC; needs a GPU)"),
-    Flag.withDefault<"cpu" | "cuda">("cpu")
+    Flag.withDescription(F.described("Where workers keep their KV cache: cpu (POSIX shared memory) or cuda (device memory, CUDA IPC; needs a GPU)", DEFAULTS.device)),
+    Flag.withDefault<"cpu" | "cuda">(DEFAULTS.device)
   ),
   transferMode: Flag.Literals("transfer-mode", ["lmcache-driven", "engine-driven"] as const).pipe(
-    Flag.withDescription(
-      "How workers move KV: lmcache-driven (the server copies from each worker's registered KV cache) or engine-driven (workers copy their chunks through the server's shared L1 pool: PREPARE/COMMIT)"
-    ),
-    Flag.withDefault<"lmcache-driven" | "engine-driven">("lmcache-driven")
+    Flag.withDescription(F.described(
+      "How workers move KV: lmcache-driven (the server copies from each worker's registered KV cache) or engine-driven (workers copy their chunks through the server's shared L1 pool: PREPARE/COMMIT)",
+      DEFAULTS.transferMode
+    )),
+    Flag.withDefault<"lmcache-driven" | "engine-driven">(DEFAULTS.transferMode)
   ),
   model: Flag.Literals("model", ["small", "llama3-8b"] as const).pipe(
-    Flag.withDescription("KV shape preset: small (2 layers × 2 × 16, runs in seconds) or llama3-8b (32 × 8 × 128 float16)"),
-    Flag.withDefault<"small" | "llama3-8b">("small")
+    Flag.withDescription(F.described("KV shape preset: small (2 layers × 2 × 16, runs in seconds) or llama3-8b (32 × 8 × 128 float16)", DEFAULTS.model)),
+    Flag.withDefault<"small" | "llama3-8b">(DEFAULTS.model)
   ),
-  l1SizeGb: positive("l1-size-gb", "L1 capacity of each of the replay's own servers").pipe(Flag.withDefault(1)),
+  l1SizeGb: positive("l1-size-gb", "L1 capacity of each of the replay's own servers, GiB", DEFAULTS.l1SizeGb).pipe(Flag.withDefault(DEFAULTS.l1SizeGb)),
   servers: Flag.Int("servers").pipe(
-    Flag.withDescription(
-      "Start this many servers, each with its own L1 and --workers workers; each conversation's turns go to them round-robin (with --l2-url they share one L2)"
-    ),
-    Flag.withDefault(1),
+    Flag.withDescription(F.described(
+      "Start this many servers, 1 to 16, each with its own L1 and --workers workers; each conversation's turns go to them round-robin (with --l2-url they share one L2)",
+      DEFAULTS.servers
+    )),
+    Flag.withDefault(DEFAULTS.servers),
     Flag.filter((n) => n >= 1 && n <= 16, (n) => `must be from 1 to 16 (got ${n})`)
   ),
   l2Url: Flag.String("l2-url").pipe(
-    Flag.withDescription("Give every server the replay starts this L2 (mpcache serve --l2-url: redis://host:port or redis+cluster://host:port,…)"),
+    Flag.withDescription(F.described("Give every server the replay starts this L2 (mpcache serve --l2-url: redis://host:port or redis+cluster://host:port,…)", "none: no L2")),
     Flag.optional
   ),
   server: Flag.String("server").pipe(
-    Flag.withDescription("Use a running server at this ZeroMQ endpoint instead of starting one"),
+    Flag.withDescription(F.described("Use a running server at this ZeroMQ endpoint instead of starting one", "none: the replay starts its own")),
     Flag.optional
   ),
   httpUrl: Flag.String("http-url").pipe(
-    Flag.withDescription("HTTP frontend of --server (status and metrics)"),
-    Flag.withDefault("http://127.0.0.1:8080")
+    Flag.withDescription(F.described("HTTP frontend of --server (status and metrics)", DEFAULTS.httpUrl)),
+    Flag.withDefault(DEFAULTS.httpUrl)
   ),
   l2LookupTimeoutMs: Flag.Int("l2-lookup-timeout-ms").pipe(
-    Flag.withDescription("With --l2-url: each server's --l2-lookup-timeout-ms (default: the server's own)"),
+    Flag.withDescription(F.described("With --l2-url: each server's --l2-lookup-timeout-ms; >= 1", "the server's own")),
     Flag.filter((n) => n >= 1, (n) => `must be at least 1 (got ${n})`),
     Flag.optional
   ),
-  killEvery: positive("kill-every", "SIGKILL a random worker every S seconds and start a replacement").pipe(Flag.optional),
+  killEvery: positive("kill-every", "SIGKILL a random worker every S seconds and start a replacement", "none").pipe(Flag.optional),
   killEveryRequests: Flag.Int("kill-every-requests").pipe(
-    Flag.withDescription("SIGKILL a random worker after every N completed requests and start a replacement (chaos by progress, not time)"),
+    Flag.withDescription(F.described("SIGKILL a random worker after every N completed requests and start a replacement (chaos by progress, not time); >= 1", "none")),
     Flag.filter((n) => n >= 1, (n) => `must be at least 1 (got ${n})`),
     Flag.optional
   ),
-  pauseEvery: positive("pause-every", "SIGSTOP a random worker every S seconds, SIGCONT it after --pause-seconds").pipe(Flag.optional),
-  pauseSeconds: positive("pause-seconds", "How long a paused worker stays stopped").pipe(Flag.withDefault(3)),
+  pauseEvery: positive("pause-every", "SIGSTOP a random worker every S seconds, SIGCONT it after --pause-seconds", "none").pipe(Flag.optional),
+  pauseSeconds: positive("pause-seconds", "How long a paused worker stays stopped", DEFAULTS.pauseSeconds).pipe(Flag.withDefault(DEFAULTS.pauseSeconds)),
   disconnectGrace: Flag.Finite("worker-disconnect-grace-seconds").pipe(
-    Flag.withDescription("Disconnect grace of the replay's own server"),
-    Flag.withDefault(2),
+    Flag.withDescription(F.described("Disconnect grace of the replay's own server, seconds; > 0", DEFAULTS.disconnectGraceSeconds)),
+    Flag.withDefault(DEFAULTS.disconnectGraceSeconds),
     Flag.filter((n) => n > 0, (n) => `must be above 0 (got ${n})`)
   ),
-  chunkSize: Flag.Int("chunk-size").pipe(Flag.withDescription("Chunk size of the replay's own server, tokens"), Flag.withDefault(256)),
+  chunkSize: Flag.Int("chunk-size").pipe(
+    Flag.withDescription(F.described(`Chunk size of the replay's own server, tokens, 1 to ${MAX_CHUNK_SIZE_TOKENS}`, DEFAULTS.chunkSize)),
+    Flag.withDefault(DEFAULTS.chunkSize),
+    Flag.filter((n) => rules.chunkSize(n) === undefined, (n) => rules.chunkSize(n) ?? "")
+  ),
   curve: Flag.Boolean("curve").pipe(
-    Flag.withDescription("Start the replay's own server with CURVE, with a per-run key pair and authorized-keys file (removed at the end)"),
+    Flag.withDescription(F.described("Start the replay's own server with CURVE, with a per-run key pair and authorized-keys file (removed at the end)", false)),
     Flag.withDefault(false)
   ),
   curveServerPublicKeyFile: F.curveServerPublicKeyFile,
   curveSecretKeyFile: F.curveSecretKeyFile,
-  json: Flag.Boolean("json").pipe(Flag.withDescription("Print the summary as JSON on stdout"), Flag.withDefault(false)),
+  json: Flag.Boolean("json").pipe(Flag.withDescription(F.described("Print the summary as JSON on stdout", false)), Flag.withDefault(false)),
   report: Flag.String("report").pipe(
-    Flag.withDescription("Also write an HTML report with charts (latency, hit ratio vs a perfect LRU, workers and churn, bytes) to this path"),
+    Flag.withDescription(F.described("Also write an HTML report with charts (latency, hit ratio vs a perfect LRU, workers and churn, bytes) to this path", "none")),
     Flag.optional
   )
 }

@@ -5,7 +5,7 @@
  * and the rule.
  */
 import { CommandFailed } from "../CommandFailed.ts"
-import { Effect, Layer, Option } from "effect"
+import { Effect, Option } from "effect"
 import { CliError, Command, Flag } from "effect/cli"
 import { loggerLayer } from "../../layers/Logging.ts"
 import { ServerLive } from "../../layers/Server.ts"
@@ -21,19 +21,23 @@ import {
 } from "../../services/server/ServerConfig.ts"
 import { VERSION } from "../../version.ts"
 import * as F from "./flags.ts"
+import { launchLogged } from "./launchLogged.ts"
 import { descriptorCapsOf, descriptorFlags } from "./descriptorFlags.ts"
 import { l2Flags, l2InputOf } from "./l2Flags.ts"
 import { raiseDescriptorLimit } from "../../native/ProcessLimits.ts"
+import { DEFAULT_MAX_SEGMENTS_PER_REGISTER } from "../../services/server/MapLimits.ts"
+import { MAX_CHUNK_SIZE_TOKENS } from "../../schema/Limits.ts"
 
-const int = (name: string, description: string, fallback: number, rule: (n: number) => string | undefined) =>
+// Each with its default shown in --help (F.described).
+const int = (name: string, description: string, fallback: number, rule: (n: number) => string | undefined, shown: string | number = fallback) =>
   Flag.Int(name).pipe(
-    Flag.withDescription(description),
+    Flag.withDescription(F.described(description, shown)),
     Flag.withDefault(fallback),
     Flag.filter((n) => rule(n) === undefined, (n) => rule(n) ?? "")
   )
 const seconds = (name: string, description: string, fallback: number, rule: (n: number) => string | undefined) =>
   Flag.Finite(name).pipe(
-    Flag.withDescription(description),
+    Flag.withDescription(F.described(description, fallback)),
     Flag.withDefault(fallback),
     Flag.filter((n) => rule(n) === undefined, (n) => rule(n) ?? "")
   )
@@ -44,51 +48,53 @@ const serveFlags = {
   endpoint: F.endpoint,
   httpHost: F.httpHost,
   httpPort: F.httpPort,
-  chunkSize: int("chunk-size", "Tokens per chunk", defaults.chunkSize, rules.chunkSize),
+  chunkSize: int("chunk-size", `Tokens per chunk, 1 to ${MAX_CHUNK_SIZE_TOKENS}`, defaults.chunkSize, rules.chunkSize),
   l1SizeGb: Flag.Finite("l1-size-gb").pipe(
-    Flag.withDescription("L1 (host memory) capacity in GiB"),
+    Flag.withDescription(F.described("L1 (host memory) capacity in GiB; > 0, at most 65536", defaults.l1SizeGb)),
     Flag.withDefault(defaults.l1SizeGb),
     Flag.filter((n) => rules.l1SizeGb(n) === undefined, (n) => rules.l1SizeGb(n) ?? "")
   ),
   l1Prefault: Flag.Boolean("l1-prefault").pipe(
-    Flag.withDescription("Prefault the L1 pool's pages in the background at start (--no-l1-prefault to skip)"),
-    Flag.withDefault(true)
+    Flag.withDescription(F.described("Prefault the L1 pool's pages in the background at start (--no-l1-prefault to skip)", defaults.l1Prefault)),
+    Flag.withDefault(defaults.l1Prefault)
   ),
   namedSegments: Flag.Literals("named-segments", NAMED_SEGMENTS).pipe(
-    Flag.withDescription("REGISTER of named shared-memory segments (cpu_shm): allow, or deny (refused with invalid_argument)"),
+    Flag.withDescription(F.described("REGISTER of named shared-memory segments (cpu_shm): allow, or deny (refused with invalid_argument)", defaults.namedSegments)),
     Flag.withDefault<NamedSegments>(defaults.namedSegments)
   ),
   unlinkReapedSegments: Flag.Boolean("unlink-reaped-segments").pipe(
-    Flag.withDescription(
-      "After a reap (disconnect or timeout), unlink the instance's cpu_shm names that still name the memory it mapped"
-    ),
+    Flag.withDescription(F.described(
+      "After a reap (disconnect or timeout), unlink the instance's cpu_shm names that still name the memory it mapped",
+      defaults.unlinkReapedSegments
+    )),
     Flag.withDefault(defaults.unlinkReapedSegments)
   ),
   fdSocket: Flag.String("fd-socket").pipe(
-    Flag.withDescription(
-      "Unix socket cpu_memfd descriptors are passed on: a path (mode 0600), @name (abstract namespace) or off; default next to an ipc endpoint, else under $XDG_RUNTIME_DIR or /run"
-    ),
+    Flag.withDescription(F.described(
+      "Unix socket cpu_memfd descriptors are passed on: a path (mode 0600), @name (abstract namespace) or off; at most 107 bytes",
+      "next to an ipc endpoint (ENDPOINT.fds), else under $XDG_RUNTIME_DIR or /run"
+    )),
     Flag.filter((s) => rules.fdSocket(s) === undefined, (s) => rules.fdSocket(s) ?? ""),
     Flag.optional
   ),
   requireSealedMemfd: Flag.Boolean("require-sealed-memfd").pipe(
-    Flag.withDescription("Refuse passed memfds not sealed with F_SEAL_SHRINK and F_SEAL_SEAL (invalid_argument)"),
+    Flag.withDescription(F.described("Refuse passed memfds not sealed with F_SEAL_SHRINK and F_SEAL_SEAL (invalid_argument)", defaults.requireSealedMemfd)),
     Flag.withDefault(defaults.requireSealedMemfd)
   ),
   fdTokenTtlSeconds: seconds(
     "fd-token-ttl-seconds",
-    "Passed descriptors not registered within this many seconds are closed",
+    "Passed descriptors not registered within this many seconds are closed; > 0",
     defaults.fdTokenTtlSeconds,
     rules.fdTokenTtl
   ),
-  maxWorkers: int("max-workers", "Default size of the NORMAL and AFFINITY pools", defaults.maxWorkers, rules.workers),
+  maxWorkers: int("max-workers", "Default size of the NORMAL and AFFINITY pools, 1 to 1024", defaults.maxWorkers, rules.workers),
   maxCpuWorkers: Flag.Int("max-cpu-workers").pipe(
-    Flag.withDescription("NORMAL pool size (default: --max-workers)"),
+    Flag.withDescription(F.described("NORMAL pool size, 1 to 1024", "--max-workers")),
     Flag.filter((n) => rules.workers(n) === undefined, (n) => rules.workers(n) ?? ""),
     Flag.optional
   ),
   maxGpuWorkers: Flag.Int("max-gpu-workers").pipe(
-    Flag.withDescription("AFFINITY lanes (default: --max-workers)"),
+    Flag.withDescription(F.described("AFFINITY lanes, 1 to 1024", "--max-workers")),
     Flag.filter((n) => rules.workers(n) === undefined, (n) => rules.workers(n) ?? ""),
     Flag.optional
   ),
@@ -100,9 +106,10 @@ const serveFlags = {
     rules.reapTimeout
   ),
   workerRegistrationGraceSeconds: Flag.Finite("worker-registration-grace-seconds").pipe(
-    Flag.withDescription(
-      "Reap window of instances not yet proven alive; >= the reap timeout. With CURVE also how long a released instance id stays bound to its tenant"
-    ),
+    Flag.withDescription(F.described(
+      "Reap window of instances not yet proven alive; >= the reap timeout. With CURVE also how long a released instance id stays bound to its tenant",
+      defaults.workerRegistrationGraceSeconds
+    )),
     Flag.withDefault(defaults.workerRegistrationGraceSeconds)
   ),
   workerDisconnectGraceSeconds: seconds(
@@ -113,7 +120,7 @@ const serveFlags = {
   ),
   lookupLockTtlSeconds: seconds(
     "lookup-lock-ttl-seconds",
-    "Release prefetch read locks a scheduler never freed after this long",
+    "Release prefetch read locks a scheduler never freed after this many seconds; >= 1",
     defaults.lookupLockTtlSeconds,
     rules.lockTtl
   ),
@@ -136,9 +143,10 @@ const serveFlags = {
     rules.positiveInt
   ),
   engineDrivenTransport: Flag.Literals("engine-driven-transport", ENGINE_DRIVEN_TRANSPORTS).pipe(
-    Flag.withDescription(
-      "Engine-driven transfers: shm (workers map the L1 pool and copy through slots) or inline (KV bytes in the messages); default shm, inline with CURVE, where shm is refused (it shares the pool with every tenant)"
-    ),
+    Flag.withDescription(F.described(
+      "Engine-driven transfers: shm (workers map the L1 pool and copy through slots) or inline (KV bytes in the messages); with CURVE shm is refused (it shares the pool with every tenant)",
+      "shm, inline with CURVE"
+    )),
     Flag.optional
   ),
   prepareTtlSeconds: seconds(
@@ -148,69 +156,73 @@ const serveFlags = {
     rules.prepareTtl
   ),
   curveSecretKeyFile: Flag.String("curve-secret-key-file").pipe(
-    Flag.withDescription("Turn CURVE on: the server's secret key (mpcache keygen NAME writes NAME.key); needs --curve-authorized-keys"),
+    Flag.withDescription(F.described("Turn CURVE on: the server's secret key (mpcache keygen NAME writes NAME.key); needs --curve-authorized-keys", "none: CURVE off")),
     Flag.filter((s) => rules.path(s) === undefined, (s) => rules.path(s) ?? ""),
     Flag.optional
   ),
   curveAuthorizedKeys: Flag.String("curve-authorized-keys").pipe(
-    Flag.withDescription("Client public keys allowed in, one '<z85 key> <tenant> [admin] [salt-group=NAME]' per line; reread on SIGHUP"),
+    Flag.withDescription(F.described("Client public keys allowed in, one '<z85 key> <tenant> [admin] [salt-group=NAME] [l1-share=W]' per line; reread on SIGHUP; needs --curve-secret-key-file", "none: CURVE off")),
     Flag.filter((s) => rules.path(s) === undefined, (s) => rules.path(s) ?? ""),
     Flag.optional
   ),
   insecureAllowRemote: Flag.Boolean("insecure-allow-remote").pipe(
-    Flag.withDescription("Serve a non-loopback TCP address without CURVE (anyone who reaches it may use the server)"),
-    Flag.withDefault(false)
+    Flag.withDescription(F.described("Serve a non-loopback TCP address without CURVE (anyone who reaches it may use the server)", defaults.insecureAllowRemote)),
+    Flag.withDefault(defaults.insecureAllowRemote)
   ),
   ipcGroup: Flag.String("ipc-group").pipe(
-    Flag.withDescription("Group the ipc:// socket file belongs to (mode 0660 instead of 0600)"),
+    Flag.withDescription(F.described("Group the ipc:// socket file belongs to (mode 0660 instead of 0600)", "none: mode 0600, the server's group")),
     Flag.optional
   ),
   httpTokenFile: Flag.String("http-token-file").pipe(
-    Flag.withDescription("File holding a bearer token every HTTP request must carry (needed for a non-loopback --http-host)"),
+    Flag.withDescription(F.described("File holding a bearer token every HTTP request must carry (needed for a non-loopback --http-host)", "none: no token")),
     Flag.filter((s) => rules.path(s) === undefined, (s) => rules.path(s) ?? ""),
     Flag.optional
   ),
-  tenantMaxInstances: int("tenant-max-instances", "Instances one tenant may hold registered (CURVE on)", defaults.tenantMaxInstances, rules.positiveInt),
+  tenantMaxInstances: int("tenant-max-instances", "Instances one tenant may hold registered (CURVE on); >= 1", defaults.tenantMaxInstances, rules.positiveInt),
   tenantMaxRegistersPerSecond: int(
     "tenant-max-registers-per-second",
-    "REGISTERs one tenant may send per second (CURVE on)",
+    "REGISTERs one tenant may send per second (CURVE on); >= 1",
     defaults.tenantMaxRegistersPerSecond,
     rules.positiveInt
   ),
   tenantMaxMappedBytes: int(
     "tenant-max-mapped-bytes",
-    "Bytes of worker memory one tenant's registrations may map (CURVE on; default: the machine's RAM)",
+    "Bytes of worker memory one tenant's registrations may map (CURVE on); >= 1",
     defaults.tenantMaxMappedBytes,
-    rules.positiveInt
+    rules.positiveInt,
+    `the machine's RAM (${defaults.tenantMaxMappedBytes})`
   ),
   tenantL1ShareDefault: seconds(
     "tenant-l1-share-default",
-    "A tenant's weight in L1 unless its authorized-keys lines say l1-share=W (CURVE on): when L1 must evict it takes first from the salt group furthest over its share (its weight over those of the groups holding L1), and an idle group's share is lent",
+    "A tenant's weight in L1 unless its authorized-keys lines say l1-share=W (CURVE on): when L1 must evict it takes first from the salt group furthest over its share (its weight over those of the groups holding L1), and an idle group's share is lent; > 0",
     defaults.tenantL1ShareDefault,
     rules.l1Share
   ),
   maxMappings: Flag.Int("max-mappings").pipe(
-    Flag.withDescription(
-      "Mappings of worker memory the server holds at once, over every instance, with or without CURVE (default: half the kernel's vm.max_map_count, read at start; at most vm.max_map_count - 16384)"
-    ),
+    Flag.withDescription(F.described(
+      "Mappings of worker memory the server holds at once, over every instance, with or without CURVE; >= 1, at most vm.max_map_count - 16384",
+      "half the kernel's vm.max_map_count, read at start"
+    )),
     Flag.filter((n) => rules.positiveInt(n) === undefined, (n) => rules.positiveInt(n) ?? ""),
     Flag.optional
   ),
   maxSegmentsPerRegister: Flag.Int("max-segments-per-register").pipe(
-    Flag.withDescription("Distinct segments one REGISTER (or CB_REGISTER_ROPE) may name (default 1024; at most --max-mappings)"),
+    Flag.withDescription(F.described("Distinct segments one REGISTER (or CB_REGISTER_ROPE) may name; >= 1, at most --max-mappings", DEFAULT_MAX_SEGMENTS_PER_REGISTER)),
     Flag.filter((n) => rules.positiveInt(n) === undefined, (n) => rules.positiveInt(n) ?? ""),
     Flag.optional
   ),
   maxMappedBytes: int(
     "max-mapped-bytes",
-    "Bytes of worker host memory (cpu_shm, cpu_memfd) the server maps at once, over every instance, with or without CURVE (default: half the machine's RAM)",
+    "Bytes of worker host memory (cpu_shm, cpu_memfd) the server maps at once, over every instance, with or without CURVE; >= 1",
     defaults.maxMappedBytes,
-    rules.positiveInt
+    rules.positiveInt,
+    `half the machine's RAM (${defaults.maxMappedBytes})`
   ),
   maxQueuedReplyBytesPerPeer: Flag.Int("max-queued-reply-bytes-per-peer").pipe(
-    Flag.withDescription(
-      "Bytes of replies queued to one connection (in its ZeroMQ pipe, and waiting in its outbox, each); past it a reply is refused with overloaded (default: the L1 size + 1 MiB, at least 256 MiB; >= 65536)"
-    ),
+    Flag.withDescription(F.described(
+      "Bytes of replies queued to one connection (in its ZeroMQ pipe, and waiting in its outbox, each); past it a reply is refused with overloaded; >= 65536",
+      "the L1 size + 1 MiB, at least 256 MiB"
+    )),
     Flag.filter((n) => rules.queuedReplyBytes(n) === undefined, (n) => rules.queuedReplyBytes(n) ?? ""),
     Flag.optional
   ),
@@ -322,8 +334,7 @@ export const serve = Command.make("serve", serveFlags, (flags) =>
         `--insecure-allow-remote: serving ${config.endpoint} without CURVE; anyone who can reach it may register memory, unregister instances and CLEAR the cache`
       )
     }
-    yield* Layer.launch(ServerLive(config)).pipe(
-      Effect.onInterrupt(() => Effect.logInfo("shutting down: stopped receiving, draining in-flight requests")),
+    yield* launchLogged(ServerLive(config)).pipe(
       // A server that cannot start says why on its last line (what failed, the errno, the size or endpoint),
       // without a stack trace, and exits 1 (issue 18).
       Effect.catchTags({

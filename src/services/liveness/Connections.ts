@@ -76,6 +76,13 @@ export class Connections extends Context.Service<Connections, {
               peers?.delete(peer)
               if (peers === undefined || peers.size === 0) {
                 bindings.delete(id)
+                // A worker that said goodbye (UNREGISTER) and then closed its socket departed: nothing
+                // to suspect or reap (issue 29 item 5: this read as a crash in the log).
+                if (!suspects.has(id) && !(yield* held(id as InstanceId))) {
+                  forget(id)
+                  yield* Effect.logInfo(`instance ${id} departed: it unregistered, then closed its connection`)
+                  continue
+                }
                 if (!suspects.has(id)) {
                   suspects.set(id, now)
                   yield* Effect.logInfo(`instance ${id} lost its last connection; suspect`)

@@ -74,6 +74,25 @@ describe("suspicion", () => {
     }).pipe(Effect.provide(Connections.layerTest(held)))
   })
 
+  it.effect("an instance no module holds any more (UNREGISTER came first) departs when its connection closes: logged as a departure, never suspect", () => {
+    const held = new Set([4n, 5n])
+    const logs: Array<CapturedLog> = []
+    return Effect.gen(function*() {
+      const c = yield* Connections
+      yield* c.events.connected("a")
+      yield* c.events.instanceMessage("a", id(4))
+      yield* c.events.instanceMessage("a", id(5))
+      held.delete(4n) // instance 4 unregistered; 5 did not
+      yield* c.events.disconnected("a")
+      assert.deepStrictEqual([...c.suspects().keys()], [5n])
+      assert.deepStrictEqual(c.stats(), { connectedPeers: 0, boundInstances: 0, suspects: 1 })
+      assert.deepStrictEqual(logs.map((l) => l.text), [
+        "instance 4 departed: it unregistered, then closed its connection",
+        "instance 5 lost its last connection; suspect"
+      ])
+    }).pipe(Effect.provide(Connections.layerTest(held)), Effect.provide(captureLogs(logs)))
+  })
+
   it.effect("a message naming a suspect from another connected routing id binds it and clears the suspicion, logged both ways", () => {
     const held = new Set([7n])
     const logs: Array<CapturedLog> = []
