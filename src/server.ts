@@ -6,13 +6,16 @@
  * and the Handler `row` and types such a module declares its ops with.
  *
  *   const result = validate({ ...defaults, port: 6000 })
- *   if ("config" in result) Layer.launch(ServerLive(result.config)).pipe(NodeRuntime.runMain)
+ *   if ("config" in result) Effect.runFork(launchLogged(ServerLive(result.config)).pipe(Effect.provide(loggerLayer("pretty"))))
+ *
+ * (examples/embed.mjs runs, pings and stops one; README "Embed a server").
  *
  * Like `src/client.ts` this entry sits at the top of `src`, beside `cli`
  * (which assembles the same layers for `mpcache serve`): it re-exports from
  * layers and services and adds nothing of its own.
  */
 export { PluginModules, ServerLive } from "./layers/Server.ts"
+export { launchLogged } from "./layers/LaunchLogged.ts"
 export { loggerLayer } from "./layers/Logging.ts"
 export * from "./services/server/ServerConfig.ts"
 export {

@@ -14,13 +14,13 @@
  */
 import { execFile } from "node:child_process"
 import { randomUUID } from "node:crypto"
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs"
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { delimiter, dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { afterAll, assert, beforeAll, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { startCli } from "../support/Cli.ts"
+import { startCli, startScript } from "../support/Cli.ts"
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url))
 const EXAMPLES = join(ROOT, "examples")
@@ -58,6 +58,8 @@ const explain = (what: string, r: Run): string => `${what} exited ${r.code}\n---
 
 let work = ""
 let project = ""
+let tarball = ""
+let installOutput = ""
 const timings: Record<string, number> = {}
 
 beforeAll(async () => {
@@ -79,25 +81,47 @@ beforeAll(async () => {
   // revalidation) and runs mpcache's install script, which builds the addon
   // against local headers only. devDependencies (the Node 24 binary among
   // them) are not installed for a dependency: the examples run on this Node.
-  writeFileSync(join(project, "package.json"), `${JSON.stringify({ name: "consumer", private: true, type: "module" }, null, 2)}\n`)
+  // allowScripts as the README says (npm 11 runs install scripts either way, but warns about every one the
+  // project has not decided on): mpcache's builds the addon; zeromq's and msgpackr-extract's only try to
+  // rebuild what ships prebuilt. A tarball's key is its resolved spec, `file:<absolute path>`.
+  tarball = join(packDir, tarballs[0]!)
+  writeFileSync(
+    join(project, "package.json"),
+    `${JSON.stringify({
+      name: "consumer",
+      private: true,
+      type: "module",
+      allowScripts: { [`file:${tarball}`]: true, zeromq: false, "msgpackr-extract": false }
+    }, null, 2)}\n`
+  )
   t = Date.now()
   const install = await run(
     "npm",
-    ["install", "--prefer-offline", "--no-audit", "--no-fund", "--foreground-scripts", join(packDir, tarballs[0]!)],
+    ["install", "--prefer-offline", "--no-audit", "--no-fund", "--foreground-scripts", tarball],
     project,
     420_000,
     npmEnv()
   )
   timings["npm install <tarball>"] = Date.now() - t
   assert.strictEqual(install.code, 0, explain("npm install", install))
+  installOutput = install.stdout + install.stderr
   // A consumer's programs live in its own tree (Node would refuse to strip types under node_modules; these are .mjs anyway).
-  for (const example of ["ping.mjs", "worker.mjs"]) copyFileSync(join(EXAMPLES, example), join(project, example))
+  for (const example of ["ping.mjs", "worker.mjs", "embed.mjs"]) copyFileSync(join(EXAMPLES, example), join(project, example))
 }, 700_000)
 
 afterAll(() => {
   if (work !== "") rmSync(work, { recursive: true, force: true })
   process.stderr.write(`package.test timings (ms): ${JSON.stringify(timings)}\n`)
 })
+
+/**
+ * The consumer's environment for `npx`: this Node (24) first on PATH, as a user's shell would have it, and
+ * none of the outer npm's own variables.
+ */
+const consumerEnv = (): NodeJS.ProcessEnv => ({ ...npmEnv(), PATH: `${dirname(process.execPath)}${delimiter}${process.env["PATH"] ?? ""}` })
+
+/** `npx mpcache …args` in the consumer project, as its user types it. */
+const npxMpcache = (args: ReadonlyArray<string>) => Effect.promise(() => run("npx", ["mpcache", ...args], project, 60_000, consumerEnv()))
 
 /** Runs a script of the consumer project under this Node (24), outside any npm. */
 const node = (args: ReadonlyArray<string>, timeoutMs = 60_000) => Effect.promise(() => run(process.execPath, args, project, timeoutMs))
@@ -145,6 +169,86 @@ describe("mpcache as an installed package", () => {
     }
     assert.isFalse(existsSync(join(project, "node_modules", "node")), "the node devDependency was installed into the consumer")
   })
+
+  it.live("the tarball holds exactly the package's files: no build debris (__pycache__, .pyc, build/), no sources but the addon's", () =>
+    Effect.gen(function*() {
+      const list = yield* Effect.promise(() => run("tar", ["-tzf", tarball], work, 60_000))
+      assert.strictEqual(list.code, 0, explain("tar", list))
+      const files = list.stdout.trim().split("\n").map((f) => f.replace(/^package\//, "")).sort()
+      assert.deepStrictEqual(files.filter((f) => /__pycache__|\.pyc$|(^|\/)build\/|\.tgz$|\.ts$/.test(f) && !f.endsWith(".d.ts")), [])
+      assert.deepStrictEqual(files.filter((f) => !f.startsWith("dist/") && !f.startsWith("src/native/addon/")), [
+        "README.md",
+        "bin/mpcache.mjs",
+        "data/mooncake-traces/LICENSE-APACHE",
+        "data/mooncake-traces/README.md",
+        "data/mooncake-traces/conversation_trace.jsonl",
+        "examples/README.md",
+        "examples/embed.mjs",
+        "examples/memfd_worker.py",
+        "examples/ping.mjs",
+        "examples/worker.mjs",
+        "package.json",
+        "scripts/build-native.mjs"
+      ])
+      // The command's emitted entries, and the replay's worker it forks.
+      for (const f of ["dist/src/cli/main.js", "dist/src/replay/WorkerProcess.js"]) assert.include(files, f)
+    }))
+
+  it("the install, with allowScripts as the README says, warns about no install script, and effect came as a peer", () => {
+    assert.notInclude(installOutput, "install-scripts", installOutput)
+    assert.isTrue(existsSync(join(project, "node_modules", "effect", "package.json")), "effect (a peer dependency) was not installed")
+    const manifest = JSON.parse(readFileSync(join(project, "node_modules", "mpcache", "package.json"), "utf8")) as {
+      readonly peerDependencies?: Record<string, string>
+      readonly dependencies?: Record<string, string>
+    }
+    assert.deepStrictEqual(manifest.peerDependencies, { effect: "^4.1.0" })
+    assert.notProperty(manifest.dependencies ?? {}, "effect")
+  })
+
+  it.live("the installed command: npx mpcache --version, keygen, serve + ping, status, and SIGTERM", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const version = yield* npxMpcache(["--version"])
+      assert.strictEqual(version.code, 0, explain("npx mpcache --version", version))
+      assert.strictEqual(version.stdout, "mpcache v0.1.0\n")
+
+      const keygen = yield* npxMpcache(["keygen", join(work, "server")])
+      assert.strictEqual(keygen.code, 0, explain("npx mpcache keygen", keygen))
+      assert.strictEqual((statSync(join(work, "server.key")).mode & 0o777).toString(8), "600")
+      assert.match(readFileSync(join(work, "server.pub"), "utf8"), /^\S{40}\n$/)
+
+      // serve through the installed link itself (what npx runs), so that SIGTERM reaches the server.
+      const endpoint = `ipc://${join(tmpdir(), `mpcache-package-${randomUUID()}.sock`)}`
+      const server = yield* startScript(join(project, "node_modules", ".bin", "mpcache"), [
+        "serve", "--endpoint", endpoint, "--http-port", "0", "--l1-size-gb", "0.25", "--no-l1-prefault"
+      ])
+      const [, httpPort] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/, 30_000)
+      const ping = yield* npxMpcache(["ping", "--endpoint", endpoint])
+      assert.deepStrictEqual([ping.code, ping.stdout], [0, "true\n"], explain("npx mpcache ping", ping))
+      const status = yield* npxMpcache(["status", "--http-port", httpPort!])
+      assert.strictEqual(status.code, 0, explain("npx mpcache status", status))
+      assert.strictEqual(status.stdout.split("\n")[0], `mpcache 0.1.0 (protocol 1) · ${endpoint} · up ${/ up (\S+) /.exec(status.stdout)![1]} · 0 peers`)
+      assert.include(status.stdout, "readiness ready")
+      const exit = yield* server.stop("SIGTERM")
+      assert.deepStrictEqual(exit, { code: 0, signal: null })
+      assert.match(server.stderr().trimEnd().split("\n").at(-1)!, /stopped: in-flight requests drained and every resource released in \d+ ms$/)
+    })), 180_000)
+
+  it.live("examples/embed.mjs: a server embedded from mpcache/server answers its own PING and stops; --serve drains on SIGTERM", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const endpoint = `ipc://${join(tmpdir(), `mpcache-embed-${randomUUID()}.sock`)}`
+      const once = yield* node(["embed.mjs", endpoint])
+      assert.strictEqual(once.code, 0, explain("embed.mjs", once))
+      assert.strictEqual(once.stdout, `listening on ${endpoint}\nping: true\nstopped\n`)
+      assert.include(once.stderr, `MQ server listening on ${endpoint}`)
+
+      const served = yield* startScript(join(project, "embed.mjs"), [endpoint, "--serve"])
+      yield* served.waitForStderr(/HTTP frontend listening on/, 30_000)
+      const ping = yield* npxMpcache(["ping", "--endpoint", endpoint])
+      assert.deepStrictEqual([ping.code, ping.stdout], [0, "true\n"], explain("npx mpcache ping", ping))
+      const exit = yield* served.stop("SIGTERM")
+      assert.deepStrictEqual(exit, { code: 0, signal: null })
+      assert.match(served.stderr().trimEnd().split("\n").at(-1)!, /stopped: in-flight requests drained and every resource released in \d+ ms$/)
+    })), 120_000)
 
   it.live("examples/ping.mjs and examples/worker.mjs against a real server: exact output", () =>
     Effect.scoped(Effect.gen(function*() {
@@ -214,7 +318,7 @@ describe("mpcache as an installed package", () => {
             // effect's own declarations name DOM types (JsonWebKey); mpcache's are checked through the examples' use.
             skipLibCheck: true
           },
-          files: ["ping.mjs", "worker.mjs"]
+          files: ["ping.mjs", "worker.mjs", "embed.mjs"]
         })
       )
       const t = Date.now()

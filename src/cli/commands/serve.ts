@@ -21,7 +21,7 @@ import {
 } from "../../services/server/ServerConfig.ts"
 import { VERSION } from "../../version.ts"
 import * as F from "./flags.ts"
-import { launchLogged } from "./launchLogged.ts"
+import { launchLogged } from "../../layers/LaunchLogged.ts"
 import { descriptorCapsOf, descriptorFlags } from "./descriptorFlags.ts"
 import { l2Flags, l2InputOf } from "./l2Flags.ts"
 import { raiseDescriptorLimit } from "../../native/ProcessLimits.ts"
