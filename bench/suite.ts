@@ -1,5 +1,5 @@
 /**
- * `npm run bench [-- --full] [-- --only ping,transfer,liveness,replay]`
+ * `npm run bench [-- --full] [-- --only ping,transfer,liveness,replay] [-- --write-docs] [-- --check]`
  *
  * The benchmark suite: runs each bench in its own child process, one after
  * the other (quick mode by default, `--full` for the long one) —
@@ -10,25 +10,28 @@
  * - replay    `mpcache replay` of the conversation trace, small model,
  *             `--max-rate`: requests/s and where a request's time goes;
  *
- * each bench rewriting its own section of docs/benchmarks.md and handing its
- * target rows back (`--summary FILE`). Then prints one table (figure,
- * measured, reference in the same run, ratio, target, met) and writes it,
- * with the machine it ran on, at the top of docs/benchmarks.md and into the
- * README's "Performance" section (between its bench-summary markers) —
- * unless `--only` ran a subset, which leaves both tables as they were.
+ * each bench handing its target rows back (`--summary FILE`). Then prints one
+ * table (figure, measured, reference in the same run, ratio, target, met).
+ * With `--write-docs` (passed on to every bench, so each rewrites its own
+ * section) it writes the table, with the machine it ran on, at the top of
+ * docs/benchmarks.md and into the README's "Performance" section (between
+ * its bench-summary markers) — unless `--only` ran a subset, which leaves
+ * both tables as they were; without it no tracked file changes.
  *
- * A benchmark, never a test (`.ci/run` does not run it). Exits 0 when every
- * bench ran (met or not: the table says), 1 when one failed.
+ * A benchmark, never a test (`.ci/run` does not run it). Exits 1 when a
+ * bench failed, and with `--check` when a target was missed (the verdict
+ * of bench/lib/outcome.ts over every bench's rows); else 0.
  */
 import { mkdtempSync, rmSync } from "node:fs"
 import os from "node:os"
 import path from "node:path"
-import { parseArgs } from "node:util"
 import { runNode } from "./lib/children.ts"
 import { times } from "./lib/format.ts"
 import { machineLine } from "./lib/machine.ts"
 import { DOC_NAME, writeDocSection, writeReadmeSummary } from "./lib/report.ts"
-import { readSummary, type SummaryRow } from "./lib/summary.ts"
+import { parseBenchArgs } from "./lib/args.ts"
+import { verdict } from "./lib/outcome.ts"
+import { readSummary, writeSummary, type SummaryRow } from "./lib/summary.ts"
 
 const SUMMARY_HEADING = "## Summary (npm run bench)"
 /** The benches in the order they run; each one's program (its `npm run bench:<name>`) runs with the mode and `--summary FILE`. */
@@ -41,14 +44,10 @@ const PROGRAMS: Readonly<Record<Bench, string>> = {
   replay: "bench/replay/replay.ts"
 }
 
-const { values: args } = parseArgs({
-  options: { full: { type: "boolean", default: false }, quick: { type: "boolean", default: false }, only: { type: "string" } }
-})
-if (args.full && args.quick) {
-  process.stderr.write("--quick and --full exclude each other\n")
-  process.exit(2)
-}
+const args = parseBenchArgs({ only: { type: "string" } })
 const mode = args.full ? "--full" : "--quick"
+/** What the benches are told about the report: they rewrite their sections only when the suite was asked to. */
+const docFlags = args["write-docs"] ? ["--write-docs", ...(args.doc === undefined ? [] : ["--doc", args.doc])] : []
 const selected: ReadonlyArray<Bench> = args.only === undefined
   ? BENCHES
   : args.only.split(",").map((b) => b.trim()).filter((b): b is Bench => (BENCHES as ReadonlyArray<string>).includes(b))
@@ -64,7 +63,7 @@ const log = (line: string): void => {
 /** Runs one bench in its own process; `ok`: it exited 0. Its rows are read back from `dir`. */
 const runBench = async (bench: Bench, dir: string): Promise<{ ok: boolean; rows: Array<SummaryRow> }> => {
   const file = path.join(dir, `${bench}.json`)
-  const { code } = await runNode([PROGRAMS[bench], mode, "--summary", file], false)
+  const { code } = await runNode([PROGRAMS[bench], mode, "--summary", file, ...docFlags], false)
   return { ok: code === 0, rows: readSummary(file) }
 }
 
@@ -90,8 +89,9 @@ const summarySection = (body: string, head: string): string =>
     body,
     "",
     "Each figure is measured beside its reference in the same run; the sections below give the method and the",
-    "detail. Reproduce: `npm run bench` (quick, a few minutes) or `npm run bench -- --full`; each bench also runs",
-    "alone (`npm run bench:ping`, `bench:transfer`, `bench:liveness`, `replay`).",
+    "detail. Reproduce: `npm run bench -- --write-docs` (quick, a few minutes; `--full` for the long runs, `--check`",
+    "to exit 1 on a missed target); each bench also runs alone (`npm run bench:ping`, `bench:transfer`,",
+    "`bench:liveness`, `replay`) with the same flags. Without `--write-docs` a run changes no tracked file.",
     ""
   ].join("\n")
 
@@ -118,14 +118,19 @@ const main = async (): Promise<number> => {
   const head = machineLine(`npm run bench${args.full ? " -- --full" : ""}`, loadBefore, os.loadavg(), (Date.now() - t0) / 1000)
   const body = table(rows, failed)
   process.stdout.write(`\n${head}\n\n${body}\n`)
-  if (args.only === undefined) {
-    writeDocSection(SUMMARY_HEADING, summarySection(body, head), { first: true })
-    const readme = writeReadmeSummary(head, body)
-    process.stdout.write(`wrote the summary of ${DOC_NAME}${readme ? " and the README's Performance table" : ""}\n`)
+  const docName = args.doc ?? DOC_NAME
+  if (!args["write-docs"]) {
+    process.stdout.write(`${docName} and the README's Performance table left as they were (--write-docs rewrites them)\n`)
+  } else if (args.only === undefined) {
+    writeDocSection(SUMMARY_HEADING, summarySection(body, head), { first: true, ...(args.doc === undefined ? {} : { doc: args.doc }) })
+    const readme = args.doc === undefined && writeReadmeSummary(head, body)
+    process.stdout.write(`wrote the summary of ${docName}${readme ? " and the README's Performance table" : ""}\n`)
   } else {
-    process.stdout.write(`--only: the summary of ${DOC_NAME} and the README's table are left as they were\n`)
+    process.stdout.write(`--only: the summary of ${docName} and the README's table are left as they were\n`)
   }
-  return failed.length === 0 ? 0 : 1
+  writeSummary(args.summary, rows)
+  const targets = verdict(args, rows, (line) => void process.stdout.write(`${line}\n`))
+  return failed.length === 0 ? targets : 1
 }
 
 process.exitCode = await main()

@@ -23,9 +23,10 @@
  *   SIGSTOPped) before the reap. Then the server's status once the last
  *   round ended: no tracked instance, no open mapping, no connected peer.
  *
- * Writes the section "## Chaos replay (bench:chaos)" of docs/benchmarks.md
- * and, with `--summary FILE`, its row. A benchmark, never a test: exits 0
- * when it ran (met or not: the row says), 1 on a failure; always stops the
+ * With `--write-docs` rewrites the section "## Chaos replay (bench:chaos)" of
+ * docs/benchmarks.md; with `--summary FILE` writes its row. A benchmark, never
+ * a test: exits 0 when it ran (met or not, unless `--check`: then 1 when
+ * missed), 1 on a failure; always stops the
  * server and the replays and unlinks what they left.
  */
 import { readdirSync, readFileSync, rmSync } from "node:fs"
@@ -37,9 +38,8 @@ import { withDeadline } from "../lib/deadline.ts"
 import { int } from "../lib/format.ts"
 import { loadText, measuredDate, nodeAndCpu } from "../lib/machine.ts"
 import { startProbedServer } from "../lib/probedServer.ts"
-import { DOC_NAME, writeDocSection } from "../lib/report.ts"
+import { finishBench } from "../lib/outcome.ts"
 import { makeResources, runBench } from "../lib/resources.ts"
-import { writeSummary } from "../lib/summary.ts"
 import { secondsSince, sleep } from "../lib/time.ts"
 import type { ReplaySummary } from "../../src/replay/Driver.ts"
 
@@ -372,11 +372,8 @@ const main = async (): Promise<void> => {
     loadAfter: os.loadavg()
   }
   await resources.cleanup()
-  const body = section(report)
-  process.stdout.write(`\n${body}\n`)
-  writeDocSection(HEADING, body)
   const t = totals
-  writeSummary(args.summary, [{
+  process.exitCode = finishBench(args, { heading: HEADING, body: section(report), rows: [{
     bench: "chaos",
     figure: `replay --kill-every ${KILL_EVERY_S} --pause-every ${PAUSE_EVERY_S}: ${int(t.killed)} kill / ${int(t.paused)} pause cycles, ${int(t.requests)} requests`,
     measured: `failed ${t.failed}, leaked ${t.leaked}, open ${t.openMappings}, mismatches ${t.mismatches}, live reaped ${classes.live.length}`,
@@ -384,8 +381,7 @@ const main = async (): Promise<void> => {
     ratio: null,
     target: "all 0; every reap a killed or paused worker",
     met: clean(report)
-  }])
-  process.stdout.write(`wrote ${DOC_NAME}\n`)
+  }] })
 }
 
 await runBench("bench:chaos", main, resources)

@@ -43,8 +43,10 @@
  *
  * Parts 2–4 and the L2 half of 5 need `mpcache serve --l2-url` (issue 15's
  * L2 tier); a build without it runs the rest, says which parts it could not
- * run and why, and exits 1. A benchmark, never a test: ratios against a
- * reference measured in the same run.
+ * run and why, and exits 1. It writes no tracked file; `--summary FILE`
+ * writes the two ratio rows, and `--check` exits 1 when either is under its
+ * target. A benchmark, never a test: ratios against a reference measured in
+ * the same run.
  */
 import { spawnSync } from "node:child_process"
 import { randomBytes } from "node:crypto"
@@ -63,6 +65,8 @@ import { makeWorkerAdapter, type WorkerAdapterShape } from "../../src/services/c
 import type { ZmqSockets } from "../../src/services/zmq/Sockets.ts"
 import { REDIS_CLI, REDIS_SERVER, redisAvailable, startRedis, type RedisFleet } from "../../test/support/RedisFleet.ts"
 import { parseBenchArgs, usageError } from "../lib/args.ts"
+import { verdict } from "../lib/outcome.ts"
+import { writeSummary, type SummaryRow } from "../lib/summary.ts"
 import { BLOCK_BYTES, BLOCKS_PER_CHUNK, CHUNK_BYTES, CHUNK_TOKENS, makeFilledCache, NUM_LAYERS, segmentNamesOf, unlinkSegments } from "../lib/kvChunks.ts"
 import { ROOT, runNode, startLineChild } from "../lib/children.ts"
 import { makeResources, runBench } from "../lib/resources.ts"
@@ -475,6 +479,20 @@ const ratioRow = (pairs: ReadonlyArray<readonly [number, number]>, op: string): 
   return `${f2(median(pairs.map(([x]) => x)))} GB/s = ${f2(median(ratios))}× ${op} (rounds ${f2(Math.min(...ratios))}–${f2(Math.max(...ratios))}; target ≥ ${TARGET_RATIO}×)`
 }
 
+/** The summary row of one ratio (median of the rounds') against its target. */
+const targetRow = (figure: string, pairs: ReadonlyArray<readonly [number, number]>): SummaryRow => {
+  const ratio = median(pairs.map(([x, ref]) => x / ref))
+  return {
+    bench: "l2",
+    figure,
+    measured: `${f2(median(pairs.map(([x]) => x)))} GB/s`,
+    reference: `${f2(median(pairs.map(([, ref]) => ref)))} GB/s`,
+    ratio,
+    target: `≥ ${TARGET_RATIO}×`,
+    met: ratio >= TARGET_RATIO
+  }
+}
+
 // ------------------------------------------------------------------ main
 
 const main = async (): Promise<void> => {
@@ -485,6 +503,7 @@ const main = async (): Promise<void> => {
   const fleet = await startFleet()
   const client = await connectReference(fleet.url)
   const rows: Array<[string, string]> = []
+  const targets: Array<SummaryRow> = []
   try {
     const values = referenceValues()
     const l1Only = await startServer("l1only", [])
@@ -496,8 +515,11 @@ const main = async (): Promise<void> => {
       const b = await attach(cache, await startServer("b", l2Flags(fleet.url)))
       const r = await transferRounds(client, values, cache, a, b, plain)
       rows.push(["client SET / GET (reference)", `${f2(median(r.map((x) => x.ref.setGbps)))} / ${f2(median(r.map((x) => x.ref.getGbps)))} GB/s (median of ${ROUNDS} rounds)`])
-      rows.push(["STORE → L2", ratioRow(r.map((x) => [x.storeGbps, x.ref.setGbps]), "SET")])
-      rows.push(["L2 → RETRIEVE", ratioRow(r.map((x) => [x.retrieveGbps, x.ref.getGbps]), "GET")])
+      const store = r.map((x) => [x.storeGbps, x.ref.setGbps] as const)
+      const retrieve = r.map((x) => [x.retrieveGbps, x.ref.getGbps] as const)
+      rows.push(["STORE → L2", ratioRow(store, "SET")])
+      rows.push(["L2 → RETRIEVE", ratioRow(retrieve, "GET")])
+      targets.push(targetRow("STORE → L2 against the client's SET", store), targetRow("L2 → RETRIEVE against the client's GET", retrieve))
       rows.push(["STORE alone (server without L2)", `${f2(median(r.map((x) => x.storeL1Gbps)))} GB/s (the copy into L1 part 2 also makes, on the same cores)`])
       if (TRANSFER_ONLY) return printRows(rows)
       await client.flushAll()
@@ -533,6 +555,8 @@ const main = async (): Promise<void> => {
     if (fleetScope !== undefined) await Effect.runPromise(Scope.close(fleetScope, Exit.void))
   }
   printRows(rows)
+  writeSummary(args.summary, targets)
+  process.exitCode = verdict(args, targets, log)
   if (notRun.length > 0) {
     process.stdout.write(`\nNOT RUN (exit status 1):\n${notRun.map((n) => `  ${n}`).join("\n")}\n`)
     process.exitCode = 1

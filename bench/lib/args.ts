@@ -1,6 +1,7 @@
 /**
  * Command-line flags every bench shares: `--quick` / `--full` (which
- * exclude each other) and `--summary FILE` (bench/lib/summary.ts), beside
+ * exclude each other), `--summary FILE` (bench/lib/summary.ts),
+ * `--write-docs [--doc FILE]` and `--check` (bench/lib/outcome.ts), beside
  * the bench's own options. A bad flag prints why to stderr and exits 2.
  */
 import { parseArgs, type ParseArgsOptionsConfig } from "node:util"
@@ -8,7 +9,13 @@ import { parseArgs, type ParseArgsOptionsConfig } from "node:util"
 const COMMON = {
   quick: { type: "boolean", default: false },
   full: { type: "boolean", default: false },
-  summary: { type: "string" }
+  summary: { type: "string" },
+  /** Rewrite the bench's section of docs/benchmarks.md (and the suite: the README's table); off, a run changes no tracked file. */
+  "write-docs": { type: "boolean", default: false },
+  /** The report `--write-docs` rewrites, instead of docs/benchmarks.md (tests). */
+  doc: { type: "string" },
+  /** Exit 1 when a target is missed (bench/lib/outcome.ts). */
+  check: { type: "boolean", default: false }
 } as const satisfies ParseArgsOptionsConfig
 
 /** Prints `message` to stderr and exits 2 (a usage error, as the benches report them). */

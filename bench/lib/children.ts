@@ -9,10 +9,10 @@
  * included; a line child also removes itself once it has ended.
  */
 import { spawn, type ChildProcess } from "node:child_process"
-import path from "node:path"
+import { ROOT } from "./root.ts"
 
 /** The repository root: every child runs there, so argv paths are relative to it. */
-export const ROOT = path.resolve(import.meta.dirname, "..", "..")
+export { ROOT }
 
 /** The children to clean up: a `Set<ChildProcess>` is one. */
 export interface Tracker {

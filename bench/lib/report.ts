@@ -5,7 +5,7 @@
  */
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs"
 import path from "node:path"
-import { ROOT } from "./children.ts"
+import { ROOT } from "./root.ts"
 
 /** Where the report lives. */
 export const DOC = path.join(ROOT, "docs", "benchmarks.md")
@@ -26,9 +26,16 @@ const HEADER =
  * Replaces the section that starts with the line `heading` (up to the next
  * "## " heading) with `body`, or adds it: at the end, or with `first` right
  * after the header (the suite's summary); every other section is kept.
+ * `doc` is the report's path (docs/benchmarks.md unless a test names its own).
+ * Called only with `--write-docs` (bench/lib/outcome.ts).
  */
-export const writeDocSection = (heading: string, body: string, options: { readonly first?: boolean } = {}): void => {
-  const current = existsSync(DOC) ? readFileSync(DOC, "utf8") : HEADER
+export const writeDocSection = (
+  heading: string,
+  body: string,
+  options: { readonly first?: boolean; readonly doc?: string } = {}
+): void => {
+  const doc = options.doc ?? DOC
+  const current = existsSync(doc) ? readFileSync(doc, "utf8") : HEADER
   const lines = current.split("\n")
   const start = lines.findIndex((line) => line.trim() === heading)
   let next: string
@@ -45,14 +52,14 @@ export const writeDocSection = (heading: string, body: string, options: { readon
     const rest = after === -1 ? "" : `\n${lines.slice(after).join("\n")}`
     next = `${before}\n\n${body}${rest}`
   }
-  mkdirSync(path.dirname(DOC), { recursive: true })
-  writeFileSync(DOC, next.endsWith("\n") ? next : `${next}\n`)
+  mkdirSync(path.dirname(doc), { recursive: true })
+  writeFileSync(doc, next.endsWith("\n") ? next : `${next}\n`)
 }
 
 /**
  * Replaces what stands between the README's bench-summary markers with
  * `head`, a blank line and `body`. Returns false, writing nothing, when the
- * markers are missing or out of order.
+ * markers are missing or out of order. The suite calls it only with `--write-docs`.
  */
 export const writeReadmeSummary = (head: string, body: string): boolean => {
   const text = readFileSync(README, "utf8")

@@ -33,9 +33,10 @@
  *    instance <id>" WARNING minus the kill time (same wall clock). Target:
  *    p99 ≤ grace + 0.25 s.
  *
- * Prints the tables and writes the section "## Liveness (bench:liveness)" of
- * docs/benchmarks.md. A benchmark, never a test: exits 0 when it measured
- * (whether or not a target was met), 1 when it could not, and always stops
+ * Prints the tables; with `--write-docs` rewrites the section "## Liveness
+ * (bench:liveness)" of docs/benchmarks.md. A benchmark, never a test: exits 0
+ * when it measured (whether or not a target was met, unless `--check`: then 1
+ * when one was missed), 1 when it could not, and always stops
  * its child processes, removes its ipc socket files and unlinks the shared
  * memory of the workers it killed.
  */
@@ -43,9 +44,8 @@ import os from "node:os"
 import type { ScanRow } from "./scan-child.ts"
 import { parseBenchArgs, usageError } from "../lib/args.ts"
 import { loadText, measuredDate, nodeAndCpu } from "../lib/machine.ts"
-import { DOC_NAME, writeDocSection } from "../lib/report.ts"
+import { finishBench } from "../lib/outcome.ts"
 import { makeResources, runBench } from "../lib/resources.ts"
-import { writeSummary } from "../lib/summary.ts"
 import { heapSection, heapTargets, measureHeap, type HeapRow } from "./heapPerContext.ts"
 import { killSection, killTargets, measureKills, type KillResult } from "./killToReap.ts"
 import { measurePing, pingSection, pingTargets, type PingResult } from "./pingUnderScans.ts"
@@ -59,7 +59,7 @@ const STOP_TIMEOUT_MS = 5_000
 
 const args = parseBenchArgs({ parts: { type: "string", default: "1,2,3,4" } })
 const full = args.full
-/** Which parts to run; docs/benchmarks.md is written only when all four ran. */
+/** Which parts to run; `--write-docs` writes docs/benchmarks.md only when all four ran. */
 const parts = new Set(args.parts.split(",").map((p) => p.trim()))
 if ([...parts].some((p) => !["1", "2", "3", "4"].includes(p))) {
   usageError(`--parts takes a comma-separated subset of 1,2,3,4 (got ${args.parts})`)
@@ -119,19 +119,12 @@ const main = async (): Promise<void> => {
   const heap = parts.has("3") ? await measureHeap(resources) : undefined
   const kills = parts.has("4") ? await measureKills(resources, PLAN.kill) : undefined
   const report: Report = { scans, ping, heap, kills, loadBefore, loadAfter: os.loadavg(), elapsedS: (Date.now() - t0) / 1000 }
-  const body = section(report)
-  process.stdout.write(`\n${body}\n`)
-  if (parts.size === 4) {
-    writeDocSection(HEADING, body)
-    process.stdout.write(`wrote ${DOC_NAME}\n`)
-  } else {
-    process.stdout.write(`only part(s) ${[...parts].sort().join(", ")} ran: ${DOC_NAME} left as it was\n`)
-  }
-  writeSummary(args.summary, targets(report).map(summaryRow))
-  const missed = targets(report).filter((t) => !t.ok)
-  if (missed.length > 0) {
-    process.stdout.write(`targets missed: ${missed.map((t) => `${t.check} (${t.measured}, target ${t.target})`).join("; ")}\n`)
-  }
+  process.exitCode = finishBench(args, {
+    heading: HEADING,
+    body: section(report),
+    rows: targets(report).map(summaryRow),
+    ...(parts.size === 4 ? {} : { partial: `only part(s) ${[...parts].sort().join(", ")} ran` })
+  })
 }
 
 await runBench("bench:liveness", main, resources)

@@ -16,9 +16,9 @@
  *   the whole run; its round trips go to the scenario they were sent in.
  *
  * Target: 0 timeouts for both in every scenario, and their p99 under a flood at most 2× their p99 with none.
- * Writes "## PING under a flood (bench:ping --flood)" of docs/benchmarks.md, and the target rows as JSON with
- * `--summary FILE`. A benchmark, never a test: exits 0 on success, 1 on failure (a target missed is a figure,
- * not a failure).
+ * With `--write-docs` rewrites "## PING under a flood (bench:ping --flood)" of docs/benchmarks.md; the target
+ * rows as JSON with `--summary FILE`. A benchmark, never a test: exits 0 on success, 1 on failure (a target
+ * missed is a figure, not a failure, unless `--check`).
  */
 import { Dealer } from "zeromq"
 import { decodeReplyHeader, encodeRequest, pack, unpack } from "../../src/schema/Frame.ts"
@@ -29,10 +29,10 @@ import { startLineChild, stopChild } from "../lib/children.ts"
 import { int } from "../lib/format.ts"
 import { measuredDate, nodeAndCpu } from "../lib/machine.ts"
 import { pingTail } from "../lib/pingClient.ts"
-import { writeDocSection } from "../lib/report.ts"
+import { finishBench, type OutcomeFlags } from "../lib/outcome.ts"
 import type { Resources } from "../lib/resources.ts"
 import { summarizeUs, type LatencySummary } from "../lib/stats.ts"
-import { writeSummary, type SummaryRow } from "../lib/summary.ts"
+import type { SummaryRow } from "../lib/summary.ts"
 import { sleep } from "../lib/time.ts"
 import { SERVE_FLAGS } from "./serveFlags.ts"
 
@@ -234,7 +234,7 @@ const summaryRows = (results: ReadonlyArray<ScenarioResult>): Array<SummaryRow> 
  * The flood benchmark over `resources` (children, ipc files), `rounds` rounds per scenario; writes the doc
  * section and, with `summary`, the target rows. Rejects when a child fails to start or a reply is wrong.
  */
-export const runFlood = async (resources: Resources, rounds: number, summary: string | undefined): Promise<void> => {
+export const runFlood = async (resources: Resources, rounds: number, flags: OutcomeFlags): Promise<void> => {
   const endpoint = resources.ipcEndpoint("flood")
   const server = startLineChild("mpcache", ["build/cli/bin/serve.mjs", ...SERVE_FLAGS(endpoint)], resources.children)
   const httpUrl = (await server.waitFor(/HTTP frontend listening on (http:\/\/[^\s"]+)/, READY_TIMEOUT_MS))[1]!
@@ -312,8 +312,5 @@ export const runFlood = async (resources: Resources, rounds: number, summary: st
   const counters = { undeliverable: Number(s["undeliverable_replies"]), refused: Number(s["refused_replies"]) }
   await stopChild(worker.process, STOP_TIMEOUT_MS)
   await stopChild(server.process, STOP_TIMEOUT_MS)
-  const body = section(results, rounds, counters)
-  process.stdout.write(`\n${body}\n`)
-  writeDocSection(FLOOD_HEADING, body)
-  writeSummary(summary, summaryRows(results))
+  process.exitCode = finishBench(flags, { heading: FLOOD_HEADING, body: section(results, rounds, counters), rows: summaryRows(results) })
 }

@@ -9,9 +9,9 @@
  * a real KV cache registered through the WorkerAdapter; issue 25 item 4). The same raw DEALER client code drives
  * both, so the only difference is the server. The two servers alternate
  * round by round, so a change in the machine's load hits both alike. Prints
- * a table and writes the section "## PING round trips (bench:ping)" of
- * docs/benchmarks.md; `--summary FILE` also writes the target rows as JSON
- * for bench/suite.ts.
+ * a table; `--write-docs` rewrites the section "## PING round trips
+ * (bench:ping)" of docs/benchmarks.md; `--summary FILE` writes the target rows
+ * as JSON for bench/suite.ts; `--check` exits 1 when a target was missed.
  *
  * `--curve` (issue 14): instead of the echo, the reference is the same
  * mpcache server with CURVE off, and the subject mpcache with CURVE on
@@ -55,12 +55,12 @@ import { isRunning, spawnReady, startLineChild, stopChild } from "../lib/childre
 import { int } from "../lib/format.ts"
 import { measuredDate, nodeAndCpu } from "../lib/machine.ts"
 import { pingLoop, type PingRun, type Responder } from "../lib/pingClient.ts"
-import { DOC_NAME, writeDocSection } from "../lib/report.ts"
+import { finishBench } from "../lib/outcome.ts"
 import { makeResources, runBench } from "../lib/resources.ts"
 import { runFlood } from "./flood.ts"
 import { PLAIN_ECHO_SCRIPT, spawnToFirstReply } from "./startup.ts"
 import { median, summarizeUs } from "../lib/stats.ts"
-import { writeSummary, type SummaryRow } from "../lib/summary.ts"
+import type { SummaryRow } from "../lib/summary.ts"
 import { secondsSince, sleep } from "../lib/time.ts"
 import { SERVE_FLAGS } from "./serveFlags.ts"
 
@@ -485,11 +485,8 @@ const startWorker = async (endpoint: string): Promise<{ readonly instanceId: Ins
   return { instanceId: makeInstanceId(BigInt(m[1]!)), child: worker.process }
 }
 
-const report = (heading: string, body: string, summary: Array<SummaryRow>): void => {
-  writeSummary(args.summary, summary)
-  process.stdout.write(`\n${body}\n`)
-  writeDocSection(heading, body)
-  process.stdout.write(`wrote ${DOC_NAME}\n`)
+const report = (heading: string, body: string, rows: Array<SummaryRow>): void => {
+  process.exitCode = finishBench(args, { heading, body, rows })
 }
 
 const main = async (): Promise<void> => {
@@ -498,7 +495,7 @@ const main = async (): Promise<void> => {
     process.stdout.write(`\n${startupSection(await measureStartups())}\n`)
     return
   }
-  if (args.flood === true) return runFlood(resources, rounds, args.summary)
+  if (args.flood === true) return runFlood(resources, rounds, args)
   const mpcacheEndpoint = resources.ipcEndpoint("mpcache")
   if (args.curve === true) {
     const keys = curveKeys()

@@ -4,9 +4,10 @@
  *
  * `mpcache replay` of the Mooncake conversation trace, small model,
  * `--max-rate` (300 requests; 1,000 with `--full`), run in a child process
- * with `--json`: requests/s and where a request's time goes. Writes the
- * section "## Replay (mpcache replay)" of docs/benchmarks.md; `--summary
- * FILE` also writes its row as JSON for bench/suite.ts.
+ * with `--json`: requests/s and where a request's time goes. `--write-docs`
+ * rewrites the section "## Replay (mpcache replay)" of docs/benchmarks.md;
+ * `--summary FILE` writes its row as JSON for bench/suite.ts; `--check`
+ * exits 1 when the run was not clean.
  *
  * A benchmark, never a test: exits 0 when the replay exited 0, 1 otherwise
  * (its row, when it printed its JSON, says whether it was clean).
@@ -14,8 +15,7 @@
 import { parseBenchArgs } from "../lib/args.ts"
 import { runNode } from "../lib/children.ts"
 import { measuredDate } from "../lib/machine.ts"
-import { DOC_NAME, writeDocSection } from "../lib/report.ts"
-import { writeSummary } from "../lib/summary.ts"
+import { finishBench } from "../lib/outcome.ts"
 
 const HEADING = "## Replay (mpcache replay)"
 
@@ -88,11 +88,9 @@ const main = async (): Promise<number> => {
     process.stderr.write(`replay exited ${code} without a JSON summary; stdout:\n${stdout.slice(-2000)}\n`)
     return 1
   }
-  writeDocSection(HEADING, section(r, argv))
-  process.stderr.write(`wrote the replay section of ${DOC_NAME}\n`)
   const clean = r.leaked_contexts === 0 && r.open_mappings_after_shutdown === 0 && r.data_mismatches === 0 && r.failed_requests === 0
   const l = r.latency_ms
-  writeSummary(args.summary, [{
+  const verdict = finishBench(args, { heading: HEADING, body: section(r, argv), rows: [{
     bench: "replay",
     figure: `replay, conversation trace, small model, --max-rate (${r.requests} requests)`,
     measured: `${r.requests_per_second.toFixed(1)} req/s`,
@@ -101,8 +99,8 @@ const main = async (): Promise<number> => {
     ratio: null,
     target: "report; 0 failed, leaked, open, mismatched",
     met: clean
-  }])
-  return code === 0 ? 0 : 1
+  }] })
+  return code === 0 ? verdict : 1
 }
 
 process.exitCode = await main()

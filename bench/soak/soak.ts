@@ -33,9 +33,10 @@
  * and idle before the first step — once the TTLs have run out, and to the
  * empty server's after the load processes closed.
  *
- * Writes the section "## Soak (bench:soak)" of docs/benchmarks.md and, with
- * `--summary FILE`, its rows. A benchmark, never a test: exits 0 when it ran
- * (met or not: the rows say), 1 on a failure; always stops every child and
+ * With `--write-docs` rewrites the section "## Soak (bench:soak)" of
+ * docs/benchmarks.md; with `--summary FILE` writes its rows. A benchmark, never
+ * a test: exits 0 when it ran (met or not, unless `--check`: then 1 when a
+ * target was missed), 1 on a failure; always stops every child and
  * unlinks every segment it created.
  */
 import { readdirSync, rmSync } from "node:fs"
@@ -46,10 +47,10 @@ import { withDeadline } from "../lib/deadline.ts"
 import { int } from "../lib/format.ts"
 import { loadText, measuredDate, nodeAndCpu } from "../lib/machine.ts"
 import { startProbedServer, serveHelpLists, type HeapSample, type ProbedServer } from "../lib/probedServer.ts"
-import { DOC_NAME, writeDocSection } from "../lib/report.ts"
+import { finishBench } from "../lib/outcome.ts"
 import { makeResources, runBench } from "../lib/resources.ts"
 import { CHUNK_TOKENS } from "./shape.ts"
-import { writeSummary, type SummaryRow } from "../lib/summary.ts"
+import type { SummaryRow } from "../lib/summary.ts"
 import { secondsSince, sleep } from "../lib/time.ts"
 import { startSoakLoad, type RunDone, type SoakLoad, type SoakRole } from "./load.ts"
 import type { StatusDocument } from "../../src/schema/Status.ts"
@@ -482,11 +483,7 @@ const main = async (): Promise<void> => {
   }
   if (s.warnings.count > 0) log(`the server logged ${s.warnings.count} WARN/ERROR line(s); first:\n${s.warnings.first.join("\n")}`)
   await resources.cleanup()
-  const body = section(report)
-  process.stdout.write(`\n${body}\n`)
-  writeDocSection(HEADING, body)
-  writeSummary(args.summary, summaryRows(report))
-  process.stdout.write(`wrote ${DOC_NAME}\n`)
+  process.exitCode = finishBench(args, { heading: HEADING, body: section(report), rows: summaryRows(report) })
 }
 
 await runBench("bench:soak", main, resources)

@@ -44,9 +44,10 @@
  *   other-thread CPU and how long its JS thread waited for a CPU (/proc), and
  *   the whole machine's load, so a slow figure can be told from a busy box.
  *
- * Prints a table and writes the section "## STORE and RETRIEVE throughput
- * (bench:transfer)" of docs/benchmarks.md. A benchmark, never a test: exits
- * 0 on success, 1 on failure, and always stops the server, removes the ipc
+ * Prints a table; `--write-docs` rewrites the section "## STORE and RETRIEVE
+ * throughput (bench:transfer)" of docs/benchmarks.md. A benchmark, never a
+ * test: exits 0 on success (1 with `--check` when a target was missed), 1 on
+ * failure, and always stops the server, removes the ipc
  * socket file and unlinks every shared-memory segment it created.
  *
  * Parts (each benchmark a folder, issue 25 item 5): shape.ts (constants),
@@ -66,9 +67,8 @@ import { stopChild } from "../lib/children.ts"
 import { orNa } from "../lib/format.ts"
 import { awaitL1Prefault } from "../lib/l1Prefault.ts"
 import { freeGiB, memAvailableGiB, processMemoryGiB } from "../lib/machine.ts"
-import { DOC_NAME, writeDocSection } from "../lib/report.ts"
+import { finishBench } from "../lib/outcome.ts"
 import { makeResources } from "../lib/resources.ts"
-import { writeSummary } from "../lib/summary.ts"
 import { type GuardCost, measureGuardCost } from "./guardCost.ts"
 import { makeMeasurements, timed, type Window, withMemcpy } from "./measure.ts"
 import { type KindReport, type Report, section, summaryRows } from "./report.ts"
@@ -259,11 +259,7 @@ const main = async (): Promise<void> => {
 
   await host.dispose()
   await stopServer()
-  const body = section(report, { durationS, idleS, prefaultSeconds })
-  process.stdout.write(`\n${body}\n`)
-  writeDocSection(HEADING, body)
-  writeSummary(args.summary, summaryRows(report))
-  process.stdout.write(`wrote ${DOC_NAME}\n`)
+  process.exitCode = finishBench(args, { heading: HEADING, body: section(report, { durationS, idleS, prefaultSeconds }), rows: summaryRows(report) })
 }
 
 try {

@@ -35,9 +35,16 @@ export const runCli = (
   args: ReadonlyArray<string>,
   timeoutMs = 60_000,
   env: Record<string, string> = {}
+): Effect.Effect<CliResult> => runNodeArgv(cliArgv(args), timeoutMs, env)
+
+/** Runs `node ...argv` (this Node, this process's environment plus `env`) to completion, killed after `timeoutMs`. */
+export const runNodeArgv = (
+  argv: ReadonlyArray<string>,
+  timeoutMs = 60_000,
+  env: Record<string, string> = {}
 ): Effect.Effect<CliResult> =>
   Effect.callback<CliResult>((resume) => {
-    const child = spawn(process.execPath, cliArgv(args), { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env } })
+    const child = spawn(process.execPath, argv, { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env } })
     let stdout = ""
     let stderr = ""
     child.stdout.on("data", (d: Buffer) => (stdout += d.toString()))
