@@ -7,9 +7,12 @@
  *   - the server: version, protocol, endpoint, uptime, liveness windows, peers;
  *   - one row per instance: decimal id, kind, tenant ("—" until tenants
  *     exist), state startup | active | suspect (coloured), seconds since
- *     last seen, flags (ping / transfer latched), mapped bytes (where the
- *     instance's details carry `mapped_bytes`, else "—");
+ *     last seen, flags (ping / transfer latched), the bytes of its worker's
+ *     memory the server maps and in how many mappings (`mapped_bytes`,
+ *     `mappings`; "—" where a module reports none);
  *   - the last 50 reaps, newest first: time, id, reason, seconds silent, window;
+ *     every time on the page (the reaps, "updated …") in one format, local
+ *     date and time, with the zone named in the header;
  *   - L1 use (bytes used / capacity, objects, evictions) and the hit ratio;
  *     with tenancy, L1 by salt group (`#l1-tenants`: bytes, share, weight, evictions)
  *   - readiness (`#server-readiness`): /readyz's verdict, and each failing check with why
@@ -79,6 +82,7 @@ export const STATUS_PAGE_HTML = `<!doctype html>
   <h1>mpcache</h1>
   <span class="muted" id="server-version">…</span>
   <span id="poll-status" data-ok="false">connecting…</span>
+  <span class="muted">times: <span class="time-zone">local</span></span>
 </header>
 <main>
   <section id="server">
@@ -127,7 +131,7 @@ export const STATUS_PAGE_HTML = `<!doctype html>
   <section id="reaps" class="wide">
     <h2>Recent reaps (<span id="reaps-count">0</span>, newest first)</h2>
     <table>
-      <thead><tr><th>time</th><th>instance id</th><th>reason</th><th class="num">silent (s)</th>
+      <thead><tr><th>time (<span class="time-zone">local</span>)</th><th>instance id</th><th>reason</th><th class="num">silent (s)</th>
         <th class="num">window (s)</th><th>module</th></tr></thead>
       <tbody></tbody>
     </table>
@@ -160,11 +164,17 @@ export const STATUS_PAGE_HTML = `<!doctype html>
   }
   function secs(x) { return typeof x === "number" ? x.toFixed(1) : "—"; }
   function two(n) { return (n < 10 ? "0" : "") + n; }
+  // The page's one time format: local date and time to the second; the zone is named once, in the headers.
   function clock(ms) {
     var t = new Date(ms);
     return t.getFullYear() + "-" + two(t.getMonth() + 1) + "-" + two(t.getDate()) + " " +
       two(t.getHours()) + ":" + two(t.getMinutes()) + ":" + two(t.getSeconds());
   }
+  function zone() {
+    var off = -new Date().getTimezoneOffset(), a = Math.abs(off);
+    return "local, UTC" + (off < 0 ? "−" : "+") + two(Math.floor(a / 60)) + ":" + two(a % 60);
+  }
+  document.querySelectorAll(".time-zone").forEach(function (el) { el.textContent = zone(); });
   function empty(tbody, cols, text) {
     var tr = document.createElement("tr");
     var td = cell(tr, text, "empty");
@@ -260,7 +270,9 @@ export const STATUS_PAGE_HTML = `<!doctype html>
       if (i.has_liveness_signal) flags.push("ping");
       if (i.has_transfer_activity) flags.push("transfer");
       cell(tr, flags.length ? flags.join(" · ") : "—", "flags");
-      cell(tr, typeof i.mapped_bytes === "number" ? bytes(i.mapped_bytes) : "—", "num mapped");
+      var mapped = cell(tr, typeof i.mapped_bytes === "number"
+        ? bytes(i.mapped_bytes) + " in " + i.mappings + " mapping(s)" : "—", "num mapped");
+      mapped.setAttribute("data-bytes", typeof i.mapped_bytes === "number" ? String(i.mapped_bytes) : "");
       tbody.appendChild(tr);
     });
 
@@ -294,7 +306,7 @@ export const STATUS_PAGE_HTML = `<!doctype html>
         polls++;
         document.body.setAttribute("data-polls", String(polls));
         status.setAttribute("data-ok", "true");
-        status.textContent = "updated " + new Date().toLocaleTimeString();
+        status.textContent = "updated " + clock(Date.now());
       })
       .catch(function (e) {
         status.setAttribute("data-ok", "false");

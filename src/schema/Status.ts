@@ -52,6 +52,13 @@ export const StatusInstance = Schema.StructWithRest(
     /** The tenant that registered it (CURVE on, docs/security.md); null with CURVE off. */
     tenant: Schema.optionalKey(Schema.NullOr(Schema.String)),
     /**
+     * Bytes of the worker's memory the server maps for this registration, and in how many mappings (each
+     * segment once); 0 for an engine-driven context, whose engine copies through L1's pool. Their sum over
+     * instances is `native.mapped_bytes`.
+     */
+    mapped_bytes: Schema.optionalKey(Count),
+    mappings: Schema.optionalKey(Count),
+    /**
      * A cpu_memfd registration (issue 13 item 2, docs/memfd.md): the sender's
      * SO_PEERCRED and each passed memfd's segment key, bytes and seals
      * ("seal", "shrink", "grow", "write", "future_write").

@@ -4,35 +4,15 @@
  * real redis-server: state and store line, then "not connected" once redis
  * is gone. Skipped, loudly, without Chromium or redis-server.
  */
-import { existsSync, mkdtempSync } from "node:fs"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { chromium, type BrowserContext, type Page } from "playwright-core"
+import type { Page } from "playwright-core"
+import { browserIn, hasChromium, warnWithoutChromium } from "../support/Browser.ts"
 import { ipcEndpoint, startServer } from "../support/LiveFleet.ts"
 import { startRedis } from "../support/RedisFleet.ts"
 import { redisSuite } from "../support/RedisSuite.ts"
 
-const CHROMIUM = process.env["MPCACHE_CHROMIUM"] ?? "/usr/bin/chromium"
-// redis-server's absence is reported by redisSuite; Chromium's here, as loudly.
-const hasChromium = existsSync(CHROMIUM)
-if (!hasChromium) {
-  process.stderr.write(`\n*** SKIPPING test/e2e/l2StatusPage.test.ts: Chromium (${CHROMIUM}) not installed ***\n\n`)
-  console.warn(`l2StatusPage.test.ts: SKIPPED, Chromium (${CHROMIUM}) not installed`)
-}
-
-const browserIn = (dir: string) =>
-  Effect.acquireRelease(
-    Effect.promise(() =>
-      chromium.launchPersistentContext(join(dir, "profile"), {
-        executablePath: CHROMIUM,
-        headless: true,
-        args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-sync"]
-      })
-    ),
-    (context: BrowserContext) => Effect.promise(() => context.close())
-  )
+warnWithoutChromium("l2StatusPage.test.ts")
 
 interface DomElement {
   readonly textContent: string | null
@@ -66,7 +46,7 @@ redisSuite("status page with L2", () => {
       Effect.scoped(Effect.gen(function*() {
         const redis = yield* startRedis()
         const { httpPort } = yield* startServer(ipcEndpoint(), ["--l2-url", redis.url, "--no-l1-prefault", "--l1-size-gb", "0.0625"])
-        const context = yield* browserIn(mkdtempSync(join(tmpdir(), "mpcache-l2-status-page-")))
+        const context = yield* browserIn()
         const page = yield* Effect.promise(() => context.newPage())
         yield* Effect.promise(() => page.goto(`http://127.0.0.1:${httpPort}/`))
         const up = yield* until(l2Block(page), (b) => b.state === "ok", 10_000)

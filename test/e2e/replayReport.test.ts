@@ -10,7 +10,9 @@ import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import type { ReplaySummary } from "../../src/replay/Driver.ts"
+import { fitAxis } from "../../src/replay/ReportHtml.ts"
 import type { ReplayTimeline } from "../../src/replay/Timeline.ts"
+import { browserIn, hasChromium, NO_CHROMIUM, screenshotDir, warnWithoutChromium } from "../support/Browser.ts"
 import { runCli } from "../support/Cli.ts"
 import { parseReportCharts, reportData } from "../support/ReportSvg.ts"
 
@@ -19,11 +21,29 @@ const last = <A>(xs: ReadonlyArray<A>): A => xs[xs.length - 1]!
 /** Requests of the run; a worker is killed after every 50 (--kill-every-requests: by progress, not time). */
 const REQUESTS = 200
 
+warnWithoutChromium("replayReport.test.ts")
+/** The report the first test wrote, which the browser test opens. */
+let reportPath: string | undefined
+
+/** The little of the DOM the checks read (the project compiles without lib "dom"). */
+interface Box {
+  readonly scrollWidth: number
+  readonly clientWidth: number
+  readonly scrollHeight: number
+  readonly clientHeight: number
+}
+interface ReportDom {
+  readonly documentElement: Box
+  querySelector(selector: string): (Box & { getBoundingClientRect(): { readonly right: number } }) | null
+  querySelectorAll(selector: string): Iterable<Box & { getBoundingClientRect(): { readonly right: number } }>
+}
+
 describe("mpcache replay --report", () => {
   it.live("a replay with kills: latency, hit ratio beside the perfect LRU, workers alive with kill/replace/reap marks, bytes moved", () =>
     Effect.gen(function*() {
       const dir = mkdtempSync(join(tmpdir(), "mpcache-replay-report-"))
       const path = join(dir, "report.html")
+      reportPath = path
       const r = yield* runCli(
         ["replay", "--json", "--requests", String(REQUESTS), "--workers", "2", "--max-rate", "--kill-every-requests", "50", "--report", path],
         150_000
@@ -67,6 +87,13 @@ describe("mpcache replay --report", () => {
       // Hit ratio: the run's and the perfect LRU's end exactly at the summary's figures.
       assert.strictEqual(last(series("chart-hit-ratio", "hit-ratio"))[1], summary.hit_ratio)
       assert.strictEqual(last(series("chart-hit-ratio", "perfect-lru"))[1], summary.perfect_lru_hit_ratio)
+      // Its axis is fitted to the plotted ratios (src/replay/ReportHtml.ts fitAxis), not 0–100 %.
+      const ratios = [...series("chart-hit-ratio", "hit-ratio"), ...series("chart-hit-ratio", "perfect-lru")].map(([, v]) => v)
+      const fitted = fitAxis(Math.min(...ratios), Math.max(...ratios), { floor: 0, ceil: 1, minSpan: 0.04 })
+      const svgTag = html.match(/<svg id="chart-hit-ratio"[^>]*>/)![0]
+      assert.include(svgTag, `data-y-min="${fitted.min}" data-y-max="${fitted.max}"`)
+      assert.isAtMost(fitted.min, Math.min(...ratios))
+      assert.isAtLeast(fitted.max, Math.max(...ratios))
 
       // Bytes: the per-second MB add up to what the summary says was stored and retrieved.
       const mb = (name: string) => series("chart-bytes", name).reduce((n, [, v]) => n + v, 0)
@@ -91,4 +118,47 @@ describe("mpcache replay --report", () => {
       for (const k of of("kill")) assert.isAbove(of("reap").find((e) => e.instanceId === k.instanceId)!.t, k.t)
       for (const c of charts) assert.deepStrictEqual(c.events, events)
     }), 180_000)
+
+  it.live.skipIf(!hasChromium)(
+    "in Chromium, narrow and wide: nothing clips or scrolls sideways, the summary box shows every line; screenshots in test-output" +
+      (hasChromium ? "" : ` — ${NO_CHROMIUM}`),
+    () =>
+      Effect.scoped(Effect.gen(function*() {
+        assert.isDefined(reportPath, "the replay test before this one writes the report")
+        const shots = screenshotDir("replay-report")
+        for (const width of [560, 1400]) {
+          const context = yield* browserIn({ width, height: 900 })
+          const page = yield* Effect.promise(() => context.newPage())
+          yield* Effect.promise(() => page.goto(`file://${reportPath}`, { waitUntil: "load" }))
+          const layout = yield* Effect.promise(() =>
+            page.evaluate(() => {
+              // Runs in the page.
+              const document = (globalThis as unknown as { readonly document: ReportDom }).document
+              const box = (b: Box | null) =>
+                b === null ? null : { sw: b.scrollWidth, cw: b.clientWidth, sh: b.scrollHeight, ch: b.clientHeight }
+              return {
+                page: box(document.documentElement),
+                viewport: (globalThis as unknown as { readonly innerWidth: number }).innerWidth,
+                figures: box(document.querySelector("dl")),
+                summary: box(document.querySelector("pre")),
+                chartsRight: [...document.querySelectorAll("svg.chart")].map((c) => c.getBoundingClientRect().right)
+              }
+            })
+          )
+          yield* Effect.promise(() => page.screenshot({ path: join(shots, `report-${width}px.png`), fullPage: true }))
+          const where = `at ${width} px: ${JSON.stringify(layout)}`
+          // The page never scrolls sideways; each chart fits in the viewport.
+          assert.isAtMost(layout.page!.sw, layout.viewport, where)
+          assert.strictEqual(layout.chartsRight.length, 4, where)
+          for (const right of layout.chartsRight) assert.isAtMost(right, layout.viewport, where)
+          // The figures and the summary box: no line behind a scrollbar, either way.
+          for (const b of [layout.figures!, layout.summary!]) {
+            assert.isAtMost(b.sw, b.cw, where)
+            assert.isAtMost(b.sh, b.ch, where)
+          }
+        }
+        console.log(`replay report screenshots: ${shots}`)
+      })),
+    60_000
+  )
 })

@@ -10,53 +10,29 @@
  * suite says so loudly (`.ci/run` installs it). `MPCACHE_CHROMIUM` names
  * another binary.
  */
-import { existsSync, mkdtempSync, readFileSync, statSync } from "node:fs"
-import { tmpdir } from "node:os"
+import { readFileSync, statSync } from "node:fs"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { chromium, type BrowserContext, type Page } from "playwright-core"
+import type { Page } from "playwright-core"
 import { STATUS_PAGE_HTML } from "../../src/layers/StatusPage.ts"
+import { browserIn, hasChromium, NO_CHROMIUM, screenshotDir, warnWithoutChromium } from "../support/Browser.ts"
 import { eventually, getText, ipcEndpoint, startServer, startWorker, statusOf } from "../support/LiveFleet.ts"
 
-const CHROMIUM = process.env["MPCACHE_CHROMIUM"] ?? "/usr/bin/chromium"
-const hasChromium = existsSync(CHROMIUM)
-const MISSING =
-  `SKIPPED: no Chromium at ${CHROMIUM}; install it with \`apt-get update && apt-get install -y chromium\` (.ci/run does) or set MPCACHE_CHROMIUM`
-if (!hasChromium) {
-  // Straight to the process's stderr: the config silences console output of passing files.
-  process.stderr.write(`\n*** statusPage.test.ts: the status page's browser test is ${MISSING} ***\n\n`)
-  console.warn(`statusPage.test.ts: the browser test is ${MISSING}`)
-}
-
-/** A fresh headless Chromium profile under `dir`, closed with the scope. */
-const browserIn = (dir: string) =>
-  Effect.acquireRelease(
-    Effect.promise(() =>
-      chromium.launchPersistentContext(join(dir, "profile"), {
-        executablePath: CHROMIUM,
-        headless: true,
-        args: [
-          "--headless",
-          "--no-sandbox",
-          "--disable-gpu",
-          "--disable-quic",
-          "--no-first-run",
-          "--disable-background-networking",
-          "--disable-component-update",
-          "--disable-sync"
-        ],
-        viewport: { width: 1280, height: 900 }
-      })
-    ),
-    (context: BrowserContext) => Effect.promise(() => context.close())
-  )
+warnWithoutChromium("statusPage.test.ts")
 
 /** What the page shows: instance rows (id, state) and reap rows (id, reason, window cell). */
 interface Rendered {
   readonly polls: number
   readonly instances: ReadonlyArray<{ readonly id: string; readonly state: string; readonly tenant: string }>
-  readonly reaps: ReadonlyArray<{ readonly id: string; readonly reason: string; readonly window: string }>
+  /** Each instance's mapped-bytes cell: its text and `data-bytes`. */
+  readonly mapped: ReadonlyArray<{ readonly id: string; readonly text: string; readonly bytes: string }>
+  readonly reaps: ReadonlyArray<{ readonly id: string; readonly reason: string; readonly window: string; readonly time: string }>
+  /** `#poll-status`, and every `.time-zone` label. */
+  readonly pollStatus: string
+  readonly zones: ReadonlyArray<string>
+  /** The page's whole text (to find any time written in another format). */
+  readonly text: string
   /** The server block's mapping limits line (issue 24 items 4 and 12). */
   readonly mapLimits: string
 }
@@ -83,11 +59,20 @@ const rendered = (page: Page): Effect.Effect<Rendered> =>
           state: tr.querySelector("td.state")?.getAttribute("data-state") ?? "",
           tenant: text(tr, "td.tenant")
         })),
+        mapped: [...document.querySelectorAll("#instances tbody tr[data-instance-id]")].map((tr) => ({
+          id: tr.getAttribute("data-instance-id") ?? "",
+          text: text(tr, "td.mapped"),
+          bytes: tr.querySelector("td.mapped")?.getAttribute("data-bytes") ?? ""
+        })),
         reaps: [...document.querySelectorAll("#reaps tbody tr[data-instance-id]")].map((tr) => ({
           id: tr.getAttribute("data-instance-id") ?? "",
           reason: tr.getAttribute("data-reason") ?? "",
-          window: text(tr, "td.window")
+          window: text(tr, "td.window"),
+          time: text(tr, "td.time")
         })),
+        pollStatus: text(document.body, "#poll-status"),
+        zones: [...document.querySelectorAll(".time-zone")].map((e) => e.textContent ?? ""),
+        text: document.body.textContent ?? "",
         mapLimits: text(document.body, "#server-map-limits")
       }
     })
@@ -130,17 +115,17 @@ describe("status page", () => {
 
   it.live.skipIf(!hasChromium)(
     "in Chromium: two workers active; one SIGKILLed goes suspect, then leaves the instances and appears in the reaps (disconnect, 2 s)" +
-      (hasChromium ? "" : ` — ${MISSING}`),
+      (hasChromium ? "" : ` — ${NO_CHROMIUM}`),
     () =>
       Effect.scoped(Effect.gen(function*() {
-        const dir = mkdtempSync(join(tmpdir(), "mpcache-status-page-"))
+        const dir = screenshotDir("status-page")
         const endpoint = ipcEndpoint()
         const { httpPort } = yield* startServer(endpoint, ["--worker-disconnect-grace-seconds", "2"])
         const a = yield* startWorker(endpoint, 500, 60_000)
         const b = yield* startWorker(endpoint, 500, 60_000)
         const origin = `http://127.0.0.1:${httpPort}`
 
-        const context = yield* browserIn(dir)
+        const context = yield* browserIn()
         const page = yield* Effect.promise(() => context.newPage())
         const requested: Array<string> = []
         page.on("request", (r) => void requested.push(r.url()))
@@ -158,6 +143,19 @@ describe("status page", () => {
           [a.instanceId, b.instanceId].sort().map((id) => ({ id, state: "active", tenant: "—" }))
         )
         assert.deepStrictEqual(both.reaps, [])
+        // Each instance's row shows the worker memory the server maps for it, and the rows add up to the
+        // server card's figure.
+        const api = yield* statusOf(httpPort)
+        const mappedOf = (id: string) => api.instances.find((i) => i.instance_id === id)!
+        assert.deepStrictEqual(
+          [...both.mapped].sort((x, y) => x.id.localeCompare(y.id)).map((m) => [m.id, m.bytes]),
+          [a.instanceId, b.instanceId].sort().map((id) => [id, String(mappedOf(id).mapped_bytes)])
+        )
+        for (const m of both.mapped) {
+          assert.isAbove(Number(m.bytes), 0)
+          assert.match(m.text, new RegExp(`^\\d+(\\.\\d)? (B|KiB|MiB|GiB) in ${mappedOf(m.id).mappings} mapping\\(s\\)$`))
+        }
+        assert.strictEqual(api.instances.reduce((n, i) => n + (i.mapped_bytes ?? 0), 0), api.native.mapped_bytes)
         // Readiness as /readyz says it: every check passing.
         assert.deepStrictEqual(
           yield* Effect.promise(() => page.$eval("#server-readiness", (e) => [e.getAttribute("data-status"), e.textContent])),
@@ -191,7 +189,17 @@ describe("status page", () => {
           10_000
         )
         assert.deepStrictEqual(reaped.instances, [{ id: b.instanceId, state: "active", tenant: "—" }])
-        assert.deepStrictEqual(reaped.reaps, [{ id: a.instanceId, reason: "disconnect", window: "2" }])
+        assert.deepStrictEqual(reaped.reaps.map(({ time: _, ...r }) => r), [{ id: a.instanceId, reason: "disconnect", window: "2" }])
+        // One time format throughout: local date and time to the second, the zone named in the headers.
+        const dateTime = /^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$/
+        assert.match(reaped.reaps[0]!.time, dateTime)
+        assert.match(reaped.pollStatus, /^updated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$/)
+        assert.strictEqual(reaped.zones.length, 2)
+        for (const z of reaped.zones) assert.match(z, /^local, UTC[+−]\d\d:\d\d$/)
+        // Every clock time on the page follows its date (no "11:14:05 PM", no ISO "T…Z" beside it).
+        const clocks = [...reaped.text.matchAll(/(\d{4}-\d\d-\d\d[ T])?\d{1,2}:\d\d:\d\d(\s?[AaPp]\.?[Mm]|Z|\.\d+)?/g)]
+        assert.isAtLeast(clocks.length, 2)
+        for (const c of clocks) assert.isTrue(c[1]?.endsWith(" ") === true && c[2] === undefined, `a time in another format: ${c[0]}`)
         // The survivor's two segments against the bounds derived from the kernel's cap.
         const cap = Number(readFileSync("/proc/sys/vm/max_map_count", "utf8"))
         assert.match(

@@ -5,7 +5,7 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import { perfectLru, perfectLruCumulative } from "../../src/replay/LruSim.ts"
-import { chartSvg, niceStep, replayCharts } from "../../src/replay/ReportHtml.ts"
+import { chartSvg, EVENT_STYLES, fitAxis, niceStep, replayCharts } from "../../src/replay/ReportHtml.ts"
 import { TimelineRecorder } from "../../src/replay/Timeline.ts"
 import { parseReportCharts } from "../support/ReportSvg.ts"
 
@@ -66,6 +66,46 @@ describe("replay timeline", () => {
         { kind: "reap", t: 3.6, instanceId: "11", reason: "disconnect" }
       ])
     }
+  })
+
+  it("the hit-ratio axis fits the data: round ends a tenth of the span beyond it, at least 4 points tall, within 0–100 %", () => {
+    const ratio = { floor: 0, ceil: 1, minSpan: 0.04 }
+    assert.deepStrictEqual(fitAxis(0.05, 0.09, ratio), { min: 0.04, max: 0.1, step: 0.01 })
+    assert.deepStrictEqual(fitAxis(0.9, 0.99, ratio), { min: 0.85, max: 1, step: 0.05 })
+    assert.deepStrictEqual(fitAxis(0.2, 0.2, ratio), { min: 0.18, max: 0.22, step: 0.01 })
+    assert.deepStrictEqual(fitAxis(0, 0.03, ratio), { min: 0, max: 0.05, step: 0.01 })
+    assert.deepStrictEqual(fitAxis(0.98, 1, ratio), { min: 0.96, max: 1, step: 0.01 })
+    assert.deepStrictEqual(fitAxis(0.125, 0.4, ratio), { min: 0, max: 0.5, step: 0.1 })
+    assert.deepStrictEqual(fitAxis(Infinity, -Infinity, ratio), { min: 0, max: 0.04, step: 0.01 })
+    // The chart carries the fitted ends, and its ticks run between them.
+    const tl = recorded()
+    const svg = chartSvg(replayCharts(tl).find((c) => c.id === "chart-hit-ratio")!, tl.duration_seconds, tl.events)
+    assert.include(svg, `data-y-min="0" data-y-max="0.5"`)
+    assert.deepStrictEqual([...svg.matchAll(/<text class="tick" x="58"[^>]*>([^<]*)</g)].map((m) => m[1]), ["0%", "10%", "20%", "30%", "40%", "50%"])
+    // The other charts start at 0.
+    const latency = chartSvg(replayCharts(tl)[0]!, tl.duration_seconds, tl.events)
+    assert.include(latency, `data-y-min="0" data-y-max="50"`)
+  })
+
+  it("each kind of event has its own colour, dash and marker shape, and a legend item with its count", () => {
+    const styles = Object.values(EVENT_STYLES)
+    for (const key of ["colour", "dash", "glyph"] as const) assert.strictEqual(new Set(styles.map((st) => st[key])).size, styles.length, key)
+    assert.strictEqual(new Set(styles.map((st) => st.shape)).size, styles.length)
+    const tl = recorded()
+    const svg = chartSvg(replayCharts(tl)[2]!, tl.duration_seconds, tl.events)
+    assert.deepStrictEqual(
+      [...svg.matchAll(/<line class="event event-(\w+)"[^>]*?( stroke-dasharray="[^"]*")?>/g)].map((m) => [m[1], m[2] ?? ""]),
+      [["kill", ""], ["replace", ` stroke-dasharray="6 3"`], ["reap", ` stroke-dasharray="1 3"`]]
+    )
+    assert.deepStrictEqual(
+      [...svg.matchAll(/<path class="event-marker" data-event="(\w+)" data-t="([^"]*)"/g)].map((m) => [m[1], m[2]]),
+      [["kill", "1.5"], ["replace", "2.5"], ["reap", "3.6"]]
+    )
+    assert.deepStrictEqual(
+      [...svg.matchAll(/<g class="event-legend-item" data-event="(\w+)" data-count="(\d+)">[\s\S]*?<text[^>]*>([^<]*)<\/text>/g)]
+        .map((m) => [m[1], m[2], m[3]]),
+      [["kill", "1", "kill (1)"], ["replace", "1", "replace (1)"], ["reap", "1", "reap (1)"]]
+    )
   })
 
   it("round axis steps; the cumulative LRU ends where perfectLru does", () => {

@@ -236,6 +236,9 @@ const make = Effect.gen(function*() {
     missing: "has no engine-driven context",
     remedy: "register it again",
     details: ({ layout, registration: r, strategy }) => ({
+      // The engine copies through L1's own pool: the server maps none of this worker's memory.
+      mapped_bytes: 0,
+      mappings: 0,
       model_name: r.model_name,
       world_size: r.world_size,
       transport: strategy.transport,

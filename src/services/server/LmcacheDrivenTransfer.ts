@@ -83,6 +83,13 @@ import { FdExchange } from "./FdExchange.ts"
 import { fromStart } from "../metrics/Series.ts"
 
 /** One registered worker context (upstream ContextEntry); its liveness fields live in the registry. */
+/** Bytes the mappings of one registration hold: each segment mapped once, from offset 0 for its `sizeBytes`. */
+const sumMappedBytes = (mappings: ReadonlyMap<string, ShmMapping>): number => {
+  let total = 0
+  for (const m of mappings.values()) total += m.sizeBytes
+  return total
+}
+
 export interface ContextEntry {
   readonly modelName: string
   readonly worldSize: number
@@ -236,6 +243,10 @@ const make = Effect.gen(function*() {
     remedy: "register it again",
     details: (e) => ({
       ...(e.memfd === undefined ? {} : { memfd: e.memfd }),
+      // What this instance's registration maps of its worker's memory (the status page's per-instance figure;
+      // the server card's native.mapped_bytes is their sum).
+      mapped_bytes: sumMappedBytes(e.mappings),
+      mappings: e.mappings.size,
       model_name: e.modelName,
       world_size: e.worldSize,
       engine_type: e.engineType,
