@@ -42,6 +42,7 @@ import { Tenancy } from "../services/auth/Tenancy.ts"
 import { PeerEvents } from "../services/liveness/PeerEvents.ts"
 import { ZmqSockets } from "../services/zmq/Sockets.ts"
 import { layerL2Tier, l2Module } from "../services/server/l2/L2Tier.ts"
+import { KvEvents, kvEventsModule } from "../services/server/kvevents/KvEvents.ts"
 
 /**
  * Out-of-tree server modules (upstream: runtime plugins), joined after the
@@ -59,12 +60,16 @@ export class ServerModules extends Context.Service<ServerModules, ReadonlyArray<
   "mpcache/layers/ServerModules"
 ) {}
 
-/** L1 (its shares from the tenancy: the same Tenancy the control layer builds, layers being memoized), layouts, the budget of worker-memory mappings and the native memory backend. */
+/**
+ * L1 (its shares from the tenancy: the same Tenancy the control layer builds, layers being memoized; its commits
+ * and drops announced in the KV event log), layouts, the budget of worker-memory mappings and the native memory
+ * backend.
+ */
 const StorageLive = Layer.mergeAll(
   L1Store.layer.pipe(Layer.provide(Layer.effect(L1ShareWeights, Effect.map(Tenancy, (t) => t.l1WeightOf)).pipe(Layer.provide(Tenancy.layer)))),
   LayoutRegistry.layer,
   MappingBudget.layer
-).pipe(Layer.provideMerge(NativeMemoryLive))
+).pipe(Layer.provideMerge(NativeMemoryLive), Layer.provideMerge(KvEvents.layer))
 
 /** The L2 tier on the configured Redis (issue 15); nothing (the "no L2" default) without --l2-url. */
 const L2Live = Layer.unwrap(
@@ -90,6 +95,7 @@ const BuiltinModulesLive = Layer.effect(
       yield* storageModule,
       (yield* MappingBudget).module,
       yield* l2Module,
+      yield* kvEventsModule,
       ...(yield* PluginModules)
     ]
   })

@@ -293,6 +293,56 @@ export const CbRetrievePreComputed = op({
   response: TransferResult
 })
 
+/** The most records one POLL_KV_EVENTS answers (its `max_events` is capped here: one reply stays small). */
+export const MAX_KV_EVENTS_PER_POLL = 4096
+
+/**
+ * One record of the KV event log (issue 28; docs/kv-events.md), as upstream's `KVEventRecord`: `kind`
+ * "stored" (one chunk: `block_hashes` holds its hash, `token_ids` its tokens, `parent_block_hash` the
+ * previous chunk's or nil) or "removed" (`block_hashes` every chunk that left; no tokens, no parent),
+ * `medium` "CPU" (L1) or "STORAGE" (L2). mpcache adds `salt_group` ("" without tenancy).
+ */
+export const KvEventRecordWire = Schema.Struct({
+  seq: Uint,
+  kind: Schema.Literals(["stored", "removed"]),
+  medium: Schema.Literals(["CPU", "STORAGE"]),
+  model_name: WireString,
+  block_hashes: Schema.Array(Schema.Uint8Array),
+  parent_block_hash: Schema.NullOr(Schema.Uint8Array),
+  token_ids: Schema.Array(Uint),
+  salt_group: WireString
+})
+
+/**
+ * POLL_KV_EVENTS's answer, as upstream's `KVEventPollResult`: `enabled` (false: `--kv-event-log-size 0`,
+ * nothing else means anything), `incarnation` (drawn at server start: a change is a restart), `next_cursor`
+ * (the cursor of the next poll), `lost` (the consumer must drop what it knows of this server, then apply
+ * `events`) and `events`.
+ */
+export const KvEventPollResult = Schema.Struct({
+  enabled: Schema.Boolean,
+  incarnation: Uint,
+  next_cursor: Uint,
+  lost: Schema.Boolean,
+  events: Schema.Array(KvEventRecordWire)
+})
+
+/**
+ * POLL_KV_EVENTS (upstream's id 34): the records after `cursor` (the last sequence number the consumer
+ * applied, 0 on first contact) of `model_name`, at most `max_events` (1 … MAX_KV_EVENTS_PER_POLL). Under
+ * tenancy a tenant reads its own salt group's records only; an admin reads all.
+ */
+export const PollKvEvents = op({
+  id: 34,
+  name: "poll_kv_events",
+  payload: [
+    ["model_name", ModelName],
+    ["cursor", Uint],
+    ["max_events", Uint.check(Schema.isGreaterThanOrEqualTo(1), atMost(MAX_KV_EVENTS_PER_POLL, "records, MAX_KV_EVENTS_PER_POLL"))]
+  ],
+  response: KvEventPollResult
+})
+
 export const PingRegistered = op({
   id: 64,
   name: "ping_registered",
@@ -339,7 +389,8 @@ export const Hello = op({
  * this server takes none), `fd_nonce` the 16 bytes a descriptor request
  * names to tie its token to this connection (the same for the connection's
  * life), `protocol_version` the wire version, `features` what is on
- * ("cpu_memfd", "require_sealed_memfd", "named_segments", "curve", "tenants").
+ * ("cpu_memfd", "require_sealed_memfd", "named_segments", "curve", "tenants", "kv_events": POLL_KV_EVENTS
+ * answers records).
  */
 export const ServerInfo = Schema.Struct({
   fd_socket: WireString,
@@ -379,6 +430,7 @@ export const OPS: ReadonlyArray<Op> = [
   CbRegisterRope,
   CbUnregisterRope,
   CbRetrievePreComputed,
+  PollKvEvents,
   PingRegistered,
   HelloChallenge,
   Hello,

@@ -331,7 +331,24 @@ export const StatusDocument = Schema.Struct({
     pending_retrieves: Count
   }),
   blend: Schema.Struct({ rope_instances: Schema.Array(Schema.String) }),
-  l2: Schema.NullOr(StatusL2)
+  l2: Schema.NullOr(StatusL2),
+  /**
+   * The KV event log (issue 28 item 7, docs/kv-events.md): on/off, its capacity and incarnation, records kept
+   * now with their oldest and newest sequence numbers, records appended since start by kind, gap markers,
+   * polls answered `lost`, and the chunks L1 announced and still holds.
+   */
+  kv_events: Schema.Struct({
+    enabled: Schema.Boolean,
+    capacity: Count,
+    incarnation: Count,
+    depth: Count,
+    oldest_seq: Count,
+    newest_seq: Count,
+    records: Schema.Struct({ stored: Count, removed: Count }),
+    dropped: Count,
+    lost_answers: Count,
+    held_chunks: Count
+  })
 })
 export type StatusDocument = typeof StatusDocument.Type
 

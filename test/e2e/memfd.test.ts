@@ -114,7 +114,7 @@ describe("cpu_memfd: memory handed over, not named", () => {
         fd_socket: socket,
         fd_nonce: 16,
         protocol_version: 1,
-        features: ["cpu_memfd", "named_segments"]
+        features: ["cpu_memfd", "named_segments", "kv_events"]
       })
       yield* daemon.stop("SIGTERM")
       assert.deepStrictEqual(yield* server.stop("SIGTERM"), { code: 0, signal: null })
@@ -205,7 +205,7 @@ describe("cpu_memfd: memory handed over, not named", () => {
       yield* startServer(sealedOnly, ["--l1-size-gb", "0.25", "--no-l1-prefault", "--require-sealed-memfd"], 60_000)
       const c = yield* client(sealedOnly)
       const info = yield* c.request(GetServerInfo, [])
-      assert.deepStrictEqual(info.features, ["cpu_memfd", "require_sealed_memfd", "named_segments"])
+      assert.deepStrictEqual(info.features, ["cpu_memfd", "require_sealed_memfd", "named_segments", "kv_events"])
       const unsealed = yield* createMemfd(`mpcache-memfd-unsealed-${randomUUID().slice(0, 8)}`, LAYER_BYTES, 0)
       const notSealed = "descriptor request: descriptor 0 is not sealed (seals: none); this server requires F_SEAL_SHRINK and F_SEAL_SEAL (--require-sealed-memfd)"
       assert.deepStrictEqual(yield* pass(c, 1, [unsealed]), { ok: false, code: "invalid_argument", message: notSealed })

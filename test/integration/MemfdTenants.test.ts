@@ -48,7 +48,7 @@ const layer = (token: Uint8Array): TensorDescriptor => ({
 const tokenFor = (c: MqClientShape, id: number, fd: number) =>
   Effect.gen(function*() {
     const info = yield* c.request(GetServerInfo, [])
-    assert.deepStrictEqual(info.features, ["cpu_memfd", "named_segments", "curve", "tenants"])
+    assert.deepStrictEqual(info.features, ["cpu_memfd", "named_segments", "curve", "tenants", "kv_events"])
     const reply = unpack(yield* sendFds(info.fd_socket, pack({ version: 1, nonce: info.fd_nonce, instance_id: id, fds: 1 }), [fd], 5_000))
     return (reply!.value as { token: Uint8Array }).token
   })

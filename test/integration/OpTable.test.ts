@@ -32,6 +32,7 @@ const DESIGN_TABLE: ReadonlyArray<readonly [number, string, string]> = [
   [25, "cb_register_rope", "SYNC"],
   [26, "cb_unregister_rope", "SYNC"],
   [27, "cb_retrieve_pre_computed", "AFFINITY"],
+  [34, "poll_kv_events", "SYNC"],
   [64, "ping_registered", "NORMAL"],
   [65, "hello_challenge", "NORMAL"],
   [66, "hello", "NORMAL"],

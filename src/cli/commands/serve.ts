@@ -136,6 +136,12 @@ const serveFlags = {
     defaults.maxPendingLookupsPerPeer,
     rules.positiveInt
   ),
+  kvEventLogSize: int(
+    "kv-event-log-size",
+    "Records of the KV event log routers read (chunks stored and removed, docs/kv-events.md); 0 turns events off; 0 to 4194304",
+    defaults.kvEventLogSize,
+    rules.kvEventLogSize
+  ),
   maxLookupLocks: int(
     "max-lookup-locks",
     "Read locks all pending lookups may hold (one per L1 object each); over it the oldest lookups are released; >= 1",
@@ -264,6 +270,7 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   maxPendingLookups: f.maxPendingLookups,
   maxPendingLookupsPerPeer: f.maxPendingLookupsPerPeer,
   maxLookupLocks: f.maxLookupLocks,
+  kvEventLogSize: f.kvEventLogSize,
   engineDrivenTransport: Option.getOrUndefined(f.engineDrivenTransport),
   prepareTtlSeconds: f.prepareTtlSeconds,
   curveSecretKeyFile: Option.getOrUndefined(f.curveSecretKeyFile),

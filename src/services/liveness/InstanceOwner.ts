@@ -47,6 +47,15 @@ export const RequestTenant = Context.Reference<string | undefined>("mpcache/serv
 })
 
 /**
+ * The salt group whose records a request may read from the KV event log (issue 28 item 3): provided by the
+ * tenant guard beside {@link RequestTenant} — the tenant's group, or undefined for an admin (every group's);
+ * undefined without tenancy.
+ */
+export const RequestSaltGroup = Context.Reference<string | undefined>("mpcache/services/liveness/RequestSaltGroup", {
+  defaultValue: () => undefined
+})
+
+/**
  * Whether a request served for `tenant` may use an entry owned by `owner`:
  * always without tenancy (`tenant` undefined); under tenancy only its own
  * tenant's entry, and never an entry without an owner (fail closed).

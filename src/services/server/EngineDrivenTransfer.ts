@@ -132,6 +132,7 @@ import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
 import { makeTrackedInstances } from "./InstanceModule.ts"
 import { Lookup, objectKeysOf } from "./Lookup.ts"
 import { chunkHashes } from "../kv/TokenHasher.ts"
+import { originOf } from "./kvevents/L1EventSink.ts"
 import { pendingKeyOf } from "./internal/PendingPrepares.ts"
 import { makeTransferStrategy, type TransferStrategy } from "./internal/TransferStrategy.ts"
 
@@ -339,7 +340,11 @@ const make = Effect.gen(function*() {
     Effect.gen(function*() {
       const entry = yield* contexts.resolveForTransfer(PrepareStore.name, id)
       const objectKeys = yield* objectKeysFor(PrepareStore.name, entry, key)
-      const answer = yield* entry.strategy.prepareStore(pendingKeyOf(key), objectKeys)
+      // What each chunk's commit announces in the KV event log (computed only for a chunk's first rank).
+      const first = key.start / chunk
+      const allHashes = objectKeys.length === 0 ? [] : chunkHashes(key.token_ids, chunk, first + objectKeys.length)
+      const origins = objectKeys.map((_, i) => originOf(key.token_ids, chunk, first + i, allHashes))
+      const answer = yield* entry.strategy.prepareStore(pendingKeyOf(key), objectKeys, origins)
       if (answer === undefined) return yield* contexts.notRegistered(PrepareStore.name, id)
       return answer
     })

@@ -386,7 +386,9 @@ const make = Effect.gen(function*() {
     ...(listening !== undefined ? ["cpu_memfd"] : []),
     ...(listening !== undefined && config.requireSealedMemfd ? ["require_sealed_memfd"] : []),
     ...(config.namedSegments === "allow" ? ["named_segments"] : []),
-    ...(config.curve !== undefined ? ["curve", "tenants"] : [])
+    ...(config.curve !== undefined ? ["curve", "tenants"] : []),
+    // POLL_KV_EVENTS answers records (issue 28 item 3): the KV event log is on.
+    ...(config.kvEventLogSize > 0 ? ["kv_events"] : [])
   ]
   const socketPath = listening === undefined ? undefined : path
 

@@ -38,13 +38,15 @@
  * at start a pool left by a crashed run (its process gone) is unlinked.
  */
 import { readdirSync, existsSync, statfsSync } from "node:fs"
-import { Context, Duration, Effect, Layer, Metric, Schema } from "effect"
+import { Context, Duration, Effect, Layer, Metric, Option, Schema } from "effect"
 import { ServerConfig } from "./ServerConfig.ts"
 import { NativeMemory, type NativeError } from "../../native/Native.ts"
 import type { InvalidArgument } from "../../schema/WireError.ts"
 import { CacheControl } from "./CacheControl.ts"
 import { makeExtentAllocator } from "./internal/ExtentAllocator.ts"
 import { type GroupShare, type L1Shares, makeL1Shares } from "./internal/L1Shares.ts"
+import { KvEvents } from "./kvevents/KvEvents.ts"
+import type { L1EventSink, OriginOf } from "./kvevents/L1EventSink.ts"
 import { objectKeyString, type ObjectKey } from "./ObjectKey.ts"
 import { fromStart } from "../metrics/Series.ts"
 
@@ -60,6 +62,8 @@ interface L1Object {
   readonly extent: Buffer
   committed: boolean
   readLocks: number
+  /** What its commit announces to the KV event log (its tokens and parent); dropped once committed. */
+  origin: OriginOf | undefined
 }
 
 /** A reserved, not yet visible object; fill `bytes` (pool bytes at `offset`), then commit or abort. */
@@ -134,8 +138,11 @@ export const L1ShareWeights = Context.Reference<((group: string) => number) | un
 
 /** The L1 store. */
 export class L1Store extends Context.Service<L1Store, {
-  /** Reserves a `sizeBytes` object for `key` (mode "new": an existing key is not rewritten). */
-  readonly reserveWrite: (key: ObjectKey, sizeBytes: number) => Effect.Effect<ReserveResult>
+  /**
+   * Reserves a `sizeBytes` object for `key` (mode "new": an existing key is not rewritten). `origin`, the
+   * chunk's tokens and parent, is what its commit announces in the KV event log (issue 28 item 2).
+   */
+  readonly reserveWrite: (key: ObjectKey, sizeBytes: number, origin?: OriginOf) => Effect.Effect<ReserveResult>
   /** Makes a reservation visible. False when it was dropped meanwhile (CLEAR force). */
   readonly commit: (reservation: Reservation) => Effect.Effect<boolean>
   /**
@@ -171,14 +178,20 @@ export class L1Store extends Context.Service<L1Store, {
    * An in-process L1 of `capacityBytes` over a plain Buffer, with `headroomBytes` before each object (unit tests);
    * with `shareWeightOf`, shared between salt groups by those weights (internal/L1Shares.ts, issue 27 item 2).
    */
-  static readonly make = (capacityBytes: number, headroomBytes = 0, shareWeightOf?: (group: string) => number) =>
+  static readonly make = (
+    capacityBytes: number,
+    headroomBytes = 0,
+    shareWeightOf?: (group: string) => number,
+    events?: L1EventSink
+  ) =>
     Effect.sync(() =>
       makeL1(
         Buffer.allocUnsafeSlow(capacityBytes),
         undefined,
         headroomBytes,
         fillInPlace,
-        shareWeightOf === undefined ? undefined : makeL1Shares(capacityBytes, shareWeightOf)
+        shareWeightOf === undefined ? undefined : makeL1Shares(capacityBytes, shareWeightOf),
+        events
       )
     )
   /**
@@ -244,6 +257,8 @@ const makePooled = Effect.gen(function*() {
   const native = yield* NativeMemory
   // With tenancy, L1 is shared between salt groups by weight (issue 27 item 2); without, one LRU.
   const l1WeightOf = yield* L1ShareWeights
+  // What L1 commits and drops reaches the KV event log, when the server has one on (issue 28).
+  const events = Option.getOrUndefined(yield* Effect.serviceOption(KvEvents))?.l1
   const capacityBytes = Math.floor(config.l1SizeGb * 2 ** 30)
   const shmName = `${POOL_PREFIX}${fnv(config.endpoint)}-${process.pid}`
   // What every failure names: the segment, its size and the flag that sets it.
@@ -291,7 +306,8 @@ const makePooled = Effect.gen(function*() {
     { shmName, sizeBytes: capacityBytes, prefaultedBytes: () => prefaultedBytes },
     config.l2 === undefined ? 0 : L2_HEADROOM_BYTES,
     fillOnPool,
-    l1WeightOf === undefined ? undefined : makeL1Shares(capacityBytes, l1WeightOf)
+    l1WeightOf === undefined ? undefined : makeL1Shares(capacityBytes, l1WeightOf),
+    events
   )
 })
 
@@ -308,7 +324,8 @@ const makeL1 = (
   pool: L1Pool | undefined,
   headroomBytes: number,
   copyInto: (r: Reservation, bytes: Uint8Array) => Effect.Effect<void>,
-  shares?: L1Shares
+  shares?: L1Shares,
+  events?: L1EventSink
 ): L1Store["Service"] => {
   const capacityBytes = memory.length
   const extents = makeExtentAllocator(capacityBytes)
@@ -335,6 +352,9 @@ const makeL1 = (
       }, { discard: true }))
     )
   })
+
+  /** An object as the KV event log names it: its key and salt group. */
+  const announced = (o: L1Object) => ({ key: o.key, saltGroup: o.owner })
 
   const markUsed = (o: L1Object) => {
     objects.delete(o.keyString)
@@ -410,10 +430,11 @@ const makeL1 = (
     }
     for (let n = 0; n < count; n++) drop(evictable[n]!, true)
     evictions += count
+    if (events !== undefined && count > 0) events.removed(evictable.slice(0, count).map(announced))
     return extents.allocate(needed)
   }
 
-  const reserveWrite = (key: ObjectKey, sizeBytes: number) =>
+  const reserveWrite = (key: ObjectKey, sizeBytes: number, origin?: OriginOf) =>
     Effect.suspend(() => {
       const keyString = objectKeyString(key)
       if (objects.has(keyString)) return Effect.succeed<ReserveResult>({ _tag: "Exists" })
@@ -432,7 +453,8 @@ const makeL1 = (
         bytes: memory.subarray(offset, offset + sizeBytes),
         extent: memory.subarray(start, offset + sizeBytes),
         committed: false,
-        readLocks: 0
+        readLocks: 0,
+        origin: events === undefined ? undefined : origin
       }
       objects.set(keyString, o)
       usedBytes += extentBytes
@@ -449,6 +471,8 @@ const makeL1 = (
         if (o.committed) return Effect.succeed(false)
         o.committed = true
         markUsed(o)
+        events?.committed(o.key, o.owner, o.origin)
+        o.origin = undefined
         return Effect.succeed(true)
       }
       // Dropped by CLEAR force while being written: refused, and its extent is free from now on.
@@ -494,6 +518,8 @@ const makeL1 = (
   const clear = (force: boolean) =>
     Effect.suspend(() => {
       let dropped = 0
+      // The committed objects that leave: the KV event log hears of them once, together.
+      const gone: Array<L1Object> = []
       // As in `place`: deleting the entry just visited leaves the iteration intact.
       for (const o of objects.values()) {
         if (o.committed && o.readLocks === 0) drop(o)
@@ -501,8 +527,10 @@ const makeL1 = (
           objects.delete(o.keyString)
           cleared.set(o.offset, o)
         } else continue
+        if (o.committed) gone.push(o)
         dropped++
       }
+      if (events !== undefined && gone.length > 0) events.removed(gone.map(announced))
       return updateGauges.pipe(Effect.as(dropped))
     })
 

@@ -78,6 +78,7 @@ import type { LivenessTarget } from "../liveness/LivenessTarget.ts"
 import { makeTrackedInstances } from "./InstanceModule.ts"
 import { Lookup, objectKeysOf } from "./Lookup.ts"
 import { chunkHashes } from "../kv/TokenHasher.ts"
+import { originOf } from "./kvevents/L1EventSink.ts"
 import { L2Tier } from "./l2/L2Tier.ts"
 import { FdExchange } from "./FdExchange.ts"
 import { fromStart } from "../metrics/Series.ts"
@@ -353,8 +354,8 @@ const make = Effect.gen(function*() {
         yield* Effect.logWarning(`store: failing closed, nothing written: ${blocks.error}`)
         return false
       }
-      const hashes = chunkHashes(key.token_ids, chunk, first + count).slice(first)
-      const objectKeys = objectKeysOf(key, hashes, rank)
+      const allHashes = chunkHashes(key.token_ids, chunk, first + count)
+      const objectKeys = objectKeysOf(key, allHashes.slice(first), rank)
       const g = entry.geometry
       const layout = kvLayoutOf(g, chunk)
       const objectBytes = layout.chunkBytes
@@ -363,7 +364,7 @@ const make = Effect.gen(function*() {
       for (let i = 0; i < count; i++) {
         const chunkBlocks = blocks.list.slice(i * blocks.perChunk, (i + 1) * blocks.perChunk)
         if (chunkBlocks.every((b) => b === 0)) continue // vLLM's null block: nothing computed here
-        const r = yield* L1Handles.reserve(l1, objectKeys[i]!, objectBytes)
+        const r = yield* L1Handles.reserve(l1, objectKeys[i]!, objectBytes, originOf(key.token_ids, chunk, first + i, allHashes))
         if (r._tag === "Full") {
           full = true
           break

@@ -45,6 +45,7 @@ import { L1Store, type ReadHandle } from "./L1Store.ts"
 import { type KvLayout, LayoutRegistry } from "./LayoutRegistry.ts"
 import { objectKeyString, type ObjectKey } from "./ObjectKey.ts"
 import { chunkHashes } from "../kv/TokenHasher.ts"
+import { originOf } from "./kvevents/L1EventSink.ts"
 import { L2Tier } from "./l2/L2Tier.ts"
 import { makeWarnWindow } from "./internal/WarnWindow.ts"
 import * as L1Handles from "./internal/L1Handles.ts"
@@ -198,7 +199,10 @@ export class Lookup extends Context.Service<Lookup, {
           const keyAt = (i: number, j: number) => chunkKey(key, hashes, i, j)
           const fetched = yield* Effect.forEach(
             Array.from({ length: count }, (_, n) => from + n),
-            (i) => Effect.forEach(Array.from({ length: ranks }, (_, j) => keyAt(i, j)), (k) => l2.fetch(k, layout), { concurrency: "unbounded" }),
+            (i) => {
+              const origin = originOf(key.token_ids, chunk, i, hashes)
+              return Effect.forEach(Array.from({ length: ranks }, (_, j) => keyAt(i, j)), (k) => l2.fetch(k, layout, origin), { concurrency: "unbounded" })
+            },
             { concurrency: 8 }
           )
           let got = 0

@@ -7,7 +7,8 @@
  * This module composes the features, each with its shape, flags as parsed,
  * defaults, rules and validation in a module of its own under `config/`
  * (EndpointConfig, HttpConfig, WorkerMemoryConfig, MapLimitsConfig,
- * LivenessConfig, LookupConfig, EngineDrivenConfig, TenancyConfig; beside
+ * LivenessConfig, LookupConfig, EngineDrivenConfig, TenancyConfig,
+ * KvEventsConfig; beside
  * them l2/L2Config.ts and DescriptorBudget.ts), and holds the server's own
  * settings: chunk size, L1, pools, log format, reply queues.
  */
@@ -16,6 +17,7 @@ import { MAX_CHUNK_SIZE_TOKENS } from "../../schema/Limits.ts"
 import { commonRules, type ConfigIssue, ConfigInvalid, issueCheck } from "./config/ConfigIssue.ts"
 import { type EndpointConfig, type EndpointConfigInput, checkAddress, curveRequested, endpointDefaults, endpointRules, validateEndpoint } from "./config/EndpointConfig.ts"
 import { type EngineDrivenConfig, type EngineDrivenConfigInput, engineDrivenDefaults, engineDrivenRules, validateEngineDriven } from "./config/EngineDrivenConfig.ts"
+import { type KvEventsConfig, kvEventsDefaults, kvEventsRules, validateKvEvents } from "./config/KvEventsConfig.ts"
 import { type HttpConfig, httpDefaults, httpRules, validateHttp } from "./config/HttpConfig.ts"
 import { type LivenessConfig, livenessDefaults, livenessRules, validateLiveness } from "./config/LivenessConfig.ts"
 import { type LookupConfig, type LookupConfigInput, lookupDefaults, lookupRules, validateLookup } from "./config/LookupConfig.ts"
@@ -46,7 +48,7 @@ export type LogFormat = "json" | "pretty"
 
 /** A validated server configuration. */
 export interface ServerConfigShape
-  extends EndpointConfig, HttpConfig, WorkerMemoryConfig, LivenessConfig, LookupConfig, EngineDrivenConfig, TenancyConfig
+  extends EndpointConfig, HttpConfig, WorkerMemoryConfig, LivenessConfig, LookupConfig, EngineDrivenConfig, TenancyConfig, KvEventsConfig
 {
   /** Tokens per chunk (`--chunk-size`, default 256). */
   readonly chunkSizeTokens: number
@@ -83,7 +85,8 @@ export interface ServerConfigInput
     LivenessConfig,
     LookupConfigInput,
     EngineDrivenConfigInput,
-    TenancyConfigInput
+    TenancyConfigInput,
+    KvEventsConfig
 {
   readonly chunkSize: number
   readonly l1SizeGb: number
@@ -118,6 +121,7 @@ export const defaults: ServerConfigInput = {
   ...engineDrivenDefaults,
   ...tenancyDefaults,
   ...mapLimitsDefaults,
+  ...kvEventsDefaults,
   l2: l2Defaults,
   descriptorLimit: currentDescriptorLimit(),
   descriptorCaps: descriptorBudgetDefaults,
@@ -153,6 +157,7 @@ export const rules = {
   ...lookupRules,
   ...engineDrivenRules,
   ...mapLimitsRules,
+  ...kvEventsRules,
   l1Share: l1ShareRule,
   ...commonRules
 } as const
@@ -186,6 +191,7 @@ export const validate = (
   const tenancy = validateTenancy(input, issues)
   const endpoint = validateEndpoint(input, issues)
   const l2 = validateL2(input.l2, issues)
+  const kvEvents = validateKvEvents(input, issues)
   const budget = descriptorBudget(input.descriptorLimit, input.descriptorCaps)
   if ("issues" in budget) issues.push(...budget.issues)
   if (issues.length > 0 || "issues" in budget) return { issues }
@@ -204,6 +210,7 @@ export const validate = (
       ...lookup,
       ...engineDriven,
       ...tenancy,
+      ...kvEvents,
       mapLimits,
       l2,
       descriptors: budget.budget,

@@ -54,7 +54,7 @@ describe("FdExchange", () => {
       assert.strictEqual(openOn(name), 1)
       const { info, reply } = yield* passTwice(fd, "0a0b")
       assert.strictEqual(info.fd_socket, socket)
-      assert.deepStrictEqual(info.features, ["cpu_memfd", "named_segments"])
+      assert.deepStrictEqual(info.features, ["cpu_memfd", "named_segments", "kv_events"])
       assert.strictEqual(reply["ok"], true)
       assert.strictEqual((reply["token"] as Uint8Array).length, 16)
       assert.strictEqual(reply["expires_in_ms"], 5_000)
@@ -152,7 +152,7 @@ describe("FdExchange", () => {
       const fdx = yield* FdExchange
       assert.strictEqual(fdx.socketPath, undefined)
       const info = (yield* fdx.module.rows[0]!.handle([], ctxOf("2a2b"))) as typeof ServerInfo.Type
-      assert.deepStrictEqual([info.fd_socket, info.features], ["", ["named_segments"]])
+      assert.deepStrictEqual([info.fd_socket, info.features], ["", ["named_segments", "kv_events"]])
       const refused = yield* Effect.flip(Effect.scoped(fdx.claim("register_kv_cache", makeInstanceId(3), "2a2b", "kv_caches[1].fd_token", new Uint8Array(16))))
       assert.deepStrictEqual([refused.field, refused.actual, refused.message], [
         "kv_caches[1].fd_token",

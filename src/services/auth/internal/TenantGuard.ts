@@ -26,7 +26,7 @@ import { Clear, Hello, HelloChallenge, type Op, Ping } from "../../../schema/Op.
 import { instanceIdOf, opFields } from "../../../schema/OpMeta.ts"
 import { memfdSegmentKey, type TensorDescriptor } from "../../../schema/TensorDescriptor.ts"
 import { Forbidden, Overloaded, type WireError } from "../../../schema/WireError.ts"
-import { type InstanceOwner, notYours, type ReleaseReason as EntryReleaseReason, RequestTenant } from "../../liveness/InstanceOwner.ts"
+import { type InstanceOwner, notYours, type ReleaseReason as EntryReleaseReason, RequestSaltGroup, RequestTenant } from "../../liveness/InstanceOwner.ts"
 import type { LivenessTarget } from "../../liveness/LivenessTarget.ts"
 import type { HandlerRow, HandlerTable, RequestContext } from "../../server/Handler.ts"
 import type { TenantLimits } from "../../server/ServerConfig.ts"
@@ -211,7 +211,10 @@ export const makeTenantGuard = (options: {
       if (grant === undefined) return Effect.fail(unbound())
       // The module's own look-up checks the owner again, in the same step as it acts (RequestTenant): what this
       // guard saw may change before the module looks (another tenant's REGISTER landing in between).
-      return Effect.provideService(guarded(payload, ctx, grant), RequestTenant, grant.tenant)
+      return guarded(payload, ctx, grant).pipe(
+        Effect.provideService(RequestTenant, grant.tenant),
+        Effect.provideService(RequestSaltGroup, grant.admin ? undefined : grant.saltGroup)
+      )
     }
     const guarded = (payload: ReadonlyArray<unknown>, ctx: RequestContext, grant: TenantGrant): Effect.Effect<unknown, WireError> =>
       Effect.gen(function*() {

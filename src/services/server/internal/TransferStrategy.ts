@@ -19,6 +19,7 @@ import type { L1Store, ReadHandle } from "../L1Store.ts"
 import * as L1Handles from "./L1Handles.ts"
 import type { WriteHold } from "./L1Handles.ts"
 import type { Lookup } from "../Lookup.ts"
+import type { OriginOf } from "../kvevents/L1EventSink.ts"
 import type { ObjectKey } from "../ObjectKey.ts"
 import { byLabel } from "../../metrics/Series.ts"
 import {
@@ -53,7 +54,11 @@ interface PendingRead extends Pending, L1Handles.Held {
 export interface TransferStrategy {
   readonly transport: EngineDrivenTransport
   /** PREPARE_STORE of the object keys of a key's chunks (in range order); undefined when closed. */
-  readonly prepareStore: (pendingKey: string, objectKeys: ReadonlyArray<ObjectKey>) => Effect.Effect<PrepareStoreResponse | undefined>
+  readonly prepareStore: (
+    pendingKey: string,
+    objectKeys: ReadonlyArray<ObjectKey>,
+    origins?: ReadonlyArray<OriginOf>
+  ) => Effect.Effect<PrepareStoreResponse | undefined>
   /** COMMIT_STORE; undefined when closed. */
   readonly commitStore: (pendingKey: string, cpuData: Uint8Array) => Effect.Effect<boolean | undefined>
   /** PREPARE_RETRIEVE of a key's chunks for `requestId`; undefined when closed. Fails on an object of another size. */
@@ -162,7 +167,7 @@ export const makeTransferStrategy = (
   const writeExpiry = expiryTimer(expiry, writes, expireWrite)
   const readExpiry = expiryTimer(expiry, reads, expireRead)
 
-  const prepareStore = (pendingKey: string, objectKeys: ReadonlyArray<ObjectKey>) =>
+  const prepareStore = (pendingKey: string, objectKeys: ReadonlyArray<ObjectKey>, origins?: ReadonlyArray<OriginOf>) =>
     Effect.gen(function*() {
       // An earlier PREPARE of the key is released first, so that its chunks are not "already cached" now.
       const replaced = yield* Effect.scoped(takePending(writes, pendingKey))
@@ -177,7 +182,7 @@ export const makeTransferStrategy = (
         Effect.gen(function*() {
           const holds: Array<WriteHold> = []
           for (let i = 0; i < objectKeys.length; i++) {
-            const r = yield* L1Handles.reserve(l1, objectKeys[i]!, chunkBytes)
+            const r = yield* L1Handles.reserve(l1, objectKeys[i]!, chunkBytes, origins?.[i])
             if (r._tag === "Full") {
               yield* Effect.logWarning(
                 `prepare_store: ${label}: L1 is full of locked or reserved objects; ${describe(pendingKey)} gets ${holds.length} slot(s) for chunks before chunk ${i} of ${objectKeys.length}`

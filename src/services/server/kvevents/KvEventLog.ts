@@ -33,22 +33,16 @@ export type KvEvent =
     readonly chunkHash: Uint8Array
     /** The previous chunk's hash, null for a prompt's first chunk. */
     readonly parentHash: Uint8Array | null
-    /** The chunk's token ids. */
-    readonly tokenIds: ReadonlyArray<number>
+    /** The chunk's token ids (a copy: 4 bytes a token, so a full log of 256-token chunks holds 32 MiB of them). */
+    readonly tokenIds: Uint32Array
   }
   | {
-    /** Chunks left `medium`: evicted, cleared one by one, an L2 value deleted as corrupt. */
+    /** Chunks left `medium`: evicted, dropped by CLEAR (each chunk named), an L2 value deleted as corrupt. */
     readonly kind: "removed"
     readonly model: string
     readonly medium: KvMedium
     readonly saltGroup: string
     readonly chunkHashes: ReadonlyArray<Uint8Array>
-  }
-  | {
-    /** Everything of `saltGroup` left `medium` at once (CLEAR); "": everything of every group (every reader sees it). */
-    readonly kind: "cleared"
-    readonly medium: KvMedium
-    readonly saltGroup: string
   }
 
 /** A kept record: its sequence number and when it was appended (ms since the epoch). */
@@ -61,7 +55,7 @@ export interface KvEventPoll {
   readonly nextCursor: number
   /** The consumer must resync: drop what it knows of this server, then apply `records`. */
   readonly lost: boolean
-  readonly incarnation: string
+  readonly incarnation: number
   readonly enabled: boolean
 }
 
@@ -69,7 +63,7 @@ export interface KvEventPoll {
 export interface KvEventQuery {
   readonly cursor: number
   readonly maxEvents: number
-  /** Only this model's chunks (`cleared` records have no model: they always count). */
+  /** Only this model's chunks. */
   readonly model: string
   /** Only this salt group's records; undefined: every group's (an admin, or no tenancy). */
   readonly saltGroup?: string | undefined
@@ -78,7 +72,7 @@ export interface KvEventQuery {
 export interface KvEventLogStats {
   readonly enabled: boolean
   readonly capacity: number
-  readonly incarnation: string
+  readonly incarnation: number
   /** Records kept now. */
   readonly depth: number
   /** The oldest and newest sequence numbers kept (0 when none). */
@@ -92,7 +86,7 @@ export interface KvEventLogStats {
 
 export interface KvEventLog {
   readonly enabled: boolean
-  readonly incarnation: string
+  readonly incarnation: number
   /** Appends `event`; its sequence number (0 when events are off). */
   readonly append: (event: KvEvent) => number
   /** A record that could not be kept: a gap marker takes the next sequence number, so every read over it is `lost`. */
@@ -103,22 +97,20 @@ export interface KvEventLog {
 
 type Slot = KvEventRecord | { readonly kind: "gap"; readonly seq: number }
 
-// A `cleared` record of salt group "" (an admin's CLEAR, or no tenancy) concerns every group.
 const matches = (r: KvEventRecord, q: KvEventQuery): boolean =>
-  (q.saltGroup === undefined || r.saltGroup === q.saltGroup || (r.kind === "cleared" && r.saltGroup === "")) &&
-  (r.kind === "cleared" || r.model === q.model)
+  (q.saltGroup === undefined || r.saltGroup === q.saltGroup) && r.model === q.model
 
 /**
- * A log of `capacity` records (0: off) for the incarnation `incarnation` (the server's: random at start), its
- * times from `nowMs`.
+ * A log of `capacity` records (0: off) for the incarnation `incarnation` (the server's: a random safe integer
+ * drawn at start, as upstream's `KVEventPollResult.incarnation` is an int), its times from `nowMs`.
  */
-export const makeKvEventLog = (options: { readonly capacity: number; readonly incarnation: string; readonly nowMs?: () => number }): KvEventLog => {
+export const makeKvEventLog = (options: { readonly capacity: number; readonly incarnation: number; readonly nowMs?: () => number }): KvEventLog => {
   const capacity = Math.max(0, Math.floor(options.capacity))
   const nowMs = options.nowMs ?? Date.now
   const enabled = capacity > 0
   const ring: Array<Slot | undefined> = new Array(capacity)
   let newest = 0
-  const appended: Record<KvEvent["kind"], number> = { stored: 0, removed: 0, cleared: 0 }
+  const appended: Record<KvEvent["kind"], number> = { stored: 0, removed: 0 }
   let drops = 0
   let lostAnswers = 0
   const oldestSeq = () => (newest === 0 ? 0 : Math.max(1, newest - capacity + 1))

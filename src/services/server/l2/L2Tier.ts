@@ -27,6 +27,7 @@ import { L1Store } from "../L1Store.ts"
 import * as L1Handles from "../internal/L1Handles.ts"
 import type { ReadLock } from "../internal/L1Handles.ts"
 import type { KvLayout } from "../LayoutRegistry.ts"
+import type { OriginOf } from "../kvevents/L1EventSink.ts"
 import type { ObjectKey } from "../ObjectKey.ts"
 import type { ServerModule } from "../Handler.ts"
 import type { L2Config } from "./L2Config.ts"
@@ -97,7 +98,7 @@ export interface L2TierShape {
    * secret) without a valid MAC (deleted, counted), failed, past
    * `--l2-transfer-timeout-ms`, or L1 has no room.
    */
-  readonly fetch: (key: ObjectKey, layout: KvLayout) => Effect.Effect<ReadLock | undefined, never, Scope.Scope>
+  readonly fetch: (key: ObjectKey, layout: KvLayout, origin?: OriginOf) => Effect.Effect<ReadLock | undefined, never, Scope.Scope>
   readonly status: () => L2Status | null
 }
 
@@ -255,7 +256,7 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, format: ValueFormat, l1
         return n
       })
 
-    const fetch = (key: ObjectKey, layout: KvLayout) =>
+    const fetch = (key: ObjectKey, layout: KvLayout, origin?: OriginOf) =>
       Effect.gen(function*() {
         const cached = yield* L1Handles.readLock(l1, key)
         if (cached !== undefined) return cached
@@ -286,7 +287,7 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, format: ValueFormat, l1
         }
         // The reservation lives in a scope of its own: aborted unless committed, whatever ends the fill.
         const placed = yield* Effect.scoped(Effect.gen(function*() {
-          const r = yield* L1Handles.reserve(l1, key, layout.chunkBytes)
+          const r = yield* L1Handles.reserve(l1, key, layout.chunkBytes, origin)
           if (r._tag === "Full") return false
           if (r._tag === "Reserved") {
             yield* l1.fill(r.hold.reservation, decoded.payload)

@@ -15,17 +15,17 @@ const stored = (n: number, model = "m", saltGroup = ""): KvEvent => ({
   saltGroup,
   chunkHash: hash(n),
   parentHash: n === 1 ? null : hash(n - 1),
-  tokenIds: [n, n + 1]
+  tokenIds: Uint32Array.of(n, n + 1)
 })
 const seqs = (r: { readonly records: ReadonlyArray<{ readonly seq: number }> }) => r.records.map((x) => x.seq)
-const log = (capacity: number) => makeKvEventLog({ capacity, incarnation: "inc-1", nowMs: () => 1_000 })
+const log = (capacity: number) => makeKvEventLog({ capacity, incarnation: 41, nowMs: () => 1_000 })
 
 describe("KvEventLog", () => {
   it("sequence numbers are consecutive from 1; a read from a cursor gets what follows it, up to max_events, and the next cursor", () => {
     const l = log(8)
     assert.deepStrictEqual([1, 2, 3].map((n) => l.append(stored(n))), [1, 2, 3])
     const first = l.read({ cursor: 0, maxEvents: 2, model: "m" })
-    assert.deepStrictEqual([seqs(first), first.nextCursor, first.lost, first.incarnation, first.enabled], [[1, 2], 2, false, "inc-1", true])
+    assert.deepStrictEqual([seqs(first), first.nextCursor, first.lost, first.incarnation, first.enabled], [[1, 2], 2, false, 41, true])
     assert.deepStrictEqual(first.records[0], { ...stored(1), seq: 1, atMs: 1_000 })
     const rest = l.read({ cursor: 2, maxEvents: 10, model: "m" })
     assert.deepStrictEqual([seqs(rest), rest.nextCursor, rest.lost], [[3], 3, false])
@@ -66,31 +66,29 @@ describe("KvEventLog", () => {
     assert.strictEqual(l.stats().dropped, 1)
   })
 
-  it("reads filter by model and salt group; the cursor moves past what they skip; cleared records have no model", () => {
+  it("reads filter by model and salt group; the cursor moves past what they skip", () => {
     const l = log(16)
     l.append(stored(1, "m", "teamA"))
     l.append(stored(2, "other", "teamA"))
     l.append(stored(3, "m", "teamB"))
-    l.append({ kind: "cleared", medium: "CPU", saltGroup: "teamA" })
+    l.append({ kind: "removed", model: "m", medium: "CPU", saltGroup: "teamB", chunkHashes: [hash(3)] })
     l.append({ kind: "removed", model: "m", medium: "CPU", saltGroup: "teamA", chunkHashes: [hash(1)] })
     const a = l.read({ cursor: 0, maxEvents: 9, model: "m", saltGroup: "teamA" })
-    assert.deepStrictEqual([a.records.map((r) => r.kind), seqs(a), a.nextCursor], [["stored", "cleared", "removed"], [1, 4, 5], 5])
+    assert.deepStrictEqual([a.records.map((r) => r.kind), seqs(a), a.nextCursor], [["stored", "removed"], [1, 5], 5])
     const admin = l.read({ cursor: 0, maxEvents: 9, model: "m" })
     assert.deepStrictEqual(seqs(admin), [1, 3, 4, 5])
     // max_events counts what is returned; the cursor stops at the last record looked at.
     const one = l.read({ cursor: 0, maxEvents: 1, model: "m", saltGroup: "teamB" })
     assert.deepStrictEqual([seqs(one), one.nextCursor], [[3], 3])
-    assert.deepStrictEqual(l.stats().appended, { stored: 3, removed: 1, cleared: 1 })
-    // A CLEAR of everything (salt group "") reaches every tenant's reader.
-    l.append({ kind: "cleared", medium: "CPU", saltGroup: "" })
-    assert.deepStrictEqual(seqs(l.read({ cursor: 5, maxEvents: 9, model: "m", saltGroup: "teamB" })), [6])
+    assert.deepStrictEqual(l.stats().appended, { stored: 3, removed: 2 })
+    assert.deepStrictEqual(seqs(l.read({ cursor: 3, maxEvents: 9, model: "m", saltGroup: "teamB" })), [4])
   })
 
   it("capacity 0 turns events off: nothing is kept, every read says so", () => {
     const l = log(0)
     assert.strictEqual(l.append(stored(1)), 0)
     l.dropped()
-    assert.deepStrictEqual(l.read({ cursor: 0, maxEvents: 9, model: "m" }), { records: [], nextCursor: 0, lost: false, incarnation: "inc-1", enabled: false })
+    assert.deepStrictEqual(l.read({ cursor: 0, maxEvents: 9, model: "m" }), { records: [], nextCursor: 0, lost: false, incarnation: 41, enabled: false })
     assert.deepStrictEqual([l.stats().enabled, l.stats().depth, l.stats().newestSeq], [false, 0, 0])
   })
 })

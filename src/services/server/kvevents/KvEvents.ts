@@ -1,0 +1,114 @@
+/**
+ * The server's KV event log as a service (issue 28; DESIGN §10,
+ * docs/kv-events.md): one log per server, sized by `--kv-event-log-size`
+ * (0: off), its incarnation a random safe integer drawn at start; L1
+ * appends through {@link KvEvents.l1} (L1EventSink.ts), the channels read
+ * it. `kvEventsModule` is its server module: POLL_KV_EVENTS (op 34, on the
+ * SYNC lane) and the `kv_events` block of `/api/status`.
+ */
+import { randomInt } from "node:crypto"
+import { Context, Effect, Layer, Metric } from "effect"
+import { KvEventPollResult, PollKvEvents } from "../../../schema/Op.ts"
+import { RequestSaltGroup } from "../../liveness/InstanceOwner.ts"
+import { row, type ServerModule } from "../Handler.ts"
+import { ServerConfig } from "../ServerConfig.ts"
+import { type KvEventLog, type KvEventPoll, type KvEventRecord, makeKvEventLog } from "./KvEventLog.ts"
+import { type L1EventSink, makeL1EventSink } from "./L1EventSink.ts"
+
+/** The log and L1's side of it (undefined with events off: L1 then counts nothing). */
+export class KvEvents extends Context.Service<KvEvents, {
+  readonly log: KvEventLog
+  readonly l1: L1EventSink | undefined
+}>()("mpcache/services/server/KvEvents") {
+  /** A log of `capacity` records (0: off) with incarnation `incarnation` (default: drawn now). */
+  static readonly make = (capacity: number, incarnation: number = randomInt(1, 2 ** 47)) => {
+    const log = makeKvEventLog({ capacity, incarnation })
+    return { log, l1: log.enabled ? makeL1EventSink(log) : undefined }
+  }
+  /** The server's: `--kv-event-log-size` records. */
+  static readonly layer = Layer.effect(
+    this,
+    Effect.gen(function*() {
+      return KvEvents.make((yield* ServerConfig).kvEventLogSize)
+    })
+  )
+  /** For tests: `capacity` records, a fixed incarnation. */
+  static readonly layerTest = (capacity = 1024, incarnation = 7) => Layer.succeed(this, KvEvents.make(capacity, incarnation))
+}
+
+type PollWire = typeof KvEventPollResult.Type
+
+/** A record as the wire carries it (upstream's `KVEventRecord`, plus `salt_group`). */
+const recordWire = (r: KvEventRecord): PollWire["events"][number] =>
+  r.kind === "stored"
+    ? {
+      seq: r.seq,
+      kind: "stored",
+      medium: r.medium,
+      model_name: r.model,
+      block_hashes: [r.chunkHash],
+      parent_block_hash: r.parentHash,
+      token_ids: Array.from(r.tokenIds),
+      salt_group: r.saltGroup
+    }
+    : {
+      seq: r.seq,
+      kind: "removed",
+      medium: r.medium,
+      model_name: r.model,
+      block_hashes: [...r.chunkHashes],
+      parent_block_hash: null,
+      token_ids: [],
+      salt_group: r.saltGroup
+    }
+
+/** A poll's answer on the wire. */
+export const pollWire = (p: KvEventPoll): PollWire => ({
+  enabled: p.enabled,
+  incarnation: p.incarnation,
+  next_cursor: p.nextCursor,
+  lost: p.lost,
+  events: p.records.map(recordWire)
+})
+
+const lostAnswers = Metric.counter("mpcache_kv_event_lost_answers_total", {
+  description: "POLL_KV_EVENTS answers that told the consumer to resync (lost)",
+  incremental: true
+})
+
+/**
+ * The KV events module: POLL_KV_EVENTS reads the log for the request's salt group (RequestSaltGroup: a
+ * tenant's own, every group's for an admin or without tenancy), and `/api/status` gets `kv_events`.
+ */
+export const kvEventsModule: Effect.Effect<ServerModule, never, KvEvents> = Effect.gen(function*() {
+  const { log, l1 } = yield* KvEvents
+  const poll = ([model, cursor, maxEvents]: readonly [string, number, number]) =>
+    Effect.gen(function*() {
+      const saltGroup = yield* RequestSaltGroup
+      const answer = log.read({ cursor, maxEvents, model, saltGroup })
+      if (answer.lost) yield* Metric.update(lostAnswers, 1)
+      return pollWire(answer)
+    })
+  return {
+    name: "kv_events",
+    rows: [row(PollKvEvents, "SYNC", poll)],
+    status: () =>
+      Effect.sync(() => {
+        const s = log.stats()
+        return {
+          kv_events: {
+            enabled: s.enabled,
+            capacity: s.capacity,
+            incarnation: s.incarnation,
+            depth: s.depth,
+            oldest_seq: s.oldestSeq,
+            newest_seq: s.newestSeq,
+            records: s.appended,
+            dropped: s.dropped,
+            lost_answers: s.lostAnswers,
+            held_chunks: l1?.heldChunks() ?? 0
+          }
+        }
+      })
+  }
+})

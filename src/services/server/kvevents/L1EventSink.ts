@@ -1,0 +1,97 @@
+/**
+ * What L1 tells the KV event log (issue 28 item 2; docs/kv-events.md): a
+ * chunk is `stored` (medium CPU) when the first of its kv ranks' objects
+ * commits — never at a reservation, an abort or a faulted copy, which
+ * publish nothing — and `removed` when the last of them leaves L1 (eviction,
+ * CLEAR, CLEAR force). A chunk is one (model, cache salt, chunk hash): the
+ * ranks of one prompt's chunk are one announcement, as upstream's log
+ * deduplicates ranks, so the router's view is exactly the set of chunks of
+ * which L1 holds at least one rank's object.
+ */
+import { hashHex } from "../../kv/TokenHasher.ts"
+import type { ObjectKey } from "../ObjectKey.ts"
+import type { KvEventLog } from "./KvEventLog.ts"
+
+/** What a write reservation carries so that its commit can be announced: the chunk's tokens and its parent. */
+export interface ChunkOrigin {
+  /** The chunk's token ids (a copy). */
+  readonly tokenIds: Uint32Array
+  /** The previous chunk's hash; null for a prompt's first chunk. */
+  readonly parentHash: Uint8Array | null
+}
+
+/**
+ * A chunk's origin, computed when its commit is the chunk's first (a thunk: a rank that is not the first, or
+ * a server with events off, copies no tokens).
+ */
+export type OriginOf = () => ChunkOrigin
+
+/**
+ * The origin of chunk `index` of a prompt `tokenIds` in chunks of `chunk` tokens, whose prefix hashes from
+ * chunk 0 on are `hashes` (TokenHasher.chunkHashes): its tokens copied, its parent `hashes[index - 1]`.
+ */
+export const originOf = (tokenIds: ArrayLike<number>, chunk: number, index: number, hashes: ReadonlyArray<Uint8Array>): OriginOf => () => {
+  const tokens = new Uint32Array(chunk)
+  for (let t = 0; t < chunk; t++) tokens[t] = tokenIds[index * chunk + t]!
+  return { tokenIds: tokens, parentHash: index === 0 ? null : hashes[index - 1]! }
+}
+
+/** L1's side of the log. `saltGroup` is the object's owner under tenancy ("" without). */
+export interface L1EventSink {
+  /** An object committed (`origin`: what its reservation carried; none from a path that knows no tokens). */
+  readonly committed: (key: ObjectKey, saltGroup: string, origin: OriginOf | undefined) => void
+  /** Committed objects left L1 together (one eviction's victims, one CLEAR's drops). */
+  readonly removed: (objects: ReadonlyArray<{ readonly key: ObjectKey; readonly saltGroup: string }>) => void
+  /** Chunks announced and still held (the index a router should have; status and the audit). */
+  readonly heldChunks: () => number
+}
+
+const EMPTY_TOKENS = new Uint32Array(0)
+
+/** The chunk an object belongs to: every rank's object of one (model, salt, hash) maps here. */
+const chunkOf = (k: ObjectKey): string => `${hashHex(k.hash)}:${k.cacheSalt.length}:${k.cacheSalt}:${k.modelName}`
+
+/** A sink appending to `log`, counting the ranks held per chunk. */
+export const makeL1EventSink = (log: KvEventLog): L1EventSink => {
+  const ranksHeld = new Map<string, number>()
+  return {
+    committed: (key, saltGroup, origin) => {
+      const chunk = chunkOf(key)
+      const n = ranksHeld.get(chunk) ?? 0
+      ranksHeld.set(chunk, n + 1)
+      if (n > 0) return
+      const o = origin?.()
+      log.append({
+        kind: "stored",
+        model: key.modelName,
+        medium: "CPU",
+        saltGroup,
+        chunkHash: key.hash,
+        parentHash: o?.parentHash ?? null,
+        tokenIds: o?.tokenIds ?? EMPTY_TOKENS
+      })
+    },
+    removed: (objects) => {
+      // One record per (model, salt group) of the chunks whose last rank left, in the order they left.
+      const groups = new Map<string, { model: string; saltGroup: string; hashes: Array<Uint8Array> }>()
+      for (const { key, saltGroup } of objects) {
+        const chunk = chunkOf(key)
+        const n = ranksHeld.get(chunk) ?? 0
+        if (n > 1) {
+          ranksHeld.set(chunk, n - 1)
+          continue
+        }
+        ranksHeld.delete(chunk)
+        if (n === 0) continue
+        const g = `${saltGroup.length}:${saltGroup}:${key.modelName}`
+        let group = groups.get(g)
+        if (group === undefined) groups.set(g, group = { model: key.modelName, saltGroup, hashes: [] })
+        group.hashes.push(key.hash)
+      }
+      for (const g of groups.values()) {
+        log.append({ kind: "removed", model: g.model, medium: "CPU", saltGroup: g.saltGroup, chunkHashes: g.hashes })
+      }
+    },
+    heldChunks: () => ranksHeld.size
+  }
+}
