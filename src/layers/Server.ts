@@ -43,6 +43,7 @@ import { PeerEvents } from "../services/liveness/PeerEvents.ts"
 import { ZmqSockets } from "../services/zmq/Sockets.ts"
 import { layerL2Tier, l2Module } from "../services/server/l2/L2Tier.ts"
 import { KvEvents, kvEventsModule } from "../services/server/kvevents/KvEvents.ts"
+import { KvEventPublisherLive } from "../services/server/kvevents/KvEventPublisher.ts"
 
 /**
  * Out-of-tree server modules (upstream: runtime plugins), joined after the
@@ -198,7 +199,8 @@ const modulesOver = <A, E, R>(modules: Layer.Layer<A | ServerModules | CacheCont
 
 /** The MQ side over `modules` (no HTTP). */
 const mqSideOver = <A, E, R>(modules: Layer.Layer<A | ServerModules | CacheControl, E, R>) =>
-  MqServerLive.pipe(
+  KvEventPublisherLive.pipe(
+    Layer.provideMerge(MqServerLive),
     Layer.provideMerge(modulesOver(modules, RequestBarrier.layer)),
     Layer.provideMerge(ZmqSocketsLive)
   )

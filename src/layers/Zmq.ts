@@ -13,6 +13,7 @@ import {
   type BoundRouter,
   type DealerOptions,
   type HandshakeFailure,
+  type PublisherOptions,
   type RouterOptions,
   type ZapReply,
   type ZapRequest,
@@ -236,6 +237,56 @@ export const bindRouter = (
   )
 
 /**
+ * Binds a PUB to `endpoint` for the life of the current Scope (`ZmqSockets.bindPublisher`): linger 0 (what no
+ * subscriber took at shutdown is not worth waiting for: the replay buffer goes with it), an ipc socket file 0600
+ * from the start, CURVE with ZAP enforced when asked. Fails with `ZmqError` (op "bind").
+ */
+export const bindPublisher = (endpoint: string, options: PublisherOptions): Effect.Effect<zmq.Publisher, ZmqError, Scope.Scope> =>
+  Effect.acquireRelease(
+    Effect.tryPromise({
+      try: async () => {
+        const unsafe = unsafeIpcDirectory(endpoint)
+        if (unsafe !== undefined) throw new Error(unsafe)
+        const pub = new zmq.Publisher({
+          linger: 0,
+          sendHighWaterMark: options.sendHighWaterMark,
+          ...(options.curve === undefined
+            ? {}
+            : { curveServer: true, curveSecretKey: options.curve.secretKey, zapDomain: options.curve.zapDomain })
+        })
+        if (options.curve !== undefined) setInt32(pub, ZMQ_ZAP_ENFORCE_DOMAIN, 1)
+        const ipcPath = endpoint.startsWith("ipc://") ? endpoint.slice("ipc://".length) : undefined
+        const umask = ipcPath === undefined ? undefined : process.umask(0o177)
+        try {
+          await pub.bind(endpoint)
+          if (ipcPath !== undefined) chmodSync(ipcPath, 0o600)
+        } catch (e) {
+          pub.close()
+          throw e
+        } finally {
+          if (umask !== undefined) process.umask(umask)
+        }
+        return pub
+      },
+      catch: (cause) => new ZmqError({ op: "bind", endpoint, cause })
+    }),
+    (pub) =>
+      Effect.sync(() => {
+        pub.close()
+        if (endpoint.startsWith("ipc://")) rmSync(endpoint.slice("ipc://".length), { force: true })
+      })
+  ).pipe(
+    Effect.tap((pub) =>
+      options.onConnectionEvent === undefined ? Effect.void : Effect.forkScoped(
+        watchEvents(pub.events, (event) =>
+          event.type === "accept" || event.type === "disconnect"
+            ? options.onConnectionEvent!(event.type === "accept" ? "accepted" : "ended")
+            : Effect.void)
+      )
+    )
+  )
+
+/**
  * Connects a DEALER to `endpoint` for the life of the current Scope. The
  * ROUTER assigns the routing id (zeromq-notes: never set it ourselves).
  * With `onHandshake`, the socket's monitor is opened before the connect (so
@@ -387,4 +438,4 @@ export const serveZap = (
   })
 
 /** The `ZmqSockets` service over the acquirers above. */
-export const ZmqSocketsLive: Layer.Layer<ZmqSockets> = Layer.succeed(ZmqSockets, ZmqSockets.of({ bindRouter, connectDealer, sendWithin, serveZap }))
+export const ZmqSocketsLive: Layer.Layer<ZmqSockets> = Layer.succeed(ZmqSockets, ZmqSockets.of({ bindRouter, connectDealer, sendWithin, bindPublisher, serveZap }))

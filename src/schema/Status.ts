@@ -347,7 +347,22 @@ export const StatusDocument = Schema.Struct({
     records: Schema.Struct({ stored: Count, removed: Count }),
     dropped: Count,
     lost_answers: Count,
-    held_chunks: Count
+    held_chunks: Count,
+    /** vLLM's channel (KvEventPublisher.ts); null without `--kv-events-endpoint`. */
+    publisher: Schema.NullOr(Schema.Struct({
+      endpoint: Schema.String,
+      replay_endpoint: Schema.NullOr(Schema.String),
+      topic: Schema.String,
+      subscribers: Count,
+      batches_published: Count,
+      next_seq: Count,
+      replay_buffer: Schema.Struct({ batches: Count, bytes: Count, oldest_seq: Schema.NullOr(Count) }),
+      replays_served: Count,
+      replay_batches_sent: Count,
+      replays_cut: Count,
+      malformed_replays: Count,
+      log_overflows: Count
+    }))
   })
 })
 export type StatusDocument = typeof StatusDocument.Type

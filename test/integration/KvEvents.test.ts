@@ -6,8 +6,12 @@
  * salt group's records while an admin reads all.
  */
 import { randomUUID } from "node:crypto"
+import { mkdtempSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
+import * as zmq from "zeromq"
 import type { CacheKey } from "../../src/schema/CacheKey.ts"
 import { makeInstanceId } from "../../src/schema/InstanceId.ts"
 import {
@@ -20,6 +24,7 @@ import {
   RegisterKvCacheEngineDrivenContext,
   Store
 } from "../../src/schema/Op.ts"
+import { decodeKvEventBatch, KvEventBatchInvalid, seqFrame, seqOf, type VllmKvEvent } from "../../src/schema/VllmKvEvents.ts"
 import { InvalidArgument } from "../../src/schema/WireError.ts"
 import { makeEngineDrivenWorkerAdapter } from "../../src/services/client/EngineDrivenWorkerAdapter.ts"
 import { makeMqClient, MqClient } from "../../src/services/client/MqClient.ts"
@@ -145,7 +150,8 @@ describe("KV events (LMCache-driven store, real sockets and shared memory)", () 
         records: { stored: 4, removed: 1 },
         dropped: 0,
         lost_answers: 0,
-        held_chunks: 0
+        held_chunks: 0,
+        publisher: null
       })
     }).pipe(Effect.scoped, Effect.provide(env())))
 
@@ -270,6 +276,50 @@ describe("KV events under tenancy (CURVE on)", () => {
       assert.isTrue(yield* client.request(CommitStore, [k, makeInstanceId(id), new Uint8Array(context.slots[0]!.length)]))
     })
 
+  const dir = mkdtempSync(join(tmpdir(), "mpcache-kvpub-curve-"))
+  const pubAt = `ipc://${join(dir, "pub")}`
+  const curvePub = layerTest({
+    config: {
+      engineDrivenTransport: "inline",
+      curveSecretKeyFile: keys.serverSecretFile,
+      curveAuthorizedKeys: keys.authorizedKeysFile,
+      kvEventsEndpoint: pubAt
+    }
+  })
+  /** A CURVE SUB with `curve`'s keys and the outcome of its first handshake (the monitor's event type). */
+  const subscriber = (curve: DealerCurve) =>
+    Effect.gen(function*() {
+      const sub = yield* Effect.acquireRelease(
+        Effect.sync(() => new zmq.Subscriber({ linger: 0, curveServerKey: curve.serverPublicKey, curveSecretKey: curve.secretKey, curvePublicKey: curve.publicKey })),
+        (s) => Effect.sync(() => s.close())
+      )
+      const events = sub.events
+      sub.connect(pubAt)
+      sub.subscribe("")
+      const outcome = yield* Effect.promise(async () => {
+        for (;;) {
+          const e = await events.receive()
+          if (e.type === "handshake" || e.type.startsWith("handshake:error")) return e.type
+        }
+      })
+      return { sub, outcome }
+    })
+
+  it.live("the PUB is admins' only: an admin's SUB completes its handshake and reads the stream, tenant A's is refused by ZAP", () =>
+    Effect.gen(function*() {
+      const admin = yield* subscriber(keys.clients["admin"]!)
+      assert.strictEqual(admin.outcome, "handshake")
+      const refused = yield* subscriber(keys.clients["a"]!)
+      assert.strictEqual(refused.outcome, "handshake:error:auth")
+      const a = yield* clientFor(keys.clients["a"])
+      yield* storeOne(a, 21n)
+      // The admin hears the store (batch 0, sent before it joined, is the replay's).
+      const [, seq, payload] = yield* Effect.promise(() => admin.sub.receive())
+      const batch = decodeKvEventBatch(payload!)
+      assert.notInstanceOf(batch, KvEventBatchInvalid)
+      assert.deepStrictEqual([seqOf(seq!), (batch as { events: ReadonlyArray<VllmKvEvent> }).events.map((e) => e._tag)], [1, ["BlockStored"]])
+    }).pipe(Effect.scoped, Effect.provide(curvePub)))
+
   it.live("tenant A reads only its salt group's record, tenant B only its own, an admin both", () =>
     Effect.gen(function*() {
       const a = yield* clientFor(keys.clients["a"])
@@ -289,4 +339,90 @@ describe("KV events under tenancy (CURVE on)", () => {
       assert.deepStrictEqual(all, { cursor: 2, records: [ofA.records[0]!, ofB.records[0]!] })
       assert.deepStrictEqual([ofA.cursor, ofB.cursor], [2, 2])
     }).pipe(Effect.scoped, Effect.provide(server)))
+})
+
+describe("KV events on vLLM's PUB and replay ROUTER (real ZeroMQ sockets)", () => {
+  const dir = mkdtempSync(join(tmpdir(), "mpcache-kvpub-"))
+  const pubAt = `ipc://${join(dir, "pub")}`
+  const replayAt = `ipc://${join(dir, "replay")}`
+
+  /** The next message of `sub` as [topic, seq, batch]. */
+  const next = (sub: zmq.Subscriber) =>
+    Effect.promise(() => sub.receive()).pipe(Effect.map(([topic, seq, payload]) => {
+      const batch = decodeKvEventBatch(payload!)
+      if (batch instanceof KvEventBatchInvalid) throw batch
+      return { topic: topic!.toString(), seq: seqOf(seq!), batch }
+    }))
+
+  it.live("batch 0 says AllBlocksCleared, a STORE's four chunks arrive as BlockStored in one batch, and a replay from 0 sends both then END_SEQ", () =>
+    Effect.gen(function*() {
+      const sub = yield* Effect.acquireRelease(Effect.sync(() => new zmq.Subscriber({ linger: 0 })), (s) => Effect.sync(() => s.close()))
+      sub.connect(pubAt)
+      sub.subscribe("kv-events")
+      const a = yield* newCache()
+      yield* register(1n, a)
+      yield* writeTokens(a, 1, [1, 2, 3, 4, 5, 6, 7, 8])
+      // A SUB joins asynchronously: batch 0 went out before it; it learns of it by the gap and replays.
+      yield* storeFrom(1n, tokens)
+      // The drain publishes what it finds when it wakes: one batch or several, numbered on from 1.
+      const live: Array<VllmKvEvent> = []
+      const seqs: Array<number | undefined> = []
+      while (live.length < 4) {
+        const m = yield* next(sub)
+        assert.strictEqual(m.topic, "kv-events")
+        seqs.push(m.seq)
+        live.push(...m.batch.events)
+      }
+      assert.deepStrictEqual(seqs, seqs.map((_, i) => i + 1))
+      const hashes = chunkHashes(tokens, CHUNK, 4)
+      assert.deepStrictEqual(
+        live,
+        [0, 1, 2, 3].map((i) => ({
+          _tag: "BlockStored",
+          blockHashes: [Buffer.from(hashes[i]!)],
+          parentBlockHash: i === 0 ? null : Buffer.from(hashes[i - 1]!),
+          tokenIds: tokens.slice(i * CHUNK, (i + 1) * CHUNK),
+          blockSize: CHUNK,
+          loraId: null,
+          medium: "CPU"
+        }))
+      )
+      const replay = yield* Effect.acquireRelease(Effect.sync(() => new zmq.Dealer({ linger: 0 })), (s) => Effect.sync(() => s.close()))
+      replay.connect(replayAt)
+      yield* Effect.promise(() => replay.send([Buffer.alloc(0), seqFrame(0)]))
+      const got: Array<number | undefined> = []
+      const replayed: Array<VllmKvEvent> = []
+      for (;;) {
+        const [, seq, payload] = yield* Effect.promise(() => replay.receive())
+        if (payload!.length === 0) {
+          assert.strictEqual(seqOf(seq!), -1)
+          break
+        }
+        const b = decodeKvEventBatch(payload!)
+        if (b instanceof KvEventBatchInvalid) throw b
+        got.push(seqOf(seq!))
+        replayed.push(...b.events)
+      }
+      assert.deepStrictEqual(got, [0, ...seqs])
+      assert.deepStrictEqual(replayed, [{ _tag: "AllBlocksCleared" }, ...live])
+      const n = seqs.length + 1
+      const status = (yield* kvStatus)["publisher"] as Record<string, unknown>
+      assert.deepStrictEqual(
+        { ...status, subscribers: (status["subscribers"] as number) >= 1 },
+        {
+          endpoint: pubAt,
+          replay_endpoint: replayAt,
+          topic: "kv-events",
+          subscribers: true,
+          batches_published: n,
+          next_seq: n,
+          replay_buffer: { batches: n, bytes: (status["replay_buffer"] as { bytes: number }).bytes, oldest_seq: 0 },
+          replays_served: 1,
+          replay_batches_sent: n,
+          replays_cut: 0,
+          malformed_replays: 0,
+          log_overflows: 0
+        }
+      )
+    }).pipe(Effect.scoped, Effect.provide(env({ kvEventsEndpoint: pubAt, kvEventsReplayEndpoint: replayAt }))))
 })

@@ -142,6 +142,27 @@ const serveFlags = {
     defaults.kvEventLogSize,
     rules.kvEventLogSize
   ),
+  kvEventsEndpoint: Flag.String("kv-events-endpoint").pipe(
+    Flag.withDescription(F.described(
+      "ZeroMQ PUB endpoint publishing vLLM's KVEventBatch (frames: topic, 8-byte big-endian sequence number, msgpack); with CURVE admins only",
+      "off"
+    )),
+    Flag.filter((s) => rules.endpoint(s) === undefined, (s) => rules.endpoint(s) ?? ""),
+    Flag.optional
+  ),
+  kvEventsReplayEndpoint: Flag.String("kv-events-replay-endpoint").pipe(
+    Flag.withDescription(F.described(
+      "ZeroMQ ROUTER endpoint answering a missed sequence number with every buffered batch from it on, then an end marker (vLLM's replay); needs --kv-events-endpoint",
+      "off"
+    )),
+    Flag.filter((s) => rules.endpoint(s) === undefined, (s) => rules.endpoint(s) ?? ""),
+    Flag.optional
+  ),
+  kvEventsTopic: Flag.String("kv-events-topic").pipe(
+    Flag.withDescription(F.described("Topic frame of every published batch (vLLM's topic); at most 255 bytes", defaults.kvEventsTopic)),
+    Flag.filter((s) => rules.kvEventsTopic(s) === undefined, (s) => rules.kvEventsTopic(s) ?? ""),
+    Flag.withDefault(defaults.kvEventsTopic)
+  ),
   maxLookupLocks: int(
     "max-lookup-locks",
     "Read locks all pending lookups may hold (one per L1 object each); over it the oldest lookups are released; >= 1",
@@ -271,6 +292,9 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   maxPendingLookupsPerPeer: f.maxPendingLookupsPerPeer,
   maxLookupLocks: f.maxLookupLocks,
   kvEventLogSize: f.kvEventLogSize,
+  kvEventsEndpoint: Option.getOrUndefined(f.kvEventsEndpoint),
+  kvEventsReplayEndpoint: Option.getOrUndefined(f.kvEventsReplayEndpoint),
+  kvEventsTopic: f.kvEventsTopic,
   engineDrivenTransport: Option.getOrUndefined(f.engineDrivenTransport),
   prepareTtlSeconds: f.prepareTtlSeconds,
   curveSecretKeyFile: Option.getOrUndefined(f.curveSecretKeyFile),

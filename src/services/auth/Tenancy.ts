@@ -58,7 +58,7 @@ import type { AuthorizedKeysInvalid } from "./AuthorizedKeys.ts"
 import { makeHandshake } from "./internal/Handshake.ts"
 import { makeTenantGuard } from "./internal/TenantGuard.ts"
 
-export { AUTH_FAILURE_REASONS, type AuthFailureReason } from "./internal/Handshake.ts"
+export { AUTH_FAILURE_REASONS, type AuthFailureReason, KV_EVENTS_ZAP_DOMAIN } from "./internal/Handshake.ts"
 export { mappedBytesOf, namespaced, type TenantStatus } from "./internal/TenantGuard.ts"
 
 /** The tenancy service; `Tenancy.layer` reads the key files named by the config. */

@@ -191,7 +191,11 @@ export const validate = (
   const tenancy = validateTenancy(input, issues)
   const endpoint = validateEndpoint(input, issues)
   const l2 = validateL2(input.l2, issues)
-  const kvEvents = validateKvEvents(input, issues)
+  const kvEvents = validateKvEvents(
+    input,
+    { endpoint: endpoint.endpoint, curveOn: curveRequested(input), insecureAllowRemote: input.insecureAllowRemote },
+    issues
+  )
   const budget = descriptorBudget(input.descriptorLimit, input.descriptorCaps)
   if ("issues" in budget) issues.push(...budget.issues)
   if (issues.length > 0 || "issues" in budget) return { issues }

@@ -145,6 +145,16 @@ export interface BoundRouter {
   readonly kick: (routingId: Buffer) => void
 }
 
+/** Options of a bound PUB (the KV event stream, issue 28 item 4). */
+export interface PublisherOptions {
+  /** Messages queued per subscriber; past it libzmq drops that subscriber's messages (PUB never blocks). */
+  readonly sendHighWaterMark: number
+  /** CURVE server mode with ZAP enforced in `curve.zapDomain`; absent: the NULL mechanism. */
+  readonly curve?: RouterCurve
+  /** Told of every connection the PUB's listener accepts and of every accepted connection's end. */
+  readonly onConnectionEvent?: (event: "accepted" | "ended") => Effect.Effect<void>
+}
+
 /** A client's CURVE keys, Z85: the server's public key and the client's own pair. */
 export interface DealerCurve {
   readonly serverPublicKey: string
@@ -192,6 +202,10 @@ export interface DealerOptions {
  *   this bound is what ends it. Fails with `ZmqError` (op "send") on any
  *   other refusal, e.g. a closed socket.
  *
+ * - `bindPublisher(endpoint, options)`: a PUB (linger 0, an ipc socket file
+ *   0600) that drops a subscriber's messages past its high-water mark and
+ *   never blocks the sender. Fails with `ZmqError` (op "bind") when the
+ *   endpoint is taken or invalid, or its ipc directory is unsafe.
  * - `serveZap(authenticate)`: binds the ZAP handler socket at
  *   `inproc://zeromq.zap.01` in the default context (do it before the
  *   ROUTER binds) and answers each request with `authenticate`'s reply.
@@ -204,5 +218,6 @@ export class ZmqSockets extends Context.Service<ZmqSockets, {
   readonly bindRouter: (endpoint: string, options: RouterOptions) => Effect.Effect<BoundRouter, ZmqError, Scope.Scope>
   readonly connectDealer: (endpoint: string, options: DealerOptions) => Effect.Effect<zmq.Dealer, ZmqError, Scope.Scope>
   readonly sendWithin: (dealer: zmq.Dealer, frames: ReadonlyArray<Buffer>, timeoutMs: number) => Effect.Effect<boolean, ZmqError>
+  readonly bindPublisher: (endpoint: string, options: PublisherOptions) => Effect.Effect<zmq.Publisher, ZmqError, Scope.Scope>
   readonly serveZap: (authenticate: (request: ZapRequest) => Effect.Effect<ZapReply>) => Effect.Effect<void, ZmqError, Scope.Scope>
 }>()("mpcache/services/zmq/ZmqSockets") {}

@@ -104,4 +104,28 @@ describe("ServerConfig rules (DESIGN §5, upstream MPServerConfig)", () => {
     assert.deepStrictEqual(issues({ httpIdleTimeoutSeconds: 0 }), ["--http-idle-timeout-seconds: must be a number of seconds from 0.1 to 300 (got 0)"])
     assert.deepStrictEqual(issues({ httpIdleTimeoutSeconds: 301 }), ["--http-idle-timeout-seconds: must be a number of seconds from 0.1 to 300 (got 301)"])
   })
+
+  it("the KV event PUB and replay ROUTER: an endpoint each, loopback unless CURVE or --insecure-allow-remote, events on, the replay needs the PUB", () => {
+    assert.deepStrictEqual(issues({ kvEventsEndpoint: "tcp://127.0.0.1:5557", kvEventsReplayEndpoint: "tcp://127.0.0.1:5558" }), [])
+    assert.deepStrictEqual(issues({ kvEventsEndpoint: "udp://x" }), [
+      '--kv-events-endpoint: must be a ZeroMQ endpoint tcp://HOST:PORT or ipc://PATH (got "udp://x")'
+    ])
+    assert.deepStrictEqual(issues({ kvEventsEndpoint: "tcp://0.0.0.0:5557" }), [
+      "--kv-events-endpoint: 0.0.0.0 is not a loopback address: publishing beyond loopback needs CURVE (--curve-secret-key-file and --curve-authorized-keys), or --insecure-allow-remote to let anyone who can reach it read what this server holds"
+    ])
+    assert.deepStrictEqual(issues({ kvEventsEndpoint: "tcp://0.0.0.0:5557", insecureAllowRemote: true }), [])
+    assert.deepStrictEqual(issues({ kvEventsEndpoint: "tcp://127.0.0.1:5555" }), [
+      "--kv-events-endpoint: is the MQ endpoint (tcp://127.0.0.1:5555); give the KV event socket an address of its own"
+    ])
+    assert.deepStrictEqual(issues({ kvEventsEndpoint: "tcp://127.0.0.1:5557", kvEventLogSize: 0 }), [
+      "--kv-events-endpoint: needs events on: --kv-event-log-size 0 turns them off"
+    ])
+    assert.deepStrictEqual(issues({ kvEventsReplayEndpoint: "tcp://127.0.0.1:5558" }), [
+      "--kv-events-replay-endpoint: needs --kv-events-endpoint (it replays that PUB's batches)"
+    ])
+    assert.deepStrictEqual(issues({ kvEventsEndpoint: "tcp://127.0.0.1:5557", kvEventsReplayEndpoint: "tcp://127.0.0.1:5557" }), [
+      "--kv-events-replay-endpoint: is the same address as --kv-events-endpoint"
+    ])
+    assert.deepStrictEqual(issues({ kvEventsTopic: "a b" }), ['--kv-events-topic: must be at most 255 bytes without white space (got "a b")'])
+  })
 })

@@ -47,6 +47,14 @@ const WARN_WINDOW_MS = 10_000
 /** The ZAP domain the ROUTER asks for; a handshake in any other is refused. */
 const ZAP_DOMAIN = "mpcache"
 
+/**
+ * The ZAP domain of the KV event sockets (the PUB and its replay ROUTER, issue 28 item 4): admins' keys only. A
+ * PUB cannot filter per subscriber (a SUB chooses its own topics), and the stream names every tenant's chunks and
+ * tokens, so a tenant that is no admin gets nothing there (docs/security.md, "KV events"); tenants read their own
+ * records with POLL_KV_EVENTS.
+ */
+export const KV_EVENTS_ZAP_DOMAIN = "mpcache-kv-events"
+
 /** The handshake half of Tenancy with CURVE on. */
 export interface Handshake {
   /** The server's CURVE secret key (z85) and its public key; the ZAP domain. */
@@ -115,13 +123,16 @@ export const makeHandshake = (files: CurveFiles): Effect.Effect<Handshake, KeyFi
     const authenticate = (request: ZapRequest): Effect.Effect<ZapReply> => {
       const credential = request.credentials[0]
       const key = request.mechanism === "CURVE" && credential !== undefined && credential.length === 32 ? z85Encode(credential) : undefined
-      const grant = key === undefined || request.domain !== ZAP_DOMAIN ? undefined : keys.keys.get(key)
+      const listed = key === undefined ? undefined : keys.keys.get(key)
+      const grant = request.domain === ZAP_DOMAIN || (request.domain === KV_EVENTS_ZAP_DOMAIN && listed?.admin === true) ? listed : undefined
       if (grant !== undefined) return Effect.succeed({ statusCode: "200", statusText: "OK", userId: grant.tenant })
       return refuse(
         "unknown_key",
         request.address,
         key === undefined
           ? `mechanism ${request.mechanism} in domain "${request.domain}"`
+          : listed !== undefined
+          ? `public key ${key} (tenant ${listed.tenant}) is no admin: the KV event stream is for admins only (tenants poll their own records with POLL_KV_EVENTS)`
           : `public key ${key} is not in ${keys.path}`
       ).pipe(Effect.as({ statusCode: "400", statusText: "key not authorized", userId: "" } satisfies ZapReply))
     }

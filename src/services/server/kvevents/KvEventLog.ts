@@ -63,8 +63,8 @@ export interface KvEventPoll {
 export interface KvEventQuery {
   readonly cursor: number
   readonly maxEvents: number
-  /** Only this model's chunks. */
-  readonly model: string
+  /** Only this model's chunks; undefined: every model's (the server's own publisher). */
+  readonly model?: string | undefined
   /** Only this salt group's records; undefined: every group's (an admin, or no tenancy). */
   readonly saltGroup?: string | undefined
 }
@@ -98,15 +98,22 @@ export interface KvEventLog {
 type Slot = KvEventRecord | { readonly kind: "gap"; readonly seq: number }
 
 const matches = (r: KvEventRecord, q: KvEventQuery): boolean =>
-  (q.saltGroup === undefined || r.saltGroup === q.saltGroup) && r.model === q.model
+  (q.saltGroup === undefined || r.saltGroup === q.saltGroup) && (q.model === undefined || r.model === q.model)
 
 /**
  * A log of `capacity` records (0: off) for the incarnation `incarnation` (the server's: a random safe integer
  * drawn at start, as upstream's `KVEventPollResult.incarnation` is an int), its times from `nowMs`.
  */
-export const makeKvEventLog = (options: { readonly capacity: number; readonly incarnation: number; readonly nowMs?: () => number }): KvEventLog => {
+export const makeKvEventLog = (options: {
+  readonly capacity: number
+  readonly incarnation: number
+  readonly nowMs?: () => number
+  /** Told after each append or gap marker (synchronously: it must only signal, e.g. open a latch). */
+  readonly onAppend?: () => void
+}): KvEventLog => {
   const capacity = Math.max(0, Math.floor(options.capacity))
   const nowMs = options.nowMs ?? Date.now
+  const onAppend = options.onAppend ?? (() => {})
   const enabled = capacity > 0
   const ring: Array<Slot | undefined> = new Array(capacity)
   let newest = 0
@@ -154,12 +161,14 @@ export const makeKvEventLog = (options: { readonly capacity: number; readonly in
       const seq = ++newest
       put({ ...event, seq, atMs: nowMs() })
       appended[event.kind]++
+      onAppend()
       return seq
     },
     dropped: () => {
       if (!enabled) return
       drops++
       put({ kind: "gap", seq: ++newest })
+      onAppend()
     },
     read: (q) => {
       if (!enabled) return { records: [], nextCursor: 0, lost: false, incarnation: options.incarnation, enabled }

@@ -7,23 +7,32 @@
  * SYNC lane) and the `kv_events` block of `/api/status`.
  */
 import { randomInt } from "node:crypto"
-import { Context, Effect, Layer, Metric } from "effect"
+import { Context, Effect, Latch, Layer, Metric } from "effect"
 import { KvEventPollResult, PollKvEvents } from "../../../schema/Op.ts"
 import { RequestSaltGroup } from "../../liveness/InstanceOwner.ts"
 import { row, type ServerModule } from "../Handler.ts"
 import { ServerConfig } from "../ServerConfig.ts"
 import { type KvEventLog, type KvEventPoll, type KvEventRecord, makeKvEventLog } from "./KvEventLog.ts"
+import type { KvEventPublisherStatus } from "./KvEventPublisher.ts"
 import { type L1EventSink, makeL1EventSink } from "./L1EventSink.ts"
 
 /** The log and L1's side of it (undefined with events off: L1 then counts nothing). */
 export class KvEvents extends Context.Service<KvEvents, {
   readonly log: KvEventLog
   readonly l1: L1EventSink | undefined
+  /** Opened by every append: the publisher's drain waits on it (KvEventPublisher.ts). */
+  readonly appended: Latch.Latch
+  /**
+   * The publisher's status for `kv_events.publisher` (null: no PUB). A slot, not a service: the publisher binds
+   * after the MQ server (its ZAP handler first), long after this module's status is assembled.
+   */
+  readonly publisherStatus: { current: () => KvEventPublisherStatus | null }
 }>()("mpcache/services/server/KvEvents") {
   /** A log of `capacity` records (0: off) with incarnation `incarnation` (default: drawn now). */
   static readonly make = (capacity: number, incarnation: number = randomInt(1, 2 ** 47)) => {
-    const log = makeKvEventLog({ capacity, incarnation })
-    return { log, l1: log.enabled ? makeL1EventSink(log) : undefined }
+    const appended = Latch.makeUnsafe(false)
+    const log = makeKvEventLog({ capacity, incarnation, onAppend: () => appended.openUnsafe() })
+    return { log, l1: log.enabled ? makeL1EventSink(log) : undefined, appended, publisherStatus: { current: () => null } }
   }
   /** The server's: `--kv-event-log-size` records. */
   static readonly layer = Layer.effect(
@@ -81,7 +90,7 @@ const lostAnswers = Metric.counter("mpcache_kv_event_lost_answers_total", {
  * tenant's own, every group's for an admin or without tenancy), and `/api/status` gets `kv_events`.
  */
 export const kvEventsModule: Effect.Effect<ServerModule, never, KvEvents> = Effect.gen(function*() {
-  const { log, l1 } = yield* KvEvents
+  const { log, l1, publisherStatus } = yield* KvEvents
   const poll = ([model, cursor, maxEvents]: readonly [string, number, number]) =>
     Effect.gen(function*() {
       const saltGroup = yield* RequestSaltGroup
@@ -106,7 +115,8 @@ export const kvEventsModule: Effect.Effect<ServerModule, never, KvEvents> = Effe
             records: s.appended,
             dropped: s.dropped,
             lost_answers: s.lostAnswers,
-            held_chunks: l1?.heldChunks() ?? 0
+            held_chunks: l1?.heldChunks() ?? 0,
+            publisher: publisherStatus.current()
           }
         }
       })

@@ -1,0 +1,248 @@
+/**
+ * vLLM's channel for the KV event log (issue 28 item 4; docs/kv-events.md, "The PUB"): a ZeroMQ PUB at
+ * `--kv-events-endpoint` publishing vLLM's `KVEventBatch` (schema/VllmKvEvents.ts) and, with
+ * `--kv-events-replay-endpoint`, a ROUTER answering a missed sequence number with every buffered batch from it on
+ * and vLLM's end marker.
+ *
+ * - One fiber drains the log as records arrive (the log opens a latch on each append): up to
+ *   {@link BATCH_RECORDS} records a batch, sequence numbers from 0 per server start. Batch 0 is
+ *   `[AllBlocksCleared]`, so a vLLM consumer that saw an earlier run of this server drops it.
+ * - A slow or dead subscriber never slows the server: the PUB never blocks (libzmq drops a subscriber's messages
+ *   past {@link PUB_SEND_HWM}, silently: libzmq counts nothing per subscriber), the subscriber sees the sequence
+ *   gap and replays. The replay buffer keeps the last {@link REPLAY_BATCHES} batches and at most
+ *   {@link REPLAY_BYTES} bytes; a replay whose ROUTER pipe fills is cut short and counted (the end marker may be
+ *   lost with it: the subscriber's replay times out and it asks again).
+ * - Records the drain could not read before the log dropped them are published as `AllBlocksCleared` (the
+ *   consumer forgets this server: a router that knows too little misroutes less than one that knows wrong).
+ * - With CURVE both sockets are CURVE servers in the ZAP domain `mpcache-kv-events`, which admits admins' keys
+ *   only (a PUB cannot filter per subscriber; docs/security.md, "KV events").
+ * - Without a PUB the drain still runs: it counts records by kind and medium for `/metrics`.
+ * - The replay ROUTER passes the routing-id door of the MQ server (internal/PeerAdmission.ts): a peer that claims
+ *   a routing id the ROUTER will generate would make libzmq abort the process.
+ */
+import { Effect, Layer, Metric, Option } from "effect"
+import type * as zmq from "zeromq"
+import { KV_EVENTS_ZAP_DOMAIN, Tenancy } from "../../auth/Tenancy.ts"
+import { byLabel, fromStart } from "../../metrics/Series.ts"
+import { type BoundRouter, ZmqSockets } from "../../zmq/Sockets.ts"
+import { encodeKvEventBatch, END_SEQ, seqFrame, seqOf, type VllmKvEvent } from "../../../schema/VllmKvEvents.ts"
+import { makePeerAdmission } from "../internal/PeerAdmission.ts"
+import { MqServer } from "../MqServer.ts"
+import { ServerConfig } from "../ServerConfig.ts"
+import type { KvEventRecord } from "./KvEventLog.ts"
+import { KvEvents } from "./KvEvents.ts"
+
+/** Records one batch carries at most. */
+export const BATCH_RECORDS = 1024
+/** Batches the replay buffer keeps (vLLM's `buffer_steps` default). */
+export const REPLAY_BATCHES = 10_000
+/** Bytes of payload the replay buffer keeps at most; the oldest batches go first. */
+export const REPLAY_BYTES = 64 * 2 ** 20
+/** Messages queued per subscriber before libzmq drops its messages (vLLM's `hwm` default). */
+export const PUB_SEND_HWM = 100_000
+/** Messages queued per replay peer; past it the replay is cut short. */
+const REPLAY_SEND_HWM = 20_000
+
+const recordsTotal = Metric.counter("mpcache_kv_event_records_total", {
+  description: "KV event records by kind (stored, removed) and medium (CPU, STORAGE), as the publisher drained them",
+  incremental: true
+})
+const records = {
+  stored: byLabel(Metric.withAttributes(recordsTotal, { kind: "stored" }), "medium", ["CPU", "STORAGE"]),
+  removed: byLabel(Metric.withAttributes(recordsTotal, { kind: "removed" }), "medium", ["CPU", "STORAGE"])
+}
+const batchesTotal = fromStart(Metric.counter("mpcache_kv_event_batches_published_total", {
+  description: "KVEventBatch messages the PUB sent (--kv-events-endpoint)",
+  incremental: true
+}))
+const replaysTotal = fromStart(Metric.counter("mpcache_kv_event_replays_total", {
+  description: "Replay requests the replay ROUTER answered (--kv-events-replay-endpoint)",
+  incremental: true
+}))
+const subscribersGauge = fromStart(Metric.gauge("mpcache_kv_event_subscribers", {
+  description: "Connections to the KV event PUB now"
+}))
+const droppedTotal = Metric.counter("mpcache_kv_event_publisher_drops_total", {
+  description: "What the publisher could not deliver: log_overflow (records gone before the drain read them), replay_cut (a replay whose pipe filled), malformed_replay (requests that were no 8-byte sequence number)",
+  incremental: true
+})
+const dropped = byLabel(droppedTotal, "reason", ["log_overflow", "replay_cut", "malformed_replay"])
+
+/** The publisher's `/api/status` figures (inside `kv_events.publisher`). */
+export interface KvEventPublisherStatus {
+  readonly endpoint: string
+  readonly replay_endpoint: string | null
+  readonly topic: string
+  readonly subscribers: number
+  readonly batches_published: number
+  readonly next_seq: number
+  readonly replay_buffer: { readonly batches: number; readonly bytes: number; readonly oldest_seq: number | null }
+  readonly replays_served: number
+  readonly replay_batches_sent: number
+  readonly replays_cut: number
+  readonly malformed_replays: number
+  readonly log_overflows: number
+}
+
+const eventOf = (r: KvEventRecord, blockSize: number): VllmKvEvent =>
+  r.kind === "stored"
+    ? {
+      _tag: "BlockStored",
+      blockHashes: [r.chunkHash],
+      parentBlockHash: r.parentHash,
+      tokenIds: Array.from(r.tokenIds),
+      blockSize,
+      loraId: null,
+      medium: r.medium
+    }
+    : { _tag: "BlockRemoved", blockHashes: r.chunkHashes, medium: r.medium }
+
+/**
+ * The publisher for the server in context: the drain fiber always, the PUB and the replay ROUTER when
+ * configured. Built after the MQ server (its ZAP handler must be bound first); its status lands in
+ * `kv_events.publisher` through {@link KvEvents}'s `publisherStatus`. Fails (at start) with `ZmqError` when an
+ * endpoint cannot be bound.
+ */
+export const KvEventPublisherLive = Layer.effectDiscard(Effect.gen(function*() {
+  const config = yield* ServerConfig
+  // A server without the data path (layerTestBare) has no log.
+  const found = yield* Effect.serviceOption(KvEvents)
+  yield* MqServer
+  if (Option.isNone(found) || !found.value.log.enabled) return
+  const events = found.value
+  const { log } = events
+  const sockets = yield* ZmqSockets
+  const tenancy = yield* Tenancy
+  const curve = tenancy.curve === undefined ? undefined : { secretKey: tenancy.curve.secretKey, zapDomain: KV_EVENTS_ZAP_DOMAIN }
+  const topic = Buffer.from(config.kvEventsTopic, "utf8")
+  let subscribers = 0
+  const pub: zmq.Publisher | undefined = config.kvEventsEndpoint === undefined ? undefined : yield* sockets.bindPublisher(config.kvEventsEndpoint, {
+    sendHighWaterMark: PUB_SEND_HWM,
+    ...(curve === undefined ? {} : { curve }),
+    onConnectionEvent: (e) =>
+      Effect.suspend(() => {
+        subscribers = Math.max(0, subscribers + (e === "accepted" ? 1 : -1))
+        return Metric.update(subscribersGauge, subscribers)
+      })
+  })
+
+  const buffer: Array<{ readonly seq: number; readonly payload: Buffer }> = []
+  let bufferBytes = 0
+  let nextSeq = 0
+  const counts = { published: 0, replays: 0, replayBatches: 0, cut: 0, malformed: 0, overflows: 0 }
+
+  const publish = (batch: ReadonlyArray<VllmKvEvent>) =>
+    Effect.gen(function*() {
+      const seq = nextSeq++
+      const payload = encodeKvEventBatch(Date.now() / 1000, batch)
+      buffer.push({ seq, payload })
+      bufferBytes += payload.length
+      while (buffer.length > REPLAY_BATCHES || (bufferBytes > REPLAY_BYTES && buffer.length > 1)) bufferBytes -= buffer.shift()!.payload.length
+      if (pub === undefined) return
+      // PUB never blocks: past a subscriber's HWM libzmq drops its copy. One send at a time (zeromq.js: EBUSY).
+      yield* Effect.tryPromise(() => pub.send([topic, seqFrame(seq), payload])).pipe(
+        Effect.catch((e) => Effect.logWarning(`KV events: the PUB refused batch ${seq}: ${String(e.cause)}`))
+      )
+      counts.published++
+      yield* Metric.update(batchesTotal, 1)
+    })
+
+  // The drain: wakes on each append, reads what is new, publishes it.
+  const drain = Effect.gen(function*() {
+    let cursor = 0
+    if (pub !== undefined) yield* publish([{ _tag: "AllBlocksCleared" }])
+    while (true) {
+      yield* events.appended.await
+      events.appended.closeUnsafe()
+      while (cursor < log.stats().newestSeq) {
+        const read = log.read({ cursor, maxEvents: BATCH_RECORDS })
+        cursor = read.nextCursor
+        const batch: Array<VllmKvEvent> = []
+        if (read.lost) {
+          counts.overflows++
+          yield* Metric.update(dropped.log_overflow, 1)
+          batch.push({ _tag: "AllBlocksCleared" })
+        }
+        for (const r of read.records) {
+          yield* Metric.update(records[r.kind][r.medium], 1)
+          batch.push(eventOf(r, config.chunkSizeTokens))
+        }
+        if (pub !== undefined && batch.length > 0) yield* publish(batch)
+      }
+    }
+  })
+  yield* Effect.forkScoped(drain)
+
+  let replayEndpoint: string | null = null
+  if (pub !== undefined && config.kvEventsReplayEndpoint !== undefined) {
+    replayEndpoint = config.kvEventsReplayEndpoint
+    const bound: BoundRouter = yield* sockets.bindRouter(config.kvEventsReplayEndpoint, {
+      sendHighWaterMark: REPLAY_SEND_HWM,
+      lingerMs: 0,
+      ...(curve === undefined ? {} : { curve })
+    })
+    const router = bound.socket
+    const connected = new Set<string>()
+    /** One request `[id, "", seq]` (REQ) or `[id, seq]` (DEALER): every buffered batch from seq on, then the end. */
+    const serve = (received: Array<Buffer>): Effect.Effect<void> =>
+      Effect.gen(function*() {
+        const [id, ...frames] = received
+        if (id === undefined) return
+        const peer = id.toString("hex")
+        // ROUTER_NOTIFY: a lone empty frame on connect and on disconnect.
+        if (frames.length === 1 && frames[0]!.length === 0) {
+          if (connected.delete(peer)) admission.forget(id, peer)
+          else connected.add(peer)
+          return
+        }
+        const seqBytes = frames.length === 2 && frames[0]!.length === 0 ? frames[1] : frames.length === 1 ? frames[0] : undefined
+        const start = seqBytes === undefined ? undefined : seqOf(seqBytes)
+        if (start === undefined || start < 0) {
+          counts.malformed++
+          yield* Metric.update(dropped.malformed_replay, 1)
+          return yield* Effect.logDebug("KV events: ignored a replay request that was no 8-byte big-endian sequence number").pipe(
+            Effect.annotateLogs({ peer })
+          )
+        }
+        counts.replays++
+        yield* Metric.update(replaysTotal, 1)
+        const empty = Buffer.alloc(0)
+        for (const b of buffer.slice()) {
+          if (b.seq < start) continue
+          const sent = yield* Effect.exit(Effect.tryPromise(() => router.send([id, empty, seqFrame(b.seq), b.payload])))
+          if (sent._tag === "Failure") {
+            counts.cut++
+            return yield* Metric.update(dropped.replay_cut, 1)
+          }
+          counts.replayBatches++
+        }
+        yield* Effect.exit(Effect.tryPromise(() => router.send([id, empty, END_SEQ, empty])))
+      })
+    const admission = yield* makePeerAdmission(bound, serve, () => Effect.void)
+    yield* Effect.tryPromise(() => router.receive()).pipe(
+      Effect.flatMap((received) => admission.admit(received, received[0]?.toString("hex") ?? "").pipe(
+        Effect.flatMap((go) => go ? serve(received) : Effect.void)
+      )),
+      Effect.forever,
+      Effect.ignore,
+      Effect.forkScoped
+    )
+  }
+
+  events.publisherStatus.current = () =>
+    pub === undefined ? null : {
+      endpoint: config.kvEventsEndpoint!,
+      replay_endpoint: replayEndpoint,
+      topic: config.kvEventsTopic,
+      subscribers,
+      batches_published: counts.published,
+      next_seq: nextSeq,
+      replay_buffer: { batches: buffer.length, bytes: bufferBytes, oldest_seq: buffer[0]?.seq ?? null },
+      replays_served: counts.replays,
+      replay_batches_sent: counts.replayBatches,
+      replays_cut: counts.cut,
+      malformed_replays: counts.malformed,
+      log_overflows: counts.overflows
+    }
+  yield* Effect.addFinalizer(() => Effect.sync(() => (events.publisherStatus.current = () => null)))
+}))
