@@ -184,6 +184,7 @@ describe("mpcache as an installed package", () => {
         "data/mooncake-traces/conversation_trace.jsonl",
         "examples/README.md",
         "examples/embed.mjs",
+        "examples/kv_events_subscriber.py",
         "examples/memfd_worker.py",
         "examples/ping.mjs",
         "examples/worker.mjs",
