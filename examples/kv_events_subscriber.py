@@ -151,13 +151,17 @@ def main() -> int:
             if apply(int.from_bytes(seq_bytes, "big"), payload):
                 return True
 
+    # The last sequence number the SUB itself delivered: going back means the server restarted (a batch at or
+    # below last_seq but above it was already brought by a replay, and apply() skips it).
+    last_live = -1
     # A late joiner first asks for everything still buffered.
     if catch_up(0):
         return 0
     while True:
         _, seq_bytes, payload = sub.recv_multipart()
         seq = int.from_bytes(seq_bytes, "big")
-        if seq <= last_seq:
+        previous_live, last_live = last_live, seq
+        if previous_live >= 0 and seq <= previous_live:
             # Numbers went back: the server restarted (its batch 0 says AllBlocksCleared); start over.
             print(f"sequence went back to {seq} after {last_seq}: the server restarted; replaying from 0", file=sys.stderr, flush=True)
             last_seq = -1

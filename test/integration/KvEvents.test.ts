@@ -10,7 +10,7 @@ import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Fiber, Stream } from "effect"
 import * as zmq from "zeromq"
 import type { CacheKey } from "../../src/schema/CacheKey.ts"
 import { makeInstanceId } from "../../src/schema/InstanceId.ts"
@@ -27,6 +27,7 @@ import {
 import { decodeKvEventBatch, KvEventBatchInvalid, seqFrame, seqOf, type VllmKvEvent } from "../../src/schema/VllmKvEvents.ts"
 import { InvalidArgument } from "../../src/schema/WireError.ts"
 import { makeEngineDrivenWorkerAdapter } from "../../src/services/client/EngineDrivenWorkerAdapter.ts"
+import { type KvIndexUpdate, makeKvIndex, pollKvIndexUpdates, subscribeKvIndexUpdates } from "../../src/services/client/KvEventSubscriber.ts"
 import { makeMqClient, MqClient } from "../../src/services/client/MqClient.ts"
 import { makePagedKvCache, type PagedKvCache } from "../../src/services/client/PagedKvCache.ts"
 import { chunkHashes, hashHex } from "../../src/services/kv/TokenHasher.ts"
@@ -424,5 +425,63 @@ describe("KV events on vLLM's PUB and replay ROUTER (real ZeroMQ sockets)", () =
           log_overflows: 0
         }
       )
+    }).pipe(Effect.scoped, Effect.provide(env({ kvEventsEndpoint: pubAt, kvEventsReplayEndpoint: replayAt }))))
+})
+
+describe("the client's KV index streams (mpcache/client)", () => {
+  const dir = mkdtempSync(join(tmpdir(), "mpcache-kvstream-"))
+  const pubAt = `ipc://${join(dir, "pub")}`
+  const replayAt = `ipc://${join(dir, "replay")}`
+
+  /** Runs `updates` until its first Removed, while a STORE of 4 chunks and a CLEAR happen; the updates seen. */
+  const storeAndClear = (updates: Stream.Stream<KvIndexUpdate, unknown>) =>
+    Effect.gen(function*() {
+      const a = yield* newCache()
+      yield* register(1n, a)
+      yield* writeTokens(a, 1, [1, 2, 3, 4, 5, 6, 7, 8])
+      const index = makeKvIndex()
+      const seen = yield* Effect.forkChild(
+        updates.pipe(Stream.tap((u) => Effect.sync(() => index.apply(u))), Stream.takeUntil((u) => u._tag === "Removed"), Stream.runCollect)
+      )
+      yield* storeFrom(1n, tokens)
+      // The index follows the server: the four chunks, before the CLEAR.
+      const hashes = chunkHashes(tokens, CHUNK, 4).map(hashHex)
+      yield* Effect.flatMap(MqClient, (c) => c.request(Clear, [false]))
+      const all = yield* Fiber.join(seen)
+      return { all, index, hashes }
+    })
+
+  it.live("over POLL_KV_EVENTS: 4 Stored with their parents, then one Removed of all four; the index ends empty", () =>
+    Effect.gen(function*() {
+      const client = yield* MqClient
+      const { all, index, hashes } = yield* storeAndClear(pollKvIndexUpdates(client, { model: "tiny", intervalMs: 10 }))
+      assert.deepStrictEqual(all.map((u) => u._tag === "Reset" ? "Reset" : `${u._tag}:${u.hashes.map((h) => hashHex(h as Uint8Array)).join(",")}`), [
+        ...hashes.map((h) => `Stored:${h}`),
+        `Removed:${hashes.join(",")}`
+      ])
+      assert.deepStrictEqual(index.hashes(), [])
+    }).pipe(Effect.scoped, Effect.provide(env())))
+
+  it.live("over POLL_KV_EVENTS a `lost` answer resyncs: Reset first, then what the log kept", () =>
+    Effect.gen(function*() {
+      const a = yield* newCache()
+      yield* register(1n, a)
+      yield* writeTokens(a, 1, [1, 2, 3, 4, 5, 6, 7, 8])
+      yield* storeFrom(1n, tokens)
+      const client = yield* MqClient
+      const first = yield* pollKvIndexUpdates(client, { model: "tiny", intervalMs: 10 }).pipe(Stream.take(4), Stream.runCollect)
+      const hashes = chunkHashes(tokens, CHUNK, 4).map(hashHex)
+      assert.deepStrictEqual(first.map((u) => u._tag === "Stored" ? hashHex(u.hashes[0] as Uint8Array) : u._tag), ["Reset", ...hashes.slice(1)])
+    }).pipe(Effect.scoped, Effect.provide(env({ kvEventLogSize: 3 }))))
+
+  it.live("over the PUB and its replay: Reset (batch 0), 4 Stored, one Removed; the index ends empty", () =>
+    Effect.gen(function*() {
+      const { all, index, hashes } = yield* storeAndClear(subscribeKvIndexUpdates({ endpoint: pubAt, replayEndpoint: replayAt }))
+      assert.deepStrictEqual(all.map((u) => u._tag === "Reset" ? "Reset" : `${u._tag}:${u.hashes.map((h) => hashHex(h as Uint8Array)).join(",")}`), [
+        "Reset",
+        ...hashes.map((h) => `Stored:${h}`),
+        `Removed:${hashes.join(",")}`
+      ])
+      assert.deepStrictEqual(index.hashes(), [])
     }).pipe(Effect.scoped, Effect.provide(env({ kvEventsEndpoint: pubAt, kvEventsReplayEndpoint: replayAt }))))
 })
