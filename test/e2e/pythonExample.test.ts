@@ -248,7 +248,7 @@ describe.skipIf(!pythonReady)("examples/memfd_worker.py", () => {
       assert.strictEqual(done.code, 1)
       assert.strictEqual(
         done.stderr,
-        "memfd_worker: the server takes no memfd descriptors (features: named_segments); start it with --fd-socket\n"
+        "memfd_worker: the server takes no memfd descriptors (features: named_segments, kv_events); start it with --fd-socket\n"
       )
     })), 90_000)
 })
