@@ -140,7 +140,7 @@ export const subscribeKvIndexUpdates = (s: KvEventSubscription): Stream.Stream<K
               e._tag === "AllBlocksCleared"
                 ? { _tag: "Reset" }
                 : e._tag === "BlockStored"
-                ? { _tag: "Stored", hashes: e.blockHashes, parentHash: e.parentBlockHash, tokenIds: e.tokenIds, medium: e.medium ?? "GPU" }
+                ? { _tag: "Stored", hashes: e.blockHashes, parentHash: e.parentBlockHash, tokenIds: Array.from(e.tokenIds), medium: e.medium ?? "GPU" }
                 : { _tag: "Removed", hashes: e.blockHashes, medium: e.medium ?? "GPU" }
             )
           }

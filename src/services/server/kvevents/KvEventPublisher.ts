@@ -90,7 +90,7 @@ const eventOf = (r: KvEventRecord, blockSize: number): VllmKvEvent =>
       _tag: "BlockStored",
       blockHashes: [r.chunkHash],
       parentBlockHash: r.parentHash,
-      tokenIds: Array.from(r.tokenIds),
+      tokenIds: r.tokenIds,
       blockSize,
       loraId: null,
       medium: r.medium
