@@ -28,11 +28,14 @@ export const port = checked(
   Flag.Int("port").pipe(Flag.withDescription(described("TCP port of the ZeroMQ endpoint, 1 to 65535", defaults.port)), Flag.withDefault(defaults.port)),
   rules.port
 )
-export const endpoint = Flag.String("endpoint").pipe(
-  Flag.withDescription(described("Any ZeroMQ endpoint (tcp://HOST:PORT or ipc://PATH); overrides --host/--port", "tcp://--host:--port")),
-  Flag.filter((s) => rules.endpoint(s) === undefined, (s) => rules.endpoint(s) ?? ""),
-  Flag.optional
-)
+/** An optional ZeroMQ endpoint flag `--name` (tcp://HOST:PORT or ipc://PATH), `shown` as its default in --help. */
+export const optionalEndpoint = (name: string, description: string, shown: string) =>
+  Flag.String(name).pipe(
+    Flag.withDescription(described(description, shown)),
+    Flag.filter((s) => rules.endpoint(s) === undefined, (s) => rules.endpoint(s) ?? ""),
+    Flag.optional
+  )
+export const endpoint = optionalEndpoint("endpoint", "Any ZeroMQ endpoint (tcp://HOST:PORT or ipc://PATH); overrides --host/--port", "tcp://--host:--port")
 export const httpHost = checked(
   Flag.String("http-host").pipe(Flag.withDescription(described("Address of the HTTP frontend", defaults.httpHost)), Flag.withDefault(defaults.httpHost)),
   rules.host

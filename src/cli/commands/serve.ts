@@ -142,21 +142,15 @@ const serveFlags = {
     defaults.kvEventLogSize,
     rules.kvEventLogSize
   ),
-  kvEventsEndpoint: Flag.String("kv-events-endpoint").pipe(
-    Flag.withDescription(F.described(
-      "ZeroMQ PUB endpoint publishing vLLM's KVEventBatch (frames: topic, 8-byte big-endian sequence number, msgpack); with CURVE admins only",
-      "off"
-    )),
-    Flag.filter((s) => rules.endpoint(s) === undefined, (s) => rules.endpoint(s) ?? ""),
-    Flag.optional
+  kvEventsEndpoint: F.optionalEndpoint(
+    "kv-events-endpoint",
+    "ZeroMQ PUB endpoint publishing vLLM's KVEventBatch (frames: topic, 8-byte big-endian sequence number, msgpack); with CURVE admins only",
+    "off"
   ),
-  kvEventsReplayEndpoint: Flag.String("kv-events-replay-endpoint").pipe(
-    Flag.withDescription(F.described(
-      "ZeroMQ ROUTER endpoint answering a missed sequence number with every buffered batch from it on, then an end marker (vLLM's replay); needs --kv-events-endpoint",
-      "off"
-    )),
-    Flag.filter((s) => rules.endpoint(s) === undefined, (s) => rules.endpoint(s) ?? ""),
-    Flag.optional
+  kvEventsReplayEndpoint: F.optionalEndpoint(
+    "kv-events-replay-endpoint",
+    "ZeroMQ ROUTER endpoint answering a missed sequence number with every buffered batch from it on, then an end marker (vLLM's replay); needs --kv-events-endpoint",
+    "off"
   ),
   kvEventsTopic: Flag.String("kv-events-topic").pipe(
     Flag.withDescription(F.described("Topic frame of every published batch (vLLM's topic); at most 255 bytes", defaults.kvEventsTopic)),

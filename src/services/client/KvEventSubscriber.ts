@@ -9,7 +9,7 @@
 import { Data, Effect, Queue, Stream } from "effect"
 import * as zmq from "zeromq"
 import { PollKvEvents } from "../../schema/Op.ts"
-import { decodeKvEventBatch, END_SEQ, type ExternalBlockHash, KvEventBatchInvalid, seqFrame, seqOf } from "../../schema/VllmKvEvents.ts"
+import { decodeKvEventBatch, type ExternalBlockHash, KvEventBatchInvalid, seqFrame, seqOf } from "../../schema/VllmKvEvents.ts"
 import type { MqClientShape, RequestError } from "./MqClient.ts"
 import type { DealerCurve } from "../zmq/Sockets.ts"
 
@@ -156,9 +156,10 @@ export const subscribeKvIndexUpdates = (s: KvEventSubscription): Stream.Stream<K
             })
             const [seqBytes, payload] = frames.slice(-2)
             if (seqBytes === undefined || payload === undefined) return yield* new KvEventStreamError({ reason: "a replay message without its sequence number and payload" })
-            if (Buffer.from(seqBytes).equals(END_SEQ)) return
             const seq = seqOf(seqBytes)
             if (seq === undefined) return yield* new KvEventStreamError({ reason: "a replay sequence number that is not 8 bytes" })
+            // END_SEQ: -1 as 8 signed bytes.
+            if (seq === -1) return
             yield* apply(seq, payload)
           }
         })

@@ -92,6 +92,8 @@ export interface KvEventLog {
   /** A record that could not be kept: a gap marker takes the next sequence number, so every read over it is `lost`. */
   readonly dropped: () => void
   readonly read: (query: KvEventQuery) => KvEventPoll
+  /** The newest sequence number issued (0 before the first record): what a reader is caught up to. */
+  readonly newestSeq: () => number
   readonly stats: () => KvEventLogStats
 }
 
@@ -179,6 +181,7 @@ export const makeKvEventLog = (options: {
       if (gap) return restart(q)
       return { records, nextCursor: Math.max(last, q.cursor), lost: false, incarnation: options.incarnation, enabled }
     },
+    newestSeq: () => newest,
     stats: () => ({
       enabled,
       capacity,

@@ -154,7 +154,7 @@ export const KvEventPublisherLive = Layer.effectDiscard(Effect.gen(function*() {
     while (true) {
       yield* events.appended.await
       events.appended.closeUnsafe()
-      while (cursor < log.stats().newestSeq) {
+      while (cursor < log.newestSeq()) {
         const read = log.read({ cursor, maxEvents: BATCH_RECORDS })
         cursor = read.nextCursor
         const batch: Array<VllmKvEvent> = []
