@@ -6,7 +6,9 @@
  */
 import { assert, it } from "@effect/vitest"
 import { Effect, Schedule } from "effect"
-import { EndSession, Lookup, QueryPrefetchStatus, Retrieve, Store } from "../../src/schema/Op.ts"
+import { EndSession, Lookup, PollKvEvents, QueryPrefetchStatus, Retrieve, Store } from "../../src/schema/Op.ts"
+import type { MqClientShape } from "../../src/services/client/MqClient.ts"
+import { chunkHashes } from "../../src/services/kv/TokenHasher.ts"
 import { HEADER_BYTES } from "../../src/services/server/l2/L2Value.ts"
 import { runCli } from "../support/Cli.ts"
 import { verifyTokens, writeTokens } from "../support/KvData.ts"
@@ -21,6 +23,13 @@ const metric = (text: string, name: string) => {
   const line = text.split("\n").find((l) => l.startsWith(`${name} `) || l.startsWith(`${name}{`))
   return line === undefined ? undefined : Number(line.slice(line.lastIndexOf(" ") + 1))
 }
+
+/** A server's KV event log as [kind, medium, chunk index of `tokens`…] per record (issue 28 item 2). */
+const eventsOf = (client: MqClientShape, tokens: ReadonlyArray<number>) =>
+  Effect.map(client.request(PollKvEvents, ["tiny", 0, 100]), (p) => {
+    const hex = chunkHashes(tokens, CHUNK, tokens.length / CHUNK).map((h) => Buffer.from(h).toString("hex"))
+    return p.events.map((e) => [e.kind, e.medium, ...e.block_hashes.map((h) => hex.indexOf(Buffer.from(h).toString("hex")))])
+  })
 
 redisSuite("L2 on a real redis-server", () => {
   it.live("two servers share L2: STORE through A, LOOKUP and RETRIEVE byte-exact through B; a corrupt value is a miss, deleted and counted", () =>
@@ -69,6 +78,12 @@ redisSuite("L2 on a real redis-server", () => {
       const aMetrics = yield* getText(`http://127.0.0.1:${a.httpPort}/metrics`)
       assert.strictEqual(metric(aMetrics, "mpcache_l2_bytes_out_total"), 4 * (HEADER_BYTES + objectLayout.chunkBytes))
       assert.include(aMetrics, `mpcache_l2_command_seconds_count{op="SET"} 4`)
+      // What the routers heard: A stored the chunks in CPU, then (each SET done) in STORAGE; B fetched them into
+      // CPU; C fetched chunks 0, 1 and 3 into CPU and found chunk 2's value corrupt: it left STORAGE.
+      const stored = (medium: string) => [0, 1, 2, 3].map((i) => ["stored", medium, i])
+      assert.deepStrictEqual(yield* eventsOf(a.client, tokens), [...stored("CPU"), ...stored("STORAGE")])
+      assert.deepStrictEqual(yield* eventsOf(b.client, tokens), stored("CPU"))
+      assert.sameDeepMembers(yield* eventsOf(c.client, tokens), [["stored", "CPU", 0], ["stored", "CPU", 1], ["stored", "CPU", 3], ["removed", "STORAGE", 2]])
     }).pipe(Effect.scoped, Effect.provide(WorkerEnv)), 60_000)
 
   it.live("redis killed: LOOKUP answers from L1 at once, the breaker opens, STORE still succeeds; it closes when redis is back", () =>

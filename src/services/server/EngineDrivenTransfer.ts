@@ -284,7 +284,7 @@ const make = Effect.gen(function*() {
       const strategy = makeTransferStrategy(transport, layout, l1, lookup, `engine-driven instance ${formatInstanceId(p.instance_id)}`, {
         ttlMs: config.prepareTtlSeconds * 1000,
         scope
-      }, (key) => l2.writeThrough(key, l2Layout))
+      }, (r) => l2.writeThrough(r.key, l2Layout, r.origin))
       yield* Scope.addFinalizer(scope, strategy.release)
       return { registration: p, layout, strategy, scope } satisfies EngineDrivenContext
     })

@@ -73,11 +73,15 @@ export interface Reservation {
   readonly keyString: string
   readonly offset: number
   readonly bytes: Buffer
+  /** What `reserveWrite` was given: the L2 write-through of its commit announces it too (kvevents/L2EventSink.ts). */
+  readonly origin: OriginOf | undefined
 }
 
 /** A read-locked object; its bytes stay valid until unlocked. */
 export interface ReadHandle {
   readonly keyString: string
+  /** The object's salt group under tenancy ("" without): what the KV event log files it under. */
+  readonly saltGroup: string
   readonly offset: number
   readonly bytes: Buffer
   /**
@@ -162,6 +166,8 @@ export class L1Store extends Context.Service<L1Store, {
   readonly isPending: (reservation: Reservation) => boolean
   /** Whether `key` is committed. */
   readonly contains: (key: ObjectKey) => boolean
+  /** The salt group an object of `cacheSalt` belongs to ("" without tenancy shares; internal/L1Shares.ts). */
+  readonly saltGroupOf: (cacheSalt: string) => string
   /** Read-locks a committed object and marks it used; undefined when absent or not committed. */
   readonly lockRead: (key: ObjectKey) => ReadHandle | undefined
   /** Releases one read lock. */
@@ -460,7 +466,7 @@ const makeL1 = (
       usedBytes += extentBytes
       return updateGauges.pipe(
         Effect.andThen(evictions > before ? Metric.update(evictionsTotal, evictions - before) : Effect.void),
-        Effect.as<ReserveResult>({ _tag: "Reserved", reservation: { key, keyString, offset, bytes: o.bytes } })
+        Effect.as<ReserveResult>({ _tag: "Reserved", reservation: { key, keyString, offset, bytes: o.bytes, origin } })
       )
     })
 
@@ -499,7 +505,7 @@ const makeL1 = (
     if (o === undefined || !o.committed) return undefined
     o.readLocks++
     markUsed(o)
-    return { keyString: o.keyString, offset: o.offset, bytes: o.bytes, extent: o.extent }
+    return { keyString: o.keyString, saltGroup: o.owner, offset: o.offset, bytes: o.bytes, extent: o.extent }
   }
 
   // Synchronous (its callers are): a released extent shows in the used-bytes gauge at the next update.
@@ -549,6 +555,7 @@ const makeL1 = (
       return owns(o, r) && !o.committed
     },
     contains: (key) => objects.get(objectKeyString(key))?.committed === true,
+    saltGroupOf: (cacheSalt) => shares?.ownerOf(cacheSalt) ?? "",
     lockRead,
     unlockRead,
     touch: (keys) => {

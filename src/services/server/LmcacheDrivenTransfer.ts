@@ -392,7 +392,7 @@ const make = Effect.gen(function*() {
       for (const { hold } of reserved) {
         if (!(yield* L1Handles.commit(l1, hold))) continue
         committed++
-        yield* l2.writeThrough(hold.reservation.key, layout) // returns at once (issue 15 item 4)
+        yield* l2.writeThrough(hold.reservation.key, layout, hold.reservation.origin) // returns at once (issue 15 item 4)
       }
       yield* Metric.update(storedChunksTotal, committed)
       yield* Metric.update(storedBytesTotal, committed * objectBytes)

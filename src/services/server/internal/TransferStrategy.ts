@@ -15,7 +15,7 @@ import type { EngineDrivenTransport } from "../ServerConfig.ts"
 import type { PrepareRetrieveResponse, PrepareStoreResponse, Slot } from "../../../schema/EngineDriven.ts"
 import { InvalidArgument } from "../../../schema/WireError.ts"
 import type { EngineDrivenLayout } from "../../kv/EngineDrivenLayout.ts"
-import type { L1Store, ReadHandle } from "../L1Store.ts"
+import type { L1Store, ReadHandle, Reservation } from "../L1Store.ts"
 import * as L1Handles from "./L1Handles.ts"
 import type { WriteHold } from "./L1Handles.ts"
 import type { Lookup } from "../Lookup.ts"
@@ -120,7 +120,7 @@ export const makeTransferStrategy = (
   lookup: Lookup["Service"],
   label: string,
   expiry: PrepareExpiry,
-  onCommit: (key: ObjectKey) => Effect.Effect<void> = () => Effect.void
+  onCommit: (reservation: Reservation) => Effect.Effect<void> = () => Effect.void
 ): TransferStrategy => {
   const writes = new Map<string, PendingWrite>()
   const reads = new Map<string, PendingRead>()
@@ -263,7 +263,7 @@ export const makeTransferStrategy = (
       for (const r of w.reservations) {
         if (!(yield* L1Handles.commit(l1, r))) continue
         committed++
-        yield* onCommit(r.reservation.key)
+        yield* onCommit(r.reservation)
       }
       yield* Metric.update(stored.chunks, committed)
       yield* Metric.update(stored.bytes, committed * chunkBytes)

@@ -15,11 +15,13 @@ import { ServerConfig } from "../ServerConfig.ts"
 import { type KvEventLog, type KvEventPoll, type KvEventRecord, makeKvEventLog } from "./KvEventLog.ts"
 import type { KvEventPublisherStatus } from "./KvEventPublisher.ts"
 import { type L1EventSink, makeL1EventSink } from "./L1EventSink.ts"
+import { type L2EventSink, makeL2EventSink } from "./L2EventSink.ts"
 
-/** The log and L1's side of it (undefined with events off: L1 then counts nothing). */
+/** The log and the tiers' sides of it (undefined with events off: L1 then counts nothing). */
 export class KvEvents extends Context.Service<KvEvents, {
   readonly log: KvEventLog
   readonly l1: L1EventSink | undefined
+  readonly l2: L2EventSink | undefined
   /** Opened by every append: the publisher's drain waits on it (KvEventPublisher.ts). */
   readonly appended: Latch.Latch
   /**
@@ -32,7 +34,13 @@ export class KvEvents extends Context.Service<KvEvents, {
   static readonly make = (capacity: number, incarnation: number = randomInt(1, 2 ** 47)) => {
     const appended = Latch.makeUnsafe(false)
     const log = makeKvEventLog({ capacity, incarnation, onAppend: () => appended.openUnsafe() })
-    return { log, l1: log.enabled ? makeL1EventSink(log) : undefined, appended, publisherStatus: { current: () => null } }
+    return {
+      log,
+      l1: log.enabled ? makeL1EventSink(log) : undefined,
+      l2: log.enabled ? makeL2EventSink(log) : undefined,
+      appended,
+      publisherStatus: { current: () => null }
+    }
   }
   /** The server's: `--kv-event-log-size` records. */
   static readonly layer = Layer.effect(

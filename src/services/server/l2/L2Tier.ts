@@ -21,13 +21,15 @@
  *
  * `layerOff` is the tier when `--l2-url` is not given: no L2, no cost.
  */
-import { Context, Duration, Effect, Layer, Metric, Scope } from "effect"
+import { Context, Duration, Effect, Layer, Metric, Option, Scope } from "effect"
 import { ServerConfig } from "../ServerConfig.ts"
 import { L1Store } from "../L1Store.ts"
 import * as L1Handles from "../internal/L1Handles.ts"
 import type { ReadLock } from "../internal/L1Handles.ts"
 import type { KvLayout } from "../LayoutRegistry.ts"
+import { KvEvents } from "../kvevents/KvEvents.ts"
 import type { OriginOf } from "../kvevents/L1EventSink.ts"
+import type { L2EventSink } from "../kvevents/L2EventSink.ts"
 import type { ObjectKey } from "../ObjectKey.ts"
 import type { ServerModule } from "../Handler.ts"
 import type { L2Config } from "./L2Config.ts"
@@ -81,8 +83,10 @@ export interface L2TierShape {
    * Queues the committed L1 object `key` (of `layout`) for L2 and returns at
    * once (issue 15 item 4). No-op when L2 is off, the breaker open, the key
    * already in flight, the object gone, or the in-flight bytes full (counted).
+   * When the write ends with the value in L2, the KV event log hears of it
+   * (`STORAGE`, with `origin`'s tokens and parent; kvevents/L2EventSink.ts).
    */
-  readonly writeThrough: (key: ObjectKey, layout: KvLayout) => Effect.Effect<void>
+  readonly writeThrough: (key: ObjectKey, layout: KvLayout, origin?: OriginOf) => Effect.Effect<void>
   /**
    * How many leading chunks exist in L2 for every rank: `chunks[i]` lists
    * chunk i's object keys (one per rank). One pipelined EXISTS per key
@@ -131,7 +135,8 @@ export const layerL2Tier: Layer.Layer<never, L2SecretInvalid, ServerConfig | L1S
     const format = yield* valueFormatOf(config.l2)
     const l1 = yield* L1Store
     const store = yield* L2Store
-    return yield* makeTier(config.l2, config.chunkSizeTokens, format, l1, store)
+    const events = Option.getOrUndefined(yield* Effect.serviceOption(KvEvents))?.l2
+    return yield* makeTier(config.l2, config.chunkSizeTokens, format, l1, store, events)
   })
 )
 
@@ -168,7 +173,14 @@ const timed = <A, E>(op: string, effect: Effect.Effect<A, E>): Effect.Effect<A, 
     Effect.map(([, a]) => a)
   )
 
-const makeTier = (l2: L2Config, chunkSizeTokens: number, format: ValueFormat, l1: L1Store["Service"], store: L2Store["Service"]) =>
+const makeTier = (
+  l2: L2Config,
+  chunkSizeTokens: number,
+  format: ValueFormat,
+  l1: L1Store["Service"],
+  store: L2Store["Service"],
+  events: L2EventSink | undefined
+) =>
   Effect.gen(function*() {
     const scope = yield* Effect.scope
     const breaker: L2Breaker = yield* makeBreaker(l2, store.ping(l2.transferTimeoutMs))
@@ -194,7 +206,7 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, format: ValueFormat, l1
 
     // Uninterruptible from the lock to the fork (started at once, so its `ensuring` is in place): a STORE
     // interrupted meanwhile never leaves the lock behind (issue 25 item 2).
-    const writeThrough = (key: ObjectKey, layout: KvLayout) =>
+    const writeThrough = (key: ObjectKey, layout: KvLayout, origin?: OriginOf) =>
       Effect.uninterruptible(Effect.suspend(() => {
         if (!breaker.isClosed()) return dropped("open")
         const k = keyOf(key, layout)
@@ -221,7 +233,13 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, format: ValueFormat, l1
               Effect.tap(() => Metric.update(l2BytesOutTotal, value.length))
             )
           ),
-          Effect.tap(() => Effect.sync(() => totals.writes++)),
+          // Written, or the key was there already: L2 holds the chunk either way.
+          Effect.tap(() =>
+            Effect.sync(() => {
+              totals.writes++
+              events?.written(key, handle.saltGroup, origin)
+            })
+          ),
           Effect.catch((e: L2Error) => {
             totals.failedWrites++
             return Metric.update(l2FailedWritesTotal, 1).pipe(Effect.andThen(failed(e)))
@@ -283,6 +301,8 @@ const makeTier = (l2: L2Config, chunkSizeTokens: number, format: ValueFormat, l1
             yield* Effect.logWarning(`L2 value ${k} is corrupt (${reason}); deleted, treated as a miss`)
           }
           yield* store.del(k, l2.transferTimeoutMs).pipe(Effect.catch(failed))
+          // Refused whether or not the DEL got through: no LOOKUP is served this chunk from L2.
+          events?.deleted(key, l1.saltGroupOf(key.cacheSalt))
           return undefined
         }
         // The reservation lives in a scope of its own: aborted unless committed, whatever ends the fill.

@@ -15,7 +15,10 @@ import { Effect, Exit, Fiber, Layer } from "effect"
 import { TestClock } from "effect/testing"
 import { NativeMemoryLive } from "../../../../src/layers/NativeMemory.ts"
 import type { CacheKey } from "../../../../src/schema/CacheKey.ts"
-import { chunkHashes } from "../../../../src/services/kv/TokenHasher.ts"
+import { chunkHashes, hashHex } from "../../../../src/services/kv/TokenHasher.ts"
+import { KvEvents } from "../../../../src/services/server/kvevents/KvEvents.ts"
+import type { KvEventRecord } from "../../../../src/services/server/kvevents/KvEventLog.ts"
+import { originOf } from "../../../../src/services/server/kvevents/L1EventSink.ts"
 import { L1Store } from "../../../../src/services/server/L1Store.ts"
 import { type KvLayout, LayoutRegistry } from "../../../../src/services/server/LayoutRegistry.ts"
 import { Lookup, objectKeysOf } from "../../../../src/services/server/Lookup.ts"
@@ -75,15 +78,16 @@ const envOf = (memory: MemoryL2, l2 = {}, faults?: FaultSteps) =>
         l1SizeGb: 4096 / 2 ** 30,
         l2: { ...l2Defaults, url: "redis://127.0.0.1:6379", breakerFailures: 3, ...l2 }
       })
-    )
+    ),
+    Layer.provideMerge(KvEvents.layerTest())
   )
 
-/** Commits chunk `chunk` of `rank` to L1 and returns its key. */
-const putL1 = (chunk: number, rank: number) =>
+/** Commits chunk `chunk` of `rank` to L1 (announcing `origin`) and returns its key. */
+const putL1 = (chunk: number, rank: number, origin?: ReturnType<typeof originOf>) =>
   Effect.gen(function*() {
     const l1 = yield* L1Store
     const k = keysOf(rank)[chunk]!
-    const r = yield* l1.reserveWrite(k, BYTES)
+    const r = yield* l1.reserveWrite(k, BYTES, origin)
     if (r._tag !== "Reserved") return assert.fail("expected a reservation")
     r.reservation.bytes.set(bytesOf(chunk, rank))
     yield* l1.commit(r.reservation)
@@ -364,5 +368,76 @@ describe("with --l2-secret-file (issue 24 item 14)", () => {
       assert.isUndefined(l1.lockRead(keysOf(1)[1]!))
       assert.isUndefined(l1.lockRead(keysOf(0)[2]!))
     }).pipe(Effect.provide(envOf(memory, { secretFile })))
+  })
+})
+
+describe("KV events from L2 (issue 28 item 2)", () => {
+  const hashes = chunkHashes(tokens, CHUNK, 4)
+  /** The log's records as [seq, kind, medium, chunk indexes, token ids, parent's chunk index]. */
+  const records = Effect.gen(function*() {
+    const { log } = yield* KvEvents
+    const indexOf = (h: Uint8Array | null) => (h === null ? null : hashes.findIndex((x) => hashHex(x) === hashHex(h)))
+    return log.read({ cursor: 0, maxEvents: 100, model: "m" }).records.map((r: KvEventRecord) =>
+      r.kind === "stored"
+        ? [r.seq, r.kind, r.medium, [indexOf(r.chunkHash)], Array.from(r.tokenIds), indexOf(r.parentHash)]
+        : [r.seq, r.kind, r.medium, r.chunkHashes.map(indexOf), [], null]
+    )
+  })
+
+  it.effect("a chunk is announced in STORAGE when its rank 0 write-through ends, with its tokens and parent; rank 1 adds nothing", () => {
+    const memory = makeMemoryL2()
+    memory.delayMs = 10
+    return Effect.gen(function*() {
+      const tier = yield* L2Tier
+      const origin = originOf(tokens, CHUNK, 1, hashes)
+      const k0 = yield* putL1(1, 0, origin)
+      const k1 = yield* putL1(1, 1, origin)
+      yield* tier.writeThrough(k1, layout, origin)
+      yield* tier.writeThrough(k0, layout, origin)
+      assert.deepStrictEqual(yield* records, [[1, "stored", "CPU", [1], [104, 105, 106, 107], 0]])
+      yield* TestClock.adjust("10 millis")
+      assert.strictEqual(tier.status()?.writes, 2)
+      assert.deepStrictEqual(yield* records, [
+        [1, "stored", "CPU", [1], [104, 105, 106, 107], 0],
+        [2, "stored", "STORAGE", [1], [104, 105, 106, 107], 0]
+      ])
+    }).pipe(Effect.provide(envOf(memory)))
+  })
+
+  it.effect("a write that fails announces nothing; a dropped one neither", () => {
+    const memory = makeMemoryL2()
+    return Effect.gen(function*() {
+      const tier = yield* L2Tier
+      const origin = originOf(tokens, CHUNK, 0, hashes)
+      const k0 = yield* putL1(0, 0, origin)
+      memory.down = true
+      yield* tier.writeThrough(k0, layout, origin)
+      yield* TestClock.adjust("1 millis")
+      assert.strictEqual(tier.status()?.failed_writes, 1)
+      assert.deepStrictEqual(yield* records, [[1, "stored", "CPU", [0], [100, 101, 102, 103], null]])
+    }).pipe(Effect.provide(envOf(memory)))
+  })
+
+  it.effect("a value found corrupt is removed from STORAGE; the chunks fetched into L1 before it are stored in CPU", () => {
+    const memory = makeMemoryL2()
+    return Effect.gen(function*() {
+      yield* (yield* LayoutRegistry).register("m", 2, layout)
+      const lookup = yield* Lookup
+      for (const c of [0, 1, 2]) for (const r of [0, 1]) putL2(memory, c, r)
+      const bad = l2KeyOf("mpc", fp, keysOf(1)[1]!)
+      const v = Buffer.from(memory.values.get(bad)!)
+      v[HEADER_BYTES + 5] = v[HEADER_BYTES + 5]! ^ 0xff
+      memory.values.set(bad, v)
+      yield* lookup.lookup(cacheKey())
+      assert.strictEqual(yield* prefetched("req-1"), 1)
+      // The GETs run side by side: the bad value is refused before any good one is placed. Chunk 1 is in CPU
+      // (rank 0 fetched) but no longer in STORAGE; chunk 2 went to L1 too (its ranks were fetched alongside).
+      assert.deepStrictEqual(yield* records, [
+        [1, "removed", "STORAGE", [1], [], null],
+        [2, "stored", "CPU", [0], [100, 101, 102, 103], null],
+        [3, "stored", "CPU", [1], [104, 105, 106, 107], 0],
+        [4, "stored", "CPU", [2], [108, 109, 110, 111], 1]
+      ])
+    }).pipe(Effect.provide(envOf(memory)))
   })
 })
