@@ -12,6 +12,8 @@
  *   L1        8.0 KiB of 1.0 GiB (0.0%) · 1 objects · 0 evictions · hit ratio 50.0% (1 of 2 chunks) · L2 off
  *   (with --l2-url: "· L2 ok", then
  *   L2        redis://127.0.0.1:6379 · ok · 0 B in flight (0 writes) · 4 written · 0 dropped · 4 hit chunks · 0 corrupt · authenticated (0 refused))
+ *   events    on · 4 / 32768 records · seq 1 … 4 · 4 stored, 0 removed · 0 dropped · 0 lost answers · 4 chunks held · PUB off
+ *   (with --kv-events-endpoint: "· PUB tcp://127.0.0.1:5557 · 1 subscriber(s) · 3 batches · 0 replays served")
  *   reaps     1 recent · last: 2352963943 disconnect after 2.0 s silent (window 2 s)
  *
  *   INSTANCE ID          KIND      TENANT  MODEL  STATE    LAST SEEN  FLAGS
@@ -54,6 +56,18 @@ const l2Line = (l2: NonNullable<StatusDocument["l2"]>): string =>
   (l2.authenticated ? `authenticated (${l2.unauthenticated_values} refused)` : "not authenticated") +
   (l2.last_error === null ? "" : ` · last error: ${l2.last_error}`)
 
+/** The KV events line (issue 28 item 7): on/off, the log's depth and range, what it recorded, the PUB. */
+const eventsLine = (ev: StatusDocument["kv_events"]): string => {
+  if (!ev.enabled) return "events    off (--kv-event-log-size 0)"
+  const pub = ev.publisher
+  return `events    on · ${ev.depth} / ${ev.capacity} records · seq ${ev.newest_seq === 0 ? "— (empty)" : `${ev.oldest_seq} … ${ev.newest_seq}`} · ` +
+    `${ev.records.stored} stored, ${ev.records.removed} removed · ${ev.dropped} dropped · ${ev.lost_answers} lost answers · ${ev.held_chunks} chunks held · ` +
+    (pub === null
+      ? "PUB off"
+      : `PUB ${pub.endpoint} · ${pub.subscribers} subscriber(s) · ${pub.batches_published} batches · ` +
+        (pub.replay_endpoint === null ? "no replay" : `${pub.replays_served} replays served`))
+}
+
 /** The readiness line (issue 27 item 3), then one indented line per failing check. */
 export const readinessLines = (r: StatusDocument["readiness"]): Array<string> => {
   const failing = r.checks.filter((c) => !c.ok)
@@ -85,6 +99,7 @@ export const formatStatus = (doc: StatusDocument): string => {
       `  tenant ${g.salt_group}: ${formatBytes(g.bytes)} of its share ${formatBytes(g.share_bytes)} (weight ${g.weight}) · ${g.evictions} evictions`
     ),
     ...(doc.l2 === null ? [] : [l2Line(doc.l2)]),
+    eventsLine(doc.kv_events),
     `reaps     ${doc.recent_reaps.length} recent` +
     (last === undefined
       ? ""

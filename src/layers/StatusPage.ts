@@ -18,7 +18,11 @@
  *   - readiness (`#server-readiness`): /readyz's verdict, and each failing check with why
  *     since start (`lookup.hit_chunks / lookup.looked_up_chunks`), and the
  *     L2 state ("off" while the server's `l2` block is null) and, with L2 on,
- *     its store (url, bytes and writes in flight, counts, last error).
+ *     its store (url, bytes and writes in flight, counts, last error);
+ *   - KV events (`#kv-events-*`, issue 28 item 7): on or off, the log's depth,
+ *     capacity, oldest and newest sequence numbers and incarnation, what it
+ *     recorded, dropped and answered `lost`, and the PUB's subscribers,
+ *     batches and replays served ("off" without `--kv-events-endpoint`).
  *
  * A TypeScript module exporting the page as a string, so the library build
  * (tsconfig.build.json → dist/) carries it with no asset to copy.
@@ -110,6 +114,15 @@ export const STATUS_PAGE_HTML = `<!doctype html>
       <dt>lookups</dt><dd id="l1-lookups">—</dd>
       <dt>L2</dt><dd id="l2-state" class="off">off</dd>
       <dt>L2 store</dt><dd id="l2-detail">—</dd>
+    </dl>
+  </section>
+  <section id="kv-events">
+    <h2>KV events</h2>
+    <dl>
+      <dt>events</dt><dd id="kv-events-state" class="off">—</dd>
+      <dt>log</dt><dd id="kv-events-log">—</dd>
+      <dt>recorded</dt><dd id="kv-events-records">—</dd>
+      <dt>publisher</dt><dd id="kv-events-publisher">—</dd>
     </dl>
   </section>
   <section id="l1-tenants" class="wide" hidden>
@@ -249,6 +262,26 @@ export const STATUS_PAGE_HTML = `<!doctype html>
     } else {
       l2.textContent = "off"; l2.className = "off";
       set("l2-detail", "—");
+    }
+
+    var ev = doc.kv_events;
+    var evState = $("kv-events-state");
+    if (ev && typeof ev === "object" && ev.enabled) {
+      evState.textContent = "on"; evState.className = "";
+      set("kv-events-log", ev.depth + " / " + ev.capacity + " records · seq " +
+        (ev.newest_seq === 0 ? "— (empty)" : ev.oldest_seq + " … " + ev.newest_seq) + " · incarnation " + ev.incarnation);
+      set("kv-events-records", ev.records.stored + " stored · " + ev.records.removed + " removed · " + ev.dropped + " dropped · " + ev.lost_answers + " lost answers · " +
+        ev.held_chunks + " chunks held");
+      var pub = ev.publisher;
+      set("kv-events-publisher", pub && typeof pub === "object"
+        ? pub.endpoint + " (topic " + JSON.stringify(pub.topic) + ") · " + pub.subscribers + " subscriber(s) · " +
+          pub.batches_published + " batches · " + (pub.replay_endpoint === null ? "no replay" : pub.replays_served + " replays served")
+        : "off");
+    } else {
+      evState.textContent = "off (--kv-event-log-size 0)"; evState.className = "off";
+      set("kv-events-log", "—");
+      set("kv-events-records", "—");
+      set("kv-events-publisher", "—");
     }
 
     var instances = doc.instances || [];

@@ -180,8 +180,12 @@ describe("mpcache serve and the client commands", () => {
         "liveness  reaper on · reap timeout 120 s · registration grace 3600 s · disconnect grace 1 s · 0 tracked"
       )
       assert.strictEqual(idleLines[3], "L1        0 B of 1.0 GiB (0.0%) · 0 objects · 0 evictions · hit ratio — (no lookups yet) · L2 off")
-      assert.strictEqual(idleLines[4], "reaps     0 recent")
-      assert.strictEqual(idleLines[6], "no registered instances")
+      assert.strictEqual(
+        idleLines[4],
+        "events    on · 0 / 32768 records · seq — (empty) · 0 stored, 0 removed · 0 dropped · 0 lost answers · 0 chunks held · PUB off"
+      )
+      assert.strictEqual(idleLines[5], "reaps     0 recent")
+      assert.strictEqual(idleLines[7], "no registered instances")
 
       const a = yield* startWorker(endpoint, 500, 60_000)
       const b = yield* startWorker(endpoint, 500, 60_000)
@@ -191,11 +195,16 @@ describe("mpcache serve and the client commands", () => {
       const r = yield* runCli(["status", "--http-port", String(httpPort)])
       assert.strictEqual(r.code, 0, r.stderr)
       const lines = r.stdout.trimEnd().split("\n")
-      assert.match(lines[4]!, new RegExp(`^reaps     1 recent · last: ${a.instanceId} disconnect after \\d+\\.\\d s silent \\(window 1 s\\)$`))
-      assert.match(lines[6]!, /^INSTANCE ID +KIND +TENANT +MODEL +STATE +LAST SEEN +FLAGS$/)
-      assert.strictEqual(lines.length, 8)
-      assert.deepStrictEqual(lines[7]!.split(/ {2,}/).filter((c, i) => i !== 5), [b.instanceId, "kv_cache", "—", "liveness-e2e", "active", "ping,transfer"])
-      assert.match(lines[7]!.split(/ {2,}/)[5]!, /^\d+\.\d s$/)
+      // Both workers stored the same first chunk: one `stored`, and it is still held.
+      assert.strictEqual(
+        lines[4],
+        "events    on · 1 / 32768 records · seq 1 … 1 · 1 stored, 0 removed · 0 dropped · 0 lost answers · 1 chunks held · PUB off"
+      )
+      assert.match(lines[5]!, new RegExp(`^reaps     1 recent · last: ${a.instanceId} disconnect after \\d+\\.\\d s silent \\(window 1 s\\)$`))
+      assert.match(lines[7]!, /^INSTANCE ID +KIND +TENANT +MODEL +STATE +LAST SEEN +FLAGS$/)
+      assert.strictEqual(lines.length, 9)
+      assert.deepStrictEqual(lines[8]!.split(/ {2,}/).filter((c, i) => i !== 5), [b.instanceId, "kv_cache", "—", "liveness-e2e", "active", "ping,transfer"])
+      assert.match(lines[8]!.split(/ {2,}/)[5]!, /^\d+\.\d s$/)
     })), 60_000)
 
   it.live("a client command with no server exits 1 and says what timed out", () =>

@@ -10,11 +10,13 @@
  * suite says so loudly (`.ci/run` installs it). `MPCACHE_CHROMIUM` names
  * another binary.
  */
-import { readFileSync, statSync } from "node:fs"
+import { mkdtempSync, readFileSync, statSync } from "node:fs"
+import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import type { Page } from "playwright-core"
+import * as zmq from "zeromq"
 import { STATUS_PAGE_HTML } from "../../src/layers/StatusPage.ts"
 import { browserIn, hasChromium, NO_CHROMIUM, screenshotDir, warnWithoutChromium } from "../support/Browser.ts"
 import { eventually, getText, ipcEndpoint, startServer, startWorker, statusOf } from "../support/LiveFleet.ts"
@@ -35,6 +37,8 @@ interface Rendered {
   readonly text: string
   /** The server block's mapping limits line (issue 24 items 4 and 12). */
   readonly mapLimits: string
+  /** The KV events panel (issue 28 item 7): state, log, recorded, publisher. */
+  readonly kvEvents: ReadonlyArray<string>
 }
 /** The little of the DOM the page is read through (the project compiles without lib "dom"). */
 interface DomElement {
@@ -73,7 +77,8 @@ const rendered = (page: Page): Effect.Effect<Rendered> =>
         pollStatus: text(document.body, "#poll-status"),
         zones: [...document.querySelectorAll(".time-zone")].map((e) => e.textContent ?? ""),
         text: document.body.textContent ?? "",
-        mapLimits: text(document.body, "#server-map-limits")
+        mapLimits: text(document.body, "#server-map-limits"),
+        kvEvents: ["state", "log", "records", "publisher"].map((k) => text(document.body, `#kv-events-${k}`))
       }
     })
   )
@@ -120,7 +125,11 @@ describe("status page", () => {
       Effect.scoped(Effect.gen(function*() {
         const dir = screenshotDir("status-page")
         const endpoint = ipcEndpoint()
-        const { httpPort } = yield* startServer(endpoint, ["--worker-disconnect-grace-seconds", "2"])
+        const pub = `ipc://${join(mkdtempSync(join(tmpdir(), "mpcache-page-pub-")), "pub")}`
+        const { httpPort } = yield* startServer(endpoint, ["--worker-disconnect-grace-seconds", "2", "--kv-events-endpoint", pub])
+        const sub = yield* Effect.acquireRelease(Effect.sync(() => new zmq.Subscriber({ linger: 0 })), (s) => Effect.sync(() => s.close()))
+        sub.connect(pub)
+        sub.subscribe()
         const a = yield* startWorker(endpoint, 500, 60_000)
         const b = yield* startWorker(endpoint, 500, 60_000)
         const origin = `http://127.0.0.1:${httpPort}`
@@ -161,6 +170,18 @@ describe("status page", () => {
           yield* Effect.promise(() => page.$eval("#server-readiness", (e) => [e.getAttribute("data-status"), e.textContent])),
           ["ready", "ready (mq_bound, l1_pool, reaper, fd_socket, l2)"]
         )
+        // The KV events panel says what /api/status says: the workers' first STOREs in the log, one subscriber.
+        const ev = (yield* eventually(statusOf(httpPort), (s) => s.kv_events.publisher?.subscribers === 1 && s.kv_events.records.stored > 0, 10_000)).kv_events
+        const expected = [
+          "on",
+          `${ev.depth} / 32768 records · seq 1 … ${ev.newest_seq} · incarnation ${ev.incarnation}`,
+          `${ev.depth} stored · 0 removed · 0 dropped · 0 lost answers · ${ev.held_chunks} chunks held`,
+          `${pub} (topic "kv-events") · 1 subscriber(s) · ${ev.publisher?.batches_published} batches · no replay`
+        ]
+        assert.deepStrictEqual((yield* domEventually(page, (r) => r.kvEvents.join("\n") === expected.join("\n"), 10_000)).kvEvents, expected)
+        // Nothing left L1 yet: every record kept is a `stored`, one per chunk held.
+        assert.deepStrictEqual([ev.records, ev.held_chunks], [{ stored: ev.depth, removed: 0 }, ev.depth])
+        assert.isAbove(ev.depth, 0)
         // No tenancy here (CURVE off): L1 is one LRU, and the page hides its per-tenant table.
         assert.deepStrictEqual(
           yield* Effect.promise(() => page.$eval("#l1-tenants", (e) => [e.hasAttribute("hidden"), e.querySelectorAll("tbody tr").length])),
