@@ -157,6 +157,12 @@ const serveFlags = {
     Flag.filter((s) => rules.kvEventsTopic(s) === undefined, (s) => rules.kvEventsTopic(s) ?? ""),
     Flag.withDefault(defaults.kvEventsTopic)
   ),
+  kvEventsHwm: int(
+    "kv-events-hwm",
+    "Batches the KV event PUB queues per subscriber before it drops that subscriber's copies (vLLM's hwm; the subscriber sees the gap and replays); 1 to 10000000",
+    defaults.kvEventsHwm,
+    rules.kvEventsHwm
+  ),
   maxLookupLocks: int(
     "max-lookup-locks",
     "Read locks all pending lookups may hold (one per L1 object each); over it the oldest lookups are released; >= 1",
@@ -289,6 +295,7 @@ const toInput = (f: ServeFlags): ServerConfigInput => ({
   kvEventsEndpoint: Option.getOrUndefined(f.kvEventsEndpoint),
   kvEventsReplayEndpoint: Option.getOrUndefined(f.kvEventsReplayEndpoint),
   kvEventsTopic: f.kvEventsTopic,
+  kvEventsHwm: f.kvEventsHwm,
   engineDrivenTransport: Option.getOrUndefined(f.engineDrivenTransport),
   prepareTtlSeconds: f.prepareTtlSeconds,
   curveSecretKeyFile: Option.getOrUndefined(f.curveSecretKeyFile),

@@ -127,5 +127,7 @@ describe("ServerConfig rules (DESIGN §5, upstream MPServerConfig)", () => {
       "--kv-events-replay-endpoint: is the same address as --kv-events-endpoint"
     ])
     assert.deepStrictEqual(issues({ kvEventsTopic: "a b" }), ['--kv-events-topic: must be at most 255 bytes without white space (got "a b")'])
+    assert.deepStrictEqual(issues({ kvEventsHwm: 0 }), ["--kv-events-hwm: must be an integer from 1 to 10000000 batches (got 0)"])
+    assert.deepStrictEqual(issues({ kvEventsHwm: 16 }), [])
   })
 })

@@ -26,6 +26,11 @@ export interface KvEventsConfig {
   readonly kvEventsReplayEndpoint: string | undefined
   /** The first frame of every published message (`--kv-events-topic`, vLLM's `topic`). */
   readonly kvEventsTopic: string
+  /**
+   * The PUB's send high-water mark per subscriber, in batches (`--kv-events-hwm`, vLLM's `hwm`): past it libzmq
+   * drops that subscriber's copies (it sees the sequence gap and replays); the server never waits.
+   */
+  readonly kvEventsHwm: number
 }
 
 /** Default: upstream's log size, no PUB, vLLM's documented topic. */
@@ -33,7 +38,8 @@ export const kvEventsDefaults: KvEventsConfig = {
   kvEventLogSize: 32768,
   kvEventsEndpoint: undefined,
   kvEventsReplayEndpoint: undefined,
-  kvEventsTopic: "kv-events"
+  kvEventsTopic: "kv-events",
+  kvEventsHwm: 100_000
 }
 
 /** Single-flag rules of the KV event flags (shared with the CLI's flag filters). */
@@ -42,6 +48,8 @@ export const kvEventsRules = {
     Number.isSafeInteger(n) && n >= 0 && n <= MAX_KV_EVENT_LOG_SIZE
       ? undefined
       : `must be an integer from 0 (events off) to ${MAX_KV_EVENT_LOG_SIZE} records (got ${n})`,
+  kvEventsHwm: (n: number) =>
+    Number.isSafeInteger(n) && n >= 1 && n <= 10_000_000 ? undefined : `must be an integer from 1 to 10000000 batches (got ${n})`,
   kvEventsTopic: (s: string) =>
     Buffer.byteLength(s) <= 255 && !/[\s]/.test(s) ? undefined : `must be at most 255 bytes without white space (got "${s}")`
 } as const
@@ -59,6 +67,7 @@ export const validateKvEvents = (input: KvEventsConfig, listen: KvEventsListenCo
   const check = issueCheck(issues)
   check("kv-event-log-size", kvEventsRules.kvEventLogSize(input.kvEventLogSize))
   check("kv-events-topic", kvEventsRules.kvEventsTopic(input.kvEventsTopic))
+  check("kv-events-hwm", kvEventsRules.kvEventsHwm(input.kvEventsHwm))
   const address = (flag: string, endpoint: string) => {
     const bad = endpointRules.endpoint(endpoint)
     if (bad !== undefined) return check(flag, bad)
@@ -85,6 +94,7 @@ export const validateKvEvents = (input: KvEventsConfig, listen: KvEventsListenCo
     kvEventLogSize: input.kvEventLogSize,
     kvEventsEndpoint: input.kvEventsEndpoint,
     kvEventsReplayEndpoint: input.kvEventsReplayEndpoint,
-    kvEventsTopic: input.kvEventsTopic
+    kvEventsTopic: input.kvEventsTopic,
+    kvEventsHwm: input.kvEventsHwm
   }
 }

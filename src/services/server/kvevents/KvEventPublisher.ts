@@ -8,7 +8,7 @@
  *   {@link BATCH_RECORDS} records a batch, sequence numbers from 0 per server start. Batch 0 is
  *   `[AllBlocksCleared]`, so a vLLM consumer that saw an earlier run of this server drops it.
  * - A slow or dead subscriber never slows the server: the PUB never blocks (libzmq drops a subscriber's messages
- *   past {@link PUB_SEND_HWM}, silently: libzmq counts nothing per subscriber), the subscriber sees the sequence
+ *   past `--kv-events-hwm` batches, default 100,000 as vLLM's `hwm`, silently: libzmq counts nothing per subscriber), the subscriber sees the sequence
  *   gap and replays. The replay buffer keeps the last {@link REPLAY_BATCHES} batches and at most
  *   {@link REPLAY_BYTES} bytes; a replay whose ROUTER pipe fills is cut short and counted (the end marker may be
  *   lost with it: the subscriber's replay times out and it asks again).
@@ -38,8 +38,6 @@ export const BATCH_RECORDS = 1024
 export const REPLAY_BATCHES = 10_000
 /** Bytes of payload the replay buffer keeps at most; the oldest batches go first. */
 export const REPLAY_BYTES = 64 * 2 ** 20
-/** Messages queued per subscriber before libzmq drops its messages (vLLM's `hwm` default). */
-export const PUB_SEND_HWM = 100_000
 /** Messages queued per replay peer; past it the replay is cut short. */
 const REPLAY_SEND_HWM = 20_000
 
@@ -117,7 +115,7 @@ export const KvEventPublisherLive = Layer.effectDiscard(Effect.gen(function*() {
   const topic = Buffer.from(config.kvEventsTopic, "utf8")
   let subscribers = 0
   const pub: zmq.Publisher | undefined = config.kvEventsEndpoint === undefined ? undefined : yield* sockets.bindPublisher(config.kvEventsEndpoint, {
-    sendHighWaterMark: PUB_SEND_HWM,
+    sendHighWaterMark: config.kvEventsHwm,
     ...(curve === undefined ? {} : { curve }),
     onConnectionEvent: (e) =>
       Effect.suspend(() => {
