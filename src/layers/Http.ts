@@ -8,6 +8,8 @@
  *                         reaper scanned within two periods, the fd socket listens when configured;
  *                         the L2 breaker reported, never fatal (issue 27 item 3)
  *   GET /api/status       version, endpoint, chunk size, pools, uptime, readiness (+ module blocks)
+ *   GET /api/l1/chunks    ?model=M: the chunks L1 holds (L1Listing.ts, issue 28 item 6), the KV index audit's
+ *                         truth; with tenancy on only behind --http-token-file (403 without one)
  *   GET /metrics          Prometheus text: every declared series from the start, at 0 until it moves
  *                         (services/metrics/Series.ts, issue 25 item 6)
  * Bound to `--http-host`/`--http-port` (port 0 picks a free one; the bound
@@ -18,13 +20,15 @@
  * 10 s.
  */
 import { NodeHttpServer } from "@effect/platform-node"
-import { Clock, Context, Effect, Layer } from "effect"
+import { Clock, Context, Effect, Layer, Option } from "effect"
 import { HttpRouter, HttpServer, HttpServerRequest, HttpServerResponse } from "effect/http"
 import { PrometheusMetrics } from "effect/observability"
 import { bearerCheck, readTokenFile } from "../services/auth/BearerToken.ts"
 import { MqServer, SEND_HIGH_WATER_MARK } from "../services/server/MqServer.ts"
 import { MAX_INBOUND_BYTES_PER_PEER, MAX_INBOUND_MESSAGES_PER_PEER } from "../services/server/internal/PeerQueues.ts"
 import { type ProbeReport, Readiness } from "../services/server/Readiness.ts"
+import { L1Store } from "../services/server/L1Store.ts"
+import { listingRefusal, listL1Chunks } from "../services/server/L1Listing.ts"
 import { PROTOCOL_VERSION, VERSION } from "../version.ts"
 import { ServerConfig, type ServerConfigInput } from "../services/server/ServerConfig.ts"
 import { byLabel, existFromStart } from "../services/metrics/Series.ts"
@@ -188,6 +192,18 @@ const statusPage = HttpServerResponse.text(STATUS_PAGE_HTML, {
 const probeResponse = (ok: string) => (report: ProbeReport): HttpServerResponse.HttpServerResponse =>
   HttpServerResponse.jsonUnsafe(report, { status: report.status === ok ? 200 : 503, headers: { "cache-control": "no-store" } })
 
+/** `GET /api/l1/chunks?model=M` (L1Listing.ts): 403 under tenancy without the token, 404 in a server without L1. */
+const l1Chunks = Effect.gen(function*() {
+  const config = yield* ServerConfig
+  const refused = listingRefusal(config.curve !== undefined, config.httpTokenFile)
+  if (refused !== undefined) return HttpServerResponse.text(refused, { status: 403 })
+  const l1 = yield* Effect.serviceOption(L1Store)
+  if (Option.isNone(l1)) return HttpServerResponse.text("not found: this server has no L1", { status: 404 })
+  const request = yield* HttpServerRequest.HttpServerRequest
+  const model = new URL(request.url, "http://localhost").searchParams.get("model") ?? undefined
+  return HttpServerResponse.jsonUnsafe(listL1Chunks(l1.value, model), { headers: { "cache-control": "no-store" } })
+})
+
 /** The probe paths: answered without the bearer token (docs/security.md "Probes"). */
 export const PROBE_PATHS: ReadonlySet<string> = new Set(["/livez", "/readyz"])
 
@@ -197,6 +213,7 @@ const Routes = Layer.mergeAll(
   HttpRouter.add("GET", "/livez", Effect.flatMap(Effect.service(Readiness), (r) => Effect.map(r.liveness(), probeResponse("live")))),
   HttpRouter.add("GET", "/readyz", Effect.flatMap(Effect.service(Readiness), (r) => Effect.map(r.readiness(), probeResponse("ready")))),
   HttpRouter.add("GET", "/api/status", statusDocument.pipe(Effect.map(jsonBigInt))),
+  HttpRouter.add("GET", "/api/l1/chunks", l1Chunks),
   PrometheusMetrics.layerHttp({ path: "/metrics" })
 )
 

@@ -10,7 +10,8 @@ import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { runCli } from "../support/Cli.ts"
-import { ipcEndpoint, startServer } from "../support/LiveFleet.ts"
+import { curveFixture } from "../support/CurveMode.ts"
+import { ipcEndpoint, startServer, startWorker, statusOf } from "../support/LiveFleet.ts"
 
 const TOKEN = "e2e-token-abcdefghijklmnop"
 
@@ -53,5 +54,36 @@ describe("HTTP bearer token (real server)", () => {
       const wrong = yield* statusCli(["--http-token-file", wrongFile])
       assert.strictEqual(wrong.code, 1)
       assert.include(wrong.stderr, `status: GET ${url} answered 401: the token in --http-token-file is not this frontend's`)
+    })), 90_000)
+
+  it.live("GET /api/l1/chunks (the KV index audit's truth, issue 28 item 6): L1's chunks; under tenancy only behind the token", () =>
+    Effect.scoped(Effect.gen(function*() {
+      // No tenancy: every peer is an admin already; the listing holds what L1 holds.
+      const endpoint = ipcEndpoint()
+      const plain = yield* startServer(endpoint, [], 45_000)
+      yield* startWorker(endpoint, 500, 60_000)
+      const base = `http://127.0.0.1:${plain.httpPort}/api/l1/chunks`
+      const listing = JSON.parse((yield* get(`${base}?model=liveness-e2e`)).body) as { model: string; count: number; chunks: Array<{ hash: string; salt_groups: Array<string> }> }
+      const held = (yield* statusOf(plain.httpPort)).kv_events.held_chunks
+      assert.deepStrictEqual([listing.model, listing.count, listing.chunks.length], ["liveness-e2e", held, held])
+      assert.isAbove(held, 0)
+      for (const c of listing.chunks) assert.deepStrictEqual([/^[0-9a-f]{64}$/.test(c.hash), c.salt_groups], [true, [""]])
+      assert.deepStrictEqual(JSON.parse((yield* get(`${base}?model=another`)).body), { model: "another", count: 0, chunks: [] })
+
+      // With CURVE the listing names every tenant's chunks: refused without the operator's token, served with it.
+      const fx = curveFixture(true)
+      const curved = yield* startServer(ipcEndpoint(), fx.serverArgs, 45_000)
+      assert.deepStrictEqual(yield* get(`http://127.0.0.1:${curved.httpPort}/api/l1/chunks?model=m`), {
+        status: 403,
+        wwwAuthenticate: null,
+        body: "forbidden: the L1 listing names every tenant's chunks; with tenancy on (CURVE) it needs the operator's token (--http-token-file)"
+      })
+      const dir = mkdtempSync(join(tmpdir(), "mpcache-token-"))
+      const tokenFile = join(dir, "token")
+      writeFileSync(tokenFile, `${TOKEN}\n`, { mode: 0o600 })
+      const guarded = yield* startServer(ipcEndpoint(), [...fx.serverArgs, "--http-token-file", tokenFile], 45_000)
+      const url = `http://127.0.0.1:${guarded.httpPort}/api/l1/chunks?model=m`
+      assert.strictEqual((yield* get(url)).status, 401)
+      assert.deepStrictEqual(yield* get(url, `Bearer ${TOKEN}`), { status: 200, wwwAuthenticate: null, body: JSON.stringify({ model: "m", count: 0, chunks: [] }) })
     })), 90_000)
 })

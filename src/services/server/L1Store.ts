@@ -166,6 +166,8 @@ export class L1Store extends Context.Service<L1Store, {
   readonly isPending: (reservation: Reservation) => boolean
   /** Whether `key` is committed. */
   readonly contains: (key: ObjectKey) => boolean
+  /** Calls `f` with each committed object's key and salt group, in no particular order (the admin L1 listing). */
+  readonly forEachCommitted: (f: (key: ObjectKey, saltGroup: string) => void) => void
   /** The salt group an object of `cacheSalt` belongs to ("" without tenancy shares; internal/L1Shares.ts). */
   readonly saltGroupOf: (cacheSalt: string) => string
   /** Read-locks a committed object and marks it used; undefined when absent or not committed. */
@@ -556,6 +558,9 @@ const makeL1 = (
     },
     contains: (key) => objects.get(objectKeyString(key))?.committed === true,
     saltGroupOf: (cacheSalt) => shares?.ownerOf(cacheSalt) ?? "",
+    forEachCommitted: (f) => {
+      for (const o of objects.values()) if (o.committed) f(o.key, o.owner)
+    },
     lockRead,
     unlockRead,
     touch: (keys) => {
