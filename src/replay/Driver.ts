@@ -16,13 +16,20 @@
  * (L2 hits from each server's `/metrics`) and compares them with a perfect
  * LRU of the servers' combined capacity.
  *
+ * With `router` kv-aware (issue 28 item 6) each server also publishes its KV
+ * events and each request goes where KvRouter.ts says the longest prefix is;
+ * the run ends with the index audit of every server. With
+ * `restartServerEveryRequests` a server is restarted (rolling: drained, then
+ * taken back once its workers re-registered) after every N completed requests;
+ * its counters from before are carried over.
+ *
  * This module runs the steps in order; the parts are in internal/ (issue 25
  * item 5): the own server (OwnServer.ts), the servers and workers
  * (Fleet.ts), one request (Serve.ts), chaos (Chaos.ts), the counters
  * (Tally.ts, ServerCounters.ts) and the summary (Summary.ts).
  */
 import { randomUUID } from "node:crypto"
-import { Clock, Effect, Fiber, Queue, Ref } from "effect"
+import { Clock, Effect, Fiber, Latch, Queue, Ref } from "effect"
 import { dtypeBytes } from "../schema/Dtype.ts"
 import { KeyFileInvalid, readClientKeys } from "../services/auth/Curve.ts"
 import { killer, pauser } from "./internal/Chaos.ts"
@@ -37,6 +44,7 @@ import type { WorkerSettings } from "./Messages.ts"
 import { planMemory, readMachineMemory, refusal, type ReplayShape } from "./MemoryPlan.ts"
 import { ReplayError, type ReplayOptions } from "./ReplayOptions.ts"
 import type { ReplayRun } from "./ReplaySummary.ts"
+import { makeKvRouter } from "./KvRouter.ts"
 import { ConversationRouter } from "./Routing.ts"
 import { makeRunKeys } from "./RunKeys.ts"
 import { TimelineRecorder } from "./Timeline.ts"
@@ -87,9 +95,13 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       try: () => readClientKeys(keyFiles.serverPublicKeyFile, keyFiles.secretKeyFile),
       catch: (e) => new ReplayError({ message: e instanceof KeyFileInvalid ? e.message : String(e) })
     })
-    const places = o.server === undefined
+    if (o.server !== undefined && (o.router === "kv-aware" || o.restartServerEveryRequests !== undefined)) {
+      return yield* new ReplayError({ message: "--router kv-aware and --restart-server-every-requests need the replay's own servers, not --server" })
+    }
+    const own = o.server === undefined
       ? yield* Effect.forEach(Array.from({ length: o.servers }), () => startOwnServer(o, runKeys), { concurrency: "unbounded" })
-      : [{ endpoint: o.server, httpUrl: o.httpUrl }]
+      : []
+    const places = o.server === undefined ? own.map((s) => ({ endpoint: s.endpoint, httpUrl: s.httpUrl() })) : [{ endpoint: o.server, httpUrl: o.httpUrl }]
     if (runKeys !== undefined) onProgress(`the replay's server${places.length > 1 ? "s speak" : " speaks"} CURVE with per-run keys in ${runKeys.dir}`, true)
     const httpUrl = places[0]!.httpUrl
     const status0 = yield* getStatus(httpUrl)
@@ -122,6 +134,8 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     const tally = new Tally()
     // One tick per --kill-every-requests completed requests (never after the last): the killer takes them.
     const killTicks = yield* Queue.unbounded<void>()
+    // One tick per --restart-server-every-requests completed requests: the restarter takes them.
+    const restartTicks = yield* Queue.unbounded<void>()
     const reapsSeen = yield* Ref.make<Record<string, number>>({})
 
     // Reaps and L2 hits, summed over the servers.
@@ -159,6 +173,33 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     const chaos: Array<Fiber.Fiber<unknown>> = [sampler]
     if (o.killEverySeconds !== undefined) chaos.push(yield* Effect.forkChild(killer(fleet, tally, timeline, Effect.sleep(`${o.killEverySeconds} seconds`))))
     if (o.killEveryRequests !== undefined) chaos.push(yield* Effect.forkChild(killer(fleet, tally, timeline, Queue.take(killTicks))))
+    // Counters of a server from before its restarts (a new process counts from 0), and its dispatch gate.
+    const carried = nodes.map(() => ({ reaps: {} as Record<string, number>, l2Hits: 0 }))
+    const up = yield* Effect.forEach(nodes, () => Latch.make(true))
+    let restarts = 0
+    if (o.restartServerEveryRequests !== undefined) {
+      chaos.push(yield* Effect.forkChild(Effect.forever(Effect.gen(function*() {
+        yield* Queue.take(restartTicks)
+        const i = restarts++ % nodes.length
+        const node = nodes[i]!
+        // A rolling restart: nothing new goes to it, what it serves finishes, then SIGTERM and a fresh start on
+        // the same sockets; it takes requests again once its live workers have re-registered (their heartbeat's
+        // PING_REGISTERED hears they are missing and registers them at once), bounded by 15 s.
+        yield* up[i]!.close
+        while (node.inflight > 0) yield* Effect.sleep("10 millis")
+        const before = yield* Effect.all([reapsOf([node]), l2HitsNow([node])])
+        for (const [k, v] of Object.entries(before[0])) carried[i]!.reaps[k] = (carried[i]!.reaps[k] ?? 0) + v
+        carried[i]!.l2Hits += before[1][0]!
+        node.httpUrl = yield* own[i]!.restart
+        const back = (yield* Clock.currentTimeMillis) + 15_000
+        while ((yield* getStatus(node.httpUrl)).worker_liveness.tracked_instances < node.workers.filter((w) => w.isAlive()).length) {
+          if ((yield* Clock.currentTimeMillis) > back) break
+          yield* Effect.sleep("50 millis")
+        }
+        onProgress(`restarted server ${i + 1} (now ${node.httpUrl})`, true)
+        yield* up[i]!.open
+      }).pipe(Effect.catch((e) => Effect.logWarning(`a server restart failed: ${e.message}`))))))
+    }
     if (o.pauseEverySeconds !== undefined) chaos.push(yield* Effect.forkChild(pauser(fleet, tally, timeline, o.pauseEverySeconds, o.pauseSeconds)))
     const progress = o.progress
       ? yield* Effect.forkChild(
@@ -172,9 +213,21 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       : undefined
 
     // Dispatch in trace order: wait for the arrival time, then for an idle worker.
-    const serving = { fleet, tally, timeline, chunk, total: requests.length, killEveryRequests: o.killEveryRequests, killTicks }
+    const serving = {
+      fleet,
+      tally,
+      timeline,
+      chunk,
+      total: requests.length,
+      killEveryRequests: o.killEveryRequests,
+      killTicks,
+      restartEveryRequests: o.restartServerEveryRequests,
+      restartTicks
+    }
     const inflight: Array<Fiber.Fiber<void>> = []
-    const router = new ConversationRouter(nodes.length)
+    const conversations = new ConversationRouter(nodes.length)
+    // The kv-aware router hears every server's KV event stream from now on (CURVE: the scheduler's admin keys).
+    const kvRouter = o.router === "kv-aware" ? yield* makeKvRouter(own.map((s) => s.kvEvents!), chunk, clientCurve) : undefined
     const t0 = requests[0]!.timestampMs
     for (const r of requests) {
       if (!o.maxRate) {
@@ -182,16 +235,18 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
         const now = yield* Clock.currentTimeMillis
         if (due > now) yield* Effect.sleep(`${due - now} millis`)
       }
-      const node = nodes[router.route(r.hashIds)]!
+      const node = nodes[kvRouter === undefined ? conversations.route(r.hashIds) : kvRouter.route(r, nodes.map((n) => n.inflight))]!
+      yield* up[node.index]!.await
       const w = yield* fleet.takeWorker(node)
-      inflight.push(yield* Effect.forkChild(serveRequest(serving, r, node, w)))
+      node.inflight++
+      inflight.push(yield* Effect.forkChild(serveRequest(serving, r, node, w).pipe(Effect.ensuring(Effect.sync(() => void node.inflight--)))))
     }
     yield* Fiber.joinAll(inflight)
     const durationSeconds = ((yield* Clock.currentTimeMillis) - startedMs) / 1000
     yield* Fiber.interruptAll(chaos)
     if (progress !== undefined) yield* Fiber.interrupt(progress)
 
-    const l2Hits = (yield* l2HitsNow(nodes)).map((n, i) => n - baseL2Hits[i]!)
+    const l2Hits = (yield* l2HitsNow(nodes)).map((n, i) => n + carried[i]!.l2Hits - baseL2Hits[i]!)
 
     // Killed workers must be reaped: wait at most the grace plus one reaper scan (and a little slack).
     // Each server tracks only its own workers.
@@ -215,7 +270,10 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     after.forEach(recordReaps)
     const endedMs = yield* Clock.currentTimeMillis
     const openMappings = after.reduce((n, s) => n + s.native.open_mappings, 0)
-    const finalReaps = yield* reapsNow.pipe(Effect.catch(() => Ref.get(reapsSeen)))
+    const finalReaps = { ...(yield* reapsNow.pipe(Effect.catch(() => Ref.get(reapsSeen)))) }
+    for (const c of carried) for (const [k, v] of Object.entries(c.reaps)) finalReaps[k] = (finalReaps[k] ?? 0) + v
+    // The index audit: after the run, each server's L1 against what the router heard of it.
+    const audit = kvRouter === undefined ? null : yield* Effect.forEach(nodes, (n, i) => kvRouter.audit(i, n.httpUrl, o.model.name))
     const reaped: Record<string, number> = {}
     for (const reason of ["timeout", "grace", "disconnect"]) reaped[reason] = (finalReaps[reason] ?? 0) - (baseReaps[reason] ?? 0)
     if (o.progress) onProgress(yield* progressLine.pipe(Effect.orElseSucceed(() => "")), true)
@@ -232,7 +290,8 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
       durationSeconds,
       reaped,
       leaked,
-      openMappings
+      openMappings,
+      router: { policy: o.router, audit, server_restarts: restarts }
     })
     const run: ReplayRun = { summary, timeline: timeline.build(endedMs, lruSteps) }
     return run

@@ -4,6 +4,7 @@
  */
 import { Schema } from "effect"
 import type { CurveKeyFiles, TransferMode } from "./Messages.ts"
+import type { ReplayRouterPolicy } from "./ReplaySummary.ts"
 import type { ModelPreset } from "./Synth.ts"
 
 export interface ReplayOptions {
@@ -18,6 +19,15 @@ export interface ReplayOptions {
   readonly servers: number
   /** Given to every server the replay starts as `--l2-url` (issue 15); undefined: no L2. */
   readonly l2Url: string | undefined
+  /** With `l2Url`: every server's `--l2-key-prefix` (a run of its own in a shared store); undefined: the server's default. */
+  readonly l2KeyPrefix?: string | undefined
+  /**
+   * How requests are spread over the servers (issue 28 item 6): `round-robin` (each conversation's turns in turn,
+   * Routing.ts) or `kv-aware` (KvRouter.ts: the longest prefix each server's KV event stream says it holds).
+   */
+  readonly router: ReplayRouterPolicy
+  /** SIGTERM and restart one of the replay's servers (in turn) after every this many completed requests; undefined: never. */
+  readonly restartServerEveryRequests?: number | undefined
   /** With `l2Url`: every server's `--l2-lookup-timeout-ms`; undefined: the server's default. */
   readonly l2LookupTimeoutMs: number | undefined
   /** How the workers move KV (`--transfer-mode`). */

@@ -7,6 +7,23 @@ import type { TransferMode } from "./Messages.ts"
 import type { ReplayTimeline } from "./Timeline.ts"
 import type { TraceIssue } from "./Trace.ts"
 
+/** How requests were spread over the servers (`--router`, issue 28 item 6). */
+export type ReplayRouterPolicy = "round-robin" | "kv-aware"
+
+/** The index audit of one server: the KV-aware router's view of its L1 against its actual L1 keys, after the run. */
+export interface ReplayAudit {
+  /** 1-based, in start order. */
+  readonly server: number
+  /** Chunks L1 holds (`GET /api/l1/chunks`). */
+  readonly l1_chunks: number
+  /** Chunks the router believes it holds. */
+  readonly router_chunks: number
+  /** In L1, not in the router's view. */
+  readonly missing: number
+  /** In the router's view, not in L1. */
+  readonly extra: number
+}
+
 /** Everything `mpcache replay` reports (the `--json` document). */
 export interface ReplaySummary {
   readonly trace: string
@@ -19,6 +36,16 @@ export interface ReplaySummary {
   readonly workers: number
   /** Servers the requests were spread over (issue 15 §8). */
   readonly servers: number
+  /**
+   * The routing policy (`--router`): round-robin of each conversation's turns, or kv-aware (each request to the
+   * server whose KV event stream says it holds the longest prefix); with kv-aware, the index audit per server
+   * (null with round-robin) and how often a server was restarted in the run (`--restart-server-every-requests`).
+   */
+  readonly router: {
+    readonly policy: ReplayRouterPolicy
+    readonly audit: ReadonlyArray<ReplayAudit> | null
+    readonly server_restarts: number
+  }
   /** The L2 every server shared, password removed; null: none. */
   readonly l2_url: string | null
   readonly transfer_mode: TransferMode

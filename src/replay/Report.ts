@@ -3,12 +3,35 @@ import type { ReplaySummary } from "./Driver.ts"
 
 const pct = (x: number) => `${(100 * x).toFixed(2)}%`
 
-/** The three figures that must be 0; the exit status is 1 when any is not. */
+/** The figures that must be 0 (with kv-aware routing the index audit's too); the exit status is 1 when any is not. */
 export const mustBeZero = (s: ReplaySummary) => ({
   leaked_contexts: s.leaked_contexts,
   open_mappings_after_shutdown: s.open_mappings_after_shutdown,
-  data_mismatches: s.data_mismatches
+  data_mismatches: s.data_mismatches,
+  ...(s.router.audit === null ? {} : {
+    index_audit_missing: s.router.audit.reduce((n, a) => n + a.missing, 0),
+    index_audit_extra: s.router.audit.reduce((n, a) => n + a.extra, 0)
+  })
 })
+
+/** The routing line: the policy and, with kv-aware, the index audit summed over the servers (issue 28 item 6). */
+export const routerLine = (s: ReplaySummary): string => {
+  const r = s.router
+  const restarts = r.server_restarts === 0 ? "" : ` · ${r.server_restarts} server restart(s)`
+  if (r.audit === null) return `${r.policy}: each conversation's turns in turn over the servers${restarts}`
+  const sum = (k: "missing" | "extra" | "l1_chunks") => r.audit!.reduce((n, a) => n + a[k], 0)
+  return `${r.policy}: each request to the server whose KV event stream holds its longest prefix${restarts} · index audit ` +
+    `${sum("l1_chunks")} chunks in L1, ${sum("missing")} missing, ${sum("extra")} extra`
+}
+
+/** The runs of one trace under each `--router` policy side by side, beside the perfect LRU of the combined capacity. */
+export const policyComparison = (runs: ReadonlyArray<ReplaySummary>): Array<string> => [
+  `routers (same trace, same servers' capacity; perfect LRU of the combined capacity ${pct(runs[0]!.perfect_lru_combined_hit_ratio)}):`,
+  ...runs.map((s) =>
+    `  ${s.router.policy.padEnd(12)} hit ratio ${pct(s.hit_ratio)} (L1 ${pct(s.hit_ratio_l1)} · L2 ${pct(s.hit_ratio_l2)})` +
+    (s.router.audit === null ? "" : ` · audit ${s.router.audit.reduce((n, a) => n + a.missing, 0)} missing, ${s.router.audit.reduce((n, a) => n + a.extra, 0)} extra`)
+  )
+]
 
 export const formatSummary = (s: ReplaySummary): string => {
   const l = s.latency_ms
@@ -22,7 +45,8 @@ export const formatSummary = (s: ReplaySummary): string => {
     `  hit ratio         ${pct(s.hit_ratio)} (a perfect LRU of the same capacity: ${pct(s.perfect_lru_hit_ratio)})`,
     ...(s.servers > 1 || s.l2_url !== null
       ? [
-        `  servers           ${s.servers} · L2 ${s.l2_url ?? "none"} · each conversation's turns round-robin over the servers`,
+        `  servers           ${s.servers} · L2 ${s.l2_url ?? "none"}`,
+        `  router            ${routerLine(s)}`,
         `  hits by tier      L1 ${pct(s.hit_ratio_l1)} · L2 ${pct(s.hit_ratio_l2)} (a perfect LRU of the ${s.servers} servers' combined capacity: ${pct(s.perfect_lru_combined_hit_ratio)})`,
         ...s.per_server.map((p, i) =>
           `    server ${i + 1}        ${p.requests} requests · looked up ${p.looked_up} · hit ${p.hit} (L2 ${p.l2_hit}) = ${pct(p.looked_up === 0 ? 0 : p.hit / p.looked_up)}`
@@ -35,7 +59,10 @@ export const formatSummary = (s: ReplaySummary): string => {
     `  reaped            timeout ${s.reaped["timeout"] ?? 0} · grace ${s.reaped["grace"] ?? 0} · disconnect ${s.reaped["disconnect"] ?? 0}`,
     `  leaked contexts   ${ok(s.leaked_contexts)}`,
     `  open mappings     ${ok(s.open_mappings_after_shutdown)} (after the last worker unregistered)`,
-    `  data mismatches   ${ok(s.data_mismatches)}`
+    `  data mismatches   ${ok(s.data_mismatches)}`,
+    ...(s.router.audit === null ? [] : s.router.audit.map((a) =>
+      `  index audit ${String(a.server).padEnd(5)} L1 ${a.l1_chunks} chunks · router ${a.router_chunks} · missing ${ok(a.missing)} · extra ${ok(a.extra)}`
+    ))
   ]
   for (const f of s.failures) lines.push(`    failed: request ${f.request}: ${f.message}`)
   for (const m of s.mismatch_details.slice(0, 20)) {

@@ -24,7 +24,7 @@
  * `<script type="application/json" id="replay-data">`.
  */
 import type { ReplaySummary } from "./Driver.ts"
-import { formatSummary } from "./Report.ts"
+import { formatSummary, policyComparison, routerLine } from "./Report.ts"
 import type { ReplayTimeline, TimelineEvent } from "./Timeline.ts"
 
 /** One line of a chart: `points` are [t seconds, value] in the chart's unit. */
@@ -347,7 +347,7 @@ const scriptJson = (value: unknown): string =>
   JSON.stringify(value).replace(/</g, "\\u003c").replace(/\u2028/g, "\\u2028").replace(/\u2029/g, "\\u2029")
 
 /** The whole report: one HTML document (UTF-8). */
-export const reportHtml = (summary: ReplaySummary, timeline: ReplayTimeline): string => {
+export const reportHtml = (summary: ReplaySummary, timeline: ReplayTimeline, policies: ReadonlyArray<ReplaySummary> = [summary]): string => {
   const counts = (kind: TimelineEvent["kind"]) => timeline.events.filter((e) => e.kind === kind).length
   const legend = EVENT_KINDS
     .map((k) => `<span class="ev" data-event="${k}"><b style="color:${EVENT_STYLES[k].colour}">${EVENT_STYLES[k].glyph}</b>${k} (${counts(k)})</span>`)
@@ -362,6 +362,8 @@ export const reportHtml = (summary: ReplaySummary, timeline: ReplayTimeline): st
         `perfect LRU of the combined capacity ${num(100 * summary.perfect_lru_combined_hit_ratio)}%`
       ] as [string, string]]
       : []),
+    ["router", routerLine(summary)],
+    ...(policies.length > 1 ? [["routers compared", policyComparison(policies).join("\n")] as [string, string]] : []),
     ["latency p50 / p99", `${summary.latency_ms.request.p50} / ${summary.latency_ms.request.p99} ms`],
     ["moved", `${summary.gb_stored} GB stored · ${summary.gb_retrieved} GB retrieved`],
     ["churn", `killed ${summary.churn.killed} · paused ${summary.churn.paused} · replaced ${summary.churn.replaced}`],
@@ -380,7 +382,7 @@ export const reportHtml = (summary: ReplaySummary, timeline: ReplayTimeline): st
   .muted { color: #66707c; }
   * { box-sizing: border-box; }
   dl { display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: .2rem 1rem; background: #fff; border: 1px solid #e1e4e8; border-radius: 6px; padding: .8rem 1rem; max-width: 940px; }
-  dt { color: #66707c; } dd { margin: 0; font-variant-numeric: tabular-nums; overflow-wrap: anywhere; }
+  dt { color: #66707c; } dd { margin: 0; font-variant-numeric: tabular-nums; overflow-wrap: anywhere; white-space: pre-line; }
   figure { margin: 1rem 0; background: #fff; border: 1px solid #e1e4e8; border-radius: 6px; padding: .4rem; max-width: 940px; }
   svg.chart { display: block; width: 100%; height: auto; font: 11px system-ui, sans-serif; }
   svg .chart-title { font-weight: 600; font-size: 13px; fill: #1d232b; }

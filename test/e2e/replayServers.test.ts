@@ -97,7 +97,7 @@ describe("mpcache replay --servers", () => {
         const html = readFileSync(report, "utf8")
         rmSync(report, { force: true })
         assert.include(html, "<dt>hits by tier</dt><dd>2 servers · L2 none · L1 14.29% · L2 0% · perfect LRU of the combined capacity 50%</dd>")
-        assert.include(text.stdout, "servers           2 · L2 none · each conversation's turns round-robin over the servers")
+        assert.include(text.stdout, "servers           2 · L2 none\n  router            round-robin: each conversation's turns in turn over the servers\n")
         assert.include(text.stdout, "hits by tier      L1 14.29% · L2 0.00% (a perfect LRU of the 2 servers' combined capacity: 50.00%)")
         assert.include(text.stdout, "    server 1        3 requests · looked up 18 · hit 4 (L2 0) = 22.22%")
       })

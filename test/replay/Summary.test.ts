@@ -77,7 +77,8 @@ describe("replay Summary", () => {
       durationSeconds: 2,
       reaped: { timeout: 0, grace: 0, disconnect: 1 },
       leaked: 0,
-      openMappings: 0
+      openMappings: 0,
+      router: { policy: "kv-aware", audit: [{ server: 1, l1_chunks: 4, router_chunks: 4, missing: 0, extra: 0 }], server_restarts: 1 }
     })
     assert.strictEqual(summary.hit_ratio, 0.5)
     assert.deepStrictEqual(summary.hits_by_tier, { l1: 3, l2: 1 })
@@ -95,5 +96,6 @@ describe("replay Summary", () => {
     assert.strictEqual(summary.requests_per_second, 1)
     assert.deepStrictEqual(summary.churn, { killed: 1, paused: 0, replaced: 0 })
     assert.deepStrictEqual(summary.skipped_long_requests, { count: 1, max_input_tokens: 64 })
+    assert.deepStrictEqual(summary.router, { policy: "kv-aware", audit: [{ server: 1, l1_chunks: 4, router_chunks: 4, missing: 0, extra: 0 }], server_restarts: 1 })
   })
 })

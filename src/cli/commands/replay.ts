@@ -9,6 +9,7 @@
  * with CURVE and per-run keys; with `--server`, `--curve-server-public-key-file`
  * and `--curve-secret-key-file` speak CURVE to a running server.
  */
+import { randomUUID } from "node:crypto"
 import { writeFileSync } from "node:fs"
 import path from "node:path"
 import { Console, Effect, Option } from "effect"
@@ -16,7 +17,9 @@ import { CliError, Command, Flag } from "effect/cli"
 import { packageRoot } from "../../PackageFiles.ts"
 import { loggerLayer } from "../../layers/Logging.ts"
 import { runReplay } from "../../replay/Driver.ts"
-import { formatSummary, mustBeZero } from "../../replay/Report.ts"
+import { formatSummary, mustBeZero, policyComparison } from "../../replay/Report.ts"
+import type { ReplayOptions } from "../../replay/ReplayOptions.ts"
+import type { ReplayRouterPolicy } from "../../replay/ReplaySummary.ts"
 import { reportHtml } from "../../replay/ReportHtml.ts"
 import { MODEL_PRESETS } from "../../replay/Synth.ts"
 import { CommandFailed } from "../CommandFailed.ts"
@@ -33,6 +36,17 @@ const positive = (name: string, description: string, shown: string | number) =>
     Flag.withDescription(F.described(`${description}; > 0`, shown)),
     Flag.filter((n) => n > 0, (n) => `must be above 0 (got ${n})`)
   )
+
+const POLICIES: ReadonlyArray<ReplayRouterPolicy> = ["round-robin", "kv-aware"]
+
+/** `--router`: one policy or a comma list of distinct ones, run one after the other on the same trace. */
+const routersOf = (s: string): ReadonlyArray<ReplayRouterPolicy> | string => {
+  const list = s.split(",").map((p) => p.trim())
+  const bad = list.find((p) => !POLICIES.includes(p as ReplayRouterPolicy))
+  if (bad !== undefined) return `must be ${POLICIES.join(" or ")}, or a comma list of them (got "${bad}")`
+  if (new Set(list).size !== list.length) return `names a policy twice (got "${s}")`
+  return list as ReadonlyArray<ReplayRouterPolicy>
+}
 
 /** The replay's defaults, each shown in --help. */
 const DEFAULTS = {
@@ -98,6 +112,19 @@ const flags = {
     Flag.withDefault(DEFAULTS.servers),
     Flag.filter((n) => n >= 1 && n <= 16, (n) => `must be from 1 to 16 (got ${n})`)
   ),
+  router: Flag.String("router").pipe(
+    Flag.withDescription(F.described(
+      "How requests go to the servers: round-robin (each conversation's turns in turn) or kv-aware (each request to the server whose KV event stream says it holds the longest prefix; ends with an index audit); a comma list runs the trace once per policy on fresh servers and compares them",
+      "round-robin"
+    )),
+    Flag.withDefault("round-robin"),
+    Flag.filter((s) => typeof routersOf(s) !== "string", (s) => routersOf(s) as string)
+  ),
+  restartServerEveryRequests: Flag.Int("restart-server-every-requests").pipe(
+    Flag.withDescription(F.described("SIGTERM and restart one of the replay's servers, in turn, after every N completed requests (its workers re-register); >= 1", "none")),
+    Flag.filter((n) => n >= 1, (n) => `must be at least 1 (got ${n})`),
+    Flag.optional
+  ),
   l2Url: Flag.String("l2-url").pipe(
     Flag.withDescription(F.described("Give every server the replay starts this L2 (mpcache serve --l2-url: redis://host:port or redis+cluster://host:port,…)", "none: no L2")),
     Flag.optional
@@ -148,63 +175,74 @@ const flags = {
 
 export const replay = Command.make("replay", flags, (f) =>
   Effect.gen(function*() {
-    const { summary, timeline } = yield* Effect.scoped(
-      runReplay(
-        {
-          tracePath: f.trace,
-          requests: Option.getOrUndefined(f.requests),
-          maxInputTokens: Option.getOrUndefined(f.maxInputTokens),
-          workers: f.workers,
-          servers: f.servers,
-          l2Url: Option.getOrUndefined(f.l2Url),
-          l2LookupTimeoutMs: Option.getOrUndefined(f.l2LookupTimeoutMs),
-          transferMode: f.transferMode,
-          device: f.device,
-          rate: f.rate,
-          maxRate: f.maxRate,
-          model: MODEL_PRESETS[f.model]!,
-          l1SizeGb: f.l1SizeGb,
-          server: Option.getOrUndefined(f.server),
-          httpUrl: f.httpUrl.replace(/\/+$/, ""),
-          killEverySeconds: Option.getOrUndefined(f.killEvery),
-          killEveryRequests: Option.getOrUndefined(f.killEveryRequests),
-          pauseEverySeconds: Option.getOrUndefined(f.pauseEvery),
-          pauseSeconds: f.pauseSeconds,
-          disconnectGraceSeconds: f.disconnectGrace,
-          chunkSizeTokens: f.chunkSize,
-          blockSizeTokens: 16,
-          heartbeatIntervalMs: 2_000,
-          curve: f.curve
-            ? "generate"
-            : Option.isSome(f.curveServerPublicKeyFile) && Option.isSome(f.curveSecretKeyFile)
-            ? { serverPublicKeyFile: f.curveServerPublicKeyFile.value, secretKeyFile: f.curveSecretKeyFile.value }
-            : undefined,
-          progress: true
-        },
-        (line, final) => {
-          if (process.stderr.isTTY) process.stderr.write(`\r${line}${final ? "\n" : ""}`)
-          else process.stderr.write(`${line}\n`)
-        }
-      )
-    ).pipe(
-      Effect.catch((e) =>
-        Console.error(`mpcache replay: ${e.message}`).pipe(
-          Effect.andThen(Effect.fail(new CommandFailed({ message: e.message, exitCode: 1 })))
+    const policies = routersOf(f.router) as ReadonlyArray<ReplayRouterPolicy>
+    const options = (router: ReplayRouterPolicy): ReplayOptions => ({
+      tracePath: f.trace,
+      requests: Option.getOrUndefined(f.requests),
+      maxInputTokens: Option.getOrUndefined(f.maxInputTokens),
+      workers: f.workers,
+      servers: f.servers,
+      l2Url: Option.getOrUndefined(f.l2Url),
+      // Policies compared over one L2 each write keys of their own: one policy's run must not warm the next's.
+      l2KeyPrefix: policies.length > 1 && Option.isSome(f.l2Url) ? `mpc-${router}-${randomUUID().slice(0, 8)}` : undefined,
+      l2LookupTimeoutMs: Option.getOrUndefined(f.l2LookupTimeoutMs),
+      router,
+      restartServerEveryRequests: Option.getOrUndefined(f.restartServerEveryRequests),
+      transferMode: f.transferMode,
+      device: f.device,
+      rate: f.rate,
+      maxRate: f.maxRate,
+      model: MODEL_PRESETS[f.model]!,
+      l1SizeGb: f.l1SizeGb,
+      server: Option.getOrUndefined(f.server),
+      httpUrl: f.httpUrl.replace(/\/+$/, ""),
+      killEverySeconds: Option.getOrUndefined(f.killEvery),
+      killEveryRequests: Option.getOrUndefined(f.killEveryRequests),
+      pauseEverySeconds: Option.getOrUndefined(f.pauseEvery),
+      pauseSeconds: f.pauseSeconds,
+      disconnectGraceSeconds: f.disconnectGrace,
+      chunkSizeTokens: f.chunkSize,
+      blockSizeTokens: 16,
+      heartbeatIntervalMs: 2_000,
+      curve: f.curve
+        ? "generate"
+        : Option.isSome(f.curveServerPublicKeyFile) && Option.isSome(f.curveSecretKeyFile)
+        ? { serverPublicKeyFile: f.curveServerPublicKeyFile.value, secretKeyFile: f.curveSecretKeyFile.value }
+        : undefined,
+      progress: true
+    })
+    // One policy after the other, each on servers of its own (started and stopped with its scope).
+    const runs = yield* Effect.forEach(policies, (router) =>
+      Effect.scoped(
+        runReplay(options(router), (line, final) => {
+          const tagged = policies.length > 1 ? `[${router}] ${line}` : line
+          if (process.stderr.isTTY) process.stderr.write(`\r${tagged}${final ? "\n" : ""}`)
+          else process.stderr.write(`${tagged}\n`)
+        })
+      ).pipe(
+        Effect.catch((e) =>
+          Console.error(`mpcache replay: ${e.message}`).pipe(
+            Effect.andThen(Effect.fail(new CommandFailed({ message: e.message, exitCode: 1 })))
+          )
         )
-      )
-    )
-    yield* Console.log(f.json ? JSON.stringify(summary, null, 2) : formatSummary(summary))
+      ))
+    const summaries = runs.map((r) => r.summary)
+    if (f.json) yield* Console.log(JSON.stringify(summaries.length === 1 ? summaries[0] : { runs: summaries }, null, 2))
+    else yield* Console.log([...summaries.map(formatSummary), ...(summaries.length > 1 ? policyComparison(summaries) : [])].join("\n"))
     if (Option.isSome(f.report)) {
       const path = f.report.value
+      const { summary, timeline } = runs[0]!
       yield* Effect.try({
-        try: () => writeFileSync(path, reportHtml(summary, timeline)),
+        try: () => writeFileSync(path, reportHtml(summary, timeline, summaries)),
         catch: (e) => new CommandFailed({ message: `cannot write --report ${path}: ${e instanceof Error ? e.message : String(e)}`, exitCode: 1 })
       }).pipe(Effect.tapError((e) => Console.error(`mpcache replay: ${e.message}`)))
-      yield* Console.error(`mpcache replay: report written to ${path}`)
+      yield* Console.error(`mpcache replay: report written to ${path}${runs.length > 1 ? ` (charts of the ${policies[0]} run)` : ""}`)
     }
-    const bad = Object.entries(mustBeZero(summary)).filter(([, v]) => v !== 0)
+    const bad = summaries.flatMap((s) =>
+      Object.entries(mustBeZero(s)).filter(([, v]) => v !== 0).map(([k, v]) => (summaries.length > 1 ? `${s.router.policy}: ${k} = ${v}` : `${k} = ${v}`))
+    )
     if (bad.length > 0) {
-      const message = `replay failed its checks: ${bad.map(([k, v]) => `${k} = ${v}`).join(", ")}`
+      const message = `replay failed its checks: ${bad.join(", ")}`
       yield* Console.error(`mpcache replay: ${message}`)
       return yield* new CommandFailed({ message, exitCode: 1 })
     }
@@ -227,6 +265,9 @@ export const replay = Command.make("replay", flags, (f) =>
         : "--curve-server-public-key-file needs --curve-secret-key-file too")
     }
     if (Option.isSome(f.l2LookupTimeoutMs) && Option.isNone(f.l2Url)) return invalid("--l2-lookup-timeout-ms applies with --l2-url")
+    if (Option.isSome(f.server) && (f.router !== "round-robin" || Option.isSome(f.restartServerEveryRequests))) {
+      return invalid("--router kv-aware and --restart-server-every-requests apply to the servers the replay starts, not to --server")
+    }
     if (Option.isSome(f.server) && (f.servers > 1 || Option.isSome(f.l2Url))) {
       return invalid("--servers and --l2-url apply to the servers the replay starts, not to --server (a running server has its own flags)")
     }

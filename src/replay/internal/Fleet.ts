@@ -17,13 +17,16 @@ import { spawnWorker, type WorkerDied, type WorkerHandle } from "../WorkerPool.t
 export interface Node {
   readonly index: number
   readonly endpoint: string
-  readonly httpUrl: string
+  /** Its HTTP frontend (a restarted server listens on a new port). */
+  httpUrl: string
   readonly scheduler: SchedulerAdapterShape
   readonly idle: Queue.Queue<WorkerHandle>
   readonly workers: Array<WorkerHandle>
   requests: number
   lookedUp: number
   hit: number
+  /** Requests dispatched to it and not yet done (the kv-aware router's tie-break). */
+  inflight: number
 }
 
 /** The servers and every worker ever started on them. */
@@ -68,7 +71,7 @@ export const makeFleet = (options: {
           Effect.mapError((e) => new ReplayError({ message: `scheduler could not reach ${place.endpoint}: ${e.message}` }))
         )
         const idle = yield* Queue.unbounded<WorkerHandle>()
-        return { index, ...place, scheduler, idle, workers: [] as Array<WorkerHandle>, requests: 0, lookedUp: 0, hit: 0 }
+        return { index, ...place, scheduler, idle, workers: [] as Array<WorkerHandle>, requests: 0, lookedUp: 0, hit: 0, inflight: 0 }
       }))
 
     const all: Array<WorkerHandle> = []

@@ -27,6 +27,9 @@ export interface ServeContext {
   /** `--kill-every-requests`: a tick into `killTicks` after every this many completed requests. */
   readonly killEveryRequests: number | undefined
   readonly killTicks: Queue.Queue<void>
+  /** `--restart-server-every-requests`: a tick into `restartTicks` after every this many completed requests. */
+  readonly restartEveryRequests: number | undefined
+  readonly restartTicks: Queue.Queue<void>
 }
 
 /** Serves `r` on `first` (an idle worker of `node`); never fails: a failure is counted. */
@@ -63,6 +66,9 @@ export const serveRequest = (c: ServeContext, r: TraceRequest, node: Node, first
       tally.done++
       if (c.killEveryRequests !== undefined && tally.done % c.killEveryRequests === 0 && tally.done < c.total) {
         Queue.offerUnsafe(c.killTicks, undefined)
+      }
+      if (c.restartEveryRequests !== undefined && tally.done % c.restartEveryRequests === 0 && tally.done < c.total) {
+        Queue.offerUnsafe(c.restartTicks, undefined)
       }
       const atMs = yield* Clock.currentTimeMillis
       if (m._tag === "Failed") {

@@ -32,6 +32,7 @@ export interface SummaryInputs {
   readonly reaped: Record<string, number>
   readonly leaked: number
   readonly openMappings: number
+  readonly router: ReplaySummary["router"]
 }
 
 /** The summary, and the cumulative perfect-LRU steps of one server's capacity (the timeline's reference). */
@@ -55,6 +56,7 @@ export const summarize = (t: Tally, i: SummaryInputs): { readonly summary: Repla
     retried_requests: t.retried,
     workers: o.workers,
     servers: nodes.length,
+    router: i.router,
     l2_url: o.l2Url === undefined ? null : redactUrl(o.l2Url),
     transfer_mode: o.transferMode,
     model: o.model.name,
