@@ -62,7 +62,10 @@ const packr = new Packr({ useRecords: false, moreTypes: false, int64AsType: "big
 export const encodeKvEventBatch = (tsSeconds: number, events: ReadonlyArray<VllmKvEvent>): Buffer => {
   let size = 1 + 9 + 5
   for (const e of events) size += sizeOf(e)
-  const out = Buffer.allocUnsafe(size)
+  // Written into a scratch buffer kept between batches (no zero-filled megabyte per batch), then copied out at
+  // its exact size: the replay buffer keeps what was sent, not an upper bound of it.
+  if (scratch.length < size) (scratch = Buffer.allocUnsafeSlow(Math.max(size, 2 * scratch.length)), view = new DataView(scratch.buffer, scratch.byteOffset, scratch.length))
+  const out = scratch
   let at = 0
   const u8 = (v: number) => {
     out[at++] = v
@@ -124,8 +127,27 @@ export const encodeKvEventBatch = (tsSeconds: number, events: ReadonlyArray<Vllm
       str("BlockStored")
       hashes(e.blockHashes)
       hash(e.parentBlockHash)
-      arrayHeader(e.tokenIds.length)
-      for (let i = 0; i < e.tokenIds.length; i++) int(e.tokenIds[i]!)
+      const t = e.tokenIds
+      arrayHeader(t.length)
+      // The hot loop (256 ids an event): a local cursor, unsigned 32-bit ids inline, anything else through int().
+      let p = at
+      for (let i = 0; i < t.length; i++) {
+        const v = t[i]!
+        if (v < 128 && v >= 0) out[p++] = v
+        else if (v < 0x10000 && v >= 0) {
+          if (v < 256) (out[p] = 0xcc, out[p + 1] = v, p += 2)
+          else (out[p] = 0xcd, out[p + 1] = v >>> 8, out[p + 2] = v & 0xff, p += 3)
+        } else if (v < 2 ** 32 && v >= 0 && Number.isInteger(v)) {
+          view.setUint32(p + 1, v)
+          out[p] = 0xce
+          p += 5
+        } else {
+          at = p
+          int(v)
+          p = at
+        }
+      }
+      at = p
       int(e.blockSize)
       if (e.loraId === null) u8(0xc0)
       else int(e.loraId)
@@ -140,8 +162,11 @@ export const encodeKvEventBatch = (tsSeconds: number, events: ReadonlyArray<Vllm
       str("AllBlocksCleared")
     }
   }
-  return out.subarray(0, at)
+  return Buffer.from(out.subarray(0, at))
 }
+
+let scratch = Buffer.allocUnsafeSlow(1 << 16)
+let view = new DataView(scratch.buffer, scratch.byteOffset, scratch.length)
 
 /** An upper bound of one event's encoded size. */
 const sizeOf = (e: VllmKvEvent): number => {

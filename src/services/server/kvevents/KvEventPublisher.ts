@@ -161,9 +161,17 @@ export const KvEventPublisherLive = Layer.effectDiscard(Effect.gen(function*() {
           yield* Metric.update(dropped.log_overflow, 1)
           batch.push({ _tag: "AllBlocksCleared" })
         }
+        // Counted per (kind, medium) here and added once a batch: a metric update per record would cost more
+        // than the record's encoding.
+        const counted = { stored: { CPU: 0, STORAGE: 0 }, removed: { CPU: 0, STORAGE: 0 } }
         for (const r of read.records) {
-          yield* Metric.update(records[r.kind][r.medium], 1)
+          counted[r.kind][r.medium]++
           batch.push(eventOf(r, config.chunkSizeTokens))
+        }
+        for (const kind of ["stored", "removed"] as const) {
+          for (const medium of ["CPU", "STORAGE"] as const) {
+            if (counted[kind][medium] > 0) yield* Metric.update(records[kind][medium], counted[kind][medium])
+          }
         }
         if (pub !== undefined && batch.length > 0) yield* publish(batch)
       }
