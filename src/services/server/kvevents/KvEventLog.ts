@@ -78,10 +78,9 @@ export interface KvEventLogStats {
   /** The oldest and newest sequence numbers kept (0 when none). */
   readonly oldestSeq: number
   readonly newestSeq: number
-  /** Records appended since start, by kind; gap markers; reads answered `lost`. */
+  /** Records appended since start, by kind; gap markers (reads answered `lost` are the channels' to count). */
   readonly appended: Readonly<Record<KvEvent["kind"], number>>
   readonly dropped: number
-  readonly lostAnswers: number
 }
 
 export interface KvEventLog {
@@ -121,7 +120,6 @@ export const makeKvEventLog = (options: {
   let newest = 0
   const appended: Record<KvEvent["kind"], number> = { stored: 0, removed: 0 }
   let drops = 0
-  let lostAnswers = 0
   const oldestSeq = () => (newest === 0 ? 0 : Math.max(1, newest - capacity + 1))
   const slot = (seq: number): Slot => ring[(seq - 1) % capacity]!
   const put = (s: Slot) => {
@@ -143,7 +141,6 @@ export const makeKvEventLog = (options: {
 
   /** A fresh start: from the oldest record kept after the last gap marker. */
   const restart = (q: KvEventQuery): KvEventPoll => {
-    lostAnswers++
     let from = oldestSeq()
     for (let seq = newest; seq >= oldestSeq() && seq > 0; seq--) {
       if (slot(seq).kind === "gap") {
@@ -190,8 +187,7 @@ export const makeKvEventLog = (options: {
       oldestSeq: oldestSeq(),
       newestSeq: newest,
       appended: { ...appended },
-      dropped: drops,
-      lostAnswers
+      dropped: drops
     })
   }
 }

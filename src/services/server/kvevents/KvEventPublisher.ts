@@ -66,6 +66,12 @@ const droppedTotal = Metric.counter("mpcache_kv_event_publisher_drops_total", {
 })
 const dropped = byLabel(droppedTotal, "reason", ["log_overflow", "replay_cut", "malformed_replay"])
 
+/** Resumes after the event loop's pending I/O callbacks (setImmediate). */
+const nextTurn = Effect.callback<void>((resume) => {
+  const t = setImmediate(() => resume(Effect.void))
+  return Effect.sync(() => clearImmediate(t))
+})
+
 /** The publisher's `/api/status` figures (inside `kv_events.publisher`). */
 export interface KvEventPublisherStatus {
   readonly endpoint: string
@@ -151,6 +157,9 @@ export const KvEventPublisherLive = Layer.effectDiscard(Effect.gen(function*() {
     if (pub !== undefined) yield* publish([{ _tag: "AllBlocksCleared" }])
     while (true) {
       yield* events.appended.await
+      // Once per event-loop turn, after its I/O: the request that appended answers first, and what the turn's other
+      // requests append goes out in the same batch.
+      yield* nextTurn
       events.appended.closeUnsafe()
       while (cursor < log.newestSeq()) {
         const read = log.read({ cursor, maxEvents: BATCH_RECORDS })

@@ -99,11 +99,16 @@ const lostAnswers = Metric.counter("mpcache_kv_event_lost_answers_total", {
  */
 export const kvEventsModule: Effect.Effect<ServerModule, never, KvEvents> = Effect.gen(function*() {
   const { log, l1, publisherStatus } = yield* KvEvents
+  // POLL answers that said `lost` (the publisher's own reads of the log are not answers: it counts its overflows).
+  let lost = 0
   const poll = ([model, cursor, maxEvents]: readonly [string, number, number]) =>
     Effect.gen(function*() {
       const saltGroup = yield* RequestSaltGroup
       const answer = log.read({ cursor, maxEvents, model, saltGroup })
-      if (answer.lost) yield* Metric.update(lostAnswers, 1)
+      if (answer.lost) {
+        lost++
+        yield* Metric.update(lostAnswers, 1)
+      }
       return pollWire(answer)
     })
   return {
@@ -122,7 +127,7 @@ export const kvEventsModule: Effect.Effect<ServerModule, never, KvEvents> = Effe
             newest_seq: s.newestSeq,
             records: s.appended,
             dropped: s.dropped,
-            lost_answers: s.lostAnswers,
+            lost_answers: lost,
             held_chunks: l1?.heldChunks() ?? 0,
             publisher: publisherStatus.current()
           }

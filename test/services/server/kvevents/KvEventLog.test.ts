@@ -51,7 +51,6 @@ describe("KvEventLog", () => {
     l.append(stored(1))
     const r = l.read({ cursor: 40, maxEvents: 9, model: "m" })
     assert.deepStrictEqual([seqs(r), r.nextCursor, r.lost], [[1], 1, true])
-    assert.strictEqual(l.stats().lostAnswers, 1)
   })
 
   it("a record the log could not keep is a gap: any read over it is lost and starts after it", () => {
