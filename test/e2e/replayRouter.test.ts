@@ -15,6 +15,8 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import type { ReplaySummary } from "../../src/replay/Driver.ts"
 import { runCli } from "../support/Cli.ts"
+import { startRedis } from "../support/RedisFleet.ts"
+import { redisSuite } from "../support/RedisSuite.ts"
 
 // Two conversations, 256-token chunks (2 per 512-token block), one turn every 3 s of trace time (1.5 s at --rate 2:
 // each turn's STORE is heard by the router before the next turn is routed).
@@ -109,4 +111,27 @@ describe("mpcache replay --router", () => {
       assert.strictEqual(running.code, 2)
       assert.include(running.stderr, "--router kv-aware and --restart-server-every-requests apply to the servers the replay starts, not to --server")
     }), 60_000)
+})
+
+redisSuite("mpcache replay --router with --l2-url (real redis-server)", () => {
+  it.live("over a shared L2 both policies find 14 chunks: kv-aware all from L1, round-robin 10 of them from L2 (each policy under its own key prefix)", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const redis = yield* startRedis()
+      const trace = join(tmpdir(), `mpcache-router-l2-trace-${randomUUID()}.jsonl`)
+      writeFileSync(trace, TRACE.map((r) => JSON.stringify(r)).join("\n"))
+      // A lookup timeout for a loaded machine: a timed-out EXISTS is a (correct) miss, not what this tests.
+      const r = yield* replay([
+        "--trace", trace, "--rate", "2", "--workers", "1", "--router", "kv-aware,round-robin", "--l2-url", redis.url, "--l2-lookup-timeout-ms", "2000"
+      ]).pipe(Effect.ensuring(Effect.sync(() => rmSync(trace, { force: true }))))
+      assert.strictEqual(r.code, 0, r.stderr.slice(-3000))
+      const [kv, rr] = (JSON.parse(r.stdout) as { readonly runs: ReadonlyArray<ReplaySummary> }).runs
+      assert.deepStrictEqual([kv!.chunks.hit, kv!.hits_by_tier], [14, { l1: 14, l2: 0 }])
+      assert.deepStrictEqual(kv!.router.audit!.map((a) => [a.l1_chunks, a.missing, a.extra]), [[8, 0, 0], [6, 0, 0]])
+      // Round-robin under a key prefix of its own: kv-aware's writes do not help it; the L2 holds its own.
+      assert.deepStrictEqual([rr!.chunks.hit, rr!.hits_by_tier], [14, { l1: 4, l2: 10 }])
+      assert.deepStrictEqual(rr!.per_server, [
+        { requests: 3, looked_up: 18, hit: 10, l2_hit: 6 },
+        { requests: 2, looked_up: 10, hit: 4, l2_hit: 4 }
+      ])
+    })), 180_000)
 })
