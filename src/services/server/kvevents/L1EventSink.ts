@@ -10,7 +10,7 @@
  */
 import { hashHex } from "../../kv/TokenHasher.ts"
 import type { ObjectKey } from "../ObjectKey.ts"
-import type { KvEventLog } from "./KvEventLog.ts"
+import type { KvEvent, KvEventLog, KvMedium } from "./KvEventLog.ts"
 
 /** What a write reservation carries so that its commit can be announced: the chunk's tokens and its parent. */
 export interface ChunkOrigin {
@@ -48,6 +48,20 @@ export interface L1EventSink {
 
 const EMPTY_TOKENS = new Uint32Array(0)
 
+/** The `stored` record of `key`'s chunk in `medium`, with what `origin` says of its tokens and parent (none: empty, null). */
+export const storedRecord = (key: ObjectKey, medium: KvMedium, saltGroup: string, origin: OriginOf | undefined): KvEvent => {
+  const o = origin?.()
+  return {
+    kind: "stored",
+    model: key.modelName,
+    medium,
+    saltGroup,
+    chunkHash: key.hash,
+    parentHash: o?.parentHash ?? null,
+    tokenIds: o?.tokenIds ?? EMPTY_TOKENS
+  }
+}
+
 /** The chunk an object belongs to: every rank's object of one (model, salt, hash) maps here. */
 const chunkOf = (k: ObjectKey): string => `${hashHex(k.hash)}:${k.cacheSalt.length}:${k.cacheSalt}:${k.modelName}`
 
@@ -60,16 +74,7 @@ export const makeL1EventSink = (log: KvEventLog): L1EventSink => {
       const n = ranksHeld.get(chunk) ?? 0
       ranksHeld.set(chunk, n + 1)
       if (n > 0) return
-      const o = origin?.()
-      log.append({
-        kind: "stored",
-        model: key.modelName,
-        medium: "CPU",
-        saltGroup,
-        chunkHash: key.hash,
-        parentHash: o?.parentHash ?? null,
-        tokenIds: o?.tokenIds ?? EMPTY_TOKENS
-      })
+      log.append(storedRecord(key, "CPU", saltGroup, origin))
     },
     removed: (objects) => {
       // One record per (model, salt group) of the chunks whose last rank left, in the order they left.

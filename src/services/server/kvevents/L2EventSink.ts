@@ -11,7 +11,7 @@
  */
 import type { ObjectKey } from "../ObjectKey.ts"
 import type { KvEventLog } from "./KvEventLog.ts"
-import type { OriginOf } from "./L1EventSink.ts"
+import { type OriginOf, storedRecord } from "./L1EventSink.ts"
 
 /** The L2 tier's side of the log. `saltGroup` is the object's under tenancy ("" without). */
 export interface L2EventSink {
@@ -21,22 +21,11 @@ export interface L2EventSink {
   readonly deleted: (key: ObjectKey, saltGroup: string) => void
 }
 
-const EMPTY_TOKENS = new Uint32Array(0)
-
 /** A sink appending to `log`. */
 export const makeL2EventSink = (log: KvEventLog): L2EventSink => ({
   written: (key, saltGroup, origin) => {
     if (key.kvRank !== 0) return
-    const o = origin?.()
-    log.append({
-      kind: "stored",
-      model: key.modelName,
-      medium: "STORAGE",
-      saltGroup,
-      chunkHash: key.hash,
-      parentHash: o?.parentHash ?? null,
-      tokenIds: o?.tokenIds ?? EMPTY_TOKENS
-    })
+    log.append(storedRecord(key, "STORAGE", saltGroup, origin))
   },
   deleted: (key, saltGroup) => {
     log.append({ kind: "removed", model: key.modelName, medium: "STORAGE", saltGroup, chunkHashes: [key.hash] })

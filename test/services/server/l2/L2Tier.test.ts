@@ -100,6 +100,16 @@ const putL2 = (memory: MemoryL2, chunk: number, rank: number, format = checksumm
   memory.values.set(k, format.encode(k, fp, bytesOf(chunk, rank)))
 }
 
+/** Chunks 0–2 of both ranks planted in L2, rank 1's chunk 1 with one payload byte flipped; its L2 key. */
+const plantWithCorrupt = (memory: MemoryL2) => {
+  for (const c of [0, 1, 2]) for (const r of [0, 1]) putL2(memory, c, r)
+  const bad = l2KeyOf("mpc", fp, keysOf(1)[1]!)
+  const v = Buffer.from(memory.values.get(bad)!)
+  v[HEADER_BYTES + 5] = v[HEADER_BYTES + 5]! ^ 0xff
+  memory.values.set(bad, v)
+  return bad
+}
+
 /** The layout registered; chunk 0 of both ranks in L1 and `l2Chunks` of both ranks in L2. */
 const seeded = (memory: MemoryL2, l2Chunks: ReadonlyArray<number>) =>
   Effect.gen(function*() {
@@ -274,11 +284,7 @@ describe("LOOKUP with L2", () => {
       const lookup = yield* Lookup
       const tier = yield* L2Tier
       const l1 = yield* L1Store
-      for (const c of [0, 1, 2]) for (const r of [0, 1]) putL2(memory, c, r)
-      const bad = l2KeyOf("mpc", fp, keysOf(1)[1]!)
-      const v = Buffer.from(memory.values.get(bad)!)
-      v[HEADER_BYTES + 5] = v[HEADER_BYTES + 5]! ^ 0xff
-      memory.values.set(bad, v)
+      const bad = plantWithCorrupt(memory)
       yield* lookup.lookup(cacheKey())
       assert.strictEqual(yield* prefetched("req-1"), 1)
       assert.isFalse(memory.values.has(bad))
@@ -423,11 +429,7 @@ describe("KV events from L2 (issue 28 item 2)", () => {
     return Effect.gen(function*() {
       yield* (yield* LayoutRegistry).register("m", 2, layout)
       const lookup = yield* Lookup
-      for (const c of [0, 1, 2]) for (const r of [0, 1]) putL2(memory, c, r)
-      const bad = l2KeyOf("mpc", fp, keysOf(1)[1]!)
-      const v = Buffer.from(memory.values.get(bad)!)
-      v[HEADER_BYTES + 5] = v[HEADER_BYTES + 5]! ^ 0xff
-      memory.values.set(bad, v)
+      plantWithCorrupt(memory)
       yield* lookup.lookup(cacheKey())
       assert.strictEqual(yield* prefetched("req-1"), 1)
       // The GETs run side by side: the bad value is refused before any good one is placed. Chunk 1 is in CPU
