@@ -177,6 +177,8 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     const carried = nodes.map(() => ({ reaps: {} as Record<string, number>, l2Hits: 0 }))
     const up = yield* Effect.forEach(nodes, () => Latch.make(true))
     let restarts = 0
+    // A server that could not be started again ends the run (its requests would only time out).
+    let restartFailed: string | undefined
     if (o.restartServerEveryRequests !== undefined) {
       chaos.push(yield* Effect.forkChild(Effect.forever(Effect.gen(function*() {
         yield* Queue.take(restartTicks)
@@ -198,7 +200,12 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
         }
         onProgress(`restarted server ${i + 1} (now ${node.httpUrl})`, true)
         yield* up[i]!.open
-      }).pipe(Effect.catch((e) => Effect.logWarning(`a server restart failed: ${e.message}`))))))
+      }).pipe(Effect.catch((e) =>
+        Effect.sync(() => {
+          restartFailed = e.message
+          up.forEach((l) => l.openUnsafe())
+        })
+      )))))
     }
     if (o.pauseEverySeconds !== undefined) chaos.push(yield* Effect.forkChild(pauser(fleet, tally, timeline, o.pauseEverySeconds, o.pauseSeconds)))
     const progress = o.progress
@@ -235,6 +242,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
         const now = yield* Clock.currentTimeMillis
         if (due > now) yield* Effect.sleep(`${due - now} millis`)
       }
+      if (restartFailed !== undefined) return yield* new ReplayError({ message: `a server could not be restarted: ${restartFailed}` })
       const node = nodes[kvRouter === undefined ? conversations.route(r.hashIds) : kvRouter.route(r, nodes.map((n) => n.inflight))]!
       yield* up[node.index]!.await
       const w = yield* fleet.takeWorker(node)

@@ -94,20 +94,21 @@ export const startOwnServer = (o: ReplayOptions, keys: RunKeys | undefined) =>
     const base = join(tmpdir(), `mpcache-replay-${randomUUID()}`)
     const endpoint = `ipc://${base}.sock`
     const kvEvents = o.router === "kv-aware" ? { endpoint: `ipc://${base}-events.sock`, replayEndpoint: `ipc://${base}-replay.sock` } : undefined
-    let current = yield* Effect.acquireRelease(spawnServer(o, keys, endpoint, kvEvents), () => Effect.void)
-    yield* Effect.addFinalizer(() =>
-      stopServer(current.child).pipe(
+    // The process running now (a restart replaces it); the release stops whichever it is, then removes the sockets.
+    const state: { current: { readonly child: ChildProcess; readonly httpUrl: string } | undefined } = { current: undefined }
+    state.current = yield* Effect.acquireRelease(spawnServer(o, keys, endpoint, kvEvents), (first) =>
+      stopServer((state.current ?? first).child).pipe(
         Effect.andThen(Effect.sync(() => {
           for (const e of [endpoint, kvEvents?.endpoint, kvEvents?.replayEndpoint]) if (e !== undefined) rmSync(e.slice("ipc://".length), { force: true })
         }))
-      )
-    )
-    const restart = Effect.gen(function*() {
-      yield* stopServer(current.child)
-      current = yield* spawnServer(o, keys, endpoint, kvEvents)
-      return current.httpUrl
-    })
-    return { endpoint, httpUrl: () => current.httpUrl, kvEvents, restart } satisfies OwnServer
+      ))
+    // Uninterruptible: a started process is always the one the release stops.
+    const restart = Effect.uninterruptible(Effect.gen(function*() {
+      yield* stopServer(state.current!.child)
+      state.current = yield* spawnServer(o, keys, endpoint, kvEvents)
+      return state.current.httpUrl
+    }))
+    return { endpoint, httpUrl: () => state.current!.httpUrl, kvEvents, restart } satisfies OwnServer
   })
 
 /** How long the replay's own server may take to stop after SIGTERM before it is SIGKILLed (its shutdown budget is 16 s). */
