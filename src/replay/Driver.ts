@@ -101,10 +101,12 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     const own = o.server === undefined
       ? yield* Effect.forEach(Array.from({ length: o.servers }), () => startOwnServer(o, runKeys), { concurrency: "unbounded" })
       : []
-    const places = o.server === undefined ? own.map((s) => ({ endpoint: s.endpoint, httpUrl: s.httpUrl() })) : [{ endpoint: o.server, httpUrl: o.httpUrl }]
+    const places = o.server === undefined
+      ? own.map((s) => ({ endpoint: s.endpoint, httpUrl: s.httpUrl(), httpToken: runKeys?.httpToken }))
+      : [{ endpoint: o.server, httpUrl: o.httpUrl, httpToken: undefined }]
     if (runKeys !== undefined) onProgress(`the replay's server${places.length > 1 ? "s speak" : " speaks"} CURVE with per-run keys in ${runKeys.dir}`, true)
     const httpUrl = places[0]!.httpUrl
-    const status0 = yield* getStatus(httpUrl)
+    const status0 = yield* getStatus(httpUrl, places[0]!.httpToken)
     const chunk = status0.chunk_size
     if (o.server !== undefined) yield* checkMemory(chunk, 0)
     const l1 = status0.l1
@@ -144,10 +146,13 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     if (o.l2Url !== undefined) yield* checkL2(nodes)
     const baseL2Hits = yield* l2HitsNow(nodes)
 
+    // Counters of a server from before its restarts (a new process counts from 0).
+    const carried = nodes.map(() => ({ reaps: {} as Record<string, number>, l2Hits: 0 }))
     const progressLine = Effect.gen(function*() {
       const reaps = yield* reapsNow.pipe(Effect.orElseSucceed(() => ({} as Record<string, number>)))
       yield* Ref.set(reapsSeen, reaps)
-      const reaped = Object.entries(reaps).reduce((n, [k, v]) => n + v - (baseReaps[k] ?? 0), 0)
+      const reaped = Object.entries(reaps).reduce((n, [k, v]) => n + v - (baseReaps[k] ?? 0), 0) +
+        carried.reduce((n, c) => n + Object.values(c.reaps).reduce((a, b) => a + b, 0), 0)
       const pct = requests.length === 0 ? 0 : tally.done / requests.length
       const width = 30
       const bar = "#".repeat(Math.round(pct * width)).padEnd(width, ".")
@@ -166,23 +171,24 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
         for (let tick = 1;; tick++) {
           yield* Effect.sleep("250 millis")
           timeline.sampleAlive(yield* Clock.currentTimeMillis, fleet.alive().length)
-          if (tick % 4 === 0) yield* Effect.forEach(nodes, (n) => getStatus(n.httpUrl).pipe(Effect.map(recordReaps), Effect.ignore))
+          if (tick % 4 === 0) yield* Effect.forEach(nodes, (n) => getStatus(n.httpUrl, n.httpToken).pipe(Effect.map(recordReaps), Effect.ignore))
         }
       })
     )
     const chaos: Array<Fiber.Fiber<unknown>> = [sampler]
     if (o.killEverySeconds !== undefined) chaos.push(yield* Effect.forkChild(killer(fleet, tally, timeline, Effect.sleep(`${o.killEverySeconds} seconds`))))
     if (o.killEveryRequests !== undefined) chaos.push(yield* Effect.forkChild(killer(fleet, tally, timeline, Queue.take(killTicks))))
-    // Counters of a server from before its restarts (a new process counts from 0), and its dispatch gate.
-    const carried = nodes.map(() => ({ reaps: {} as Record<string, number>, l2Hits: 0 }))
+    // Its dispatch gate, closed while it restarts.
     const up = yield* Effect.forEach(nodes, () => Latch.make(true))
-    let restarts = 0
+    let restarts = 0 // done
+    let turn = 0 // taken
     // A server that could not be started again ends the run (its requests would only time out).
     let restartFailed: string | undefined
     if (o.restartServerEveryRequests !== undefined) {
-      chaos.push(yield* Effect.forkChild(Effect.forever(Effect.gen(function*() {
-        yield* Queue.take(restartTicks)
-        const i = restarts++ % nodes.length
+      // Each restart runs whole (uninterruptible: the run's end waits for one under way, so no server is left
+      // half-restarted); the waits inside are bounded.
+      const restartOne = Effect.uninterruptible(Effect.gen(function*() {
+        const i = turn++ % nodes.length
         const node = nodes[i]!
         // A rolling restart: nothing new goes to it, what it serves finishes, then SIGTERM and a fresh start on
         // the same sockets; it takes requests again once its live workers have re-registered (their heartbeat's
@@ -194,10 +200,11 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
         carried[i]!.l2Hits += before[1][0]!
         node.httpUrl = yield* own[i]!.restart
         const back = (yield* Clock.currentTimeMillis) + 15_000
-        while ((yield* getStatus(node.httpUrl)).worker_liveness.tracked_instances < node.workers.filter((w) => w.isAlive()).length) {
+        while ((yield* getStatus(node.httpUrl, node.httpToken)).worker_liveness.tracked_instances < node.workers.filter((w) => w.isAlive()).length) {
           if ((yield* Clock.currentTimeMillis) > back) break
           yield* Effect.sleep("50 millis")
         }
+        restarts++
         onProgress(`restarted server ${i + 1} (now ${node.httpUrl})`, true)
         yield* up[i]!.open
       }).pipe(Effect.catch((e) =>
@@ -205,7 +212,8 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
           restartFailed = e.message
           up.forEach((l) => l.openUnsafe())
         })
-      )))))
+      )))
+      chaos.push(yield* Effect.forkChild(Effect.forever(Queue.take(restartTicks).pipe(Effect.andThen(restartOne)))))
     }
     if (o.pauseEverySeconds !== undefined) chaos.push(yield* Effect.forkChild(pauser(fleet, tally, timeline, o.pauseEverySeconds, o.pauseSeconds)))
     const progress = o.progress
@@ -262,7 +270,7 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
     const waitUntil = (yield* Clock.currentTimeMillis) + graceMs * 1.5 + 1_500
     let leaked = 0
     for (const node of nodes) {
-      const tracked = Effect.map(getStatus(node.httpUrl), (s) => s.worker_liveness.tracked_instances)
+      const tracked = Effect.map(getStatus(node.httpUrl, node.httpToken), (s) => s.worker_liveness.tracked_instances)
       const liveIds = node.workers.filter((w) => w.isAlive()).length
       let trackedNow = yield* tracked
       while (trackedNow > liveIds && (yield* Clock.currentTimeMillis) < waitUntil) {
@@ -274,14 +282,14 @@ export const runReplay = (o: ReplayOptions, onProgress: (line: string, final: bo
 
     // Every live worker unregisters; then nothing may stay mapped.
     yield* Effect.forEach(fleet.all, (w) => w.shutdown(10_000), { concurrency: "unbounded", discard: true })
-    const after = yield* Effect.forEach(nodes, (n) => getStatus(n.httpUrl))
+    const after = yield* Effect.forEach(nodes, (n) => getStatus(n.httpUrl, n.httpToken))
     after.forEach(recordReaps)
     const endedMs = yield* Clock.currentTimeMillis
     const openMappings = after.reduce((n, s) => n + s.native.open_mappings, 0)
     const finalReaps = { ...(yield* reapsNow.pipe(Effect.catch(() => Ref.get(reapsSeen)))) }
     for (const c of carried) for (const [k, v] of Object.entries(c.reaps)) finalReaps[k] = (finalReaps[k] ?? 0) + v
     // The index audit: after the run, each server's L1 against what the router heard of it.
-    const audit = kvRouter === undefined ? null : yield* Effect.forEach(nodes, (n, i) => kvRouter.audit(i, n.httpUrl, o.model.name))
+    const audit = kvRouter === undefined ? null : yield* Effect.forEach(nodes, (n, i) => kvRouter.audit(i, n.httpUrl, n.httpToken, o.model.name))
     const reaped: Record<string, number> = {}
     for (const reason of ["timeout", "grace", "disconnect"]) reaped[reason] = (finalReaps[reason] ?? 0) - (baseReaps[reason] ?? 0)
     if (o.progress) onProgress(yield* progressLine.pipe(Effect.orElseSucceed(() => "")), true)

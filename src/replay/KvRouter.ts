@@ -30,10 +30,10 @@ export interface KvRouter {
   /** The server for `r`, given each server's requests in flight. */
   readonly route: (r: TraceRequest, inflight: ReadonlyArray<number>) => number
   /**
-   * The index audit of server `i` against its HTTP frontend `httpUrl`: waits (bounded: 10 s, a bound on a hang)
+   * The index audit of server `i` against its HTTP frontend `httpUrl` (with its bearer token, if any): waits (bounded: 10 s, a bound on a hang)
    * until the router's view equals L1's listing, then answers the difference (0 and 0 when it caught up).
    */
-  readonly audit: (i: number, httpUrl: string, model: string) => Effect.Effect<ReplayAudit, ReplayError>
+  readonly audit: (i: number, httpUrl: string, httpToken: string | undefined, model: string) => Effect.Effect<ReplayAudit, ReplayError>
 }
 
 /** Subscribes to every server's stream for the life of the scope; the router reads the indexes they keep. */
@@ -81,12 +81,12 @@ export const makeKvRouter = (
       sent[best]!++
       return best
     }
-    const audit = (i: number, httpUrl: string, model: string) =>
+    const audit = (i: number, httpUrl: string, httpToken: string | undefined, model: string) =>
       Effect.gen(function*() {
         const url = `${httpUrl}/api/l1/chunks?model=${encodeURIComponent(model)}`
         const deadline = Date.now() + 10_000
         for (;;) {
-          const listing = yield* getJson(url)
+          const listing = yield* getJson(url, httpToken)
           const actual = new Set(((listing["chunks"] ?? []) as ReadonlyArray<{ readonly hash: string }>).map((c) => c.hash))
           const view = sets[i]!
           const missing = [...actual].filter((h) => !view.has(h)).length
@@ -94,7 +94,7 @@ export const makeKvRouter = (
           if ((missing === 0 && extra === 0) || Date.now() > deadline) {
             return { server: i + 1, l1_chunks: actual.size, router_chunks: view.size, missing, extra } satisfies ReplayAudit
           }
-          yield* Effect.sleep("50 millis")
+          yield* Effect.sleep("200 millis") // a listing of a large L1 is not free
         }
       })
     return { route, audit } satisfies KvRouter

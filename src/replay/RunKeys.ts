@@ -7,6 +7,7 @@
  * use the one client key (one tenant: they share the cache, as vLLM's
  * scheduler and workers do). The folder is removed when the scope closes.
  */
+import { randomBytes } from "node:crypto"
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -23,6 +24,12 @@ export interface RunKeys {
   readonly authorizedKeysFile: string
   /** What the scheduler and the workers read. */
   readonly client: CurveKeyFiles
+  /**
+   * `serve --http-token-file` and the token in it: a CURVE server's L1 listing answers only behind one
+   * (docs/security.md), and the kv-aware router's audit reads it.
+   */
+  readonly httpTokenFile: string
+  readonly httpToken: string
 }
 
 /** Writes the run's keys for the life of the Scope (removed at its close). Dies when the temp folder cannot be written. */
@@ -31,6 +38,7 @@ export const makeRunKeys: Effect.Effect<RunKeys, never, Scope.Scope> = Effect.ac
     const dir = mkdtempSync(join(tmpdir(), "mpcache-replay-keys-"))
     const server = newKeyPair()
     const client = newKeyPair()
+    const httpToken = randomBytes(32).toString("hex")
     const file = (name: string, text: string, mode: number) => {
       const path = join(dir, name)
       writeFileSync(path, `${text}\n`, { mode, flag: "wx" })
@@ -43,7 +51,9 @@ export const makeRunKeys: Effect.Effect<RunKeys, never, Scope.Scope> = Effect.ac
       client: {
         serverPublicKeyFile: file("server.pub", server.publicKey, 0o644),
         secretKeyFile: file("replay.key", client.secretKey, 0o600)
-      }
+      },
+      httpTokenFile: file("http.token", httpToken, 0o600),
+      httpToken
     }
   }),
   (keys) => Effect.sync(() => rmSync(keys.dir, { recursive: true, force: true }))

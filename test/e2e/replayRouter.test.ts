@@ -99,6 +99,16 @@ describe("mpcache replay --router", () => {
       assert.include(r.stderr, "restarted server 2 (now http://127.0.0.1:")
     }), 180_000)
 
+  it.live("with --curve (per-run keys, the servers' L1 listing behind a per-run HTTP token) the audit reads through the token: 0 missing, 0 extra", () =>
+    Effect.gen(function*() {
+      const r = yield* replay(["--requests", "30", "--max-rate", "--workers", "1", "--router", "kv-aware", "--curve"])
+      assert.strictEqual(r.code, 0, r.stderr.slice(-3000))
+      const s = JSON.parse(r.stdout) as ReplaySummary
+      assert.deepStrictEqual([s.requests, s.failed_requests, s.data_mismatches, s.leaked_contexts], [30, 0, 0, 0])
+      assert.deepStrictEqual(s.router.audit!.map((a) => [a.missing, a.extra, a.router_chunks === a.l1_chunks]), [[0, 0, true], [0, 0, true]])
+      assert.isAbove(s.router.audit!.reduce((n, a) => n + a.l1_chunks, 0), 0)
+    }), 180_000)
+
   it.live("--router names its policies exactly; kv-aware and server restarts need the replay's own servers", () =>
     Effect.gen(function*() {
       const bad = yield* runCli(["replay", "--router", "kv-aware,random"])

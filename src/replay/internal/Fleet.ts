@@ -19,6 +19,8 @@ export interface Node {
   readonly endpoint: string
   /** Its HTTP frontend (a restarted server listens on a new port). */
   httpUrl: string
+  /** Its frontend's bearer token (the replay's own CURVE servers), else undefined. */
+  readonly httpToken: string | undefined
   readonly scheduler: SchedulerAdapterShape
   readonly idle: Queue.Queue<WorkerHandle>
   readonly workers: Array<WorkerHandle>
@@ -51,7 +53,7 @@ export interface Fleet {
  * `workersPerNode` workers on each (ReplayError when one fails to start).
  */
 export const makeFleet = (options: {
-  readonly places: ReadonlyArray<{ readonly endpoint: string; readonly httpUrl: string }>
+  readonly places: ReadonlyArray<{ readonly endpoint: string; readonly httpUrl: string; readonly httpToken: string | undefined }>
   readonly modelName: string
   readonly clientCurve: ClientCurveKeys | undefined
   readonly workersPerNode: number

@@ -53,7 +53,7 @@ const spawnServer = (o: ReplayOptions, keys: RunKeys | undefined, endpoint: stri
       ...(o.l2Url === undefined || o.l2LookupTimeoutMs === undefined ? [] : ["--l2-lookup-timeout-ms", String(o.l2LookupTimeoutMs)]),
       ...(o.l2Url === undefined || o.l2KeyPrefix === undefined ? [] : ["--l2-key-prefix", o.l2KeyPrefix]),
       ...(kvEvents === undefined ? [] : ["--kv-events-endpoint", kvEvents.endpoint, "--kv-events-replay-endpoint", kvEvents.replayEndpoint]),
-      ...(keys === undefined ? [] : ["--curve-secret-key-file", keys.serverSecretFile, "--curve-authorized-keys", keys.authorizedKeysFile])
+      ...(keys === undefined ? [] : ["--curve-secret-key-file", keys.serverSecretFile, "--curve-authorized-keys", keys.authorizedKeysFile, "--http-token-file", keys.httpTokenFile])
     ], { stdio: ["ignore", "ignore", "pipe"] })
     let stderr = ""
     let httpUrl: string | undefined

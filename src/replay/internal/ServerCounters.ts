@@ -12,7 +12,7 @@ import { promCounters } from "../Stats.ts"
 import type { Node } from "./Fleet.ts"
 import { getJson, getText } from "./ServerHttp.ts"
 
-const metricsOf = (node: Node) => getText(`${node.httpUrl}/metrics`)
+const metricsOf = (node: Node) => getText(`${node.httpUrl}/metrics`, node.httpToken)
 
 /** Reaps by reason now, summed over `nodes`. */
 export const reapsNow = (nodes: ReadonlyArray<Node>) =>
@@ -29,7 +29,7 @@ export const l2HitsNow = (nodes: ReadonlyArray<Node>) =>
 /** With --l2-url every server must say it has an L2 (`l2` in /api/status), or the split would be made up. */
 export const checkL2 = (nodes: ReadonlyArray<Node>) =>
   Effect.forEach(nodes, (node) =>
-    Effect.flatMap(getJson(`${node.httpUrl}/api/status`), (doc) =>
+    Effect.flatMap(getJson(`${node.httpUrl}/api/status`, node.httpToken), (doc) =>
       typeof doc["l2"] === "object" && doc["l2"] !== null
         ? Effect.void
         : Effect.fail(new ReplayError({ message: `${node.httpUrl}/api/status has no l2: this server has no L2 tier, so its L2 hits cannot be told apart` }))), { discard: true })
