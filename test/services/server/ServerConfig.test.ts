@@ -127,7 +127,8 @@ describe("ServerConfig rules (DESIGN §5, upstream MPServerConfig)", () => {
       "--kv-events-replay-endpoint: is the same address as --kv-events-endpoint"
     ])
     assert.deepStrictEqual(issues({ kvEventsTopic: "a b" }), ['--kv-events-topic: must be at most 255 bytes without white space (got "a b")'])
-    assert.deepStrictEqual(issues({ kvEventsHwm: 0 }), ["--kv-events-hwm: must be an integer from 1 to 10000000 batches (got 0)"])
-    assert.deepStrictEqual(issues({ kvEventsHwm: 16 }), [])
+    assert.deepStrictEqual(issues({ kvEventsHwm: 0, kvEventsEndpoint: "tcp://127.0.0.1:5557" }), ["--kv-events-hwm: must be an integer from 1 to 10000000 batches (got 0)"])
+    assert.deepStrictEqual(issues({ kvEventsHwm: 16, kvEventsEndpoint: "tcp://127.0.0.1:5557" }), [])
+    assert.deepStrictEqual(issues({ kvEventsHwm: 16 }), ["--kv-events-hwm: applies to the PUB: give --kv-events-endpoint too"])
   })
 })

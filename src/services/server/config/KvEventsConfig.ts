@@ -85,6 +85,9 @@ export const validateKvEvents = (input: KvEventsConfig, listen: KvEventsListenCo
     address("kv-events-endpoint", input.kvEventsEndpoint)
     if (input.kvEventLogSize === 0) issues.push({ flag: "kv-events-endpoint", message: "needs events on: --kv-event-log-size 0 turns them off" })
   }
+  if (input.kvEventsEndpoint === undefined && input.kvEventsHwm !== kvEventsDefaults.kvEventsHwm) {
+    issues.push({ flag: "kv-events-hwm", message: "applies to the PUB: give --kv-events-endpoint too" })
+  }
   if (input.kvEventsReplayEndpoint !== undefined) {
     address("kv-events-replay-endpoint", input.kvEventsReplayEndpoint)
     if (input.kvEventsEndpoint === undefined) issues.push({ flag: "kv-events-replay-endpoint", message: "needs --kv-events-endpoint (it replays that PUB's batches)" })
