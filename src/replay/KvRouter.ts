@@ -11,7 +11,7 @@
  */
 import { Effect, Stream } from "effect"
 import { chunkHashes, hashHex } from "../services/kv/TokenHasher.ts"
-import { subscribeKvIndexUpdates } from "../services/client/KvEventSubscriber.ts"
+import { makeKvIndex, subscribeKvIndexUpdates } from "../services/client/KvEventSubscriber.ts"
 import type { DealerCurve } from "../services/zmq/Sockets.ts"
 import { getJson } from "./internal/ServerHttp.ts"
 import type { ReplayError } from "./ReplayOptions.ts"
@@ -43,23 +43,13 @@ export const makeKvRouter = (
   curve: DealerCurve | undefined
 ) =>
   Effect.gen(function*() {
-    // Per server, the chunk hashes (hex) it holds in CPU, as its stream said.
-    const sets = places.map(() => new Set<string>())
+    // Per server, the chunks it holds as its stream said (mpcache/client's index; the router reads CPU).
+    const indexes = places.map(() => makeKvIndex())
     yield* Effect.forEach(places, (p, i) =>
       Effect.forkScoped(
         Stream.runForEach(
           subscribeKvIndexUpdates({ endpoint: p.endpoint, replayEndpoint: p.replayEndpoint, ...(curve === undefined ? {} : { curve }) }),
-          (u) =>
-            Effect.sync(() => {
-              if (u._tag === "Reset") sets[i]!.clear()
-              else if (u.medium === "CPU") {
-                for (const h of u.hashes) {
-                  const k = typeof h === "bigint" || typeof h === "number" ? String(h) : hashHex(h)
-                  if (u._tag === "Stored") sets[i]!.add(k)
-                  else sets[i]!.delete(k)
-                }
-              }
-            })
+          (u) => Effect.sync(() => indexes[i]!.apply(u))
         ).pipe(Effect.ignore)
       ), { discard: true })
     // Requests sent to each server so far: the last tie-break, so new conversations spread over the servers.
@@ -68,9 +58,9 @@ export const makeKvRouter = (
       const hashes = chunkHashes(tokensFor(r.hashIds, r.inputLength), chunk).map(hashHex)
       let best = 0
       let bestPrefix = -1
-      for (let i = 0; i < sets.length; i++) {
+      for (let i = 0; i < indexes.length; i++) {
         let n = 0
-        while (n < hashes.length && sets[i]!.has(hashes[n]!)) n++
+        while (n < hashes.length && indexes[i]!.has(hashes[n]!)) n++
         const better = n > bestPrefix ||
           (n === bestPrefix && (inflight[i]! < inflight[best]! || (inflight[i] === inflight[best] && sent[i]! < sent[best]!)))
         if (better) {
@@ -88,11 +78,11 @@ export const makeKvRouter = (
         for (;;) {
           const listing = yield* getJson(url, httpToken)
           const actual = new Set(((listing["chunks"] ?? []) as ReadonlyArray<{ readonly hash: string }>).map((c) => c.hash))
-          const view = sets[i]!
+          const view = indexes[i]!
           const missing = [...actual].filter((h) => !view.has(h)).length
-          const extra = [...view].filter((h) => !actual.has(h)).length
+          const extra = view.hashes().filter((h) => !actual.has(h)).length
           if ((missing === 0 && extra === 0) || Date.now() > deadline) {
-            return { server: i + 1, l1_chunks: actual.size, router_chunks: view.size, missing, extra } satisfies ReplayAudit
+            return { server: i + 1, l1_chunks: actual.size, router_chunks: view.size(), missing, extra } satisfies ReplayAudit
           }
           yield* Effect.sleep("200 millis") // a listing of a large L1 is not free
         }

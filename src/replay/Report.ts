@@ -3,34 +3,42 @@ import type { ReplaySummary } from "./Driver.ts"
 
 const pct = (x: number) => `${(100 * x).toFixed(2)}%`
 
+/** The index audit summed over the servers (kv-aware routing), or undefined without one. */
+const auditTotals = (s: ReplaySummary) =>
+  s.router.audit === null ? undefined : s.router.audit.reduce(
+    (t, a) => ({ missing: t.missing + a.missing, extra: t.extra + a.extra, l1Chunks: t.l1Chunks + a.l1_chunks }),
+    { missing: 0, extra: 0, l1Chunks: 0 }
+  )
+
 /** The figures that must be 0 (with kv-aware routing the index audit's too); the exit status is 1 when any is not. */
-export const mustBeZero = (s: ReplaySummary) => ({
-  leaked_contexts: s.leaked_contexts,
-  open_mappings_after_shutdown: s.open_mappings_after_shutdown,
-  data_mismatches: s.data_mismatches,
-  ...(s.router.audit === null ? {} : {
-    index_audit_missing: s.router.audit.reduce((n, a) => n + a.missing, 0),
-    index_audit_extra: s.router.audit.reduce((n, a) => n + a.extra, 0)
-  })
-})
+export const mustBeZero = (s: ReplaySummary) => {
+  const audit = auditTotals(s)
+  return {
+    leaked_contexts: s.leaked_contexts,
+    open_mappings_after_shutdown: s.open_mappings_after_shutdown,
+    data_mismatches: s.data_mismatches,
+    ...(audit === undefined ? {} : { index_audit_missing: audit.missing, index_audit_extra: audit.extra })
+  }
+}
 
 /** The routing line: the policy and, with kv-aware, the index audit summed over the servers (issue 28 item 6). */
 export const routerLine = (s: ReplaySummary): string => {
   const r = s.router
   const restarts = r.server_restarts === 0 ? "" : ` · ${r.server_restarts} server restart(s)`
-  if (r.audit === null) return `${r.policy}: each conversation's turns in turn over the servers${restarts}`
-  const sum = (k: "missing" | "extra" | "l1_chunks") => r.audit!.reduce((n, a) => n + a[k], 0)
+  const audit = auditTotals(s)
+  if (audit === undefined) return `${r.policy}: each conversation's turns in turn over the servers${restarts}`
   return `${r.policy}: each request to the server whose KV event stream holds its longest prefix${restarts} · index audit ` +
-    `${sum("l1_chunks")} chunks in L1, ${sum("missing")} missing, ${sum("extra")} extra`
+    `${audit.l1Chunks} chunks in L1, ${audit.missing} missing, ${audit.extra} extra`
 }
 
 /** The runs of one trace under each `--router` policy side by side, beside the perfect LRU of the combined capacity. */
 export const policyComparison = (runs: ReadonlyArray<ReplaySummary>): Array<string> => [
   `routers (same trace, same servers' capacity; perfect LRU of the combined capacity ${pct(runs[0]!.perfect_lru_combined_hit_ratio)}):`,
-  ...runs.map((s) =>
-    `  ${s.router.policy.padEnd(12)} hit ratio ${pct(s.hit_ratio)} (L1 ${pct(s.hit_ratio_l1)} · L2 ${pct(s.hit_ratio_l2)})` +
-    (s.router.audit === null ? "" : ` · audit ${s.router.audit.reduce((n, a) => n + a.missing, 0)} missing, ${s.router.audit.reduce((n, a) => n + a.extra, 0)} extra`)
-  )
+  ...runs.map((s) => {
+    const audit = auditTotals(s)
+    return `  ${s.router.policy.padEnd(12)} hit ratio ${pct(s.hit_ratio)} (L1 ${pct(s.hit_ratio_l1)} · L2 ${pct(s.hit_ratio_l2)})` +
+      (audit === undefined ? "" : ` · audit ${audit.missing} missing, ${audit.extra} extra`)
+  })
 ]
 
 export const formatSummary = (s: ReplaySummary): string => {

@@ -88,7 +88,7 @@ const stopServer = (child: ChildProcess) =>
     )
   })
 
-/** Starts `mpcache serve` as a child process for the life of the scope; with `keys`, CURVE on; with `kvAware`, its KV event sockets. */
+/** Starts `mpcache serve` as a child process for the life of the scope; with `keys`, CURVE on; with `o.router` kv-aware, its KV event sockets. */
 export const startOwnServer = (o: ReplayOptions, keys: RunKeys | undefined) =>
   Effect.gen(function*() {
     const base = join(tmpdir(), `mpcache-replay-${randomUUID()}`)

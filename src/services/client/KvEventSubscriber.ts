@@ -30,6 +30,10 @@ export interface KvIndex {
   readonly apply: (update: KvIndexUpdate) => void
   /** The hashes held in `medium` (default CPU), sorted. */
   readonly hashes: (medium?: string) => ReadonlyArray<string>
+  /** Whether `hash` (in the form `hashes` lists: hex, or decimal for an int hash) is held in `medium` (default CPU). */
+  readonly has: (hash: string, medium?: string) => boolean
+  /** How many hashes are held in `medium` (default CPU). */
+  readonly size: (medium?: string) => number
 }
 
 const keyOf = (h: ExternalBlockHash): string => (h instanceof Uint8Array ? Buffer.from(h).toString("hex") : String(h))
@@ -48,7 +52,9 @@ export const makeKvIndex = (): KvIndex => {
       else if (u._tag === "Stored") for (const h of u.hashes) of(u.medium).add(keyOf(h))
       else for (const h of u.hashes) of(u.medium).delete(keyOf(h))
     },
-    hashes: (medium = "CPU") => [...(held.get(medium) ?? [])].sort()
+    hashes: (medium = "CPU") => [...(held.get(medium) ?? [])].sort(),
+    has: (hash, medium = "CPU") => held.get(medium)?.has(hash) === true,
+    size: (medium = "CPU") => held.get(medium)?.size ?? 0
   }
 }
 
