@@ -36,7 +36,7 @@
  *   RETRIEVE or a prefetch takes is a scoped handle (internal/L1Handles.ts):
  *   released by whatever ends it, a defect or an interruption included.
  */
-import { Clock, Context, Duration, Effect, Exit, Fiber, Layer, Metric, Schedule, type Scope } from "effect"
+import { Clock, Context, Deferred, Duration, Effect, Exit, Fiber, Layer, Metric, Schedule, type Scope } from "effect"
 import { ServerConfig, type ServerConfigInput } from "./ServerConfig.ts"
 import type { CacheKey } from "../../schema/CacheKey.ts"
 import { EndSession, FreeLookupLocks, Lookup as LookupOp, QueryPrefetchStatus } from "../../schema/Op.ts"
@@ -197,11 +197,18 @@ export class Lookup extends Context.Service<Lookup, {
         Effect.scoped(Effect.gen(function*() {
           const ranks = rankCountOf(key)
           const keyAt = (i: number, j: number) => chunkKey(key, hashes, i, j)
+          // The GETs run side by side; chunk n is placed in L1 once chunk n - 1 is done (placed or not), so the
+          // CPU records go out parent first. The forEach starts chunks in order, so chunk 0 never waits.
+          const done = yield* Effect.forEach(Array.from({ length: count }), () => Deferred.make<void>())
           const fetched = yield* Effect.forEach(
-            Array.from({ length: count }, (_, n) => from + n),
-            (i) => {
+            Array.from({ length: count }, (_, n) => n),
+            (n) => {
+              const i = from + n
               const origin = originOf(key.token_ids, chunk, i, hashes)
-              return Effect.forEach(Array.from({ length: ranks }, (_, j) => keyAt(i, j)), (k) => l2.fetch(k, layout, origin), { concurrency: "unbounded" })
+              const inTurn = n === 0 ? Effect.void : Deferred.await(done[n - 1]!)
+              return Effect.forEach(Array.from({ length: ranks }, (_, j) => keyAt(i, j)), (k) => l2.fetch(k, layout, origin, inTurn), {
+                concurrency: "unbounded"
+              }).pipe(Effect.ensuring(Deferred.succeed(done[n]!, undefined)))
             },
             { concurrency: 8 }
           )

@@ -47,12 +47,14 @@ export interface MemoryL2 {
   readonly values: Map<string, Uint8Array>
   down: boolean
   delayMs: number
+  /** A GET of a key listed here answers this late instead (ms, Clock time): replies that arrive out of order. */
+  readonly getDelayMs: Map<string, number>
   /** Every command run, in order (`GET key`, …), so tests can see what was asked. */
   readonly log: Array<string>
 }
 
 /** A fresh in-memory store state: empty, up, no delay. */
-export const makeMemoryL2 = (): MemoryL2 => ({ values: new Map(), down: false, delayMs: 0, log: [] })
+export const makeMemoryL2 = (): MemoryL2 => ({ values: new Map(), down: false, delayMs: 0, getDelayMs: new Map(), log: [] })
 
 /** Fails with L2Error(timeout) when `effect` does not end within `timeoutMs`; shared by every layer. */
 export const withTimeout = <A>(op: string, timeoutMs: number, effect: Effect.Effect<A, L2Error>): Effect.Effect<A, L2Error> =>
@@ -66,20 +68,20 @@ export const withTimeout = <A>(op: string, timeoutMs: number, effect: Effect.Eff
 const DOWN = "connection refused (in-memory store is down)"
 
 const memoryStore = (m: MemoryL2): L2Store["Service"] => {
-  const run = <A>(op: string, what: string, timeoutMs: number, f: () => A) =>
+  const run = <A>(op: string, what: string, timeoutMs: number, f: () => A, delayMs = m.delayMs) =>
     withTimeout(
       op,
       timeoutMs,
       Effect.gen(function*() {
         m.log.push(what)
-        if (m.delayMs > 0) yield* Effect.sleep(Duration.millis(m.delayMs))
+        if (delayMs > 0) yield* Effect.sleep(Duration.millis(delayMs))
         if (m.down) return yield* new L2Error({ op, reason: "failed", message: DOWN })
         return f()
       })
     )
   return {
     exists: (keys, t) => run("EXISTS", `EXISTS ${keys.length}`, t, () => keys.map((k) => m.values.has(k))),
-    get: (key, t) => run("GET", `GET ${key}`, t, () => m.values.get(key)),
+    get: (key, t) => run("GET", `GET ${key}`, t, () => m.values.get(key), m.getDelayMs.get(key) ?? m.delayMs),
     setNx: (key, value, _ttl, t) =>
       run("SET", `SET ${key}`, t, () => {
         if (m.values.has(key)) return false

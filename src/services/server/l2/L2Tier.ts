@@ -100,9 +100,17 @@ export interface L2TierShape {
    * then locked: a fetch interrupted or dead at any step leaves nothing
    * reserved). Undefined (nothing held) when absent, corrupt or (with a
    * secret) without a valid MAC (deleted, counted), failed, past
-   * `--l2-transfer-timeout-ms`, or L1 has no room.
+   * `--l2-transfer-timeout-ms`, or L1 has no room. `inTurn`, when given, is
+   * awaited between the GET and the L1 reservation: a caller fetching a
+   * prompt's chunks side by side commits (and so announces, docs/kv-events.md)
+   * them in prompt order, a parent before its child.
    */
-  readonly fetch: (key: ObjectKey, layout: KvLayout, origin?: OriginOf) => Effect.Effect<ReadLock | undefined, never, Scope.Scope>
+  readonly fetch: (
+    key: ObjectKey,
+    layout: KvLayout,
+    origin?: OriginOf,
+    inTurn?: Effect.Effect<void>
+  ) => Effect.Effect<ReadLock | undefined, never, Scope.Scope>
   readonly status: () => L2Status | null
 }
 
@@ -274,7 +282,7 @@ const makeTier = (
         return n
       })
 
-    const fetch = (key: ObjectKey, layout: KvLayout, origin?: OriginOf) =>
+    const fetch = (key: ObjectKey, layout: KvLayout, origin?: OriginOf, inTurn: Effect.Effect<void> = Effect.void) =>
       Effect.gen(function*() {
         const cached = yield* L1Handles.readLock(l1, key)
         if (cached !== undefined) return cached
@@ -305,6 +313,7 @@ const makeTier = (
           events?.deleted(key, l1.saltGroupOf(key.cacheSalt))
           return undefined
         }
+        yield* inTurn
         // The reservation lives in a scope of its own: aborted unless committed, whatever ends the fill.
         const placed = yield* Effect.scoped(Effect.gen(function*() {
           const r = yield* L1Handles.reserve(l1, key, layout.chunkBytes, origin)

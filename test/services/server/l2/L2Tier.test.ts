@@ -424,6 +424,34 @@ describe("KV events from L2 (issue 28 item 2)", () => {
     }).pipe(Effect.provide(envOf(memory)))
   })
 
+  it.effect("GET replies that arrive out of order are placed in prompt order: each chunk's CPU record after its parent's", () => {
+    const memory = makeMemoryL2()
+    return Effect.gen(function*() {
+      yield* (yield* LayoutRegistry).register("m", 2, layout)
+      const lookup = yield* Lookup
+      const l1 = yield* L1Store
+      for (const c of [0, 1, 2, 3]) for (const r of [0, 1]) putL2(memory, c, r)
+      // Chunk 0's replies come last, chunk 3's first, chunk 1's rank 1 after its rank 0.
+      const late = (c: number, r: number, ms: number) => memory.getDelayMs.set(l2KeyOf("mpc", fp, keysOf(r)[c]!), ms)
+      late(0, 0, 40), late(0, 1, 40), late(1, 0, 20), late(1, 1, 30), late(2, 0, 10), late(2, 1, 10), late(3, 0, 1), late(3, 1, 1)
+      const looking = yield* Effect.forkChild(lookup.lookup(cacheKey()))
+      yield* TestClock.adjust("1 millis") // EXISTS; chunk 3's replies are in, held until chunk 2 is placed
+      yield* Fiber.join(looking)
+      yield* TestClock.adjust("30 millis")
+      assert.deepStrictEqual(yield* records, [])
+      assert.strictEqual(l1.stats().objects, 0)
+      yield* TestClock.adjust("10 millis")
+      assert.strictEqual(yield* prefetched("req-1"), 4)
+      assert.deepStrictEqual(yield* records, [
+        [1, "stored", "CPU", [0], [100, 101, 102, 103], null],
+        [2, "stored", "CPU", [1], [104, 105, 106, 107], 0],
+        [3, "stored", "CPU", [2], [108, 109, 110, 111], 1],
+        [4, "stored", "CPU", [3], [112, 113, 114, 115], 2]
+      ])
+      assert.deepInclude(l1.stats(), { objects: 8, lockedObjects: 8 })
+    }).pipe(Effect.provide(envOf(memory)))
+  })
+
   it.effect("a value found corrupt is removed from STORAGE; the chunks fetched into L1 before it are stored in CPU", () => {
     const memory = makeMemoryL2()
     return Effect.gen(function*() {
