@@ -4,7 +4,8 @@
  * `--kv-events-replay-endpoint`, a ROUTER answering a missed sequence number with every buffered batch from it on
  * and vLLM's end marker.
  *
- * - One fiber drains the log as records arrive (the log opens a latch on each append): up to
+ * - The drain reads the log on the turn after an append (each append wakes it), at most once per
+ *   {@link MIN_BATCH_INTERVAL_MS}: up to
  *   {@link BATCH_RECORDS} records a batch, sequence numbers from 0 per server start. Batch 0 is
  *   `[AllBlocksCleared]`, so a vLLM consumer that saw an earlier run of this server drops it.
  * - A slow or dead subscriber never slows the server: the PUB never blocks (libzmq drops a subscriber's messages
@@ -20,7 +21,7 @@
  * - The replay ROUTER passes the routing-id door of the MQ server (internal/PeerAdmission.ts): a peer that claims
  *   a routing id the ROUTER will generate would make libzmq abort the process.
  */
-import { Effect, Layer, Metric, Option } from "effect"
+import { Effect, Layer, Metric, Option, Queue } from "effect"
 import type * as zmq from "zeromq"
 import { KV_EVENTS_ZAP_DOMAIN, Tenancy } from "../../auth/Tenancy.ts"
 import { byLabel, fromStart } from "../../metrics/Series.ts"
@@ -34,6 +35,8 @@ import { KvEvents } from "./KvEvents.ts"
 
 /** Records one batch carries at most. */
 export const BATCH_RECORDS = 1024
+/** The drain runs at most once per this many milliseconds (the batches' rate is bounded, their latency too). */
+export const MIN_BATCH_INTERVAL_MS = 5
 /** Batches the replay buffer keeps (vLLM's `buffer_steps` default). */
 export const REPLAY_BATCHES = 10_000
 /** Bytes of payload the replay buffer keeps at most; the oldest batches go first. */
@@ -65,12 +68,6 @@ const droppedTotal = Metric.counter("mpcache_kv_event_publisher_drops_total", {
   incremental: true
 })
 const dropped = byLabel(droppedTotal, "reason", ["log_overflow", "replay_cut", "malformed_replay"])
-
-/** Resumes after the event loop's pending I/O callbacks (setImmediate). */
-const nextTurn = Effect.callback<void>((resume) => {
-  const t = setImmediate(() => resume(Effect.void))
-  return Effect.sync(() => clearImmediate(t))
-})
 
 /** The publisher's `/api/status` figures (inside `kv_events.publisher`). */
 export interface KvEventPublisherStatus {
@@ -135,58 +132,108 @@ export const KvEventPublisherLive = Layer.effectDiscard(Effect.gen(function*() {
   let nextSeq = 0
   const counts = { published: 0, replays: 0, replayBatches: 0, cut: 0, malformed: 0, overflows: 0 }
 
-  const publish = (batch: ReadonlyArray<VllmKvEvent>) =>
-    Effect.gen(function*() {
-      const seq = nextSeq++
-      const payload = encodeKvEventBatch(Date.now() / 1000, batch)
-      buffer.push({ seq, payload })
-      bufferBytes += payload.length
-      while (buffer.length > REPLAY_BATCHES || (bufferBytes > REPLAY_BYTES && buffer.length > 1)) bufferBytes -= buffer.shift()!.payload.length
-      if (pub === undefined) return
-      // PUB never blocks: past a subscriber's HWM libzmq drops its copy. One send at a time (zeromq.js: EBUSY).
-      yield* Effect.tryPromise(() => pub.send([topic, seqFrame(seq), payload])).pipe(
-        Effect.catch((e) => Effect.logWarning(`KV events: the PUB refused batch ${seq}: ${String(e.cause)}`))
-      )
-      counts.published++
-      yield* Metric.update(batchesTotal, 1)
-    })
+  // The drain is plain JavaScript on the event loop, not a fiber: it runs once per turn in which records were
+  // appended (a fiber's wake-up, latch and promise per STORE cost more than the batch's encoding; bench:events).
+  // Metrics are updated with the layer's services; a refused send is told by the warning fiber below.
+  const services = yield* Effect.context<never>()
+  const warnings = yield* Queue.unbounded<string>()
+  yield* Queue.take(warnings).pipe(Effect.flatMap((w) => Effect.logWarning(w)), Effect.forever, Effect.forkScoped)
 
-  // The drain: wakes on each append, reads what is new, publishes it.
-  const drain = Effect.gen(function*() {
-    let cursor = 0
-    if (pub !== undefined) yield* publish([{ _tag: "AllBlocksCleared" }])
-    while (true) {
-      yield* events.appended.await
-      // Once per event-loop turn, after its I/O: the request that appended answers first, and what the turn's other
-      // requests append goes out in the same batch.
-      yield* nextTurn
-      events.appended.closeUnsafe()
-      while (cursor < log.newestSeq()) {
-        const read = log.read({ cursor, maxEvents: BATCH_RECORDS })
-        cursor = read.nextCursor
-        const batch: Array<VllmKvEvent> = []
-        if (read.lost) {
-          counts.overflows++
-          yield* Metric.update(dropped.log_overflow, 1)
-          batch.push({ _tag: "AllBlocksCleared" })
-        }
-        // Counted per (kind, medium) here and added once a batch: a metric update per record would cost more
-        // than the record's encoding.
-        const counted = { stored: { CPU: 0, STORAGE: 0 }, removed: { CPU: 0, STORAGE: 0 } }
-        for (const r of read.records) {
-          counted[r.kind][r.medium]++
-          batch.push(eventOf(r, config.chunkSizeTokens))
-        }
-        for (const kind of ["stored", "removed"] as const) {
-          for (const medium of ["CPU", "STORAGE"] as const) {
-            if (counted[kind][medium] > 0) yield* Metric.update(records[kind][medium], counted[kind][medium])
-          }
-        }
-        if (pub !== undefined && batch.length > 0) yield* publish(batch)
-      }
+  // One send in flight at a time (zeromq.js: EBUSY); PUB never blocks: past a subscriber's HWM libzmq drops its copy.
+  const outgoing: Array<{ readonly seq: number; readonly payload: Buffer }> = []
+  let sending = false
+  const pump = (): void => {
+    const next = pub === undefined || sending ? undefined : outgoing.shift()
+    if (next === undefined) return
+    sending = true
+    const settled = (error?: unknown) => {
+      sending = false
+      if (error === undefined) {
+        counts.published++
+        batchesTotal.updateUnsafe(1, services)
+      } else Queue.offerUnsafe(warnings, `KV events: the PUB refused batch ${next.seq}: ${String(error)}`)
+      pump()
     }
-  })
-  yield* Effect.forkScoped(drain)
+    try {
+      pub!.send([topic, seqFrame(next.seq), next.payload]).then(() => settled(), settled)
+    } catch (e) {
+      settled(e)
+    }
+  }
+
+  const publish = (batch: ReadonlyArray<VllmKvEvent>): void => {
+    const seq = nextSeq++
+    const payload = encodeKvEventBatch(Date.now() / 1000, batch)
+    buffer.push({ seq, payload })
+    bufferBytes += payload.length
+    while (buffer.length > REPLAY_BATCHES || (bufferBytes > REPLAY_BYTES && buffer.length > 1)) bufferBytes -= buffer.shift()!.payload.length
+    outgoing.push({ seq, payload })
+    pump()
+  }
+
+  let cursor = 0
+  /** Reads what is new since `cursor` and publishes it, up to BATCH_RECORDS records a batch. */
+  const drainNow = (): void => {
+    while (cursor < log.newestSeq()) {
+      const read = log.read({ cursor, maxEvents: BATCH_RECORDS })
+      cursor = read.nextCursor
+      const batch: Array<VllmKvEvent> = []
+      if (read.lost) {
+        counts.overflows++
+        dropped.log_overflow.updateUnsafe(1, services)
+        batch.push({ _tag: "AllBlocksCleared" })
+      }
+      // Counted per (kind, medium) here and added once a batch: a metric update per record would cost more than
+      // the record's encoding.
+      const counted = { stored: { CPU: 0, STORAGE: 0 }, removed: { CPU: 0, STORAGE: 0 } }
+      for (const r of read.records) {
+        counted[r.kind][r.medium]++
+        batch.push(eventOf(r, config.chunkSizeTokens))
+      }
+      for (const kind of ["stored", "removed"] as const) {
+        for (const medium of ["CPU", "STORAGE"] as const) {
+          if (counted[kind][medium] > 0) records[kind][medium].updateUnsafe(counted[kind][medium], services)
+        }
+      }
+      if (pub !== undefined && batch.length > 0) publish(batch)
+    }
+  }
+
+  // Woken by each append. It runs after the turn's I/O (setImmediate: the request that appended answers first,
+  // and what the turn's other requests append goes out in the same batch), and at most once per
+  // MIN_BATCH_INTERVAL_MS: a burst of small STOREs goes out in a few batches, not one a STORE (each batch is a
+  // message every subscriber wakes for, as vLLM's one a step is), while a lone record waits one turn.
+  let scheduled: { readonly cancel: () => void } | undefined
+  let lastDrain = -Infinity
+  const turn = () => {
+    scheduled = undefined
+    lastDrain = performance.now()
+    drainNow()
+  }
+  const wake = () => {
+    if (scheduled !== undefined) return
+    const wait = lastDrain + MIN_BATCH_INTERVAL_MS - performance.now()
+    if (wait <= 0) {
+      const t = setImmediate(turn)
+      scheduled = { cancel: () => clearImmediate(t) }
+    } else {
+      const t = setTimeout(turn, wait)
+      scheduled = { cancel: () => clearTimeout(t) }
+    }
+  }
+  yield* Effect.acquireRelease(
+    Effect.sync(() => {
+      if (pub !== undefined) publish([{ _tag: "AllBlocksCleared" }])
+      events.wake.current = wake
+      drainNow()
+    }),
+    () =>
+      Effect.sync(() => {
+        events.wake.current = () => {}
+        scheduled?.cancel()
+        scheduled = undefined
+      })
+  )
 
   let replayEndpoint: string | null = null
   if (pub !== undefined && config.kvEventsReplayEndpoint !== undefined) {

@@ -7,7 +7,7 @@
  * SYNC lane) and the `kv_events` block of `/api/status`.
  */
 import { randomInt } from "node:crypto"
-import { Context, Effect, Latch, Layer, Metric } from "effect"
+import { Context, Effect, Layer, Metric } from "effect"
 import { KvEventPollResult, PollKvEvents } from "../../../schema/Op.ts"
 import { RequestSaltGroup } from "../../liveness/InstanceOwner.ts"
 import { row, type ServerModule } from "../Handler.ts"
@@ -22,8 +22,8 @@ export class KvEvents extends Context.Service<KvEvents, {
   readonly log: KvEventLog
   readonly l1: L1EventSink | undefined
   readonly l2: L2EventSink | undefined
-  /** Opened by every append: the publisher's drain waits on it (KvEventPublisher.ts). */
-  readonly appended: Latch.Latch
+  /** Called by every append: the publisher's drain sets it (KvEventPublisher.ts); a no-op without one. */
+  readonly wake: { current: () => void }
   /**
    * The publisher's status for `kv_events.publisher` (null: no PUB). A slot, not a service: the publisher binds
    * after the MQ server (its ZAP handler first), long after this module's status is assembled.
@@ -32,13 +32,13 @@ export class KvEvents extends Context.Service<KvEvents, {
 }>()("mpcache/services/server/KvEvents") {
   /** A log of `capacity` records (0: off) with incarnation `incarnation` (default: drawn now). */
   static readonly make = (capacity: number, incarnation: number = randomInt(1, 2 ** 47)) => {
-    const appended = Latch.makeUnsafe(false)
-    const log = makeKvEventLog({ capacity, incarnation, onAppend: () => appended.openUnsafe() })
+    const wake = { current: () => {} }
+    const log = makeKvEventLog({ capacity, incarnation, onAppend: () => wake.current() })
     return {
       log,
       l1: log.enabled ? makeL1EventSink(log) : undefined,
       l2: log.enabled ? makeL2EventSink(log) : undefined,
-      appended,
+      wake,
       publisherStatus: { current: () => null }
     }
   }
