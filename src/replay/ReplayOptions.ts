@@ -52,6 +52,8 @@ export interface ReplayOptions {
   readonly pauseSeconds: number
   /** Our own server's `--worker-disconnect-grace-seconds`. */
   readonly disconnectGraceSeconds: number
+  /** Whether our own servers prefault their L1 pools (`--l1-prefault`, as serve's); absent: they do. */
+  readonly l1Prefault?: boolean | undefined
   readonly chunkSizeTokens: number
   readonly blockSizeTokens: number
   readonly heartbeatIntervalMs: number

@@ -146,10 +146,10 @@ describe("mpcache serve and the client commands", () => {
       assert.match(lines.at(-1)!, /INFO \(#\d+\): stopped: in-flight requests drained and every resource released in \d+ ms$/)
     })))
 
-  it.live("status --json prints /api/status from the HTTP frontend", () =>
+  it.live("status --json prints /api/status from the HTTP frontend; the L1 pool's prefault ends with every byte touched", () =>
     Effect.scoped(Effect.gen(function*() {
       const endpoint = ipcEndpoint()
-      const server = yield* startCli(["serve", "--endpoint", endpoint, "--http-port", "0", "--log-format", "json"])
+      const server = yield* startCli(["serve", "--endpoint", endpoint, "--http-port", "0", "--log-format", "json", "--l1-size-gb", "0.25", "--l1-prefault"])
       const [, port] = yield* server.waitForStderr(/HTTP frontend listening on http:\/\/127\.0\.0\.1:(\d+)/)
       const status = yield* runCli(["status", "--http-port", port!, "--json"])
       assert.strictEqual(status.code, 0)
@@ -162,6 +162,9 @@ describe("mpcache serve and the client commands", () => {
         normal: { workers: 4, queued: 0 },
         affinity: { lanes: 4, queued: [0, 0, 0, 0], pinnedPeers: 0 }
       })
+      // The prefault runs in the background from the start (--l1-prefault): it ends with the whole pool touched.
+      const { l1 } = yield* eventually(statusOf(Number(port)), (d) => d.l1.prefaulted_bytes === d.l1.capacity_bytes, 30_000)
+      assert.deepStrictEqual([l1.capacity_bytes, l1.prefaulted_bytes], [0.25 * 2 ** 30, 0.25 * 2 ** 30])
       const sigint = yield* server.stop("SIGINT")
       assert.deepStrictEqual(sigint, { code: 0, signal: null })
     })))

@@ -22,7 +22,8 @@ const replay = (args: ReadonlyArray<string>, env: Record<string, string> = {}) =
 describe("mpcache replay", () => {
   it.live("the first 200 conversation requests with 2 workers: 0 mismatches, 0 leaked, hit ratio within 2 points of a perfect LRU", () =>
     Effect.gen(function*() {
-      const r = yield* replay(["--requests", "200", "--workers", "2", "--max-rate"])
+      // The replay's own server prefaults its L1 here, as by default (the other tests' skip it: test/support/Cli.ts).
+      const r = yield* replay(["--requests", "200", "--workers", "2", "--max-rate", "--l1-prefault"])
       assert.strictEqual(r.code, 0, r.stderr.slice(-3000))
       const s = r.summary!
       assert.strictEqual(s.requests, 200)

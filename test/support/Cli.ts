@@ -19,9 +19,17 @@ export const CLI = fileURLToPath(new URL("../../build/cli/bin/mpcache.mjs", impo
  */
 export const SERVE_ENTRY = fileURLToPath(new URL("../../build/cli/bin/serve.mjs", import.meta.url))
 
-/** The node argv of `mpcache ...args`: `serve` through its own launcher (what `npm start` runs), every other command through {@link CLI}. */
-export const cliArgv = (args: ReadonlyArray<string>): Array<string> =>
-  args[0] === "serve" ? [SERVE_ENTRY, ...args.slice(1)] : [CLI, ...args]
+/**
+ * The node argv of `mpcache ...args`: `serve` through its own launcher (what `npm start` runs), every other command
+ * through {@link CLI}. A test's server, and a test's replay's own servers, skip the L1 prefault unless the test
+ * names `--l1-prefault` or `--no-l1-prefault` itself: touching the default 1 GiB pool costs 0.65 s of CPU a
+ * server, and the suite starts 160 of them; test/e2e/cli.test.ts's "status --json" runs one with the prefault and
+ * waits for it to end, test/e2e/replay.test.ts's first replay keeps it.
+ */
+export const cliArgv = (args: ReadonlyArray<string>): Array<string> => {
+  const prefault = args[0] === "serve" || args[0] === "replay" ? (args.some((a) => /^--(no-)?l1-prefault$/.test(a)) ? [] : ["--no-l1-prefault"]) : []
+  return args[0] === "serve" ? [SERVE_ENTRY, ...args.slice(1), ...prefault] : [CLI, ...args, ...prefault]
+}
 
 export interface CliResult {
   readonly code: number | null

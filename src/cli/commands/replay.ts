@@ -60,6 +60,7 @@ const DEFAULTS = {
   httpUrl: "http://127.0.0.1:8080",
   pauseSeconds: 3,
   disconnectGraceSeconds: 2,
+  l1Prefault: true,
   chunkSize: 256
 } as const
 
@@ -155,6 +156,10 @@ const flags = {
     Flag.withDefault(DEFAULTS.disconnectGraceSeconds),
     Flag.filter((n) => n > 0, (n) => `must be above 0 (got ${n})`)
   ),
+  l1Prefault: Flag.Boolean("l1-prefault").pipe(
+    Flag.withDescription(F.described("Prefault the L1 pools of the replay's own servers at their start, as mpcache serve does (--no-l1-prefault to skip)", DEFAULTS.l1Prefault)),
+    Flag.withDefault(DEFAULTS.l1Prefault)
+  ),
   chunkSize: Flag.Int("chunk-size").pipe(
     Flag.withDescription(F.described(`Chunk size of the replay's own server, tokens, 1 to ${MAX_CHUNK_SIZE_TOKENS}`, DEFAULTS.chunkSize)),
     Flag.withDefault(DEFAULTS.chunkSize),
@@ -201,6 +206,7 @@ export const replay = Command.make("replay", flags, (f) =>
       pauseEverySeconds: Option.getOrUndefined(f.pauseEvery),
       pauseSeconds: f.pauseSeconds,
       disconnectGraceSeconds: f.disconnectGrace,
+      l1Prefault: f.l1Prefault,
       chunkSizeTokens: f.chunkSize,
       blockSizeTokens: 16,
       heartbeatIntervalMs: 2_000,

@@ -49,6 +49,7 @@ const spawnServer = (o: ReplayOptions, keys: RunKeys | undefined, endpoint: stri
       String(o.l1SizeGb),
       "--worker-disconnect-grace-seconds",
       String(o.disconnectGraceSeconds),
+      ...(o.l1Prefault === false ? ["--no-l1-prefault"] : []),
       ...(o.l2Url === undefined ? [] : ["--l2-url", o.l2Url]),
       ...(o.l2Url === undefined || o.l2LookupTimeoutMs === undefined ? [] : ["--l2-lookup-timeout-ms", String(o.l2LookupTimeoutMs)]),
       ...(o.l2Url === undefined || o.l2KeyPrefix === undefined ? [] : ["--l2-key-prefix", o.l2KeyPrefix]),
