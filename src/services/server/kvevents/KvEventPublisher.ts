@@ -31,6 +31,7 @@ import { makePeerAdmission } from "../internal/PeerAdmission.ts"
 import { MqServer } from "../MqServer.ts"
 import { ServerConfig } from "../ServerConfig.ts"
 import type { KvEventRecord } from "./KvEventLog.ts"
+import { makeDrainSchedule } from "./DrainSchedule.ts"
 import { KvEvents } from "./KvEvents.ts"
 
 /** Records one batch carries at most. */
@@ -199,39 +200,18 @@ export const KvEventPublisherLive = Layer.effectDiscard(Effect.gen(function*() {
     }
   }
 
-  // Woken by each append. It runs after the turn's I/O (setImmediate: the request that appended answers first,
-  // and what the turn's other requests append goes out in the same batch), and at most once per
-  // MIN_BATCH_INTERVAL_MS: a burst of small STOREs goes out in a few batches, not one a STORE (each batch is a
-  // message every subscriber wakes for, as vLLM's one a step is), while a lone record waits one turn.
-  let scheduled: { readonly cancel: () => void } | undefined
-  let lastDrain = -Infinity
-  const turn = () => {
-    scheduled = undefined
-    lastDrain = performance.now()
-    drainNow()
-  }
-  const wake = () => {
-    if (scheduled !== undefined) return
-    const wait = lastDrain + MIN_BATCH_INTERVAL_MS - performance.now()
-    if (wait <= 0) {
-      const t = setImmediate(turn)
-      scheduled = { cancel: () => clearImmediate(t) }
-    } else {
-      const t = setTimeout(turn, wait)
-      scheduled = { cancel: () => clearTimeout(t) }
-    }
-  }
+  // Woken by each append; run on the next turn, at most once per MIN_BATCH_INTERVAL_MS (DrainSchedule.ts).
+  const schedule = makeDrainSchedule(drainNow, MIN_BATCH_INTERVAL_MS)
   yield* Effect.acquireRelease(
     Effect.sync(() => {
       if (pub !== undefined) publish([{ _tag: "AllBlocksCleared" }])
-      events.wake.current = wake
+      events.wake.current = schedule.wake
       drainNow()
     }),
     () =>
       Effect.sync(() => {
         events.wake.current = () => {}
-        scheduled?.cancel()
-        scheduled = undefined
+        schedule.cancel()
       })
   )
 
