@@ -133,9 +133,9 @@ export const KvEventPublisherLive = Layer.effectDiscard(Effect.gen(function*() {
   let nextSeq = 0
   const counts = { published: 0, replays: 0, replayBatches: 0, cut: 0, malformed: 0, overflows: 0 }
 
-  // The drain is plain JavaScript on the event loop, not a fiber: it runs once per turn in which records were
-  // appended (a fiber's wake-up, latch and promise per STORE cost more than the batch's encoding; bench:events).
-  // Metrics are updated with the layer's services; a refused send is told by the warning fiber below.
+  // The drain is plain JavaScript on the event loop, not a fiber (a fiber's wake-up, latch and promise per STORE
+  // cost more than the batch's encoding; bench:events), run by DrainSchedule.ts. Metrics are updated with the
+  // layer's services; a refused send or a failed drain is told by the warning fiber below.
   const services = yield* Effect.context<never>()
   const warnings = yield* Queue.unbounded<string>()
   yield* Queue.take(warnings).pipe(Effect.flatMap((w) => Effect.logWarning(w)), Effect.forever, Effect.forkScoped)
@@ -200,8 +200,22 @@ export const KvEventPublisherLive = Layer.effectDiscard(Effect.gen(function*() {
     }
   }
 
-  // Woken by each append; run on the next turn, at most once per MIN_BATCH_INTERVAL_MS (DrainSchedule.ts).
-  const schedule = makeDrainSchedule(drainNow, MIN_BATCH_INTERVAL_MS)
+  // Woken by each append; run on the next turn, at most once per MIN_BATCH_INTERVAL_MS (DrainSchedule.ts). A
+  // drain that throws (a defect) is told and the server goes on (an exception in a timer would end the process);
+  // what it read is lost, so subscribers get AllBlocksCleared, as for records the log dropped.
+  const drainSafely = () => {
+    try {
+      drainNow()
+    } catch (e) {
+      Queue.offerUnsafe(warnings, `KV events: the drain failed (subscribers are sent AllBlocksCleared): ${String(e)}`)
+      try {
+        if (pub !== undefined) publish([{ _tag: "AllBlocksCleared" }])
+      } catch {
+        // Nothing more to do: the next drain publishes what follows.
+      }
+    }
+  }
+  const schedule = makeDrainSchedule(drainSafely, MIN_BATCH_INTERVAL_MS)
   yield* Effect.acquireRelease(
     Effect.sync(() => {
       if (pub !== undefined) publish([{ _tag: "AllBlocksCleared" }])
