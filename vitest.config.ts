@@ -1,5 +1,6 @@
 import { availableParallelism } from "node:os"
 import { configDefaults, defineConfig } from "vitest/config"
+import SlowFilesFirst from "./test/support/SlowFilesFirst.ts"
 import { PROCESS_INCLUDE, QUICK_EXCLUDE, QUICK_INCLUDE } from "./vitest.sets.ts"
 
 export default defineConfig({
@@ -15,6 +16,8 @@ export default defineConfig({
     // A test that binds a port it rebinds or keeps closed takes it below the ephemeral range (test/support/QuietPort.ts),
     // and no assertion reads a machine-wide figure, so files do not disturb each other.
     maxWorkers: Math.min(availableParallelism() + 1, 8),
+    // The longest files start first, on a fresh clone too (test/support/SlowFilesFirst.ts).
+    sequence: { sequencer: SlowFilesFirst },
     // Two projects in one pool: the quick set (no child process) runs with workers shared between files, as
     // `npm run test:quick` does — a worker imports effect, zeromq and src once, not once a file (imports were
     // 15 % of the suite's time, spawning 164 workers another 55 s); the files that start processes stay
