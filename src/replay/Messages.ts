@@ -76,6 +76,11 @@ export interface Done {
   readonly storedChunks: number
   readonly retrievedBytes: number
   readonly storedBytes: number
+  /**
+   * Hit chunks of a RETRIEVE that brought nothing: `notSent`, the worker did not send it (degraded mode: its
+   * heartbeat had failed, WorkerAdapter.ts); `failed`, it was sent and failed or was answered false.
+   */
+  readonly unservedRetrieveChunks: { readonly notSent: number; readonly failed: number }
   /** Chunks whose retrieved bytes differ from what this worker computes for them. */
   readonly mismatchedChunks: ReadonlyArray<number>
   readonly retrieveMs: number

@@ -51,7 +51,20 @@ export interface ReplaySummary {
   readonly transfer_mode: TransferMode
   readonly model: string
   readonly chunk_size: number
-  readonly chunks: { readonly looked_up: number; readonly hit: number; readonly stored: number; readonly retrieved: number }
+  /**
+   * Chunk counts. Of the `hit` chunks, `retrieved` came back; `retrieve_not_sent` were not asked for because the
+   * worker was in degraded mode (its heartbeat had failed: it recomputes rather than wait, DESIGN §6), and
+   * `retrieve_failed` were asked for and did not come (a failed or refused RETRIEVE). hit = retrieved +
+   * retrieve_not_sent + retrieve_failed for the requests that finished.
+   */
+  readonly chunks: {
+    readonly looked_up: number
+    readonly hit: number
+    readonly stored: number
+    readonly retrieved: number
+    readonly retrieve_not_sent: number
+    readonly retrieve_failed: number
+  }
   readonly hit_ratio: number
   /**
    * Hit chunks by tier: `l2` is what the servers' LOOKUPs found in L2 past their L1 prefix (the delta of

@@ -49,7 +49,11 @@ export const formatSummary = (s: ReplaySummary): string => {
     `  requests          ${s.requests} (${s.failed_requests} failed, ${s.retried_requests} retried on another worker) in ${s.duration_seconds} s = ${s.requests_per_second} req/s`,
     `  workers           ${s.workers} · killed ${s.churn.killed} · paused ${s.churn.paused} · replaced ${s.churn.replaced}`,
     `  model             ${s.model}, chunk ${s.chunk_size} tokens, L1 ${s.l1_capacity_chunks} chunks, ${s.transfer_mode} transfers`,
-    `  chunks            looked up ${s.chunks.looked_up} · hit ${s.chunks.hit} · stored ${s.chunks.stored} · retrieved ${s.chunks.retrieved}`,
+    `  chunks            looked up ${s.chunks.looked_up} · hit ${s.chunks.hit} · stored ${s.chunks.stored} · retrieved ${s.chunks.retrieved}${
+      s.chunks.retrieve_not_sent + s.chunks.retrieve_failed > 0
+        ? ` (not retrieved: ${s.chunks.retrieve_not_sent} in degraded mode, ${s.chunks.retrieve_failed} failed)`
+        : ""
+    }`,
     `  hit ratio         ${pct(s.hit_ratio)} (a perfect LRU of the same capacity: ${pct(s.perfect_lru_hit_ratio)})`,
     ...(s.servers > 1 || s.l2_url !== null
       ? [

@@ -63,6 +63,8 @@ const doneMessage = (
     readonly hit: number
     readonly fullTokens: number
     readonly retrieveOk: boolean
+    /** Whether the worker was healthy (not in degraded mode) when it asked for the RETRIEVE. */
+    readonly healthyAtRetrieve: boolean
     readonly storeOk: boolean
     readonly mismatched: Set<number>
     readonly times: readonly [number, number, number, number]
@@ -71,6 +73,7 @@ const doneMessage = (
   }
 ): Done => {
   const retrievedChunks = o.retrieveOk ? o.hit / o.chunk : 0
+  const unserved = o.retrieveOk ? 0 : o.hit / o.chunk
   const storedChunks = o.fullTokens > o.hit && o.storeOk ? (o.fullTokens - o.hit) / o.chunk : 0
   const [t0, t1, t2, t3] = o.times
   return {
@@ -81,6 +84,7 @@ const doneMessage = (
     retrievedChunks,
     storedChunks,
     retrievedBytes: retrievedChunks * o.chunkBytes,
+    unservedRetrieveChunks: { notSent: o.healthyAtRetrieve ? 0 : unserved, failed: o.healthyAtRetrieve ? unserved : 0 },
     storedBytes: storedChunks * o.chunkBytes,
     mismatchedChunks: sortedMismatches(o.mismatched),
     retrieveMs: t1 - t0,
@@ -135,6 +139,7 @@ const lmcacheDriven = Effect.gen(function*() {
       let retrieveOk = true
       const mismatched = new Set<number>()
       const t0 = performance.now()
+      const healthyAtRetrieve = yield* worker.isHealthy
       if (hit > 0) {
         retrieveOk = yield* worker.retrieve({ requestId: r.requestId, tokenIds, start: 0, end: hit, blockIds: blockIds.slice(0, hit / bs) })
         if (retrieveOk) {
@@ -176,6 +181,7 @@ const lmcacheDriven = Effect.gen(function*() {
         hit,
         fullTokens,
         retrieveOk,
+        healthyAtRetrieve,
         storeOk,
         mismatched,
         times: [t0, t1, t2, t3],
@@ -228,6 +234,7 @@ const engineDriven = Effect.gen(function*() {
       let retrieveOk = true
       const mismatched = new Set<number>()
       const t0 = performance.now()
+      const healthyAtRetrieve = yield* worker.isHealthy
       if (hit > 0) {
         const got = yield* worker.retrieve({ requestId: r.requestId, tokenIds, start: 0, end: hit })
         retrieveOk = got.ok
@@ -260,6 +267,7 @@ const engineDriven = Effect.gen(function*() {
         hit,
         fullTokens,
         retrieveOk,
+        healthyAtRetrieve,
         storeOk,
         mismatched,
         times: [t0, t1, t2, t3],

@@ -32,7 +32,10 @@ describe("mpcache replay", () => {
       assert.strictEqual(s.leaked_contexts, 0)
       assert.strictEqual(s.open_mappings_after_shutdown, 0)
       assert.isAbove(s.chunks.hit, 0)
-      assert.strictEqual(s.chunks.retrieved, s.chunks.hit)
+      // Every hit chunk came back but those a worker in degraded mode did not ask for (a heartbeat timed out on a
+      // busy machine: it recomputes, DESIGN §6); none was asked for and lost.
+      assert.strictEqual(s.chunks.retrieve_failed, 0)
+      assert.strictEqual(s.chunks.retrieved + s.chunks.retrieve_not_sent, s.chunks.hit)
       assert.isAtMost(Math.abs(s.hit_ratio - s.perfect_lru_hit_ratio), 0.02)
     }), 120_000)
 
@@ -68,7 +71,10 @@ describe("mpcache replay", () => {
       assert.strictEqual(s.requests, 200)
       assert.strictEqual(s.failed_requests, 0)
       assert.isAbove(s.chunks.hit, 0)
-      assert.strictEqual(s.chunks.retrieved, s.chunks.hit)
+      // Every hit chunk came back but those a worker in degraded mode did not ask for (a heartbeat timed out on a
+      // busy machine: it recomputes, DESIGN §6); none was asked for and lost.
+      assert.strictEqual(s.chunks.retrieve_failed, 0)
+      assert.strictEqual(s.chunks.retrieved + s.chunks.retrieve_not_sent, s.chunks.hit)
     }), 120_000)
 
   it.live("--device cuda: workers keep their KV cache in (fake) device memory shared by CUDA IPC; every byte verified", () =>

@@ -28,6 +28,7 @@ const done = (over: Partial<Done>): Done => ({
     retrievedChunks: 0,
     storedBytes: 0,
     retrievedBytes: 0,
+    unservedRetrieveChunks: { notSent: 0, failed: 0 },
     storeMs: 0,
     retrieveMs: 0,
     computeMs: 1,
@@ -57,6 +58,16 @@ describe("replay Summary", () => {
     assert.strictEqual(t.lat.store.mean(), 5)
     assert.strictEqual(t.lat.retrieve.mean(), 3)
     assert.strictEqual(t.lat.compute.mean(), 1)
+  })
+
+  it("record counts the hit chunks of retrieves not sent (degraded mode) apart from those that failed", () => {
+    const t = new Tally()
+    t.record(request(0, [1, 2]), done({ retrieveOk: false, unservedRetrieveChunks: { notSent: 3, failed: 0 } }))
+    t.record(request(1, [1, 2]), done({ retrieveOk: false, unservedRetrieveChunks: { notSent: 0, failed: 2 } }))
+    t.record(request(2, [1, 2]), done({ retrievedChunks: 4, retrievedBytes: 4000, retrieveMs: 2 }))
+    assert.deepStrictEqual([t.retrieved, t.retrieveNotSent, t.retrieveFailed], [4, 3, 2])
+    // A retrieve that brought nothing adds no RETRIEVE latency.
+    assert.strictEqual(t.lat.retrieve.mean(), 2)
   })
 
   it("splits hits by tier, shares per server and compares with the perfect LRU of one and of the combined capacity", () => {

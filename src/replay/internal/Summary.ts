@@ -61,7 +61,14 @@ export const summarize = (t: Tally, i: SummaryInputs): { readonly summary: Repla
     transfer_mode: o.transferMode,
     model: o.model.name,
     chunk_size: chunk,
-    chunks: { looked_up: t.lookedUp, hit: t.hit, stored: t.stored, retrieved: t.retrieved },
+    chunks: {
+      looked_up: t.lookedUp,
+      hit: t.hit,
+      stored: t.stored,
+      retrieved: t.retrieved,
+      retrieve_not_sent: t.retrieveNotSent,
+      retrieve_failed: t.retrieveFailed
+    },
     hit_ratio: ratio(t.hit),
     hits_by_tier: { l1: t.hit - l2Total, l2: l2Total },
     hit_ratio_l1: ratio(t.hit - l2Total),

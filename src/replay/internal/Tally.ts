@@ -17,6 +17,9 @@ export class Tally {
   hit = 0
   stored = 0
   retrieved = 0
+  /** Hit chunks whose RETRIEVE the worker did not send (degraded mode), and those sent that failed. */
+  retrieveNotSent = 0
+  retrieveFailed = 0
   bytesStored = 0
   bytesRetrieved = 0
   killed = 0
@@ -31,6 +34,8 @@ export class Tally {
   record(r: TraceRequest, m: Done): void {
     this.stored += m.storedChunks
     this.retrieved += m.retrievedChunks
+    this.retrieveNotSent += m.unservedRetrieveChunks.notSent
+    this.retrieveFailed += m.unservedRetrieveChunks.failed
     this.bytesStored += m.storedBytes
     this.bytesRetrieved += m.retrievedBytes
     if (m.retrievedChunks > 0) this.lat.retrieve.add(m.retrieveMs)
