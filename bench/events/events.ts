@@ -18,7 +18,7 @@
  */
 import { type ChildProcess, fork } from "node:child_process"
 import { randomUUID } from "node:crypto"
-import { mkdtempSync, readFileSync, rmSync } from "node:fs"
+import { mkdtempSync, rmSync } from "node:fs"
 import { loadavg, tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -32,16 +32,15 @@ import { makePagedKvCache } from "../../src/services/client/PagedKvCache.ts"
 import { chunkHashes } from "../../src/services/kv/TokenHasher.ts"
 import { KvEvents } from "../../src/services/server/kvevents/KvEvents.ts"
 import { testServer } from "../../test/support/TestServer.ts"
-import { bundleServe } from "../../scripts/bundle-serve.mjs"
+import { bundleServe, LAUNCHER } from "../../scripts/bundle-serve.mjs"
 import { parseBenchArgs } from "../lib/args.ts"
 import { spawnReady, stopChild } from "../lib/children.ts"
+import { threadCpu } from "../lib/machine.ts"
 import { finishBench } from "../lib/outcome.ts"
 import { SERVE_FLAGS } from "../ping/serveFlags.ts"
 import { median } from "../lib/stats.ts"
 
 const HEADING = "## KV events (bench:events)"
-/** `npm start`'s entry: `node SERVE_ENTRY [flags]` is `mpcache serve [flags]`. */
-const SERVE_ENTRY = "build/cli/bin/serve.mjs"
 const args = parseBenchArgs({})
 const ROUNDS = args.quick === true ? 3 : args.full === true ? 9 : 5
 const STORES = args.quick === true ? 300 : args.full === true ? 2000 : 800
@@ -72,12 +71,10 @@ const stalledSubscriber = Effect.acquireRelease(
   (child) => Effect.sync(() => void child.kill("SIGKILL"))
 )
 
-/** Clock ticks a second for /proc's utime and stime (sysconf(_SC_CLK_TCK): 100 on Linux x86-64). */
-const CLOCK_TICKS = 100
-/** CPU time process `pid` has used, all its threads (utime + stime from /proc/PID/stat), clock ticks. */
-const cpuTicks = (pid: number): number => {
-  const fields = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ")
-  return Number(fields[11]) + Number(fields[12])
+/** CPU seconds process `pid`'s threads have used so far (bench/lib/machine.ts). */
+const cpuSeconds = (pid: number): number => {
+  const t = threadCpu(pid)
+  return t.js + t.other
 }
 
 /**
@@ -90,7 +87,7 @@ const servedStore = (on: boolean, endpoint: string) =>
       spawnReady(
         `mpcache serve (events ${on ? "on" : "off"})`,
         [
-          SERVE_ENTRY,
+          LAUNCHER,
           ...SERVE_FLAGS(endpoint),
           "--chunk-size",
           String(CHUNK),
@@ -139,10 +136,10 @@ const storeRate = (on: boolean) =>
         ])
       for (let n = 0; n < WARMUP; n++) yield* store(STORES + n) // the JIT and the pool warmed, not counted
       const started = performance.now()
-      const cpu0 = cpuTicks(server.pid!)
+      const cpu0 = cpuSeconds(server.pid!)
       for (let n = 0; n < STORES; n++) yield* store(n)
       const seconds = (performance.now() - started) / 1000
-      return { rate: STORES / seconds, serverCpuUs: (cpuTicks(server.pid!) - cpu0) * (1e6 / CLOCK_TICKS) / STORES }
+      return { rate: STORES / seconds, serverCpuUs: (cpuSeconds(server.pid!) - cpu0) * 1e6 / STORES }
     }).pipe(Effect.provide(MqClient.layer({ endpoint, requestTimeoutMs: 30_000 })))
   }).pipe(Effect.scoped)
 

@@ -25,6 +25,7 @@ import { decodeReplyHeader, encodeRequest, pack, unpack } from "../../src/schema
 import type { InstanceId } from "../../src/schema/InstanceId.ts"
 import { makeInstanceId } from "../../src/schema/InstanceId.ts"
 import { Ping, PingRegistered } from "../../src/schema/Op.ts"
+import { LAUNCHER } from "../../scripts/bundle-serve.mjs"
 import { startLineChild, stopChild } from "../lib/children.ts"
 import { int } from "../lib/format.ts"
 import { measuredDate, nodeAndCpu } from "../lib/machine.ts"
@@ -236,7 +237,7 @@ const summaryRows = (results: ReadonlyArray<ScenarioResult>): Array<SummaryRow> 
  */
 export const runFlood = async (resources: Resources, rounds: number, flags: OutcomeFlags): Promise<void> => {
   const endpoint = resources.ipcEndpoint("flood")
-  const server = startLineChild("mpcache", ["build/cli/bin/serve.mjs", ...SERVE_FLAGS(endpoint)], resources.children)
+  const server = startLineChild("mpcache", [LAUNCHER, ...SERVE_FLAGS(endpoint)], resources.children)
   const httpUrl = (await server.waitFor(/HTTP frontend listening on (http:\/\/[^\s"]+)/, READY_TIMEOUT_MS))[1]!
   await server.waitFor(/MQ server listening on/, READY_TIMEOUT_MS)
   const worker = startLineChild("worker", ["bench/ping/worker.ts", endpoint], resources.children, { stdin: true })

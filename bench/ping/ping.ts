@@ -46,7 +46,7 @@ import os from "node:os"
 import path from "node:path"
 import { newKeyPair } from "../../src/services/auth/Curve.ts"
 import type { DealerCurve } from "../../src/services/zmq/Sockets.ts"
-import { bundleServe } from "../../scripts/bundle-serve.mjs"
+import { bundleServe, LAUNCHER } from "../../scripts/bundle-serve.mjs"
 import { type InstanceId, makeInstanceId } from "../../src/schema/InstanceId.ts"
 import { Ping } from "../../src/schema/Op.ts"
 import { ALLOC_PROBE_ARGV, measureAllocation, type AllocWindow } from "./allocWindow.ts"
@@ -75,8 +75,8 @@ const STOP_TIMEOUT_MS = 5_000
 /** PINGs of the allocation window (issue 16: "over 100k PINGs"), and its clients. */
 const ALLOC_PINGS = 100_000
 const ALLOC_CLIENTS = 16
-/** `npm start`'s entry: `node SERVE_ENTRY [flags]` is `mpcache serve [flags]`. */
-const SERVE_ENTRY = "build/cli/bin/serve.mjs"
+/** `npm start`'s entry (scripts/bundle-serve.mjs): `node SERVE_ENTRY [flags]` is `mpcache serve [flags]`. */
+const SERVE_ENTRY = LAUNCHER
 
 // ---------------------------------------------------------------- arguments
 
