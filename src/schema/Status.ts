@@ -135,8 +135,8 @@ export const StatusSendQueue = Schema.Struct({
 
 /**
  * Received messages waiting for the receive fiber (issue 27 item 1: one bounded FIFO per peer, peers served in
- * turn): the bounds per peer, what waits now, and requests answered `overloaded` unhandled since start because
- * their peer was at its bound.
+ * turn): the bounds per peer, what waits now, and requests shed unhandled since start because their peer was at
+ * its bound (answered `overloaded`, or not answered when the peer's replies already back up).
  */
 export const StatusInbound = Schema.Struct({
   max_messages_per_peer: Count,

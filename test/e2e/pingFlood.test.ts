@@ -7,7 +7,8 @@
  * What must hold, told by events and counters, not by wall time (the machine may be busy): while the flood is
  * still going on and the server is shedding the flooders' requests, a fresh client's 30 PINGs and a registered
  * worker's heartbeats (PING_REGISTERED) are all answered, each with its own answer, none `overloaded`; what waits
- * for the server stays within its per-peer bound; once the flooders stop, the server is idle again.
+ * for the server stays within its per-peer bound; the flooders' shed requests get no answer built (their replies
+ * back up), as the server's WARNING says; once the flooders stop, the server is idle again.
  * The latencies are bench:ping --flood's (docs/benchmarks.md).
  */
 import { assert, describe, it } from "@effect/vitest"
@@ -29,7 +30,7 @@ describe("one peer cannot starve the others (issue 27 item 1)", () => {
   it.live("8 DEALERs flooding PINGs and reading none: a fresh client's 30 PINGs and a worker's heartbeats are all answered while the flooders are shed", () =>
     Effect.scoped(Effect.gen(function*() {
       const endpoint = ipcEndpoint()
-      const { httpPort } = yield* startServer(endpoint, ["--l1-size-gb", "0.0625", "--no-l1-prefault"])
+      const { httpPort, server } = yield* startServer(endpoint, ["--l1-size-gb", "0.0625", "--no-l1-prefault"])
       const worker = yield* startWorker(endpoint, 1_000, 60_000)
       const flooder = yield* startScript("bench/ping/flooder.ts", [endpoint, String(FLOODERS), "0"])
       yield* flooder.waitForStdout(/"flooding":8/)
@@ -58,8 +59,14 @@ describe("one peer cannot starve the others (issue 27 item 1)", () => {
       // requests are answered, so at most theirs besides).
       assert.isAtMost(during.inbound.queued, FLOODERS * MAX_INBOUND_MESSAGES_PER_PEER + 2)
       assert.strictEqual(during.inbound.max_messages_per_peer, MAX_INBOUND_MESSAGES_PER_PEER)
-      // The flooders are the ones slowed: their replies cannot be delivered (their pipes stay full).
+      // The flooders are the ones slowed: their replies cannot be delivered (their pipes stay full), and what they
+      // send past their bound is shed with no answer built (the server's WARNING names why).
       assert.isAbove(during.undeliverable_replies, 0)
+      const [warning] = yield* server.waitForStderr(
+        /requests? from peer [0-9a-f]+ shed without being handled \([^)]*not answered: its replies back up/,
+        HANG_BOUND_MS
+      )
+      assert.include(warning, "not answered: its replies back up")
       assert.isTrue(flooder.child.exitCode === null, "the flooder stopped before the test was done")
 
       yield* flooder.stop("SIGTERM")

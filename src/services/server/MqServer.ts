@@ -162,6 +162,10 @@ export const SEND_HIGH_WATER_MARK = 1_000
 const CLOSE_LINGER_MS = 1_000
 /** Messages the receive loop takes before it lets the event loop run (timers, fibers, HTTP): see `receiveLoop`. */
 const RECEIVE_BATCH = 64
+/** Why a shed request got no answer: its peer's replies back up (see `shed`). */
+const SHED_UNANSWERED = "not answered: its replies back up"
+/** The undeliverable-reply code of such a request's answer, never built. */
+const BACKED_UP_CODE = "BACKED_UP"
 /** The inbound queue of receive errors (no peer's key: a routing id is never empty). */
 const ERROR_KEY = ""
 
@@ -368,7 +372,13 @@ const make = (options: MqServerOptions) =>
       }
       return e
     }
-    /** A request of a peer at its bound: answered `overloaded` unhandled (when attributable), counted, told once per window. */
+    /**
+     * A request of a peer at its bound: answered `overloaded` unhandled (when attributable), counted, told once per
+     * window. A peer whose replies already back up (it is not reading them) gets no answer built: it would wait
+     * behind up to the outbox's 10,000 replies that peer does not read, and under a flood those unread errors were
+     * most of what the server's garbage collector copied (issue 27 item 1; bench:ping --flood). It is counted as
+     * an undeliverable reply (`BACKED_UP`) instead.
+     */
     const shed = (received: Array<Buffer>): void => {
       const [routingId, uidFrame, opFrame] = received
       const opId = opFrame === undefined ? undefined : decodeHeaderInt(opFrame)
@@ -376,6 +386,10 @@ const make = (options: MqServerOptions) =>
       if (routingId === undefined || uidFrame === undefined || name === undefined || decodeHeaderInt(uidFrame) === undefined) return
       shedRequests++
       M.shedRequestsTotal.updateUnsafe(1, services)
+      if (outbox.isBackedUp(routingId)) {
+        shedTally.record(routingId.toString("hex"), SHED_UNANSWERED)
+        return send.dropUnbuilt(routingId, BACKED_UP_CODE)
+      }
       shedTally.record(routingId.toString("hex"), "waiting")
       send.replyErrorNow(routingId, uidFrame, opFrame!, shedError(opId!, name))
     }

@@ -49,7 +49,7 @@ export const undeliverableRepliesTotal = fromStart(Metric.counter("mpcache_undel
 }))
 
 export const shedRequestsTotal = fromStart(Metric.counter("mpcache_shed_requests_total", {
-  description: "Requests answered overloaded without being handled because their peer already had as many waiting as it may (issue 27 item 1: one peer cannot starve the others)",
+  description: "Requests shed without being handled because their peer already had as many waiting as it may (issue 27 item 1: one peer cannot starve the others); answered overloaded unless the peer's replies back up",
   incremental: true
 }))
 

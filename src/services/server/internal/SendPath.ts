@@ -45,6 +45,12 @@ export interface SendPath {
   readonly replyError: (routingId: Uint8Array, uidFrame: Uint8Array, opFrame: Uint8Array, error: WireError) => Effect.Effect<void>
   /** `replyError` done at once, outside any fiber (the receive loop). */
   readonly replyErrorNow: (routingId: Uint8Array, uidFrame: Uint8Array, opFrame: Uint8Array, error: WireError) => void
+  /**
+   * A reply to `routingId` given up before it was built, counted as undeliverable with `code` (issue 27 item 1:
+   * a shed request of a peer whose replies back up; its error would wait behind thousands of replies it does not
+   * read, and was the server's garbage under a flood).
+   */
+  readonly dropUnbuilt: (routingId: Uint8Array, code: string) => void
   /** Replies that could not be delivered since start. */
   readonly undeliverable: () => number
   /** Replies refused for the bytes queued to their peer since start. */
@@ -65,6 +71,14 @@ export const makeSendPath = (options: SendPathOptions): Effect.Effect<SendPath, 
     yield* Effect.forkScoped(refusals.reportForever)
     let undeliverableReplies = 0
     let refusedReplies = 0
+    // The peer is gone (ROUTER_MANDATORY: EHOSTUNREACH), its pipe stayed full (EAGAIN), its outbox is full, the
+    // socket is closing, or the reply was given up unbuilt: it cannot be delivered. Counted here; told in one
+    // WARNING per peer and window.
+    const countUndeliverable = (peer: string, code: string): void => {
+      undeliverableReplies++
+      M.undeliverableRepliesTotal.updateUnsafe(1, services)
+      undelivered.record(peer, code)
+    }
     const outbox = makeReplyOutbox({
       highWaterMark: options.highWaterMark,
       maxQueuedBytesPerPeer: options.maxQueuedReplyBytesPerPeer ?? DEFAULT_MAX_QUEUED_REPLY_BYTES_PER_PEER,
@@ -76,13 +90,7 @@ export const makeSendPath = (options: SendPathOptions): Effect.Effect<SendPath, 
           return Promise.resolve(errorCode(e))
         }
       },
-      onUndeliverable: (peer, code) => {
-        // The peer is gone (ROUTER_MANDATORY: EHOSTUNREACH), its pipe stayed full (EAGAIN), its outbox is full or
-        // the socket is closing: the reply cannot be delivered. Counted here; told in one WARNING per peer and window.
-        undeliverableReplies++
-        M.undeliverableRepliesTotal.updateUnsafe(1, services)
-        undelivered.record(peer, code)
-      },
+      onUndeliverable: (peer, code) => countUndeliverable(peer, code),
       onRefused: (peer, reason) => {
         refusedReplies++
         M.refusedReplyMetric[reason].updateUnsafe(1, services)
@@ -104,6 +112,7 @@ export const makeSendPath = (options: SendPathOptions): Effect.Effect<SendPath, 
       reply,
       replyError: (routingId, uidFrame, opFrame, error) => Effect.sync(() => replyErrorNow(routingId, uidFrame, opFrame, error)),
       replyErrorNow,
+      dropUnbuilt: (routingId, code) => countUndeliverable(Buffer.from(routingId.buffer, routingId.byteOffset, routingId.byteLength).toString("hex"), code),
       undeliverable: () => undeliverableReplies,
       refused: () => refusedReplies
     }

@@ -73,11 +73,14 @@ export const makeRefusedReplies = (intervalMs: number = UNDELIVERED_WARNING_INTE
     "refused_replies"
   )
 
-/** Requests shed unhandled (answered `overloaded`) because their peer had too many waiting, reported every `intervalMs`. */
+/**
+ * Requests shed unhandled because their peer had too many waiting (answered `overloaded`, or not answered when its
+ * replies already back up), reported every `intervalMs`.
+ */
 export const makeShedRequests = (intervalMs: number = UNDELIVERED_WARNING_INTERVAL_MS): PeerTally =>
   makePeerTally(
     intervalMs,
     (count, peer, reasons) =>
-      `${count} request${count === 1 ? "" : "s"} from peer ${peer} answered overloaded without being handled (${reasons}): it sends faster than the server serves it, while other peers get their turns; in the last ${intervalMs / 1000} s`,
+      `${count} request${count === 1 ? "" : "s"} from peer ${peer} shed without being handled (${reasons}; answered overloaded unless its replies back up): it sends faster than the server serves it, while other peers get their turns; in the last ${intervalMs / 1000} s`,
     "shed_requests"
   )
