@@ -76,12 +76,6 @@ const stalledSubscriber = Effect.acquireRelease(
   (child) => Effect.sync(() => void child.kill("SIGKILL"))
 )
 
-/** CPU seconds process `pid`'s threads have used so far (bench/lib/machine.ts): its JS thread's and the others'. */
-const cpuSeconds = (pid: number): { js: number; other: number } => {
-  const t = threadCpu(pid)
-  return { js: t.js, other: t.other }
-}
-
 /**
  * `mpcache serve` (npm start's bundled entry) in a process of its own, as an engine's server is: with events on, the
  * log at its default size, the PUB and its replay ROUTER bound; off, `--kv-event-log-size 0`. Stopped with SIGTERM.
@@ -141,10 +135,10 @@ const storeRate = (on: boolean) =>
         ])
       for (let n = 0; n < WARMUP; n++) yield* store(STORES + n) // the JIT and the pool warmed, not counted
       const started = performance.now()
-      const cpu0 = cpuSeconds(server.pid!)
+      const cpu0 = threadCpu(server.pid!) // CPU seconds so far: its JS thread's and the others' (bench/lib/machine.ts)
       for (let n = 0; n < STORES; n++) yield* store(n)
       const seconds = (performance.now() - started) / 1000
-      const cpu1 = cpuSeconds(server.pid!)
+      const cpu1 = threadCpu(server.pid!)
       const us = (s: number) => s * 1e6 / STORES
       return {
         rate: STORES / seconds,

@@ -62,11 +62,8 @@ describe("one peer cannot starve the others (issue 27 item 1)", () => {
       // The flooders are the ones slowed: their replies cannot be delivered (their pipes stay full), and what they
       // send past their bound is shed with no answer built (the server's WARNING names why).
       assert.isAbove(during.undeliverable_replies, 0)
-      const [warning] = yield* server.waitForStderr(
-        /requests? from peer [0-9a-f]+ shed without being handled \([^)]*not answered: its replies back up/,
-        HANG_BOUND_MS
-      )
-      assert.include(warning, "not answered: its replies back up")
+      // Fails the test when no such WARNING comes within the hang bound.
+      yield* server.waitForStderr(/requests? from peer [0-9a-f]+ shed without being handled \([^)]*not answered: its replies back up/, HANG_BOUND_MS)
       assert.isTrue(flooder.child.exitCode === null, "the flooder stopped before the test was done")
 
       yield* flooder.stop("SIGTERM")

@@ -386,11 +386,12 @@ const make = (options: MqServerOptions) =>
       if (routingId === undefined || uidFrame === undefined || name === undefined || decodeHeaderInt(uidFrame) === undefined) return
       shedRequests++
       M.shedRequestsTotal.updateUnsafe(1, services)
+      const peer = routingId.toString("hex")
       if (outbox.isBackedUp(routingId)) {
-        shedTally.record(routingId.toString("hex"), SHED_UNANSWERED)
-        return send.dropUnbuilt(routingId, BACKED_UP_CODE)
+        shedTally.record(peer, SHED_UNANSWERED)
+        return send.dropUnbuilt(peer, BACKED_UP_CODE)
       }
-      shedTally.record(routingId.toString("hex"), "waiting")
+      shedTally.record(peer, "waiting")
       send.replyErrorNow(routingId, uidFrame, opFrame!, shedError(opId!, name))
     }
     const receiveLoop = async (): Promise<void> => {

@@ -46,11 +46,11 @@ export interface SendPath {
   /** `replyError` done at once, outside any fiber (the receive loop). */
   readonly replyErrorNow: (routingId: Uint8Array, uidFrame: Uint8Array, opFrame: Uint8Array, error: WireError) => void
   /**
-   * A reply to `routingId` given up before it was built, counted as undeliverable with `code` (issue 27 item 1:
+   * A reply to `peer` (routing id, hex) given up before it was built, counted as undeliverable with `code` (issue 27 item 1:
    * a shed request of a peer whose replies back up; its error would wait behind thousands of replies it does not
    * read, and was the server's garbage under a flood).
    */
-  readonly dropUnbuilt: (routingId: Uint8Array, code: string) => void
+  readonly dropUnbuilt: (peer: string, code: string) => void
   /** Replies that could not be delivered since start. */
   readonly undeliverable: () => number
   /** Replies refused for the bytes queued to their peer since start. */
@@ -90,7 +90,7 @@ export const makeSendPath = (options: SendPathOptions): Effect.Effect<SendPath, 
           return Promise.resolve(errorCode(e))
         }
       },
-      onUndeliverable: (peer, code) => countUndeliverable(peer, code),
+      onUndeliverable: countUndeliverable,
       onRefused: (peer, reason) => {
         refusedReplies++
         M.refusedReplyMetric[reason].updateUnsafe(1, services)
@@ -112,7 +112,7 @@ export const makeSendPath = (options: SendPathOptions): Effect.Effect<SendPath, 
       reply,
       replyError: (routingId, uidFrame, opFrame, error) => Effect.sync(() => replyErrorNow(routingId, uidFrame, opFrame, error)),
       replyErrorNow,
-      dropUnbuilt: (routingId, code) => countUndeliverable(Buffer.from(routingId.buffer, routingId.byteOffset, routingId.byteLength).toString("hex"), code),
+      dropUnbuilt: countUndeliverable,
       undeliverable: () => undeliverableReplies,
       refused: () => refusedReplies
     }
