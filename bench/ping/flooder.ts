@@ -6,7 +6,8 @@
  *
  * Prints JSON lines on stdout: `{"flooding":N}` once every DEALER has sent its first PING, `{"sent":N}` every
  * 10,000 PINGs of all DEALERs, `{"done":N,"seconds":S}` when all are sent. Then it keeps its connections open
- * (still reading nothing) until it gets SIGTERM or SIGINT, and exits 0.
+ * (still reading nothing) until it gets SIGTERM or SIGINT; then it prints `{"stopped":N,"seconds":S}` (the PINGs
+ * the server's sockets had taken by then, and the seconds since the first) and exits 0.
  *
  *   node bench/ping/flooder.ts ENDPOINT DEALERS PINGS
  */
@@ -29,8 +30,11 @@ const sockets = Array.from({ length: dealers }, () => {
   return d
 })
 let stopped = false
+let sent = 0
+const t0 = process.hrtime.bigint()
 const stop = (): void => {
   stopped = true
+  say({ stopped: sent, seconds: Number(process.hrtime.bigint() - t0) / 1e9 })
   for (const s of sockets) s.close()
   process.exit(0)
 }
@@ -41,9 +45,7 @@ const keepAlive = setInterval(() => {}, 1 << 30)
 void keepAlive
 
 const tail = pingTail(null)
-let sent = 0
 let started = 0
-const t0 = process.hrtime.bigint()
 await Promise.all(sockets.map(async (d) => {
   for (let uid = 0; !stopped && (pings === 0 || uid < pings); uid++) {
     await d.send([pack(uid), ...tail])

@@ -24,7 +24,8 @@ import { Clock, Context, Effect, Layer, Option } from "effect"
 import { HttpRouter, HttpServer, HttpServerRequest, HttpServerResponse } from "effect/http"
 import { PrometheusMetrics } from "effect/observability"
 import { bearerCheck, readTokenFile } from "../services/auth/BearerToken.ts"
-import { MqServer, SEND_HIGH_WATER_MARK } from "../services/server/MqServer.ts"
+import { MqServer, RECEIVE_HIGH_WATER_MARK, SEND_HIGH_WATER_MARK } from "../services/server/MqServer.ts"
+import { BACKED_UP_BURST, BACKED_UP_MESSAGES_PER_SECOND } from "../services/server/internal/ReceiveBrake.ts"
 import { MAX_INBOUND_BYTES_PER_PEER, MAX_INBOUND_MESSAGES_PER_PEER } from "../services/server/internal/PeerQueues.ts"
 import { type ProbeReport, Readiness } from "../services/server/Readiness.ts"
 import { L1Store } from "../services/server/L1Store.ts"
@@ -150,8 +151,16 @@ export const statusDocument = Effect.gen(function*() {
       max_bytes_per_peer: MAX_INBOUND_BYTES_PER_PEER,
       queued: stats.inbound.queued,
       queued_bytes: stats.inbound.queuedBytes,
+      receive_high_water_mark: RECEIVE_HIGH_WATER_MARK,
       peers: stats.inbound.peers,
-      shed_requests: stats.inbound.shed
+      shed_requests: stats.inbound.shed,
+      brake: {
+        messages_per_second: BACKED_UP_MESSAGES_PER_SECOND,
+        burst: BACKED_UP_BURST,
+        braked_messages: stats.inbound.brake.charged,
+        pauses: stats.inbound.brake.pauses,
+        paused_ms: stats.inbound.brake.pausedMs
+      }
     },
     pools: {
       sync: stats.pools.sync,

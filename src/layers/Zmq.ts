@@ -11,6 +11,7 @@ import { seedLibzmqRandom } from "../native/ProcessLimits.ts"
 import { generatedCounterOf } from "../services/zmq/RoutingIds.ts"
 import {
   type BoundRouter,
+  DEFAULT_RECEIVE_HIGH_WATER_MARK,
   type DealerOptions,
   type HandshakeFailure,
   type PublisherOptions,
@@ -174,7 +175,7 @@ export const bindRouter = (
           mandatory: true,
           sendTimeout: 0,
           sendHighWaterMark: options.sendHighWaterMark,
-          receiveHighWaterMark: 0,
+          receiveHighWaterMark: Math.max(1, options.receiveHighWaterMark ?? DEFAULT_RECEIVE_HIGH_WATER_MARK),
           ...(options.curve === undefined
             ? {}
             : { curveServer: true, curveSecretKey: options.curve.secretKey, zapDomain: options.curve.zapDomain })

@@ -141,10 +141,23 @@ export const StatusSendQueue = Schema.Struct({
 export const StatusInbound = Schema.Struct({
   max_messages_per_peer: Count,
   max_bytes_per_peer: Count,
+  /** ZMQ_RCVHWM: messages the ROUTER holds per peer before libzmq stops reading its connection (the sender waits). */
+  receive_high_water_mark: Count,
   queued: Count,
   queued_bytes: Count,
   peers: Count,
-  shed_requests: Count
+  shed_requests: Count,
+  /**
+   * The receive loop's brake on peers whose replies back up (internal/ReceiveBrake.ts): its rate and burst, the
+   * messages it charged, the times the loop waited and for how long in all.
+   */
+  brake: Schema.Struct({
+    messages_per_second: Count,
+    burst: Count,
+    braked_messages: Count,
+    pauses: Count,
+    paused_ms: Count
+  })
 })
 
 /**

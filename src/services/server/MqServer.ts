@@ -13,9 +13,13 @@
  * turn (internal/PeerQueues.ts, issue 27 item 1), so one peer's burst
  * delays another's request by one message at most, a peer that sends faster
  * than it is served gets `overloaded` past its bound, and a peer whose
- * replies back up loses the fast path first. The loop yields to the event
- * loop every {@link RECEIVE_BATCH} messages, so a flood cannot starve the
- * fibers and timers either.
+ * replies back up loses the fast path first and is braked: the loop takes
+ * at most 5,000 messages a second from such peers together and waits past
+ * that (internal/ReceiveBrake.ts), while the ROUTER holds at most
+ * {@link RECEIVE_HIGH_WATER_MARK} messages of any peer, so a flooder waits
+ * in its own send instead of in the server's memory and CPU. The loop yields
+ * to the event loop every {@link RECEIVE_BATCH} messages, so a flood cannot
+ * starve the fibers and timers either.
  *
  * The receive loop never waits on a handler: it reads the uid and op frames,
  * answers what it can answer at once (unknown op, wrong payload count) and
@@ -59,7 +63,13 @@ import {
   MAX_INBOUND_MESSAGES_PER_PEER
 } from "./internal/PeerQueues.ts"
 import { bytesOf, keyOf } from "./internal/OutboxPeer.ts"
-import { makeShedRequests } from "./internal/UndeliveredReplies.ts"
+import { makeBrakedRequests, makeShedRequests } from "./internal/UndeliveredReplies.ts"
+import {
+  BACKED_UP_BURST,
+  BACKED_UP_MESSAGES_PER_SECOND,
+  makeReceiveBrake,
+  type ReceiveBrakeStats
+} from "./internal/ReceiveBrake.ts"
 
 /** The merged handler table of every server module. */
 export class Handlers extends Context.Service<Handlers, HandlerTable>()("mpcache/services/Handlers") {}
@@ -106,8 +116,11 @@ export interface MqServerStats {
   readonly pools: DispatchStats
   /** Requests the fast path answered where they were received, and queued on their busy pool (internal/FastPath.ts). */
   readonly fastPath: FastPathStats
-  /** Messages waiting for the receive fiber, by peer in turn (internal/PeerQueues.ts), and requests shed since start. */
-  readonly inbound: PeerQueuesStats & { readonly shed: number }
+  /**
+   * Messages waiting for the receive fiber, by peer in turn (internal/PeerQueues.ts), requests shed since start, and
+   * what the receive loop's brake did to peers whose replies back up (internal/ReceiveBrake.ts).
+   */
+  readonly inbound: PeerQueuesStats & { readonly shed: number; readonly brake: ReceiveBrakeStats }
 }
 
 /** The running MQ server. */
@@ -159,6 +172,12 @@ const DEFAULT_QUEUE_CAPACITY = 65_536
  * into its own 1,000) room. A peer past it waits its turn (EAGAIN, backoff) for up to a second (internal/SendPath.ts).
  */
 export const SEND_HIGH_WATER_MARK = 1_000
+/**
+ * RCVHWM: messages the ROUTER's pipe from one peer holds before libzmq stops reading that peer's connection, so a peer
+ * that sends faster than it is served waits in its own send (and its own buffers), not in the server's memory; with
+ * the receive loop's brake (internal/ReceiveBrake.ts) a flooder is held there, asleep (issue 27 item 1).
+ */
+export const RECEIVE_HIGH_WATER_MARK = 1_000
 const CLOSE_LINGER_MS = 1_000
 /** Messages the receive loop takes before it lets the event loop run (timers, fibers, HTTP): see `receiveLoop`. */
 const RECEIVE_BATCH = 64
@@ -182,6 +201,7 @@ const make = (options: MqServerOptions) =>
     })
     const bound = yield* (yield* ZmqSockets).bindRouter(options.endpoint, {
       sendHighWaterMark: SEND_HIGH_WATER_MARK,
+      receiveHighWaterMark: RECEIVE_HIGH_WATER_MARK,
       lingerMs: CLOSE_LINGER_MS,
       ...(cap === undefined ? {} : { onConnectionEvent: (event: "accepted" | "ended") => event === "accepted" ? cap.accepted : cap.ended }),
       ...(options.curve === undefined ? {} : { curve: options.curve }),
@@ -394,6 +414,9 @@ const make = (options: MqServerOptions) =>
       shedTally.record(peer, "waiting")
       send.replyErrorNow(routingId, uidFrame, opFrame!, shedError(opId!, name))
     }
+    const brakedTally = makeBrakedRequests()
+    yield* Effect.forkScoped(brakedTally.reportForever)
+    const brake = makeReceiveBrake({ perSecond: BACKED_UP_MESSAGES_PER_SECOND, burst: BACKED_UP_BURST, nowMs: () => performance.now() })
     const receiveLoop = async (): Promise<void> => {
       let sinceYield = 0
       while (receiving) {
@@ -407,12 +430,22 @@ const make = (options: MqServerOptions) =>
           continue
         }
         if (!receiving) return
+        let wait = 0
         try {
           const routingId = received[0]!
           const key = keyOf(routingId)
+          const backedUp = outbox.isBackedUp(routingId)
+          // A peer whose replies back up is the one slowed down: the loop waits before its next receive once such
+          // peers have had their share (internal/ReceiveBrake.ts).
+          if (backedUp) {
+            wait = brake.charge()
+            brakedTally.record(routingId.toString("hex"), "its replies back up")
+            M.brakedMessagesTotal.updateUnsafe(1, services)
+            if (wait > 0) M.receiveBrakeSecondsTotal.updateUnsafe(wait / 1000, services)
+          }
           // The fast path only when nothing of this peer's is still on its way to `onMessage` (its order), and only
           // for a peer whose replies are not backing up: that one waits its turn with everyone else.
-          const fast = inbound.pending(key) === 0 && !outbox.isBackedUp(routingId) ? fastPath.rowOf(received) : undefined
+          const fast = inbound.pending(key) === 0 && !backedUp ? fastPath.rowOf(received) : undefined
           if (fast === undefined || !fastPath.serve(fast, received)) {
             // A lone empty frame (connect or disconnect notification) always gets in: a peer's end is never lost.
             const notification = received.length === 2 && received[1]!.length === 0
@@ -424,7 +457,10 @@ const make = (options: MqServerOptions) =>
         }
         // libzmq hands over a backlog without waiting, so this loop would run on in microtasks and starve the
         // timers, the fibers (the receive fiber, the pools) and the HTTP server: it yields now and then.
-        if (++sinceYield >= RECEIVE_BATCH) {
+        if (wait > 0) {
+          sinceYield = 0
+          await new Promise((resolve) => setTimeout(resolve, wait))
+        } else if (++sinceYield >= RECEIVE_BATCH) {
           sinceYield = 0
           await yieldToEventLoop()
         }
@@ -471,7 +507,7 @@ const make = (options: MqServerOptions) =>
         outbox: outbox.stats(),
         pools: dispatcher.stats(),
         fastPath: fastPath.stats(),
-        inbound: { ...inbound.stats(), shed: shedRequests }
+        inbound: { ...inbound.stats(), shed: shedRequests, brake: brake.stats() }
       })
     }
   })

@@ -53,6 +53,16 @@ export const shedRequestsTotal = fromStart(Metric.counter("mpcache_shed_requests
   incremental: true
 }))
 
+export const brakedMessagesTotal = fromStart(Metric.counter("mpcache_braked_messages_total", {
+  description: "Messages the receive loop took from peers whose replies back up (issue 27 item 1): at most 5,000 a second for all such peers together, past which the loop waits (internal/ReceiveBrake.ts)",
+  incremental: true
+}))
+
+export const receiveBrakeSecondsTotal = fromStart(Metric.counter("mpcache_receive_brake_seconds_total", {
+  description: "Seconds the receive loop waited because peers whose replies back up had had their share (issue 27 item 1)",
+  incremental: true
+}))
+
 /** Labelled by reason: PeerAdmission.ts declares the reasons (`byLabel`). */
 export const routingIdRefusalsTotal = Metric.counter("mpcache_routing_id_refusals_total", {
   description: "Peers refused for their routing id (issue 24 item 1), by reason: chosen (set by the peer itself) or ahead (claiming an id the ROUTER had not generated yet: kicked)",

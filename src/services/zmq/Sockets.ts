@@ -75,6 +75,13 @@ export interface RouterCurve {
 export interface RouterOptions {
   /** Messages queued per peer before replies to it are dropped (and counted). */
   readonly sendHighWaterMark: number
+  /**
+   * ZMQ_RCVHWM: messages the ROUTER's pipe from one peer holds before libzmq stops reading that peer's connection
+   * (its sends then wait: back-pressure reaches the sender). Default {@link DEFAULT_RECEIVE_HIGH_WATER_MARK}.
+   * Never 0 (unbounded): a peer sending faster than the server reads would grow the server's native memory without
+   * limit (issue 27 item 1: 22 MB/s under a flood while the receive loop was braked).
+   */
+  readonly receiveHighWaterMark?: number
   /** Milliseconds close() waits to flush the last replies at shutdown. */
   readonly lingerMs: number
   /**
@@ -94,6 +101,9 @@ export interface RouterOptions {
   /** Told of every connection the ROUTER's listener accepts and of every accepted connection's end (its monitor events). */
   readonly onConnectionEvent?: (event: "accepted" | "ended") => Effect.Effect<void>
 }
+
+/** libzmq's own default ZMQ_RCVHWM: what a bound ROUTER holds per peer unless told otherwise. */
+export const DEFAULT_RECEIVE_HIGH_WATER_MARK = 1_000
 
 /**
  * One ZAP/1.0 request (RFC 27) as libzmq sends it to the handler at

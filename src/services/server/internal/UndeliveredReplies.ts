@@ -10,6 +10,7 @@
  * reporter in its scope; what is left is told when the scope closes.
  */
 import { Effect } from "effect"
+import { BACKED_UP_MESSAGES_PER_SECOND } from "./ReceiveBrake.ts"
 
 /** The default window: at most one WARNING per peer in this many ms. */
 export const UNDELIVERED_WARNING_INTERVAL_MS = 5_000
@@ -83,4 +84,16 @@ export const makeShedRequests = (intervalMs: number = UNDELIVERED_WARNING_INTERV
     (count, peer, reasons) =>
       `${count} request${count === 1 ? "" : "s"} from peer ${peer} shed without being handled (${reasons}; answered overloaded unless its replies back up): it sends faster than the server serves it, while other peers get their turns; in the last ${intervalMs / 1000} s`,
     "shed_requests"
+  )
+
+/**
+ * Messages taken from a peer whose replies back up, under the receive loop's brake (ReceiveBrake.ts, issue 27 item
+ * 1): the peer is held to its share, the others are not; reported every `intervalMs`.
+ */
+export const makeBrakedRequests = (intervalMs: number = UNDELIVERED_WARNING_INTERVAL_MS): PeerTally =>
+  makePeerTally(
+    intervalMs,
+    (count, peer, reasons) =>
+      `${count} message${count === 1 ? "" : "s"} from peer ${peer} taken under the receive loop's brake (${reasons}): it is not reading its replies, so the server takes at most ${BACKED_UP_MESSAGES_PER_SECOND.toLocaleString("en-US")} a second from such peers and it waits in its own send; others are not slowed; in the last ${intervalMs / 1000} s`,
+    "braked_messages"
   )
