@@ -46,7 +46,7 @@ import { CacheControl } from "./CacheControl.ts"
 import { makeExtentAllocator } from "./internal/ExtentAllocator.ts"
 import { type GroupShare, type L1Shares, makeL1Shares } from "./internal/L1Shares.ts"
 import { KvEvents } from "./kvevents/KvEvents.ts"
-import type { L1EventSink, OriginOf } from "./kvevents/L1EventSink.ts"
+import type { L1EventSink, ChunkOrigin } from "./kvevents/L1EventSink.ts"
 import { objectKeyString, type ObjectKey } from "./ObjectKey.ts"
 import { fromStart } from "../metrics/Series.ts"
 
@@ -63,7 +63,7 @@ interface L1Object {
   committed: boolean
   readLocks: number
   /** What its commit announces to the KV event log (its tokens and parent); dropped once committed. */
-  origin: OriginOf | undefined
+  origin: ChunkOrigin | undefined
 }
 
 /** A reserved, not yet visible object; fill `bytes` (pool bytes at `offset`), then commit or abort. */
@@ -74,7 +74,7 @@ export interface Reservation {
   readonly offset: number
   readonly bytes: Buffer
   /** What `reserveWrite` was given: the L2 write-through of its commit announces it too (kvevents/L2EventSink.ts). */
-  readonly origin: OriginOf | undefined
+  readonly origin: ChunkOrigin | undefined
 }
 
 /** A read-locked object; its bytes stay valid until unlocked. */
@@ -146,7 +146,7 @@ export class L1Store extends Context.Service<L1Store, {
    * Reserves a `sizeBytes` object for `key` (mode "new": an existing key is not rewritten). `origin`, the
    * chunk's tokens and parent, is what its commit announces in the KV event log (issue 28 item 2).
    */
-  readonly reserveWrite: (key: ObjectKey, sizeBytes: number, origin?: OriginOf) => Effect.Effect<ReserveResult>
+  readonly reserveWrite: (key: ObjectKey, sizeBytes: number, origin?: ChunkOrigin) => Effect.Effect<ReserveResult>
   /** Makes a reservation visible. False when it was dropped meanwhile (CLEAR force). */
   readonly commit: (reservation: Reservation) => Effect.Effect<boolean>
   /**
@@ -442,7 +442,7 @@ const makeL1 = (
     return extents.allocate(needed)
   }
 
-  const reserveWrite = (key: ObjectKey, sizeBytes: number, origin?: OriginOf) =>
+  const reserveWrite = (key: ObjectKey, sizeBytes: number, origin?: ChunkOrigin) =>
     Effect.suspend(() => {
       const keyString = objectKeyString(key)
       if (objects.has(keyString)) return Effect.succeed<ReserveResult>({ _tag: "Exists" })

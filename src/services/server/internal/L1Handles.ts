@@ -31,7 +31,7 @@
  */
 import { Effect, Exit, Scope } from "effect"
 import type { L1Store, ReadHandle, Reservation } from "../L1Store.ts"
-import type { OriginOf } from "../kvevents/L1EventSink.ts"
+import type { ChunkOrigin } from "../kvevents/L1EventSink.ts"
 import type { ObjectKey } from "../ObjectKey.ts"
 
 type L1 = L1Store["Service"]
@@ -59,7 +59,7 @@ interface WriteHoldState extends WriteHold {
  * {@link commit} published it first. "Exists" and "Full" hold nothing.
  * `origin` is what the commit announces in the KV event log (the chunk's tokens and parent).
  */
-export const reserve = (l1: L1, key: ObjectKey, sizeBytes: number, origin?: OriginOf): Effect.Effect<HeldReserve, never, Scope.Scope> =>
+export const reserve = (l1: L1, key: ObjectKey, sizeBytes: number, origin?: ChunkOrigin): Effect.Effect<HeldReserve, never, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.map(l1.reserveWrite(key, sizeBytes, origin), (r): HeldReserve => {
       if (r._tag !== "Reserved") return r

@@ -19,7 +19,7 @@ import type { L1Store, ReadHandle, Reservation } from "../L1Store.ts"
 import * as L1Handles from "./L1Handles.ts"
 import type { WriteHold } from "./L1Handles.ts"
 import type { Lookup } from "../Lookup.ts"
-import type { OriginOf } from "../kvevents/L1EventSink.ts"
+import type { ChunkOrigin } from "../kvevents/L1EventSink.ts"
 import type { ObjectKey } from "../ObjectKey.ts"
 import { byLabel } from "../../metrics/Series.ts"
 import {
@@ -57,7 +57,7 @@ export interface TransferStrategy {
   readonly prepareStore: (
     pendingKey: string,
     objectKeys: ReadonlyArray<ObjectKey>,
-    origins?: ReadonlyArray<OriginOf>
+    origins?: ReadonlyArray<ChunkOrigin>
   ) => Effect.Effect<PrepareStoreResponse | undefined>
   /** COMMIT_STORE; undefined when closed. */
   readonly commitStore: (pendingKey: string, cpuData: Uint8Array) => Effect.Effect<boolean | undefined>
@@ -167,7 +167,7 @@ export const makeTransferStrategy = (
   const writeExpiry = expiryTimer(expiry, writes, expireWrite)
   const readExpiry = expiryTimer(expiry, reads, expireRead)
 
-  const prepareStore = (pendingKey: string, objectKeys: ReadonlyArray<ObjectKey>, origins?: ReadonlyArray<OriginOf>) =>
+  const prepareStore = (pendingKey: string, objectKeys: ReadonlyArray<ObjectKey>, origins?: ReadonlyArray<ChunkOrigin>) =>
     Effect.gen(function*() {
       // An earlier PREPARE of the key is released first, so that its chunks are not "already cached" now.
       const replaced = yield* Effect.scoped(takePending(writes, pendingKey))

@@ -15,38 +15,62 @@
  *   everything it had from this server (resyncs) before applying them.
  * - Reads filter by model and, under tenancy, by salt group (a tenant reads only its own; admins read all): the
  *   cursor still moves past the records it skips, so the consumer's next read starts where this one ended.
+ * - A `stored` record's token ids live in the log's own token ring, one slot of `tokensPerRecord` ids per record,
+ *   copied in at append: a STORE allocates nothing per chunk for them, and a full log holds them in a few large
+ *   arrays the collector never walks (bench:events: a 1 KiB array per record was a fifth of what events cost). A
+ *   record's `tokenIds` is a view of its slot, valid until `capacity` more records are appended: readers use it at
+ *   once (the poll's answer, the PUB's batch) or copy it.
  */
 
 /** Where a chunk is (vLLM's `medium`): L1 (`CPU`), the L2 tier (`STORAGE`). */
 export type KvMedium = "CPU" | "STORAGE"
 
-/** What a record says, before the log gives it its sequence number. */
-export type KvEvent =
-  | {
-    /** A chunk became readable in `medium`: its L1 object committed (CPU), its L2 write-through completed (STORAGE). */
-    readonly kind: "stored"
-    readonly model: string
-    readonly medium: KvMedium
-    /** The salt group under tenancy ("" without). */
-    readonly saltGroup: string
-    /** The chunk's 32-byte prefix hash (the L1 key's; docs/kv-events.md). */
-    readonly chunkHash: Uint8Array
-    /** The previous chunk's hash, null for a prompt's first chunk. */
-    readonly parentHash: Uint8Array | null
-    /** The chunk's token ids (a copy: 4 bytes a token, so a full log of 256-token chunks holds 32 MiB of them). */
-    readonly tokenIds: Uint32Array
-  }
-  | {
-    /** Chunks left `medium`: evicted, dropped by CLEAR (each chunk named), an L2 value deleted as corrupt. */
-    readonly kind: "removed"
-    readonly model: string
-    readonly medium: KvMedium
-    readonly saltGroup: string
-    readonly chunkHashes: ReadonlyArray<Uint8Array>
-  }
+/**
+ * A chunk's token ids as a window of a larger array (a STORE's whole prompt, as decoded): `count` ids from `start`.
+ * Nothing is copied until the log appends the record.
+ */
+export interface TokenWindow {
+  readonly ids: ArrayLike<number>
+  readonly start: number
+  readonly count: number
+}
 
-/** A kept record: its sequence number and when it was appended (ms since the epoch). */
-export type KvEventRecord = KvEvent & { readonly seq: number; readonly atMs: number }
+/** The window of all of `ids`. */
+export const wholeWindow = (ids: ArrayLike<number>): TokenWindow => ({ ids, start: 0, count: ids.length })
+
+/** What a `stored` and a `removed` record say, whoever made them. */
+interface StoredFields {
+  /** A chunk became readable in `medium`: its L1 object committed (CPU), its L2 write-through completed (STORAGE). */
+  readonly kind: "stored"
+  readonly model: string
+  readonly medium: KvMedium
+  /** The salt group under tenancy ("" without). */
+  readonly saltGroup: string
+  /** The chunk's 32-byte prefix hash (the L1 key's; docs/kv-events.md). */
+  readonly chunkHash: Uint8Array
+  /** The previous chunk's hash, null for a prompt's first chunk. */
+  readonly parentHash: Uint8Array | null
+}
+interface RemovedFields {
+  /** Chunks left `medium`: evicted, dropped by CLEAR (each chunk named), an L2 value deleted as corrupt. */
+  readonly kind: "removed"
+  readonly model: string
+  readonly medium: KvMedium
+  readonly saltGroup: string
+  readonly chunkHashes: ReadonlyArray<Uint8Array>
+}
+
+/** What a record says, before the log gives it its sequence number: a stored chunk's tokens as a window. */
+export type KvEvent = (StoredFields & { readonly tokens: TokenWindow }) | RemovedFields
+
+/**
+ * A kept record: its sequence number and when it was appended (ms since the epoch); a stored chunk's token ids are
+ * a view of its slot in the log's token ring (valid until `capacity` more appends: see the module comment).
+ */
+export type KvEventRecord = ((StoredFields & { readonly tokenIds: Uint32Array }) | RemovedFields) & {
+  readonly seq: number
+  readonly atMs: number
+}
 
 /** One read's answer (POLL_KV_EVENTS's result). */
 export interface KvEventPoll {
@@ -101,13 +125,43 @@ type Slot = KvEventRecord | { readonly kind: "gap"; readonly seq: number }
 const matches = (r: KvEventRecord, q: KvEventQuery): boolean =>
   (q.saltGroup === undefined || r.saltGroup === q.saltGroup) && (q.model === undefined || r.model === q.model)
 
+/** Records a segment of the token ring holds: the ring is allocated a segment at a time, as the log fills. */
+const SEGMENT_RECORDS = 1024
+
+/**
+ * The token ring of a log of `capacity` records, `perRecord` ids a slot. `copy` puts a window into slot `slot` and
+ * returns the view of it (a window longer than a slot gets an array of its own).
+ */
+const makeTokenRing = (capacity: number, perRecord: number) => {
+  const segments: Array<Uint32Array | undefined> = []
+  return (slot: number, w: TokenWindow): Uint32Array => {
+    if (w.count > perRecord) {
+      const own = new Uint32Array(w.count)
+      for (let i = 0; i < w.count; i++) own[i] = w.ids[w.start + i]!
+      return own
+    }
+    const index = Math.floor(slot / SEGMENT_RECORDS)
+    const segment = segments[index] ??= new Uint32Array(Math.min(SEGMENT_RECORDS, capacity - index * SEGMENT_RECORDS) * perRecord)
+    const at = (slot % SEGMENT_RECORDS) * perRecord
+    const ids = w.ids
+    const from = w.start
+    for (let i = 0; i < w.count; i++) segment[at + i] = ids[from + i]!
+    return segment.subarray(at, at + w.count)
+  }
+}
+
+/** Token ids a slot of the ring holds unless the log is told otherwise: LMCache's default chunk size. */
+const DEFAULT_TOKENS_PER_RECORD = 256
+
 /**
  * A log of `capacity` records (0: off) for the incarnation `incarnation` (the server's: a random safe integer
- * drawn at start, as upstream's `KVEventPollResult.incarnation` is an int), its times from `nowMs`.
+ * drawn at start, as upstream's `KVEventPollResult.incarnation` is an int), its times from `nowMs`; a stored
+ * record's token ids in a ring slot of `tokensPerRecord` (the server's chunk size; default 256).
  */
 export const makeKvEventLog = (options: {
   readonly capacity: number
   readonly incarnation: number
+  readonly tokensPerRecord?: number
   readonly nowMs?: () => number
   /** Told after each append or gap marker (synchronously: it must only signal, e.g. open a latch). */
   readonly onAppend?: () => void
@@ -117,6 +171,7 @@ export const makeKvEventLog = (options: {
   const onAppend = options.onAppend ?? (() => {})
   const enabled = capacity > 0
   const ring: Array<Slot | undefined> = new Array(capacity)
+  const tokensInto = makeTokenRing(capacity, Math.max(1, Math.floor(options.tokensPerRecord ?? DEFAULT_TOKENS_PER_RECORD)))
   let newest = 0
   const appended: Record<KvEvent["kind"], number> = { stored: 0, removed: 0 }
   let drops = 0
@@ -158,7 +213,22 @@ export const makeKvEventLog = (options: {
     append: (event) => {
       if (!enabled) return 0
       const seq = ++newest
-      put({ ...event, seq, atMs: nowMs() })
+      const atMs = nowMs()
+      put(
+        event.kind === "stored"
+          ? {
+            kind: "stored",
+            model: event.model,
+            medium: event.medium,
+            saltGroup: event.saltGroup,
+            chunkHash: event.chunkHash,
+            parentHash: event.parentHash,
+            tokenIds: tokensInto((seq - 1) % capacity, event.tokens),
+            seq,
+            atMs
+          }
+          : { ...event, seq, atMs }
+      )
       appended[event.kind]++
       onAppend()
       return seq

@@ -189,7 +189,8 @@ export const KvEventPublisherLive = Layer.effectDiscard(Effect.gen(function*() {
       const counted = { stored: { CPU: 0, STORAGE: 0 }, removed: { CPU: 0, STORAGE: 0 } }
       for (const r of read.records) {
         counted[r.kind][r.medium]++
-        batch.push(eventOf(r, config.chunkSizeTokens))
+        // Without a PUB the drain only counts: no event is built for nobody.
+        if (pub !== undefined) batch.push(eventOf(r, config.chunkSizeTokens))
       }
       for (const kind of ["stored", "removed"] as const) {
         for (const medium of ["CPU", "STORAGE"] as const) {

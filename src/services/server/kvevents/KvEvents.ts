@@ -30,10 +30,13 @@ export class KvEvents extends Context.Service<KvEvents, {
    */
   readonly publisherStatus: { current: () => KvEventPublisherStatus | null }
 }>()("mpcache/services/server/KvEvents") {
-  /** A log of `capacity` records (0: off) with incarnation `incarnation` (default: drawn now). */
-  static readonly make = (capacity: number, incarnation: number = randomInt(1, 2 ** 47)) => {
+  /**
+   * A log of `capacity` records (0: off) with incarnation `incarnation` (default: drawn now), a stored record's
+   * tokens in a ring slot of `chunkSizeTokens` (the server's chunk size; default 256).
+   */
+  static readonly make = (capacity: number, incarnation: number = randomInt(1, 2 ** 47), chunkSizeTokens = 256) => {
     const wake = { current: () => {} }
-    const log = makeKvEventLog({ capacity, incarnation, onAppend: () => wake.current() })
+    const log = makeKvEventLog({ capacity, incarnation, tokensPerRecord: chunkSizeTokens, onAppend: () => wake.current() })
     return {
       log,
       l1: log.enabled ? makeL1EventSink(log) : undefined,
@@ -46,7 +49,8 @@ export class KvEvents extends Context.Service<KvEvents, {
   static readonly layer = Layer.effect(
     this,
     Effect.gen(function*() {
-      return KvEvents.make((yield* ServerConfig).kvEventLogSize)
+      const config = yield* ServerConfig
+      return KvEvents.make(config.kvEventLogSize, undefined, config.chunkSizeTokens)
     })
   )
   /** For tests: `capacity` records, a fixed incarnation. */
@@ -105,11 +109,13 @@ export const kvEventsModule: Effect.Effect<ServerModule, never, KvEvents> = Effe
     Effect.gen(function*() {
       const saltGroup = yield* RequestSaltGroup
       const answer = log.read({ cursor, maxEvents, model, saltGroup })
+      // Copied out before anything yields: a record's token ids are a view of the log's ring (KvEventLog.ts).
+      const wire = pollWire(answer)
       if (answer.lost) {
         lost++
         yield* Metric.update(lostAnswers, 1)
       }
-      return pollWire(answer)
+      return wire
     })
   return {
     name: "kv_events",

@@ -8,62 +8,59 @@
  * deduplicates ranks, so the router's view is exactly the set of chunks of
  * which L1 holds at least one rank's object.
  */
-import { hashHex } from "../../kv/TokenHasher.ts"
 import type { ObjectKey } from "../ObjectKey.ts"
-import type { KvEvent, KvEventLog, KvMedium } from "./KvEventLog.ts"
+import type { KvEvent, KvEventLog, KvMedium, TokenWindow } from "./KvEventLog.ts"
 
-/** What a write reservation carries so that its commit can be announced: the chunk's tokens and its parent. */
-export interface ChunkOrigin {
-  /** The chunk's token ids (a copy). */
-  readonly tokenIds: Uint32Array
+/**
+ * What a write reservation carries so that its commit can be announced: the chunk's tokens, as a window of the
+ * request's own token ids (nothing copied until the log appends the record), and its parent.
+ */
+export interface ChunkOrigin extends TokenWindow {
   /** The previous chunk's hash; null for a prompt's first chunk. */
   readonly parentHash: Uint8Array | null
 }
 
 /**
- * A chunk's origin, computed when its commit is the chunk's first (a thunk: a rank that is not the first, or
- * a server with events off, copies no tokens).
- */
-export type OriginOf = () => ChunkOrigin
-
-/**
  * The origin of chunk `index` of a prompt `tokenIds` in chunks of `chunk` tokens, whose prefix hashes from
- * chunk 0 on are `hashes` (TokenHasher.chunkHashes): its tokens copied, its parent `hashes[index - 1]`.
+ * chunk 0 on are `hashes` (TokenHasher.chunkHashes): its `chunk` tokens from `index * chunk`, its parent
+ * `hashes[index - 1]`.
  */
-export const originOf = (tokenIds: ArrayLike<number>, chunk: number, index: number, hashes: ReadonlyArray<Uint8Array>): OriginOf => () => {
-  const tokens = new Uint32Array(chunk)
-  for (let t = 0; t < chunk; t++) tokens[t] = tokenIds[index * chunk + t]!
-  return { tokenIds: tokens, parentHash: index === 0 ? null : hashes[index - 1]! }
-}
+export const originOf = (tokenIds: ArrayLike<number>, chunk: number, index: number, hashes: ReadonlyArray<Uint8Array>): ChunkOrigin => ({
+  ids: tokenIds,
+  start: index * chunk,
+  count: chunk,
+  parentHash: index === 0 ? null : hashes[index - 1]!
+})
 
 /** L1's side of the log. `saltGroup` is the object's owner under tenancy ("" without). */
 export interface L1EventSink {
   /** An object committed (`origin`: what its reservation carried; none from a path that knows no tokens). */
-  readonly committed: (key: ObjectKey, saltGroup: string, origin: OriginOf | undefined) => void
+  readonly committed: (key: ObjectKey, saltGroup: string, origin: ChunkOrigin | undefined) => void
   /** Committed objects left L1 together (one eviction's victims, one CLEAR's drops). */
   readonly removed: (objects: ReadonlyArray<{ readonly key: ObjectKey; readonly saltGroup: string }>) => void
   /** Chunks announced and still held (the index a router should have; status and the audit). */
   readonly heldChunks: () => number
 }
 
-const EMPTY_TOKENS = new Uint32Array(0)
+const NO_TOKENS: TokenWindow = { ids: [], start: 0, count: 0 }
 
 /** The `stored` record of `key`'s chunk in `medium`, with what `origin` says of its tokens and parent (none: empty, null). */
-export const storedRecord = (key: ObjectKey, medium: KvMedium, saltGroup: string, origin: OriginOf | undefined): KvEvent => {
-  const o = origin?.()
-  return {
-    kind: "stored",
-    model: key.modelName,
-    medium,
-    saltGroup,
-    chunkHash: key.hash,
-    parentHash: o?.parentHash ?? null,
-    tokenIds: o?.tokenIds ?? EMPTY_TOKENS
-  }
-}
+export const storedRecord = (key: ObjectKey, medium: KvMedium, saltGroup: string, origin: ChunkOrigin | undefined): KvEvent => ({
+  kind: "stored",
+  model: key.modelName,
+  medium,
+  saltGroup,
+  chunkHash: key.hash,
+  parentHash: origin?.parentHash ?? null,
+  tokens: origin ?? NO_TOKENS
+})
 
-/** The chunk an object belongs to: every rank's object of one (model, salt, hash) maps here. */
-const chunkOf = (k: ObjectKey): string => `${hashHex(k.hash)}:${k.cacheSalt.length}:${k.cacheSalt}:${k.modelName}`
+/**
+ * The chunk an object belongs to: every rank's object of one (model, salt, hash) maps here. The hash as latin1 (one
+ * character a byte, distinct bytes distinct strings): half the length of hex, and made without a lookup table.
+ */
+const chunkOf = (k: ObjectKey): string =>
+  `${Buffer.from(k.hash.buffer, k.hash.byteOffset, k.hash.byteLength).toString("latin1")}:${k.cacheSalt.length}:${k.cacheSalt}:${k.modelName}`
 
 /** A sink appending to `log`, counting the ranks held per chunk. */
 export const makeL1EventSink = (log: KvEventLog): L1EventSink => {

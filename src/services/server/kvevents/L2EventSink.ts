@@ -11,12 +11,12 @@
  */
 import type { ObjectKey } from "../ObjectKey.ts"
 import type { KvEventLog } from "./KvEventLog.ts"
-import { type OriginOf, storedRecord } from "./L1EventSink.ts"
+import { type ChunkOrigin, storedRecord } from "./L1EventSink.ts"
 
 /** The L2 tier's side of the log. `saltGroup` is the object's under tenancy ("" without). */
 export interface L2EventSink {
   /** The write-through of `key` completed: announced when `key` is its chunk's rank 0 object. */
-  readonly written: (key: ObjectKey, saltGroup: string, origin: OriginOf | undefined) => void
+  readonly written: (key: ObjectKey, saltGroup: string, origin: ChunkOrigin | undefined) => void
   /** The L2 value of `key` was deleted (corrupt or unauthenticated): its chunk left STORAGE. */
   readonly deleted: (key: ObjectKey, saltGroup: string) => void
 }

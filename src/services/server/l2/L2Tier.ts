@@ -28,7 +28,7 @@ import * as L1Handles from "../internal/L1Handles.ts"
 import type { ReadLock } from "../internal/L1Handles.ts"
 import type { KvLayout } from "../LayoutRegistry.ts"
 import { KvEvents } from "../kvevents/KvEvents.ts"
-import type { OriginOf } from "../kvevents/L1EventSink.ts"
+import type { ChunkOrigin } from "../kvevents/L1EventSink.ts"
 import type { L2EventSink } from "../kvevents/L2EventSink.ts"
 import type { ObjectKey } from "../ObjectKey.ts"
 import type { ServerModule } from "../Handler.ts"
@@ -86,7 +86,7 @@ export interface L2TierShape {
    * When the write ends with the value in L2, the KV event log hears of it
    * (`STORAGE`, with `origin`'s tokens and parent; kvevents/L2EventSink.ts).
    */
-  readonly writeThrough: (key: ObjectKey, layout: KvLayout, origin?: OriginOf) => Effect.Effect<void>
+  readonly writeThrough: (key: ObjectKey, layout: KvLayout, origin?: ChunkOrigin) => Effect.Effect<void>
   /**
    * How many leading chunks exist in L2 for every rank: `chunks[i]` lists
    * chunk i's object keys (one per rank). One pipelined EXISTS per key
@@ -108,7 +108,7 @@ export interface L2TierShape {
   readonly fetch: (
     key: ObjectKey,
     layout: KvLayout,
-    origin?: OriginOf,
+    origin?: ChunkOrigin,
     inTurn?: Effect.Effect<void>
   ) => Effect.Effect<ReadLock | undefined, never, Scope.Scope>
   readonly status: () => L2Status | null
@@ -214,7 +214,7 @@ const makeTier = (
 
     // Uninterruptible from the lock to the fork (started at once, so its `ensuring` is in place): a STORE
     // interrupted meanwhile never leaves the lock behind (issue 25 item 2).
-    const writeThrough = (key: ObjectKey, layout: KvLayout, origin?: OriginOf) =>
+    const writeThrough = (key: ObjectKey, layout: KvLayout, origin?: ChunkOrigin) =>
       Effect.uninterruptible(Effect.suspend(() => {
         if (!breaker.isClosed()) return dropped("open")
         const k = keyOf(key, layout)
@@ -282,7 +282,7 @@ const makeTier = (
         return n
       })
 
-    const fetch = (key: ObjectKey, layout: KvLayout, origin?: OriginOf, inTurn: Effect.Effect<void> = Effect.void) =>
+    const fetch = (key: ObjectKey, layout: KvLayout, origin?: ChunkOrigin, inTurn: Effect.Effect<void> = Effect.void) =>
       Effect.gen(function*() {
         const cached = yield* L1Handles.readLock(l1, key)
         if (cached !== undefined) return cached

@@ -5,17 +5,17 @@
  * salt group with the cursor moving past what they skip.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { type KvEvent, makeKvEventLog } from "../../../../src/services/server/kvevents/KvEventLog.ts"
+import { type KvEvent, type KvEventRecord, makeKvEventLog, wholeWindow } from "../../../../src/services/server/kvevents/KvEventLog.ts"
 
 const hash = (n: number) => new Uint8Array(32).fill(n)
-const stored = (n: number, model = "m", saltGroup = ""): KvEvent => ({
+const stored = (n: number, model = "m", saltGroup = ""): Extract<KvEvent, { kind: "stored" }> => ({
   kind: "stored",
   model,
   medium: "CPU",
   saltGroup,
   chunkHash: hash(n),
   parentHash: n === 1 ? null : hash(n - 1),
-  tokenIds: Uint32Array.of(n, n + 1)
+  tokens: wholeWindow([n, n + 1])
 })
 const seqs = (r: { readonly records: ReadonlyArray<{ readonly seq: number }> }) => r.records.map((x) => x.seq)
 const log = (capacity: number) => makeKvEventLog({ capacity, incarnation: 41, nowMs: () => 1_000 })
@@ -26,7 +26,8 @@ describe("KvEventLog", () => {
     assert.deepStrictEqual([1, 2, 3].map((n) => l.append(stored(n))), [1, 2, 3])
     const first = l.read({ cursor: 0, maxEvents: 2, model: "m" })
     assert.deepStrictEqual([seqs(first), first.nextCursor, first.lost, first.incarnation, first.enabled], [[1, 2], 2, false, 41, true])
-    assert.deepStrictEqual(first.records[0], { ...stored(1), seq: 1, atMs: 1_000 })
+    const { tokens: _, ...fields } = stored(1)
+    assert.deepStrictEqual(first.records[0], { ...fields, tokenIds: Uint32Array.of(1, 2), seq: 1, atMs: 1_000 })
     const rest = l.read({ cursor: 2, maxEvents: 10, model: "m" })
     assert.deepStrictEqual([seqs(rest), rest.nextCursor, rest.lost], [[3], 3, false])
     const none = l.read({ cursor: 3, maxEvents: 10, model: "m" })
@@ -81,6 +82,24 @@ describe("KvEventLog", () => {
     assert.deepStrictEqual([seqs(one), one.nextCursor], [[3], 3])
     assert.deepStrictEqual(l.stats().appended, { stored: 3, removed: 2 })
     assert.deepStrictEqual(seqs(l.read({ cursor: 3, maxEvents: 9, model: "m", saltGroup: "teamB" })), [4])
+  })
+
+  it("a stored record's tokens are its window's, copied into the log's ring: exact after the ring wraps and across its segments", () => {
+    const tokensOf = (r: { readonly records: ReadonlyArray<KvEventRecord> }) =>
+      r.records.map((x) => (x.kind === "stored" ? Array.from(x.tokenIds) : []))
+    // A window of a larger array (a STORE's whole prompt): only its own ids, from its start.
+    const w = makeKvEventLog({ capacity: 4, incarnation: 1, tokensPerRecord: 2 })
+    const prompt = [10, 11, 12, 13, 14, 15]
+    w.append({ ...stored(1), tokens: { ids: prompt, start: 2, count: 2 } })
+    // A window longer than a slot gets an array of its own, whole.
+    w.append({ ...stored(2), tokens: { ids: prompt, start: 1, count: 5 } })
+    assert.deepStrictEqual(tokensOf(w.read({ cursor: 0, maxEvents: 9 })), [[12, 13], [11, 12, 13, 14, 15]])
+    // 1,600 records through a ring of 1,500 (two segments of 1,024 records): every kept record still reads its own.
+    const l = makeKvEventLog({ capacity: 1_500, incarnation: 1, tokensPerRecord: 1 })
+    for (let n = 1; n <= 1_600; n++) l.append({ ...stored(n), tokens: wholeWindow([n]) })
+    const kept = l.read({ cursor: 100, maxEvents: 2_000 })
+    assert.deepStrictEqual([kept.lost, seqs(kept).length], [false, 1_500])
+    assert.deepStrictEqual(tokensOf(kept), Array.from({ length: 1_500 }, (_, i) => [101 + i]))
   })
 
   it("capacity 0 turns events off: nothing is kept, every read says so", () => {
