@@ -246,7 +246,24 @@ const WHAT_WAS_FOUND: ReadonlyArray<string> = [
   "took about a fifth more samples, spread over V8's builtins (megamorphic property loads, map lookups, closures) and",
   "the kernel (page faults, and this paravirtualized host's interrupt re-enabling), with no hot spot of its own.",
   "Kept from that work: a stored record's token ids go into the log's own ring (one slot of the chunk size per record,",
-  "allocated 1,024 records at a time) instead of a 1 KiB array each, and without a PUB the drain only counts."
+  "allocated 1,024 records at a time) instead of a 1 KiB array each, and without a PUB the drain only counts.",
+  "",
+  "Where the extra CPU goes (2026-12-06, second day; both servers' main threads from /proc over 3,000 STOREs, and",
+  "`--cpu-prof` of both over a round with an unminified bundle): the events-on main thread spent 50–100 µs more user",
+  "time a STORE, about 20 µs more system time and 0.6–1.0 more minor page faults, with the same collections (both",
+  "about 22 µs a STORE in the GC, 78 KB allocated a STORE). The profile names about 55 µs of it: the PUB send 8 µs a",
+  "STORE (about 85 µs a batch, the same as a ROUTER reply costs here), the ring's copy 9 µs, the batch's encoding",
+  "and its buffer 6 µs, timers 4 µs, L1's announcements 4 µs, and Effect's runtime the rest, no part above a sixth.",
+  "The ring's and the batches' costs are mostly first touches of fresh memory: this bench's 7,000 STOREs a server",
+  "never wrap a 32,768-record log (with a 1,024-record log, which wraps in the warm-up: 0.923), and a server that",
+  "runs for days has its log and replay buffer faulted in (a first touch costs 15 µs a 4 KiB page on this host:",
+  "touching a fresh 32 MiB array took 121–135 ms). A batch costs about 200 µs whatever it holds (the send, which",
+  "wakes libzmq's I/O thread, a timer, a fresh buffer), so at one batch per 5 ms, about 11 STOREs, it was a fifth of",
+  "the cost. Changed from it: batches at most every 25 ms instead of 5 (0.940 in a 5-round run against 0.880–0.912",
+  "at 5 ms the same day), the ring copies with one `TypedArray.set` (an element loop ran unoptimized), and the",
+  "drain's timer asks for whole milliseconds (Node keeps a timer list per distinct duration). Left: with the log on",
+  "and no PUB (the drain only counts) a 5-round run read 0.963 (CPU a STORE 1.061×), so the log's side and the PUB's",
+  "each cost about 4 % on this bench; neither has one part that stands out."
 ]
 
 const main = Effect.gen(function*() {

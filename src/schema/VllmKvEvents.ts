@@ -162,7 +162,7 @@ export const encodeKvEventBatch = (tsSeconds: number, events: ReadonlyArray<Vllm
       str("AllBlocksCleared")
     }
   }
-  return Buffer.from(out.subarray(0, at))
+  return Buffer.copyBytesFrom(out, 0, at)
 }
 
 let scratch = Buffer.allocUnsafeSlow(1 << 16)

@@ -48,7 +48,8 @@ export const makeDrainSchedule = (drain: () => void, minIntervalMs: number, time
     wake: () => {
       if (pending !== undefined) return
       const wait = last + minIntervalMs - timers.now()
-      pending = wait <= 0 ? timers.nextTurn(run) : timers.after(wait, run)
+      // Whole milliseconds: Node keeps a timer list per distinct duration, and a fractional wait made a new one each time.
+      pending = wait <= 0 ? timers.nextTurn(run) : timers.after(Math.ceil(wait), run)
     },
     cancel: () => {
       pending?.()

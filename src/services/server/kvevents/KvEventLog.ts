@@ -135,19 +135,25 @@ const SEGMENT_RECORDS = 1024
 const makeTokenRing = (capacity: number, perRecord: number) => {
   const segments: Array<Uint32Array | undefined> = []
   return (slot: number, w: TokenWindow): Uint32Array => {
-    if (w.count > perRecord) {
-      const own = new Uint32Array(w.count)
-      for (let i = 0; i < w.count; i++) own[i] = w.ids[w.start + i]!
-      return own
-    }
+    const ids = windowIds(w)
+    if (w.count > perRecord) return Uint32Array.from(ids)
     const index = Math.floor(slot / SEGMENT_RECORDS)
     const segment = segments[index] ??= new Uint32Array(Math.min(SEGMENT_RECORDS, capacity - index * SEGMENT_RECORDS) * perRecord)
     const at = (slot % SEGMENT_RECORDS) * perRecord
-    const ids = w.ids
-    const from = w.start
-    for (let i = 0; i < w.count; i++) segment[at + i] = ids[from + i]!
+    segment.set(ids, at)
     return segment.subarray(at, at + w.count)
   }
+}
+
+/**
+ * A window's ids as something `TypedArray.set` copies in one builtin call (a subarray, the array itself, a slice):
+ * an element loop here ran unoptimized in the server, 7 µs a 256-token chunk (bench:events' profile).
+ */
+const windowIds = (w: TokenWindow): ArrayLike<number> => {
+  const { ids, start, count } = w
+  if (start === 0 && count === ids.length) return ids
+  if (ArrayBuffer.isView(ids)) return (ids as Uint32Array).subarray(start, start + count)
+  return Array.prototype.slice.call(ids, start, start + count) as Array<number>
 }
 
 /** Token ids a slot of the ring holds unless the log is told otherwise: LMCache's default chunk size. */

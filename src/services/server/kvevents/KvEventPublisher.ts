@@ -36,8 +36,11 @@ import { KvEvents } from "./KvEvents.ts"
 
 /** Records one batch carries at most. */
 export const BATCH_RECORDS = 1024
-/** The drain runs at most once per this many milliseconds (the batches' rate is bounded, their latency too). */
-export const MIN_BATCH_INTERVAL_MS = 5
+/**
+ * The drain runs at most once per this many milliseconds (the batches' rate is bounded, their latency too): a
+ * batch costs about 200 µs whatever it holds (bench:events), about an engine step (vLLM publishes one a step).
+ */
+export const MIN_BATCH_INTERVAL_MS = 25
 /** Batches the replay buffer keeps (vLLM's `buffer_steps` default). */
 export const REPLAY_BATCHES = 10_000
 /** Bytes of payload the replay buffer keeps at most; the oldest batches go first. */
