@@ -136,12 +136,14 @@ const makeTokenRing = (capacity: number, perRecord: number) => {
   const segments: Array<Uint32Array | undefined> = []
   return (slot: number, w: TokenWindow): Uint32Array => {
     const ids = windowIds(w)
-    if (w.count > perRecord) return Uint32Array.from(ids)
+    // What was copied, not what the window claimed: a window past its array's end never shows a slot's old ids.
+    const n = ids.length
+    if (n > perRecord) return Uint32Array.from(ids)
     const index = Math.floor(slot / SEGMENT_RECORDS)
     const segment = segments[index] ??= new Uint32Array(Math.min(SEGMENT_RECORDS, capacity - index * SEGMENT_RECORDS) * perRecord)
     const at = (slot % SEGMENT_RECORDS) * perRecord
     segment.set(ids, at)
-    return segment.subarray(at, at + w.count)
+    return segment.subarray(at, at + n)
   }
 }
 

@@ -94,6 +94,12 @@ describe("KvEventLog", () => {
     // A window longer than a slot gets an array of its own, whole.
     w.append({ ...stored(2), tokens: { ids: prompt, start: 1, count: 5 } })
     assert.deepStrictEqual(tokensOf(w.read({ cursor: 0, maxEvents: 9 })), [[12, 13], [11, 12, 13, 14, 15]])
+    // A typed array's window; then, in slot 0 again (it held [12, 13]), a window claiming more ids than its array
+    // has: it reads what was copied, never the slot's old ids.
+    w.append({ ...stored(3), tokens: { ids: Uint32Array.of(20, 21, 22), start: 1, count: 2 } })
+    w.append({ ...stored(4), tokens: wholeWindow([30, 31]) })
+    w.append({ ...stored(5), tokens: { ids: [7], start: 0, count: 2 } })
+    assert.deepStrictEqual(tokensOf(w.read({ cursor: 1, maxEvents: 9 })), [[11, 12, 13, 14, 15], [21, 22], [30, 31], [7]])
     // 1,600 records through a ring of 1,500 (two segments of 1,024 records): every kept record still reads its own.
     const l = makeKvEventLog({ capacity: 1_500, incarnation: 1, tokensPerRecord: 1 })
     for (let n = 1; n <= 1_600; n++) l.append({ ...stored(n), tokens: wholeWindow([n]) })
