@@ -260,8 +260,8 @@ const WHAT_WAS_FOUND: ReadonlyArray<string> = [
   "touching a fresh 32 MiB array took 121–135 ms). A batch costs about 200 µs whatever it holds (the send, which",
   "wakes libzmq's I/O thread, a timer, a fresh buffer), so at one batch per 5 ms, about 11 STOREs, it was a fifth of",
   "the cost. Changed from it: batches at most every 25 ms instead of 5 (0.940 in a 5-round run against 0.880–0.912",
-  "at 5 ms the same day), the ring copies with one `TypedArray.set` (an element loop ran unoptimized), and the",
-  "drain's timer asks for whole milliseconds (Node keeps a timer list per distinct duration). Left: with the log on",
+  "at 5 ms the same day), and the drain's timer asks for whole milliseconds (Node keeps a timer list per distinct",
+  "duration). Left: with the log on",
   "and no PUB (the drain only counts) a 5-round run read 0.963 (CPU a STORE 1.061×), so the log's side and the PUB's",
   "each cost about 4 % on this bench; neither has one part that stands out."
 ]

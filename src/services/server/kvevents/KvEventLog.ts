@@ -16,8 +16,8 @@
  * - Reads filter by model and, under tenancy, by salt group (a tenant reads only its own; admins read all): the
  *   cursor still moves past the records it skips, so the consumer's next read starts where this one ended.
  * - A `stored` record's token ids live in the log's own token ring, one slot of `tokensPerRecord` ids per record,
- *   copied in at append: a STORE allocates nothing per chunk for them, and a full log holds them in a few large
- *   arrays the collector never walks (bench:events: a 1 KiB array per record was a fifth of what events cost). A
+ *   copied in at append: the log's memory is fixed by its size (a full default log holds 32 MiB of them in 32
+ *   arrays), and a STORE allocates no array per chunk for them. A
  *   record's `tokenIds` is a view of its slot, valid until `capacity` more records are appended: readers use it at
  *   once (the poll's answer, the PUB's batch) or copy it.
  */
@@ -129,33 +129,24 @@ const matches = (r: KvEventRecord, q: KvEventQuery): boolean =>
 const SEGMENT_RECORDS = 1024
 
 /**
- * The token ring of a log of `capacity` records, `perRecord` ids a slot. `copy` puts a window into slot `slot` and
- * returns the view of it (a window longer than a slot gets an array of its own).
+ * The token ring of a log of `capacity` records, `perRecord` ids a slot: the function returned copies a window into
+ * slot `slot` and returns the view of what it copied (a window longer than a slot gets an array of its own).
  */
 const makeTokenRing = (capacity: number, perRecord: number) => {
   const segments: Array<Uint32Array | undefined> = []
   return (slot: number, w: TokenWindow): Uint32Array => {
-    const ids = windowIds(w)
-    // What was copied, not what the window claimed: a window past its array's end never shows a slot's old ids.
-    const n = ids.length
-    if (n > perRecord) return Uint32Array.from(ids)
+    // What the array holds of the window, not what it claimed: a window past its array's end never shows a slot's old ids.
+    const n = Math.max(0, Math.min(w.count, w.ids.length - w.start))
     const index = Math.floor(slot / SEGMENT_RECORDS)
-    const segment = segments[index] ??= new Uint32Array(Math.min(SEGMENT_RECORDS, capacity - index * SEGMENT_RECORDS) * perRecord)
-    const at = (slot % SEGMENT_RECORDS) * perRecord
-    segment.set(ids, at)
-    return segment.subarray(at, at + n)
+    const own = n > perRecord
+    const into = own
+      ? new Uint32Array(n)
+      : segments[index] ??= new Uint32Array(Math.min(SEGMENT_RECORDS, capacity - index * SEGMENT_RECORDS) * perRecord)
+    const at = own ? 0 : (slot % SEGMENT_RECORDS) * perRecord
+    const { ids, start } = w
+    for (let i = 0; i < n; i++) into[at + i] = ids[start + i]!
+    return into.subarray(at, at + n)
   }
-}
-
-/**
- * A window's ids as something `TypedArray.set` copies in one builtin call (a subarray, the array itself, a slice):
- * an element loop here ran unoptimized in the server, 7 µs a 256-token chunk (bench:events' profile).
- */
-const windowIds = (w: TokenWindow): ArrayLike<number> => {
-  const { ids, start, count } = w
-  if (start === 0 && count === ids.length) return ids
-  if (ArrayBuffer.isView(ids)) return (ids as Uint32Array).subarray(start, start + count)
-  return Array.prototype.slice.call(ids, start, start + count) as Array<number>
 }
 
 /** Token ids a slot of the ring holds unless the log is told otherwise: LMCache's default chunk size. */

@@ -32,11 +32,11 @@ export class KvEvents extends Context.Service<KvEvents, {
 }>()("mpcache/services/server/KvEvents") {
   /**
    * A log of `capacity` records (0: off) with incarnation `incarnation` (default: drawn now), a stored record's
-   * tokens in a ring slot of `chunkSizeTokens` (the server's chunk size; default 256).
+   * tokens in a ring slot of `chunkSizeTokens` (the server's chunk size; default the log's, 256).
    */
-  static readonly make = (capacity: number, incarnation: number = randomInt(1, 2 ** 47), chunkSizeTokens = 256) => {
+  static readonly make = (capacity: number, incarnation: number = randomInt(1, 2 ** 47), chunkSizeTokens?: number) => {
     const wake = { current: () => {} }
-    const log = makeKvEventLog({ capacity, incarnation, tokensPerRecord: chunkSizeTokens, onAppend: () => wake.current() })
+    const log = makeKvEventLog({ capacity, incarnation, ...(chunkSizeTokens === undefined ? {} : { tokensPerRecord: chunkSizeTokens }), onAppend: () => wake.current() })
     return {
       log,
       l1: log.enabled ? makeL1EventSink(log) : undefined,

@@ -8,6 +8,7 @@
  * deduplicates ranks, so the router's view is exactly the set of chunks of
  * which L1 holds at least one rank's object.
  */
+import { keyOf } from "../internal/OutboxPeer.ts"
 import type { ObjectKey } from "../ObjectKey.ts"
 import type { KvEvent, KvEventLog, KvMedium, TokenWindow } from "./KvEventLog.ts"
 
@@ -56,11 +57,10 @@ export const storedRecord = (key: ObjectKey, medium: KvMedium, saltGroup: string
 })
 
 /**
- * The chunk an object belongs to: every rank's object of one (model, salt, hash) maps here. The hash as latin1 (one
- * character a byte, distinct bytes distinct strings): half the length of hex, and made without a lookup table.
+ * The chunk an object belongs to: every rank's object of one (model, salt, hash) maps here. The hash one character
+ * a byte (keyOf, as the outboxes key routing ids): half the length of hex.
  */
-const chunkOf = (k: ObjectKey): string =>
-  `${Buffer.from(k.hash.buffer, k.hash.byteOffset, k.hash.byteLength).toString("latin1")}:${k.cacheSalt.length}:${k.cacheSalt}:${k.modelName}`
+const chunkOf = (k: ObjectKey): string => `${keyOf(k.hash)}:${k.cacheSalt.length}:${k.cacheSalt}:${k.modelName}`
 
 /** A sink appending to `log`, counting the ranks held per chunk. */
 export const makeL1EventSink = (log: KvEventLog): L1EventSink => {
